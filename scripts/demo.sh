@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Main job: set up the environment, then run the end-to-end demo on the embedded default (MiniLM-L6).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+export HF_HUB_OFFLINE=1
+exec .venv/bin/hydra-ens demo "$@"

@@ -1,0 +1,40 @@
+"""hydra-ensembles: uncertainty-aware, efficient ensembles from one pretrained transformer.
+
+Prune attention heads in M different ways, optionally fine-tune each pruned member, and fuse the
+members into one model that predicts like their ensemble in a single forward pass.
+"""
+
+__version__ = "0.1.0"
+
+from .adapters import UnsupportedModelError, get_adapter, register_adapter  # noqa: E402
+from .fusion import (  # noqa: E402
+    FusionError,
+    FusionPolicy,
+    HydraLoadError,
+    HydraModel,
+    HydraOutput,
+    fuse,
+    load_hydra,
+)
+from .heads import HeadSet, HeadSetError  # noqa: E402
+from .surgery import HeadAblation, ablate, kept_heads, prune  # noqa: E402
+
+__all__ = [
+    "FusionError",
+    "FusionPolicy",
+    "HeadAblation",
+    "HeadSet",
+    "HeadSetError",
+    "HydraLoadError",
+    "HydraModel",
+    "HydraOutput",
+    "UnsupportedModelError",
+    "__version__",
+    "ablate",
+    "fuse",
+    "get_adapter",
+    "kept_heads",
+    "load_hydra",
+    "prune",
+    "register_adapter",
+]

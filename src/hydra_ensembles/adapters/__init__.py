@@ -1,0 +1,53 @@
+"""Architecture adapters: one small class per model family.
+
+`get_adapter(model)` picks the adapter for a model; `register_adapter` adds a family.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .base import ArchitectureAdapter, AttentionBlock, ZeroHeadAttention
+from .bert import BertAdapter
+from .vit import ViTAdapter
+
+__all__ = [
+    "ADAPTERS",
+    "ArchitectureAdapter",
+    "AttentionBlock",
+    "BertAdapter",
+    "UnsupportedModelError",
+    "ViTAdapter",
+    "ZeroHeadAttention",
+    "get_adapter",
+    "register_adapter",
+    "supported_families",
+]
+
+ADAPTERS: list[type[ArchitectureAdapter]] = [BertAdapter, ViTAdapter]
+
+
+class UnsupportedModelError(TypeError):
+    """The model's architecture has no adapter."""
+
+
+def register_adapter(adapter: type[ArchitectureAdapter]) -> type[ArchitectureAdapter]:
+    """Add an adapter class (usable as a decorator); later registrations win."""
+    ADAPTERS.insert(0, adapter)
+    return adapter
+
+
+def supported_families() -> list[str]:
+    return [f"{a.family} ({', '.join(a.model_types)})" for a in ADAPTERS]
+
+
+def get_adapter(model: nn.Module) -> ArchitectureAdapter:
+    """The adapter for ``model``, or `UnsupportedModelError` naming the supported families."""
+    for adapter in ADAPTERS:
+        if adapter.matches(model):
+            return adapter(model)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    raise UnsupportedModelError(
+        f"unsupported architecture {type(model).__name__} (model_type={model_type!r}); "
+        f"supported families: {', '.join(supported_families())}"
+    )

@@ -1,0 +1,165 @@
+"""The interface every architecture adapter implements.
+
+An adapter knows where a model family keeps its attention blocks, their Q/K/V/O projections and
+head counts, and how to swap attention modules. Everything else (pruning, ablation, fusion,
+saving) is written once against this interface, so a new family is one small file.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from torch import nn
+
+Part = Literal["attention", "mlp", "norm", "head", "embeddings"]
+
+
+@dataclass(frozen=True)
+class AttentionBlock:
+    """One layer's attention projections as they are now (possibly pruned)."""
+
+    layer: int
+    query: nn.Linear
+    key: nn.Linear
+    value: nn.Linear
+    output: nn.Linear
+    num_heads: int
+    head_dim: int
+
+    @property
+    def hidden_size(self) -> int:
+        return self.query.in_features
+
+
+class ZeroHeadAttention(nn.Module):
+    """An attention module whose layer keeps no heads.
+
+    It keeps the (empty) projections under the family's own attribute names so surgery code still
+    finds them, and returns an empty head dimension; when ``output_name`` is given it applies that
+    (0 -> d) projection itself, which leaves exactly W_O's bias, as a pruned layer must.
+    """
+
+    def __init__(self, projections: dict[str, nn.Linear], output_name: str | None = None) -> None:
+        super().__init__()
+        for name, module in projections.items():
+            self.add_module(name, module)
+        self.output_name = output_name
+
+    def forward(self, hidden_states, *args, **kwargs):
+        empty = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
+        if self.output_name is not None:
+            return getattr(self, self.output_name)(empty), None
+        return empty, None
+
+
+class ArchitectureAdapter(ABC):
+    """Where attention lives in one model family (transformers 5.x module layout)."""
+
+    family: ClassVar[str]
+    """Human-readable family name, e.g. ``"BERT"``."""
+    model_types: ClassVar[tuple[str, ...]]
+    """``config.model_type`` values this adapter handles."""
+
+    layer_lists: ClassVar[tuple[str, ...]] = ("encoder.layer", "layers")
+    """Where the list of layers may live under the base model (first match wins)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.prefix = _base_prefix(model)
+        self.layers_path = self._find_layers(model)
+
+    def _find_layers(self, model: nn.Module) -> str:
+        for candidate in self.layer_lists:
+            path = f"{self.prefix}{candidate}"
+            try:
+                found = model.get_submodule(path)
+            except AttributeError:
+                continue
+            if isinstance(found, nn.ModuleList):
+                return path
+        raise TypeError(
+            f"{type(model).__name__}: no layer list at any of {list(self.layer_lists)} "
+            f"under {self.prefix or 'the model'}; is this transformers version supported?"
+        )
+
+    # ----------------------------------------------------------------- discovery
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) in cls.model_types
+
+    def layers(self, model: nn.Module) -> list[nn.Module]:
+        """The transformer layers, in order."""
+        return list(model.get_submodule(self.layers_path))
+
+    @abstractmethod
+    def attention_block(self, model: nn.Module, layer: int) -> AttentionBlock:
+        """The projections and head count of ``layer`` as the model is now."""
+
+    @property
+    @abstractmethod
+    def embeddings_path(self) -> str:
+        """Dotted path of the embeddings module (treated as one unit by fusion)."""
+
+    @property
+    @abstractmethod
+    def head_paths(self) -> tuple[str, ...]:
+        """Dotted paths of the task head (pooler, classifier), if present."""
+
+    # ----------------------------------------------------------------- surgery
+    @abstractmethod
+    def set_attention(
+        self,
+        model: nn.Module,
+        layer: int,
+        query: nn.Linear,
+        key: nn.Linear,
+        value: nn.Linear,
+        output: nn.Linear,
+        num_heads: int,
+    ) -> None:
+        """Install new (sliced) projections with ``num_heads`` heads; 0 heads is allowed."""
+
+    @abstractmethod
+    def install_fused_attention(self, model: nn.Module, layer: int, fused: nn.Module) -> None:
+        """Replace ``layer``'s attention with ``fused``, which applies W_O (and its bias) itself."""
+
+    @abstractmethod
+    def attention_paths(self, layer: int) -> tuple[str, ...]:
+        """Dotted paths of the modules `install_fused_attention` replaces (for saving layouts)."""
+
+    # ----------------------------------------------------------------- shared helpers
+    def num_layers(self, model: nn.Module) -> int:
+        return len(self.layers(model))
+
+    def original_heads_per_layer(self, model: nn.Module) -> list[int]:
+        """Head counts of the unpruned model (the config's)."""
+        return [int(model.config.num_attention_heads)] * self.num_layers(model)
+
+    def part_of(self, path: str, module: nn.Module) -> Part:
+        """Which fusion policy group a parameterised module belongs to."""
+        if is_under(path, (self.embeddings_path,)):
+            return "embeddings"
+        if is_under(path, self.head_paths):
+            return "head"
+        if isinstance(module, nn.LayerNorm):
+            return "norm"
+        return "mlp"
+
+    def input_names(self, model: nn.Module) -> tuple[str, ...]:
+        """Keyword inputs the model's forward accepts (taken from its signature)."""
+        params = inspect.signature(model.forward).parameters.values()
+        return tuple(
+            p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        )
+
+
+def _base_prefix(model: nn.Module) -> str:
+    """``"bert."`` for a task model wrapping its base model, ``""`` for the base model itself."""
+    prefix = getattr(model, "base_model_prefix", "")
+    return f"{prefix}." if prefix and hasattr(model, prefix) else ""
+
+
+def is_under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(root and (path == root or path.startswith(root + ".")) for root in roots)

@@ -1,0 +1,207 @@
+"""`fuse`: build one `HydraModel` from M pruned members of one base model."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..adapters import ArchitectureAdapter, get_adapter
+from ..adapters.base import is_under
+from ..heads import HeadSet
+from ..layers import FusedMultiHeadAttention, GroupedLayerNorm, GroupedLinear, PerMemberModule
+from ..surgery import FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, slice_projections
+from .model import FusionPolicy, HydraModel
+
+
+class FusionError(ValueError):
+    """Members cannot be fused (different bases, architectures, or none at all)."""
+
+
+def fuse(
+    model_or_members: nn.Module | Sequence[nn.Module],
+    head_sets: Sequence[HeadSet] | None = None,
+    *,
+    mlp: str = "merge",
+    norms: str | None = None,
+    head: str | None = None,
+    embeddings: str | None = None,
+) -> HydraModel:
+    """Fuse M pruned members into one model that predicts like their ensemble in one pass.
+
+    Two ways to name the members:
+
+    * ``fuse(model, [hs1, hs2, hs3])``: zero-shot members, the base ``model`` pruned to each head
+      set. They share everything but attention, so the fused model is exact in every mode.
+    * ``fuse([m1, m2, m3], mlp="merge")``: members made by `prune` from one base, possibly
+      fine-tuned. What they do not share is combined per part (see `FusionPolicy`): ``mlp`` for
+      the MLP linears, ``norms`` for LayerNorms, ``head`` for pooler and classifier, and
+      ``embeddings`` for the embeddings module. ``mlp="exact"`` makes every part exact (grouped
+      per-member layers) so the fused model reproduces the explicit ensemble; ``mlp="merge"``
+      (the paper) averages MLPs and embeddings and keeps LayerNorms and classifier per member
+      (override with ``norms=``/``head=``/``embeddings=``).
+
+    The inputs are never modified; the fused model owns copies of every weight.
+    """
+    policy = FusionPolicy.create(mlp, norms, head, embeddings)
+    if isinstance(model_or_members, nn.Module):
+        return _fuse_zero_shot(model_or_members, head_sets, policy)
+    if head_sets is not None:
+        raise TypeError("head_sets is only for fuse(model, head_sets); members carry their own heads")
+    return _fuse_members(list(model_or_members), policy)
+
+
+def _fuse_zero_shot(model: nn.Module, head_sets, policy: FusionPolicy) -> HydraModel:
+    if head_sets is None:
+        raise TypeError("fuse(model, head_sets): give one HeadSet per member")
+    head_sets = list(head_sets)
+    _check_count(head_sets)
+    for hs in head_sets:
+        if not isinstance(hs, HeadSet):
+            raise TypeError(f"head_sets must be HeadSet values, got {type(hs).__name__}")
+    adapter = get_adapter(model)
+    original = adapter.original_heads_per_layer(model)
+    current = kept_heads(model).resolve(original)
+    targets = [hs.resolve(original) for hs in head_sets]  # validates before anything is built
+    if any(len(kept) != h for kept, h in zip(current, original, strict=True)):
+        raise FusionError("fuse(model, head_sets) needs an unpruned base model")
+
+    fused_model = _clean_copy(model)
+    for layer in range(len(original)):
+        block = adapter.attention_block(model, layer)
+        projections = [slice_projections(block, list(t[layer])) for t in targets]
+        _install(adapter, fused_model, layer, projections, block.head_dim)
+    resolved = [HeadSet(dict(enumerate(t))) for t in targets]
+    return HydraModel(fused_model, adapter, resolved, policy)
+
+
+def _fuse_members(members: list[nn.Module], policy: FusionPolicy) -> HydraModel:
+    _check_count(members)
+    for member in members:
+        if not isinstance(member, nn.Module):
+            raise TypeError(f"members must be models, got {type(member).__name__}")
+    adapter = get_adapter(members[0])
+    _check_same_base(members)
+    original = adapter.original_heads_per_layer(members[0])
+
+    fused_model = _clean_copy(members[0])
+    for layer in range(len(original)):
+        blocks = [adapter.attention_block(member, layer) for member in members]
+        projections = [(b.query, b.key, b.value, b.output) for b in blocks]
+        _install(adapter, fused_model, layer, projections, blocks[0].head_dim)
+    layout = _combine_shared(adapter, fused_model, members, policy, len(original))
+    head_sets = [HeadSet(dict(enumerate(kept_heads(m).resolve(original)))) for m in members]
+    return HydraModel(fused_model, adapter, head_sets, policy, layout)
+
+
+def _check_count(items: list) -> None:
+    if not items:
+        raise FusionError("cannot fuse zero members (M = 0); give at least one")
+
+
+def _check_same_base(members: list[nn.Module]) -> None:
+    """All members must share architecture, configuration and (when recorded) base weights."""
+    first = members[0]
+    reference = _structural_config(first)
+    prints = {getattr(m.config, FINGERPRINT_KEY, None) for m in members}
+    for i, member in enumerate(members[1:], start=1):
+        if type(member) is not type(first):
+            raise FusionError(
+                f"member {i} is a {type(member).__name__}, member 0 a {type(first).__name__}"
+            )
+        if _structural_config(member) != reference:
+            raise FusionError(f"member {i} has a different configuration from member 0")
+    if len(prints) > 1:
+        raise FusionError(
+            "members come from different base models (their base fingerprints differ); "
+            "make all members with he.prune from the same model"
+        )
+
+
+def _structural_config(model: nn.Module) -> dict[str, Any]:
+    config = model.config.to_dict()
+    for key in (KEPT_HEADS_KEY, FINGERPRINT_KEY, "transformers_version", "_name_or_path"):
+        config.pop(key, None)
+    return config
+
+
+def _clean_copy(model: nn.Module) -> nn.Module:
+    """A deep copy whose config no longer claims to be one pruned member."""
+    copied = copy.deepcopy(model)
+    for key in (KEPT_HEADS_KEY, FINGERPRINT_KEY):
+        if hasattr(copied.config, key):
+            delattr(copied.config, key)
+    return copied
+
+
+def _install(
+    adapter: ArchitectureAdapter, model: nn.Module, layer: int, projections, head_dim: int
+) -> None:
+    dropout = float(getattr(model.config, "attention_probs_dropout_prob", 0.0) or 0.0)
+    fused = FusedMultiHeadAttention.from_projections(projections, head_dim, dropout)
+    fused.train(model.training)
+    adapter.install_fused_attention(model, layer, fused)
+
+
+def _combine_shared(
+    adapter: ArchitectureAdapter,
+    fused_model: nn.Module,
+    members: list[nn.Module],
+    policy: FusionPolicy,
+    num_layers: int,
+) -> list[dict[str, Any]]:
+    """Share, merge or group every non-attention module; returns the grouped modules' layout."""
+    layout: list[dict[str, Any]] = []
+    skip = tuple(p for layer in range(num_layers) for p in adapter.attention_paths(layer))
+    emb_path = adapter.embeddings_path
+    _combine_module(fused_model, members, emb_path, policy.embeddings, layout, as_unit=True)
+    replaced: list[str] = []
+    for path, module in list(fused_model.named_modules()):
+        if not path or is_under(path, (*skip, emb_path, *replaced)):
+            continue
+        if not list(module.parameters(recurse=False)):
+            continue
+        mode = getattr(policy, adapter.part_of(path, module))
+        if _combine_module(fused_model, members, path, mode, layout, as_unit=False):
+            replaced.append(path)
+    return layout
+
+
+def _combine_module(
+    fused_model: nn.Module,
+    members: list[nn.Module],
+    path: str,
+    mode: str,
+    layout: list[dict[str, Any]],
+    as_unit: bool,
+) -> bool:
+    """Merge or group the module at ``path`` if members differ there; True if it was replaced."""
+    peers = [m.get_submodule(path) for m in members]
+    recurse = as_unit
+    named = [dict(p.named_parameters(recurse=recurse)) for p in peers]
+    if all(all(torch.equal(n[k], named[0][k]) for k in named[0]) for n in named[1:]):
+        return False
+    target = fused_model.get_submodule(path)
+    if mode == "merge":
+        with torch.no_grad():
+            for name, param in target.named_parameters(recurse=recurse):
+                mean = torch.stack([n[name].float() for n in named]).mean(0)
+                param.copy_(mean.to(param.dtype))
+        return False
+    kind, grouped = _grouped(peers, as_unit)
+    grouped.train(target.training)
+    fused_model.set_submodule(path, grouped)
+    layout.append({"path": path, "kind": kind})
+    return True
+
+
+def _grouped(peers: list[nn.Module], as_unit: bool) -> tuple[str, nn.Module]:
+    first = peers[0]
+    if not as_unit and type(first) is nn.Linear:
+        return "grouped_linear", GroupedLinear.from_linears(peers)
+    if not as_unit and type(first) is nn.LayerNorm and first.elementwise_affine:
+        return "grouped_layer_norm", GroupedLayerNorm.from_layer_norms(peers)
+    return "per_member", PerMemberModule([copy.deepcopy(p) for p in peers])

@@ -1,0 +1,175 @@
+"""`HydraModel`: M pruned members fused into one model that runs as one forward pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..adapters import ArchitectureAdapter
+from ..heads import HeadSet
+from ..layers import FusedMultiHeadAttention
+
+Mode = Literal["merge", "exact"]
+MODES = ("merge", "exact")
+
+
+@dataclass(frozen=True)
+class FusionPolicy:
+    """How fusion combines what members do not share, per part of the network.
+
+    ``merge`` averages the members' parameters (the paper does this for the MLPs); ``exact`` keeps
+    them per member as grouped layers, so the fused model reproduces the explicit ensemble.
+    Attention is always per member. Parts whose parameters are identical across members
+    (everything but attention for zero-shot members) are simply shared.
+    """
+
+    mlp: Mode = "merge"
+    norm: Mode = "exact"
+    head: Mode = "exact"
+    embeddings: Mode = "merge"
+
+    @classmethod
+    def create(
+        cls,
+        mlp: str = "merge",
+        norms: str | None = None,
+        head: str | None = None,
+        embeddings: str | None = None,
+    ) -> FusionPolicy:
+        """``mlp="exact"`` makes every unset part exact; ``mlp="merge"`` keeps the defaults."""
+        values = {"mlp": mlp, "norm": norms, "head": head, "embeddings": embeddings}
+        for name, value in values.items():
+            if value is not None and value not in MODES:
+                raise ValueError(f"{name} must be one of {MODES}, got {value!r}")
+        if mlp == "exact":
+            return cls(**{k: v or "exact" for k, v in values.items()})
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class HydraOutput:
+    """Outputs of a fused model.
+
+    ``member_logits`` is (M, B, C); ``probs`` is the ensemble prediction (B, C): the mean of the
+    members' softmax probabilities (never of their logits). ``members`` holds every batch-shaped
+    output of the underlying model, reshaped to (M, B, ...). ``loss`` is the ensemble's NLL when
+    ``labels`` were given.
+    """
+
+    member_logits: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    loss: torch.Tensor | None = None
+    members: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def member_probs(self) -> torch.Tensor | None:
+        return None if self.member_logits is None else self.member_logits.float().softmax(-1)
+
+
+class HydraModel(nn.Module):
+    """A base model whose attention modules were swapped for fused ones (see `fuse`).
+
+    Inputs are the base model's inputs; they are stacked M times internally (rows
+    ``m*B .. (m+1)*B-1`` belong to member m), so the Hugging Face modelling code runs everything
+    but attention unchanged. Device and dtype follow the module (``.to``, ``.cuda``, ``.bfloat16``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        adapter: ArchitectureAdapter,
+        head_sets: Sequence[HeadSet],
+        policy: FusionPolicy,
+        layout: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.adapter = adapter
+        self.head_sets = tuple(head_sets)
+        self.policy = policy
+        self.layout = tuple(dict(entry) for entry in layout)
+        self._accepted = frozenset(adapter.input_names(model))
+
+    @property
+    def num_members(self) -> int:
+        return len(self.head_sets)
+
+    @property
+    def config(self):
+        """The base model's configuration."""
+        return self.model.config
+
+    def fused_attention(self) -> list[FusedMultiHeadAttention]:
+        return [m for m in self.model.modules() if isinstance(m, FusedMultiHeadAttention)]
+
+    def num_parameters(self, effective: bool = True) -> int:
+        """Parameter count; ``effective`` leaves out the zero padding of ragged head counts."""
+        total = sum(p.numel() for p in self.parameters())
+        if effective:
+            for attention in self.fused_attention():
+                padded = sum(p.numel() for p in attention.parameters())
+                total += attention.num_effective_parameters() - padded
+        return total
+
+    def stack_inputs(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """Check input names, then repeat every batch-shaped tensor M times along dim 0."""
+        unknown = sorted(set(inputs) - self._accepted)
+        if unknown:
+            raise TypeError(
+                f"unexpected input(s) {unknown} for a fused {self.adapter.family} model; "
+                f"accepted: {sorted(self._accepted)}"
+            )
+        tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        if not tensors:
+            raise ValueError(f"no tensor inputs given; accepted: {sorted(self._accepted)}")
+        batch = int(tensors[0].shape[0])
+        m = self.num_members
+        stacked = {
+            key: value.repeat(m, *([1] * (value.dim() - 1)))
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch
+            else value
+            for key, value in inputs.items()
+        }
+        return stacked, batch
+
+    def forward(self, **inputs: Any) -> HydraOutput:
+        labels = inputs.pop("labels", None)
+        stacked, batch = self.stack_inputs(inputs)
+        output = self.model(**stacked)
+        m = self.num_members
+        members = {
+            name: value.view(m, batch, *value.shape[1:])
+            for name, value in output.items()
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == m * batch
+        }
+        member_logits = members.get("logits")
+        probs = None if member_logits is None else member_logits.float().softmax(-1).mean(0)
+        loss = None
+        if labels is not None:
+            if probs is None:
+                raise ValueError("labels were given but the model produces no logits")
+            loss = F.nll_loss(probs.clamp_min(torch.finfo(probs.dtype).tiny).log(), labels.to(probs.device))
+        return HydraOutput(member_logits=member_logits, probs=probs, loss=loss, members=members)
+
+    def save_pretrained(self, path) -> None:
+        """Write ``hydra_config.json`` and ``model.safetensors`` (atomically) to ``path``."""
+        from .serialization import save_hydra
+
+        save_hydra(self, path)
+
+    @classmethod
+    def from_pretrained(cls, path) -> HydraModel:
+        from .serialization import load_hydra
+
+        return load_hydra(path)
+
+    def extra_repr(self) -> str:
+        return f"num_members={self.num_members}, policy={self.policy.to_dict()}"

@@ -1,0 +1,159 @@
+"""Grouped layers for member-stacked batches.
+
+A member-stacked batch holds M members' rows one after another: rows ``m*B .. (m+1)*B - 1``
+belong to member m. Grouped layers keep one set of weights per member and apply member m's
+weights to member m's rows in one batched call (no Python loop over members, no block-diagonal
+zeros). `PerMemberModule` is the exact, looped fallback for modules with no grouped form.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _split_members(x: torch.Tensor, num_members: int) -> torch.Tensor:
+    """(M*B, ..., D) -> (M, B*..., D)."""
+    if x.shape[0] % num_members:
+        raise ValueError(
+            f"a member-stacked batch needs a multiple of {num_members} rows, got {x.shape[0]}"
+        )
+    return x.reshape(num_members, -1, x.shape[-1])
+
+
+class GroupedLinear(nn.Module):
+    """M independent linear layers applied to their members' rows with one ``bmm``."""
+
+    def __init__(
+        self,
+        num_members: int,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.num_members, self.in_features, self.out_features = num_members, in_features, out_features
+        self.weight = nn.Parameter(torch.empty(num_members, out_features, in_features, **factory))
+        self.bias = nn.Parameter(torch.empty(num_members, out_features, **factory)) if bias else None
+
+    @classmethod
+    def from_linears(cls, linears: Sequence[nn.Linear]) -> GroupedLinear:
+        first = linears[0]
+        layer = cls(
+            len(linears), first.in_features, first.out_features, bias=first.bias is not None,
+            device=first.weight.device, dtype=first.weight.dtype,
+        )
+        with torch.no_grad():
+            layer.weight.copy_(torch.stack([lin.weight for lin in linears]))
+            if layer.bias is not None:
+                layer.bias.copy_(torch.stack([lin.bias for lin in linears]))
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = _split_members(x, self.num_members)
+        if self.bias is None:
+            out = torch.bmm(rows, self.weight.transpose(1, 2))
+        else:
+            out = torch.baddbmm(self.bias.unsqueeze(1), rows, self.weight.transpose(1, 2))
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_members={self.num_members}, in_features={self.in_features}, "
+            f"out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+class GroupedLayerNorm(nn.Module):
+    """M LayerNorms over the last dimension: shared normalisation, per-member affine."""
+
+    def __init__(
+        self, num_members: int, normalized_shape: int, eps: float = 1e-5, bias: bool = True,
+        device=None, dtype=None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.num_members, self.normalized_shape, self.eps = num_members, normalized_shape, eps
+        self.weight = nn.Parameter(torch.ones(num_members, normalized_shape, **factory))
+        self.bias = nn.Parameter(torch.zeros(num_members, normalized_shape, **factory)) if bias else None
+
+    @classmethod
+    def from_layer_norms(cls, norms: Sequence[nn.LayerNorm]) -> GroupedLayerNorm:
+        first = norms[0]
+        if len(first.normalized_shape) != 1 or not first.elementwise_affine:
+            raise ValueError("GroupedLayerNorm supports affine LayerNorms over one dimension")
+        layer = cls(
+            len(norms), first.normalized_shape[0], first.eps, bias=first.bias is not None,
+            device=first.weight.device, dtype=first.weight.dtype,
+        )
+        with torch.no_grad():
+            layer.weight.copy_(torch.stack([n.weight for n in norms]))
+            if layer.bias is not None:
+                layer.bias.copy_(torch.stack([n.bias for n in norms]))
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = _split_members(F.layer_norm(x, (self.normalized_shape,), eps=self.eps), self.num_members)
+        out = normed * self.weight.unsqueeze(1)
+        if self.bias is not None:
+            out = out + self.bias.unsqueeze(1)
+        return out.reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"num_members={self.num_members}, normalized_shape={self.normalized_shape}, eps={self.eps}"
+
+
+class PerMemberModule(nn.Module):
+    """Exact fallback: M copies of a module, each run on its member's rows (a loop over M).
+
+    Tensor arguments whose first dimension is a multiple of M are split by member; other
+    arguments are passed to every copy unchanged. Outputs (tensors or tuples of tensors) are
+    concatenated back along the first dimension.
+    """
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(modules)
+
+    @classmethod
+    def empty_like(cls, module: nn.Module, num_members: int) -> PerMemberModule:
+        return cls([copy.deepcopy(module) for _ in range(num_members)])
+
+    def forward(self, *args, **kwargs):
+        num = len(self.members)
+        batch = _stacked_rows(args, kwargs)
+        if batch is None or batch % num:
+            raise ValueError(f"PerMemberModule needs a tensor input with a multiple of {num} rows")
+        chunk = batch // num
+
+        def part(value, m):
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+                return value[m * chunk : (m + 1) * chunk]
+            return value
+
+        outputs = [
+            module(*(part(a, m) for a in args), **{k: part(v, m) for k, v in kwargs.items()})
+            for m, module in enumerate(self.members)
+        ]
+        if isinstance(outputs[0], torch.Tensor):
+            return torch.cat(outputs)
+        if isinstance(outputs[0], tuple):
+            return tuple(
+                torch.cat(items) if isinstance(items[0], torch.Tensor) else items[0]
+                for items in zip(*outputs, strict=True)
+            )
+        raise TypeError(f"PerMemberModule cannot stack outputs of type {type(outputs[0]).__name__}")
+
+
+def _stacked_rows(args: tuple, kwargs: dict) -> int | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    return None

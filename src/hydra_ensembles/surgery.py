@@ -1,0 +1,180 @@
+"""Head surgery: reversible ablation (masking) and structural pruning.
+
+A pruned model records which original heads it keeps and a fingerprint of the model it was pruned
+from in its config (``hydra_kept_heads``, ``hydra_base_fingerprint``), so it can be pruned again,
+saved, and fused with its siblings while members from another base are refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from .adapters import AttentionBlock, get_adapter
+from .heads import HeadSet, HeadSetError
+
+KEPT_HEADS_KEY = "hydra_kept_heads"
+FINGERPRINT_KEY = "hydra_base_fingerprint"
+
+
+# --------------------------------------------------------------------------- records
+def kept_heads(model: nn.Module) -> HeadSet:
+    """The original heads ``model`` keeps (all of them unless it was made by `prune`)."""
+    record = getattr(model.config, KEPT_HEADS_KEY, None)
+    return HeadSet.from_dict(record) if record else HeadSet()
+
+
+def heads_per_layer(model: nn.Module) -> list[int]:
+    """Head counts of the unpruned architecture, per layer."""
+    return get_adapter(model).original_heads_per_layer(model)
+
+
+def fingerprint(model: nn.Module) -> str:
+    """SHA-256 of a model's parameters and buffers (names, shapes, dtypes, bytes)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def base_fingerprint(model: nn.Module) -> str:
+    """The fingerprint of the unpruned model ``model`` descends from (its own if not pruned)."""
+    return getattr(model.config, FINGERPRINT_KEY, None) or fingerprint(model)
+
+
+# --------------------------------------------------------------------------- pruning
+def prune(model: nn.Module, heads: HeadSet) -> nn.Module:
+    """A new, structurally smaller model of the same class keeping only ``heads``.
+
+    Rows of W_Q, W_K, W_V (and biases) and columns of W_O of the dropped heads are removed and
+    head counts updated; a layer may keep no heads (its attention then adds only W_O's bias).
+    ``heads`` uses original head indices; pruning a pruned model needs a subset of what it keeps.
+    The input model is left untouched.
+    """
+    if not isinstance(heads, HeadSet):
+        raise TypeError(f"heads must be a HeadSet, got {type(heads).__name__}")
+    adapter = get_adapter(model)
+    original = adapter.original_heads_per_layer(model)
+    target = heads.resolve(original)
+    current = kept_heads(model).resolve(original)
+    for layer, (want, have) in enumerate(zip(target, current, strict=True)):
+        missing = sorted(set(want) - set(have))
+        if missing:
+            raise HeadSetError(f"layer {layer}: heads {missing} were already pruned from this model")
+
+    base_print = base_fingerprint(model)
+    pruned = copy.deepcopy(model)
+    for layer, (want, have) in enumerate(zip(target, current, strict=True)):
+        if want == have:
+            continue
+        block = adapter.attention_block(pruned, layer)
+        q, k, v, o = slice_projections(block, [have.index(h) for h in want])
+        adapter.set_attention(pruned, layer, q, k, v, o, num_heads=len(want))
+    setattr(pruned.config, KEPT_HEADS_KEY, HeadSet(dict(enumerate(target))).to_dict())
+    setattr(pruned.config, FINGERPRINT_KEY, base_print)
+    return pruned
+
+
+def slice_projections(
+    block: AttentionBlock, positions: Sequence[int]
+) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
+    """Copies of a block's (query, key, value, output) keeping the heads at ``positions``.
+
+    ``positions`` index the block's current heads; an empty list gives 0-head projections.
+    """
+    dh = block.head_dim
+    rows = torch.cat([torch.arange(p * dh, (p + 1) * dh) for p in positions]) if positions else None
+    q, k, v = (_slice_linear(lin, rows, dim=0) for lin in (block.query, block.key, block.value))
+    return q, k, v, _slice_linear(block.output, rows, dim=1)
+
+
+def _slice_linear(linear: nn.Linear, index: torch.Tensor | None, dim: int) -> nn.Linear:
+    """A copy of ``linear`` keeping ``index`` of its outputs (dim 0) or inputs (dim 1)."""
+    weight = linear.weight.detach()
+    if index is None:
+        shape = (0, weight.shape[1]) if dim == 0 else (weight.shape[0], 0)
+        new_weight = weight.new_empty(shape)
+    else:
+        new_weight = weight.index_select(dim, index.to(weight.device)).clone()
+    bias = linear.bias
+    if bias is not None and dim == 0:
+        bias = bias.detach()[index.to(bias.device)].clone() if index is not None else bias.new_empty(0)
+    elif bias is not None:
+        bias = bias.detach().clone()
+    out = nn.Linear(
+        new_weight.shape[1], new_weight.shape[0], bias=bias is not None,
+        device=weight.device, dtype=weight.dtype,
+    )
+    with torch.no_grad():
+        out.weight.copy_(new_weight)
+        if bias is not None:
+            out.bias.copy_(bias)
+    out.train(linear.training)
+    out.weight.requires_grad_(linear.weight.requires_grad)
+    return out
+
+
+# --------------------------------------------------------------------------- ablation
+class HeadAblation:
+    """Multiply each head's output by a mask entry, before W_O, through forward pre-hooks.
+
+    Shapes and weights are untouched and nothing is copied per call: change ``mask`` in place
+    (``mask[layer, head] = 0``) and the next forward sees it. ``mask`` is indexed by original
+    heads; heads a pruned model no longer has are ignored. Use as a context manager, or call
+    `remove` to restore the model.
+    """
+
+    def __init__(self, model: nn.Module, mask: torch.Tensor | None = None) -> None:
+        adapter = get_adapter(model)
+        original = adapter.original_heads_per_layer(model)
+        current = kept_heads(model).resolve(original)
+        width = max(original, default=0)
+        if mask is None:
+            mask = torch.ones(len(original), width)
+        if tuple(mask.shape) != (len(original), width):
+            raise ValueError(f"mask must have shape {(len(original), width)}, got {tuple(mask.shape)}")
+        self.mask = mask
+        self._handles = []
+        for layer, kept in enumerate(current):
+            if not kept:
+                continue
+            block = adapter.attention_block(model, layer)
+            index = torch.tensor(kept, dtype=torch.long)
+            hook = self._make_hook(layer, index, block.head_dim)
+            self._handles.append(block.output.register_forward_pre_hook(hook))
+
+    def _make_hook(self, layer: int, index: torch.Tensor, head_dim: int):
+        def hook(module: nn.Module, args: tuple) -> tuple:
+            (x, *rest) = args
+            scale = self.mask[layer, index].to(device=x.device, dtype=x.dtype)
+            shaped = x.unflatten(-1, (index.numel(), head_dim)) * scale[:, None]
+            return (shaped.flatten(-2), *rest)
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> HeadAblation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+@contextmanager
+def ablate(model: nn.Module, heads: HeadSet) -> Iterator[HeadAblation]:
+    """Within the block, ``model`` behaves as if only ``heads`` were kept (others masked to 0)."""
+    adapter = get_adapter(model)
+    original = adapter.original_heads_per_layer(model)
+    mask = torch.tensor(heads.mask(original), dtype=torch.float32)
+    with HeadAblation(model, mask) as ablation:
+        yield ablation
