@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 from .adapters import AttentionBlock, get_adapter
 from .heads import HeadSet, HeadSetError
@@ -107,10 +109,12 @@ def _slice_linear(linear: nn.Linear, index: torch.Tensor | None, dim: int) -> nn
         bias = bias.detach()[index.to(bias.device)].clone() if index is not None else bias.new_empty(0)
     elif bias is not None:
         bias = bias.detach().clone()
-    out = nn.Linear(
-        new_weight.shape[1], new_weight.shape[0], bias=bias is not None,
-        device=weight.device, dtype=weight.dtype,
-    )
+    with warnings.catch_warnings():  # a 0-head layer has 0-element weights: nothing to initialise
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+        out = skip_init(
+            nn.Linear, new_weight.shape[1], new_weight.shape[0], bias=bias is not None,
+            device=weight.device, dtype=weight.dtype,
+        )
     with torch.no_grad():
         out.weight.copy_(new_weight)
         if bias is not None:

@@ -122,6 +122,16 @@ class PerMemberModule(nn.Module):
         super().__init__()
         self.members = nn.ModuleList(modules)
 
+    def __getattr__(self, name: str):
+        """Attributes the host model reads (e.g. ``embeddings.patch_embeddings``) come from member 0."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            members = self._modules.get("members")
+            if members is None or not len(members):
+                raise
+            return getattr(members[0], name)
+
     @classmethod
     def empty_like(cls, module: nn.Module, num_members: int) -> PerMemberModule:
         return cls([copy.deepcopy(module) for _ in range(num_members)])

