@@ -14,6 +14,7 @@ import argparse
 import json
 import platform
 import random
+from functools import partial
 
 import torch
 
@@ -31,8 +32,14 @@ def random_head_sets(num_members: int, layers: int, heads: int, keep: int, seed:
     ]
 
 
+def run_all(models: list, inputs: dict) -> list:
+    return [m(**inputs) for m in models]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--members", type=int, default=3)
@@ -41,7 +48,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
-        "--default-allocator", action="store_true",
+        "--default-allocator",
+        action="store_true",
         help="skip hydra_ensembles.runtime.tune_cpu_allocator (glibc's default: mmap per large tensor)",
     )
     args = parser.parse_args()
@@ -71,9 +79,9 @@ def main() -> None:
         members = [he.prune(single, hs).eval() for hs in head_sets]
         hydra = he.fuse(single, head_sets).eval()
         runs = {
-            "single": lambda: single(**inputs),
-            "members_sequential": lambda: [m(**inputs) for m in members],
-            "fused": lambda: hydra(**inputs),
+            "single": partial(single, **inputs),
+            "members_sequential": partial(run_all, members, inputs),
+            "fused": partial(hydra, **inputs),
         }
         with torch.inference_mode():
             max_diff = max(
@@ -102,8 +110,10 @@ def main() -> None:
             f"multiply-adds {row['mac_ratio_fused_vs_sequential']:.3f} "
             f"-> {'within' if row['within_target'] else 'OUTSIDE'} the 10% target"
         )
-        print(f"  fused / single latency {row['latency_ratio_fused_vs_single']:.3f}; "
-              f"max |fused - members| = {max_diff:.2e}")
+        print(
+            f"  fused / single latency {row['latency_ratio_fused_vs_single']:.3f}; "
+            f"max |fused - members| = {max_diff:.2e}"
+        )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=2)

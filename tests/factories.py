@@ -43,7 +43,9 @@ def tiny_vit(
     return ViTForImageClassification(config).eval()
 
 
-def text_inputs(batch: int = 4, tokens: int = 9, seed: int = 0, padded: bool = True) -> dict[str, torch.Tensor]:
+def text_inputs(
+    batch: int = 4, tokens: int = 9, seed: int = 0, padded: bool = True
+) -> dict[str, torch.Tensor]:
     """Random token ids; with ``padded`` every other row has a different amount of padding."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, VOCAB, (batch, tokens), generator=g)

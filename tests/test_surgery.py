@@ -40,8 +40,9 @@ def _assert_prune_equals_mask(model, heads, inputs):
     assert (_logits(pruned, inputs) - masked).abs().max().item() <= TOL
     assert type(pruned) is type(model)
     assert fingerprint(model) == before, "prune must not modify its input"
-    assert he.kept_heads(pruned) == he.HeadSet(dict(enumerate(heads.resolve(
-        he.get_adapter(model).original_heads_per_layer(model)))))
+    assert he.kept_heads(pruned) == he.HeadSet(
+        dict(enumerate(heads.resolve(he.get_adapter(model).original_heads_per_layer(model))))
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -81,7 +82,9 @@ def test_empty_layer_leaves_only_the_output_bias():
     hidden = torch.randn(2, 5, 4)
     out, _ = layer.attention.self(hidden)
     assert out.shape == (2, 5, 0)
-    assert torch.allclose(layer.attention.output.dense(out), layer.attention.output.dense.bias.expand(2, 5, 4))
+    assert torch.allclose(
+        layer.attention.output.dense(out), layer.attention.output.dense.bias.expand(2, 5, 4)
+    )
 
 
 def test_pruning_a_pruned_model_uses_original_indices():

@@ -6,8 +6,9 @@ members into one model that predicts like their ensemble in a single forward pas
 
 __version__ = "0.1.0"
 
-from .adapters import UnsupportedModelError, get_adapter, register_adapter  # noqa: E402
-from .fusion import (  # noqa: E402
+from . import layers
+from .adapters import UnsupportedModelError, get_adapter, register_adapter
+from .fusion import (
     FusionError,
     FusionPolicy,
     HydraLoadError,
@@ -16,8 +17,8 @@ from .fusion import (  # noqa: E402
     fuse,
     load_hydra,
 )
-from .heads import HeadSet, HeadSetError  # noqa: E402
-from .surgery import HeadAblation, ablate, kept_heads, prune  # noqa: E402
+from .heads import HeadSet, HeadSetError
+from .surgery import HeadAblation, ablate, kept_heads, prune
 
 __all__ = [
     "FusionError",
@@ -34,6 +35,7 @@ __all__ = [
     "fuse",
     "get_adapter",
     "kept_heads",
+    "layers",
     "load_hydra",
     "prune",
     "register_adapter",

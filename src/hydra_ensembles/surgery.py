@@ -112,8 +112,12 @@ def _slice_linear(linear: nn.Linear, index: torch.Tensor | None, dim: int) -> nn
     with warnings.catch_warnings():  # a 0-head layer has 0-element weights: nothing to initialise
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
         out = skip_init(
-            nn.Linear, new_weight.shape[1], new_weight.shape[0], bias=bias is not None,
-            device=weight.device, dtype=weight.dtype,
+            nn.Linear,
+            new_weight.shape[1],
+            new_weight.shape[0],
+            bias=bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
         )
     with torch.no_grad():
         out.weight.copy_(new_weight)

@@ -4,7 +4,6 @@ from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig
 
 from hydra_ensembles import UnsupportedModelError, get_adapter
 from hydra_ensembles.adapters import BertAdapter, ViTAdapter
-
 from tests.factories import tiny_bert, tiny_vit
 
 
@@ -28,10 +27,22 @@ def _attn(adapter) -> str:
 
 
 def test_bare_base_models_are_supported():
-    bert = BertModel(BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                                intermediate_size=9))
-    vit = ViTModel(ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=9,
-                             image_size=8, patch_size=4, num_channels=1))
+    bert = BertModel(
+        BertConfig(
+            vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=9
+        )
+    )
+    vit = ViTModel(
+        ViTConfig(
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=9,
+            image_size=8,
+            patch_size=4,
+            num_channels=1,
+        )
+    )
     assert get_adapter(bert).prefix == "" and get_adapter(vit).prefix == ""
     assert get_adapter(bert).attention_block(bert, 0).num_heads == 2
     assert get_adapter(vit).attention_block(vit, 0).num_heads == 2
@@ -41,10 +52,18 @@ def test_parts_for_fusion_policy():
     model = tiny_bert()
     adapter = get_adapter(model)
     modules = dict(model.named_modules())
-    assert adapter.part_of("bert.encoder.layer.0.intermediate.dense", modules[
-        "bert.encoder.layer.0.intermediate.dense"]) == "mlp"
-    assert adapter.part_of("bert.encoder.layer.0.output.LayerNorm", modules[
-        "bert.encoder.layer.0.output.LayerNorm"]) == "norm"
+    assert (
+        adapter.part_of(
+            "bert.encoder.layer.0.intermediate.dense", modules["bert.encoder.layer.0.intermediate.dense"]
+        )
+        == "mlp"
+    )
+    assert (
+        adapter.part_of(
+            "bert.encoder.layer.0.output.LayerNorm", modules["bert.encoder.layer.0.output.LayerNorm"]
+        )
+        == "norm"
+    )
     assert adapter.part_of("classifier", modules["classifier"]) == "head"
     assert adapter.part_of("bert.pooler.dense", modules["bert.pooler.dense"]) == "head"
     assert adapter.part_of("bert.embeddings.LayerNorm", modules["bert.embeddings.LayerNorm"]) == "embeddings"

@@ -206,8 +206,11 @@ def test_cuda_matches_cpu():
 def test_headless_base_models_give_member_hidden_states():
     from transformers import BertConfig, BertModel
 
-    model = BertModel(BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-                                 intermediate_size=9)).eval()
+    model = BertModel(
+        BertConfig(
+            vocab_size=40, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=9
+        )
+    ).eval()
     out = he.fuse(model, [he.HeadSet({0: [0]}), he.HeadSet({1: [1]})]).eval()(**text_inputs(batch=3))
     assert out.member_logits is None and out.probs is None
     assert out.members["last_hidden_state"].shape == (2, 3, 9, 8)

@@ -150,9 +150,7 @@ class ArchitectureAdapter(ABC):
     def input_names(self, model: nn.Module) -> tuple[str, ...]:
         """Keyword inputs the model's forward accepts (taken from its signature)."""
         params = inspect.signature(model.forward).parameters.values()
-        return tuple(
-            p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        )
+        return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def _base_prefix(model: nn.Module) -> str:

@@ -109,9 +109,7 @@ def _check_same_base(members: list[nn.Module]) -> None:
     prints = {getattr(m.config, FINGERPRINT_KEY, None) for m in members}
     for i, member in enumerate(members[1:], start=1):
         if type(member) is not type(first):
-            raise FusionError(
-                f"member {i} is a {type(member).__name__}, member 0 a {type(first).__name__}"
-            )
+            raise FusionError(f"member {i} is a {type(member).__name__}, member 0 a {type(first).__name__}")
         if _structural_config(member) != reference:
             raise FusionError(f"member {i} has a different configuration from member 0")
     if len(prints) > 1:
@@ -137,9 +135,7 @@ def _clean_copy(model: nn.Module) -> nn.Module:
     return copied
 
 
-def _install(
-    adapter: ArchitectureAdapter, model: nn.Module, layer: int, projections, head_dim: int
-) -> None:
+def _install(adapter: ArchitectureAdapter, model: nn.Module, layer: int, projections, head_dim: int) -> None:
     dropout = float(getattr(model.config, "attention_probs_dropout_prob", 0.0) or 0.0)
     fused = FusedMultiHeadAttention.from_projections(projections, head_dim, dropout)
     fused.train(model.training)

@@ -8,6 +8,8 @@ weights' SHA-256, so a truncated or tampered weights file is refused with a clea
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ def save_hydra(hydra: HydraModel, path: str | os.PathLike) -> Path:
         "layout": list(hydra.layout),
         "weights_sha256": sha256_file(weights),
     }
+    config["config_sha256"] = config_digest(config)
     atomic_write_json(path / CONFIG_NAME, config)  # written last: its presence means complete
     return path
 
@@ -102,8 +105,6 @@ def load_hydra(path: str | os.PathLike, device: str | torch.device | None = None
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    import json
-
     file = path / CONFIG_NAME
     if not file.is_file():
         raise HydraLoadError(f"{file} not found: not a saved Hydra model (or the save did not finish)")
@@ -117,10 +118,27 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise HydraLoadError(
             f"{file} has format version {config.get('format_version')}, this library reads {FORMAT_VERSION}"
         )
-    missing = {"model_class", "base_config", "head_sets", "policy", "layout", "weights_sha256"} - set(config)
+    required = {
+        "model_class",
+        "base_config",
+        "head_sets",
+        "policy",
+        "layout",
+        "weights_sha256",
+        "config_sha256",
+    }
+    missing = required - set(config)
     if missing:
         raise HydraLoadError(f"{file} lacks {sorted(missing)}")
+    if config_digest(config) != config["config_sha256"]:
+        raise HydraLoadError(f"{file} does not match its own checksum: it was modified after saving")
     return config
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of every field but ``config_sha256`` itself."""
+    body = {k: v for k, v in config.items() if k != "config_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _build_base(config: dict[str, Any]) -> nn.Module:

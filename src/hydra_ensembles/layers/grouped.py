@@ -19,9 +19,7 @@ from torch import nn
 def _split_members(x: torch.Tensor, num_members: int) -> torch.Tensor:
     """(M*B, ..., D) -> (M, B*..., D)."""
     if x.shape[0] % num_members:
-        raise ValueError(
-            f"a member-stacked batch needs a multiple of {num_members} rows, got {x.shape[0]}"
-        )
+        raise ValueError(f"a member-stacked batch needs a multiple of {num_members} rows, got {x.shape[0]}")
     return x.reshape(num_members, -1, x.shape[-1])
 
 
@@ -47,8 +45,12 @@ class GroupedLinear(nn.Module):
     def from_linears(cls, linears: Sequence[nn.Linear]) -> GroupedLinear:
         first = linears[0]
         layer = cls(
-            len(linears), first.in_features, first.out_features, bias=first.bias is not None,
-            device=first.weight.device, dtype=first.weight.dtype,
+            len(linears),
+            first.in_features,
+            first.out_features,
+            bias=first.bias is not None,
+            device=first.weight.device,
+            dtype=first.weight.dtype,
         )
         with torch.no_grad():
             layer.weight.copy_(torch.stack([lin.weight for lin in linears]))
@@ -75,8 +77,13 @@ class GroupedLayerNorm(nn.Module):
     """M LayerNorms over the last dimension: shared normalisation, per-member affine."""
 
     def __init__(
-        self, num_members: int, normalized_shape: int, eps: float = 1e-5, bias: bool = True,
-        device=None, dtype=None,
+        self,
+        num_members: int,
+        normalized_shape: int,
+        eps: float = 1e-5,
+        bias: bool = True,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
@@ -90,8 +97,12 @@ class GroupedLayerNorm(nn.Module):
         if len(first.normalized_shape) != 1 or not first.elementwise_affine:
             raise ValueError("GroupedLayerNorm supports affine LayerNorms over one dimension")
         layer = cls(
-            len(norms), first.normalized_shape[0], first.eps, bias=first.bias is not None,
-            device=first.weight.device, dtype=first.weight.dtype,
+            len(norms),
+            first.normalized_shape[0],
+            first.eps,
+            bias=first.bias is not None,
+            device=first.weight.device,
+            dtype=first.weight.dtype,
         )
         with torch.no_grad():
             layer.weight.copy_(torch.stack([n.weight for n in norms]))
