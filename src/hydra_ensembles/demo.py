@@ -36,7 +36,8 @@ class QuickDemoConfig:
     heads_kept: int = 8
     max_length: int = 64
     batch_size: int = 32
-    train_limit: int = 600
+    train_limit: int | None = 600
+    test_limit: int | None = None
     seed: int = 0
     out_dir: Path = Path("runs/demo")
 
@@ -76,7 +77,7 @@ def run_quick_demo(config: QuickDemoConfig) -> dict:
     data = load_bbc_news(ID_TOPICS)
     parts = split_indices(data.ids, SPLITS, salt="bbc-news")
     train = data.subset(stable_sample(parts["train"], data.ids, config.train_limit, salt="train"))
-    test = data.subset(parts["test"])
+    test = data.subset(stable_sample(parts["test"], data.ids, config.test_limit, salt="test"))
     print(
         f"data: BBC News, {len(data.classes)} topics {list(data.classes)}; train {len(train)} "
         f"(of {len(parts['train'])}), test {len(test)}; {config.max_length} tokens per text"

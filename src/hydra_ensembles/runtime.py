@@ -15,10 +15,9 @@ def tune_cpu_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = (1 <
 
     By default glibc serves every allocation above a few MB with ``mmap`` and returns it on free,
     so each forward pass page-faults its activations in again. That costs the most where tensors
-    are largest, i.e. in a fused model running M members' rows at once (measured on MiniLM-L6,
-    batch 32 x 128, 2 cores: the fused model took 1.37x the time of its members run one after
-    another with the default allocator and 1.03x with this setting; see
-    ``benchmarks/fused_latency.py``). The price: freed memory stays reserved by the process.
+    are largest, i.e. in a fused model running M members' rows at once (``docs/benchmarks.md``
+    has the measurement, from ``benchmarks/fused_latency.py``). The price: freed memory stays
+    reserved by the process.
     Returns True when the setting was applied (Linux with glibc), False otherwise.
     """
     if not sys.platform.startswith("linux"):
