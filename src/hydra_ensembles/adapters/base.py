@@ -93,19 +93,29 @@ class ArchitectureAdapter(ABC):
         """The transformer layers, in order."""
         return list(model.get_submodule(self.layers_path))
 
-    @abstractmethod
+    projection_paths: ClassVar[tuple[str, str, str, str]]
+    """Paths of W_Q, W_K, W_V and W_O inside one layer."""
+
+    def head_dim(self, model: nn.Module) -> int:
+        config = model.config
+        return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
     def attention_block(self, model: nn.Module, layer: int) -> AttentionBlock:
         """The projections and head count of ``layer`` as the model is now."""
+        block = self.layers(model)[layer]
+        query, key, value, output = (block.get_submodule(p) for p in self.projection_paths)
+        head_dim = self.head_dim(model)
+        return AttentionBlock(layer, query, key, value, output, query.out_features // head_dim, head_dim)
 
     @property
-    @abstractmethod
     def embeddings_path(self) -> str:
         """Dotted path of the embeddings module (treated as one unit by fusion)."""
+        return f"{self.prefix}embeddings"
 
     @property
-    @abstractmethod
     def head_paths(self) -> tuple[str, ...]:
         """Dotted paths of the task head (pooler, classifier), if present."""
+        return (f"{self.prefix}pooler", "classifier")
 
     # ----------------------------------------------------------------- surgery
     @abstractmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .base import ArchitectureAdapter, AttentionBlock, ZeroHeadAttention
+from .base import ArchitectureAdapter, ZeroHeadAttention
 
 
 class BertAdapter(ArchitectureAdapter):
@@ -12,28 +12,12 @@ class BertAdapter(ArchitectureAdapter):
 
     family = "BERT"
     model_types = ("bert",)
-
-    def attention_block(self, model: nn.Module, layer: int) -> AttentionBlock:
-        attention = self.layers(model)[layer].attention
-        core = attention.self
-        head_dim = int(model.config.hidden_size // model.config.num_attention_heads)
-        return AttentionBlock(
-            layer=layer,
-            query=core.query,
-            key=core.key,
-            value=core.value,
-            output=attention.output.dense,
-            num_heads=core.query.out_features // head_dim,
-            head_dim=head_dim,
-        )
-
-    @property
-    def embeddings_path(self) -> str:
-        return f"{self.prefix}embeddings"
-
-    @property
-    def head_paths(self) -> tuple[str, ...]:
-        return (f"{self.prefix}pooler", "classifier")
+    projection_paths = (
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+    )
 
     def set_attention(self, model, layer, query, key, value, output, num_heads) -> None:
         attention = self.layers(model)[layer].attention

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from torch import nn
-
-from .base import ArchitectureAdapter, AttentionBlock, ZeroHeadAttention
+from .base import ArchitectureAdapter, ZeroHeadAttention
 
 
 class ViTAdapter(ArchitectureAdapter):
@@ -12,28 +10,7 @@ class ViTAdapter(ArchitectureAdapter):
 
     family = "ViT"
     model_types = ("vit",)
-
-    def attention_block(self, model: nn.Module, layer: int) -> AttentionBlock:
-        attention = self.layers(model)[layer].attention
-        config = model.config
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-        return AttentionBlock(
-            layer=layer,
-            query=attention.q_proj,
-            key=attention.k_proj,
-            value=attention.v_proj,
-            output=attention.o_proj,
-            num_heads=attention.q_proj.out_features // head_dim,
-            head_dim=head_dim,
-        )
-
-    @property
-    def embeddings_path(self) -> str:
-        return f"{self.prefix}embeddings"
-
-    @property
-    def head_paths(self) -> tuple[str, ...]:
-        return (f"{self.prefix}pooler", "classifier")
+    projection_paths = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj")
 
     def set_attention(self, model, layer, query, key, value, output, num_heads) -> None:
         block = self.layers(model)[layer]

@@ -23,6 +23,15 @@ def _split_members(x: torch.Tensor, num_members: int) -> torch.Tensor:
     return x.reshape(num_members, -1, x.shape[-1])
 
 
+def _fill_stacked(layer: nn.Module, sources: Sequence[nn.Module]) -> nn.Module:
+    """Copy the members' ``weight`` and ``bias`` into ``layer``'s stacked parameters."""
+    with torch.no_grad():
+        layer.weight.copy_(torch.stack([s.weight for s in sources]))
+        if layer.bias is not None:
+            layer.bias.copy_(torch.stack([s.bias for s in sources]))
+    return layer
+
+
 class GroupedLinear(nn.Module):
     """M independent linear layers applied to their members' rows with one ``bmm``."""
 
@@ -52,11 +61,7 @@ class GroupedLinear(nn.Module):
             device=first.weight.device,
             dtype=first.weight.dtype,
         )
-        with torch.no_grad():
-            layer.weight.copy_(torch.stack([lin.weight for lin in linears]))
-            if layer.bias is not None:
-                layer.bias.copy_(torch.stack([lin.bias for lin in linears]))
-        return layer
+        return _fill_stacked(layer, linears)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = _split_members(x, self.num_members)
@@ -104,11 +109,7 @@ class GroupedLayerNorm(nn.Module):
             device=first.weight.device,
             dtype=first.weight.dtype,
         )
-        with torch.no_grad():
-            layer.weight.copy_(torch.stack([n.weight for n in norms]))
-            if layer.bias is not None:
-                layer.bias.copy_(torch.stack([n.bias for n in norms]))
-        return layer
+        return _fill_stacked(layer, norms)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         normed = _split_members(F.layer_norm(x, (self.normalized_shape,), eps=self.eps), self.num_members)
