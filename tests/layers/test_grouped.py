@@ -56,6 +56,7 @@ def test_fused_attention_with_no_heads_returns_each_members_bias():
     assert torch.equal(out[3:], attention.o_bias[1].expand(3, 5, 4))
 
 
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
 def test_fused_attention_matches_explicit_multi_head_attention():
     torch.manual_seed(0)
     d, dh = 6, 3
