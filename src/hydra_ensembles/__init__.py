@@ -4,9 +4,8 @@ Prune attention heads in M different ways, optionally fine-tune each pruned memb
 members into one model that predicts like their ensemble in a single forward pass.
 """
 
-__version__ = "0.1.0"
-
-from . import layers
+from . import layers, metrics
+from ._version import __version__
 from .adapters import UnsupportedModelError, get_adapter, register_adapter
 from .fusion import (
     FusionError,
@@ -37,6 +36,7 @@ __all__ = [
     "kept_heads",
     "layers",
     "load_hydra",
+    "metrics",
     "prune",
     "register_adapter",
 ]

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .. import __version__
+from .._version import __version__
 from ..adapters import ADAPTERS, get_adapter
 from ..heads import HeadSet
 from ..io import atomic_write, atomic_write_json, sha256_file

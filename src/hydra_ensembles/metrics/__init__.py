@@ -1,0 +1,39 @@
+"""Metrics: calibration (acc, NLL, Brier, ECE, aECE), OOD detection, ensemble diversity.
+
+Inputs may be numpy arrays or torch tensors. OOD metrics take scores where higher means more
+OOD (OOD is the positive class, as in OpenOOD).
+"""
+
+from .classification import accuracy, adaptive_ece, brier, classification, ece, nll
+from .diversity import disagreement, diversity
+from .ood import (
+    POSITIVE_CLASS,
+    auroc,
+    energy_score,
+    entropy_score,
+    fpr_at_tpr,
+    max_logit_score,
+    msp_score,
+    mutual_information_score,
+    ood,
+)
+
+__all__ = [
+    "POSITIVE_CLASS",
+    "accuracy",
+    "adaptive_ece",
+    "auroc",
+    "brier",
+    "classification",
+    "disagreement",
+    "diversity",
+    "ece",
+    "energy_score",
+    "entropy_score",
+    "fpr_at_tpr",
+    "max_logit_score",
+    "msp_score",
+    "mutual_information_score",
+    "nll",
+    "ood",
+]

@@ -1,0 +1,40 @@
+"""Input checks shared by the metrics: arrays in, clear errors out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def as_array(values: Any, name: str, ndim: int, dtype=np.float64) -> np.ndarray:
+    """A numpy array from a numpy array, torch tensor or sequence, with the expected rank."""
+    if hasattr(values, "detach"):
+        values = values.detach().float().cpu().numpy()
+    array = np.asarray(values, dtype=dtype)
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(f"{name} is empty")
+    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return array
+
+
+def check_probs(probs: Any, name: str = "probs") -> np.ndarray:
+    array = as_array(probs, name, ndim=2)
+    if (array < 0).any() or np.abs(array.sum(-1) - 1).max() > 1e-3:
+        raise ValueError(f"{name} must be probabilities: non-negative rows summing to 1")
+    return array
+
+
+def check_labels(labels: Any, num_samples: int, num_classes: int) -> np.ndarray:
+    array = as_array(labels, "labels", ndim=1, dtype=np.float64)
+    if array.shape[0] != num_samples:
+        raise ValueError(f"labels has {array.shape[0]} entries, probs {num_samples} rows")
+    if (array != np.round(array)).any():
+        raise ValueError("labels must be integers")
+    array = array.astype(np.int64)
+    if array.min() < 0 or array.max() >= num_classes:
+        raise ValueError(f"labels must lie in [0, {num_classes - 1}], got {array.min()}..{array.max()}")
+    return array

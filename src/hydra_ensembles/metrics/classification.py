@@ -1,0 +1,70 @@
+"""In-distribution metrics: accuracy, NLL, Brier, ECE and adaptive ECE (torch-uncertainty style
+small classes, plus one function returning them all)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._checks import check_labels, check_probs
+
+EPS = 1e-12
+
+
+def accuracy(probs: Any, labels: Any) -> float:
+    p = check_probs(probs)
+    y = check_labels(labels, *p.shape)
+    return float((p.argmax(-1) == y).mean())
+
+
+def nll(probs: Any, labels: Any) -> float:
+    """Mean negative log-likelihood (natural log) of the true class."""
+    p = check_probs(probs)
+    y = check_labels(labels, *p.shape)
+    return float(-np.log(np.clip(p[np.arange(len(y)), y], EPS, None)).mean())
+
+
+def brier(probs: Any, labels: Any) -> float:
+    """Sum over classes of (p - onehot)^2, mean over samples."""
+    p = check_probs(probs)
+    y = check_labels(labels, *p.shape)
+    onehot = np.eye(p.shape[1])[y]
+    return float(((p - onehot) ** 2).sum(-1).mean())
+
+
+def _calibration_gap(confidence: np.ndarray, correct: np.ndarray, bins: list[np.ndarray]) -> float:
+    n = len(confidence)
+    return float(sum(abs(correct[b].mean() - confidence[b].mean()) * len(b) / n for b in bins if len(b)))
+
+
+def ece(probs: Any, labels: Any, n_bins: int = 15) -> float:
+    """Expected calibration error: equal-width bins [k/n, (k+1)/n) on top-label confidence, L1.
+
+    Same binning as torchmetrics' ``multiclass_calibration_error`` (confidence 1.0 in the last bin).
+    """
+    p = check_probs(probs)
+    y = check_labels(labels, *p.shape)
+    confidence, correct = p.max(-1), (p.argmax(-1) == y).astype(np.float64)
+    index = np.minimum(np.floor(confidence * n_bins).astype(np.int64), n_bins - 1)
+    return _calibration_gap(confidence, correct, [np.flatnonzero(index == k) for k in range(n_bins)])
+
+
+def adaptive_ece(probs: Any, labels: Any, n_bins: int = 15) -> float:
+    """ECE with equal-mass bins: samples sorted by confidence, split into ``n_bins`` equal parts."""
+    p = check_probs(probs)
+    y = check_labels(labels, *p.shape)
+    confidence, correct = p.max(-1), (p.argmax(-1) == y).astype(np.float64)
+    order = np.argsort(confidence, kind="stable")
+    return _calibration_gap(confidence, correct, np.array_split(order, min(n_bins, len(order))))
+
+
+def classification(probs: Any, labels: Any, n_bins: int = 15) -> dict[str, float]:
+    """acc, nll, brier, ece, aece of predicted probabilities (N, C) against integer labels (N,)."""
+    return {
+        "acc": accuracy(probs, labels),
+        "nll": nll(probs, labels),
+        "brier": brier(probs, labels),
+        "ece": ece(probs, labels, n_bins),
+        "aece": adaptive_ece(probs, labels, n_bins),
+    }

@@ -1,0 +1,142 @@
+"""Every metric cross-checked against scikit-learn or torchmetrics on the same arrays."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import average_precision_score, log_loss, roc_auc_score, roc_curve
+from torchmetrics.functional.classification import (
+    binary_auroc,
+    binary_average_precision,
+    multiclass_calibration_error,
+)
+
+import hydra_ensembles as he
+from hydra_ensembles import metrics as M
+
+
+def _random_probs(seed: int, n: int = 200, c: int = 5, sharpness: float = 3.0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, c)) * sharpness
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    labels = rng.integers(0, c, size=n)
+    return probs, labels
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 300), st.integers(2, 7))
+def test_classification_metrics_match_references(seed, n, c):
+    probs, labels = _random_probs(seed, n, c)
+    got = he.metrics.classification(probs, labels)
+    assert got["acc"] == pytest.approx((probs.argmax(-1) == labels).mean())
+    assert got["nll"] == pytest.approx(log_loss(labels, probs, labels=list(range(c))), rel=1e-6)
+    onehot = np.eye(c)[labels]
+    assert got["brier"] == pytest.approx(((probs - onehot) ** 2).sum(-1).mean())
+    reference_ece = multiclass_calibration_error(
+        torch.tensor(probs, dtype=torch.float64), torch.tensor(labels), num_classes=c, n_bins=15, norm="l1"
+    ).item()
+    assert got["ece"] == pytest.approx(reference_ece, abs=1e-6)
+    assert 0 <= got["aece"] <= 1
+
+
+def test_adaptive_ece_equal_mass_bins_by_hand():
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.7, 0.3]])
+    labels = np.array([0, 1, 0, 0])
+    # sorted confidences 0.6, 0.7 | 0.8, 0.9 with correctness 1, 1 | 0, 1 (2 bins of 2)
+    expected = 0.5 * abs(1 - 0.65) + 0.5 * abs(0.5 - 0.85)
+    assert M.adaptive_ece(probs, labels, n_bins=2) == pytest.approx(expected)
+
+
+def test_perfectly_calibrated_and_confident():
+    probs = np.eye(3)[[0, 1, 2, 0]]
+    got = M.classification(probs, [0, 1, 2, 0])
+    assert got == pytest.approx({"acc": 1.0, "nll": 0.0, "brier": 0.0, "ece": 0.0, "aece": 0.0}, abs=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 80), st.integers(1, 80), st.booleans())
+def test_ood_metrics_match_references(seed, n_id, n_ood, ties):
+    rng = np.random.default_rng(seed)
+    id_scores, ood_scores = rng.normal(size=n_id), rng.normal(0.7, size=n_ood)
+    if ties:  # coarse scores make many ties
+        id_scores, ood_scores = np.round(id_scores), np.round(ood_scores)
+    got = he.metrics.ood(id_scores, ood_scores)
+    scores = np.concatenate([id_scores, ood_scores])
+    labels = np.concatenate([np.zeros(n_id), np.ones(n_ood)])
+    assert got["auroc"] == pytest.approx(roc_auc_score(labels, scores))
+    s, y = torch.tensor(scores), torch.tensor(labels, dtype=torch.long)
+    assert got["auroc"] == pytest.approx(binary_auroc(s, y).item(), abs=1e-6)
+    assert got["aupr_out"] == pytest.approx(binary_average_precision(s, y).item(), abs=1e-6)
+    assert got["aupr_in"] == pytest.approx(average_precision_score(1 - labels, -scores))
+    fpr, tpr, _ = roc_curve(labels, scores)
+    assert got["fpr95"] == pytest.approx(fpr[np.argmax(tpr >= 0.95)])
+
+
+def test_fpr95_by_hand_and_positive_class():
+    assert M.POSITIVE_CLASS == "OOD"
+    # catching both OOD samples needs threshold 0.25: one of three ID samples (0.3) is flagged
+    assert M.fpr_at_tpr([0.1, 0.2, 0.3], [0.25, 0.9]) == pytest.approx(1 / 3)
+    assert M.ood([0.0, 0.1], [0.9, 1.0])["auroc"] == 1.0
+
+
+def test_constant_scores_are_chance():
+    got = M.ood(np.zeros(10), np.zeros(7))
+    assert got["auroc"] == pytest.approx(0.5)
+    assert got["fpr95"] == pytest.approx(1.0)
+
+
+def test_scores():
+    probs = np.array([[0.7, 0.2, 0.1], [1 / 3, 1 / 3, 1 / 3]])
+    assert M.msp_score(probs) == pytest.approx([0.3, 2 / 3])
+    entropy = M.entropy_score(probs)
+    assert entropy[1] == pytest.approx(np.log(3)) and entropy[0] < entropy[1]
+    logits = np.array([[2.0, 0.0], [0.0, 0.0]])
+    assert M.max_logit_score(logits) == pytest.approx([-2.0, 0.0])
+    assert M.energy_score(logits) == pytest.approx(-np.log(np.exp(logits).sum(-1)))
+    assert torch.allclose(
+        torch.tensor(M.energy_score(logits)), -torch.logsumexp(torch.tensor(logits), -1), atol=1e-12
+    )
+
+
+def test_diversity():
+    agree = np.stack([np.eye(3)[[0, 1]]] * 3)  # (M=3, N=2, C=3), identical members
+    assert M.diversity(agree) == pytest.approx({"mutual_information": 0.0, "disagreement": 0.0}, abs=1e-9)
+    split = np.stack([np.eye(2)[[0]], np.eye(2)[[1]]])  # two confident members disagreeing
+    got = M.diversity(split)
+    assert got["disagreement"] == 1.0
+    assert got["mutual_information"] == pytest.approx(np.log(2), abs=1e-6)
+    assert M.diversity(agree[:1])["disagreement"] == 0.0
+
+
+def test_torch_inputs_work():
+    probs, labels = _random_probs(0, 50, 3)
+    assert M.classification(torch.tensor(probs), torch.tensor(labels)) == pytest.approx(
+        M.classification(probs, labels)
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: M.classification(np.full((2, 2), np.nan), [0, 1]), "NaN"),
+        (lambda: M.classification(np.ones(3), [0, 1, 2]), "2 dimension"),
+        (lambda: M.classification(np.eye(2), [0, 1, 1]), "3 entries"),
+        (lambda: M.classification(np.eye(2), [0, 2]), r"\[0, 1\]"),
+        (lambda: M.classification(np.eye(2), [0, 0.5]), "integers"),
+        (lambda: M.classification(np.eye(2) * 2, [0, 1]), "probabilities"),
+        (lambda: M.ood([], [1.0]), "empty"),
+        (lambda: M.ood([[1.0]], [1.0]), "1 dimension"),
+        (lambda: M.ood([np.inf], [1.0]), "NaN or infinite"),
+        (lambda: M.diversity(np.ones((2, 2))), "3 dimension"),
+    ],
+)
+def test_bad_inputs_give_clear_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_single_class_present_in_labels_is_fine():
+    probs = np.array([[0.6, 0.4], [0.9, 0.1]])
+    got = M.classification(probs, [0, 0])
+    assert got["acc"] == 1.0 and got["ece"] == pytest.approx(abs(1 - 0.75))
