@@ -9,7 +9,13 @@ VOCAB = 40
 
 
 def tiny_bert(
-    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, intermediate=None
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    labels: int = 3,
+    seed: int = 0,
+    intermediate=None,
+    init_range: float = 0.02,
 ) -> BertForSequenceClassification:
     torch.manual_seed(seed)
     hidden = heads * head_dim
@@ -21,12 +27,18 @@ def tiny_bert(
         intermediate_size=intermediate or 2 * hidden + 1,
         max_position_embeddings=32,
         num_labels=labels,
+        initializer_range=init_range,
     )
     return BertForSequenceClassification(config).eval()
 
 
 def tiny_vit(
-    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    labels: int = 3,
+    seed: int = 0,
+    init_range: float = 0.02,
 ) -> ViTForImageClassification:
     torch.manual_seed(seed)
     hidden = heads * head_dim
@@ -39,6 +51,7 @@ def tiny_vit(
         patch_size=4,
         num_channels=1,
         num_labels=labels,
+        initializer_range=init_range,
     )
     return ViTForImageClassification(config).eval()
 
@@ -59,3 +72,12 @@ def text_inputs(
 def image_inputs(batch: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"pixel_values": torch.randn(batch, 1, 8, 8, generator=g)}
+
+
+def labelled(inputs: dict[str, torch.Tensor], labels: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``inputs`` with random ``labels`` added."""
+    batch = next(iter(inputs.values())).shape[0]
+    return {
+        **inputs,
+        "labels": torch.randint(0, labels, (batch,), generator=torch.Generator().manual_seed(seed)),
+    }

@@ -17,9 +17,12 @@ from .fusion import (
     load_hydra,
 )
 from .heads import HeadSet, HeadSetError
+from .members import member_overlap, sample_members
+from .scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
 from .surgery import HeadAblation, ablate, kept_heads, prune
 
 __all__ = [
+    "CircuitOrder",
     "FusionError",
     "FusionPolicy",
     "HeadAblation",
@@ -31,12 +34,17 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "ablate",
+    "extract_circuit",
     "fuse",
     "get_adapter",
     "kept_heads",
     "layers",
     "load_hydra",
+    "member_overlap",
     "metrics",
     "prune",
     "register_adapter",
+    "sample_members",
+    "taylor_head_set",
+    "taylor_scores",
 ]

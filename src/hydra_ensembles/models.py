@@ -67,3 +67,26 @@ def load_tokenizer(name_or_path: str = DEFAULT_TEXT_MODEL):
 def offline_by_default() -> None:
     """The embedded default never needs the hub; avoid slow network look-ups."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def build_model(model_class: str, config: dict, attn_implementation: str | None = None) -> nn.Module:
+    """Instantiate a transformers class by name from a config dict (randomly initialised).
+
+    Only classes of the supported families are accepted, so a saved file can never name
+    arbitrary code to run. Raises ValueError otherwise.
+    """
+    import transformers
+
+    from .adapters import ADAPTERS
+
+    cls = getattr(transformers, model_class, None)
+    model_type = config.get("model_type")
+    supported = {t for adapter in ADAPTERS for t in adapter.model_types}
+    if cls is None or not isinstance(cls, type) or model_type not in supported:
+        raise ValueError(f"unsupported model class {model_class!r} (model_type={model_type!r})")
+    if getattr(cls.config_class, "model_type", None) != model_type:
+        raise ValueError(f"model class {model_class!r} does not match model_type {model_type!r}")
+    model_config = cls.config_class.from_dict(config)
+    if attn_implementation:
+        model_config._attn_implementation = attn_implementation
+    return cls(model_config)

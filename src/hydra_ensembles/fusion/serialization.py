@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .._version import __version__
-from ..adapters import ADAPTERS, get_adapter
+from ..adapters import get_adapter
 from ..heads import HeadSet
 from ..io import atomic_write, atomic_write_json, sha256_file
 from ..layers import FusedMultiHeadAttention, GroupedLayerNorm, GroupedLinear, PerMemberModule
+from ..models import build_model
 from .model import FusionPolicy, HydraModel
 
 CONFIG_NAME = "hydra_config.json"
@@ -142,19 +142,10 @@ def config_digest(config: dict[str, Any]) -> str:
 
 
 def _build_base(config: dict[str, Any]) -> nn.Module:
-    """Instantiate the saved transformers class, only from the supported families."""
-    name = config["model_class"]
-    cls = getattr(transformers, name, None)
-    model_type = config["base_config"].get("model_type")
-    supported = {t for adapter in ADAPTERS for t in adapter.model_types}
-    if cls is None or not isinstance(cls, type) or model_type not in supported:
-        raise HydraLoadError(f"unsupported model class {name!r} (model_type={model_type!r})")
-    if getattr(cls.config_class, "model_type", None) != model_type:
-        raise HydraLoadError(f"model class {name!r} does not match model_type {model_type!r}")
-    model_config = cls.config_class.from_dict(config["base_config"])
-    if config.get("attn_implementation"):
-        model_config._attn_implementation = config["attn_implementation"]
-    return cls(model_config)
+    try:
+        return build_model(config["model_class"], config["base_config"], config.get("attn_implementation"))
+    except ValueError as exc:
+        raise HydraLoadError(str(exc)) from exc
 
 
 def _empty_grouped(model: nn.Module, entry: dict[str, Any], num_members: int) -> nn.Module:

@@ -1,0 +1,303 @@
+"""Fine-tuning pruned members (paper Appendix D.2), through Hugging Face Accelerate.
+
+Each member is fine-tuned independently on the same training data: selectable trainable parts
+(attention, MLP, LayerNorms, classifier head, embeddings; optionally only the last k blocks),
+AdamW or SGD with momentum, linear warm-up then cosine (or linear) decay, label smoothing,
+early stopping on validation NLL, bf16 autocast, a checkpoint per epoch and resume. The same
+code runs on CPU, one GPU, or many processes under ``accelerate launch``.
+
+Checkpoints hold safetensors and JSON only (optimizer state included), written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..adapters import get_adapter
+from ..adapters.base import is_under
+from ..io import atomic_write, atomic_write_json
+from ..scoring.forward import model_inputs
+
+PARTS = ("attention", "mlp", "norm", "head", "embeddings")
+
+
+@dataclass
+class FineTuneConfig:
+    """What to train and how. Defaults suit a small text model fine-tuned for a few epochs."""
+
+    epochs: int = 3
+    lr: float = 5e-5
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    momentum: float = 0.9
+    weight_decay: float = 0.01
+    warmup: float = 0.1
+    schedule: Literal["cosine", "linear"] = "cosine"
+    min_lr_fraction: float = 0.0
+    label_smoothing: float = 0.0
+    trainable: Sequence[str] = ("attention", "mlp", "norm", "head")
+    last_k_blocks: int | None = None
+    patience: int | None = None
+    grad_clip: float | None = 1.0
+    bf16: bool = True
+    seed: int = 0
+
+    def validate(self) -> None:
+        unknown = sorted(set(self.trainable) - set(PARTS))
+        if unknown:
+            raise ValueError(f"unknown trainable parts {unknown}; choose from {PARTS}")
+        if self.epochs < 1 or self.lr <= 0:
+            raise ValueError("epochs must be >= 1 and lr > 0")
+        if self.optimizer not in ("adamw", "sgd") or self.schedule not in ("cosine", "linear"):
+            raise ValueError("optimizer must be adamw|sgd and schedule cosine|linear")
+        if not 0 <= self.warmup < 1 or not 0 <= self.label_smoothing < 1:
+            raise ValueError("warmup and label_smoothing must be in [0, 1)")
+
+
+@dataclass
+class FineTuneResult:
+    history: list[dict[str, float]] = field(default_factory=list)
+    best_epoch: int | None = None
+    stopped_early: bool = False
+
+
+def trainable_parameters(model: nn.Module, config: FineTuneConfig) -> list[str]:
+    """Names of the parameters ``config`` trains."""
+    adapter = get_adapter(model)
+    layers = adapter.num_layers(model)
+    attention = tuple(p for layer in range(layers) for p in adapter.attention_paths(layer))
+    first_block = 0 if config.last_k_blocks is None else max(0, layers - config.last_k_blocks)
+    early = tuple(f"{adapter.layers_path}.{i}" for i in range(first_block))
+    names = []
+    for name, _ in model.named_parameters():
+        path = name.rpartition(".")[0]
+        if early and is_under(path, early):
+            continue
+        if config.last_k_blocks is not None and is_under(path, (adapter.embeddings_path,)):
+            continue
+        part = "attention" if is_under(path, attention) else adapter.part_of(path, model.get_submodule(path))
+        if part in config.trainable:
+            names.append(name)
+    return names
+
+
+def _lr_factor(step: int, total: int, config: FineTuneConfig) -> float:
+    warm = int(config.warmup * total)
+    if step < warm:
+        return (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if config.schedule == "cosine" else 1 - progress
+    return config.min_lr_fraction + (1 - config.min_lr_fraction) * max(0.0, decay)
+
+
+@torch.no_grad()
+def evaluate_nll(model: nn.Module, batches: Iterable[dict[str, Any]], accelerator=None) -> dict[str, float]:
+    """Mean NLL and accuracy of a classifier over labelled batches (gathered across processes)."""
+    model.eval()
+    losses, correct, count = 0.0, 0, 0
+    for batch in batches:
+        logits = model(**model_inputs(batch)).logits.float()
+        labels = batch["labels"].to(logits.device)
+        if accelerator is not None:
+            logits, labels = accelerator.gather_for_metrics((logits, labels))
+        losses += F.cross_entropy(logits, labels, reduction="sum").item()
+        correct += (logits.argmax(-1) == labels).sum().item()
+        count += len(labels)
+    return {"nll": losses / count, "acc": correct / count}
+
+
+def fine_tune(
+    model: nn.Module,
+    train: Iterable[dict[str, Any]],
+    val: Iterable[dict[str, Any]] | None = None,
+    config: FineTuneConfig | None = None,
+    checkpoint_dir: str | Path | None = None,
+    progress: bool = True,
+) -> FineTuneResult:
+    """Fine-tune ``model`` in place on labelled batches; returns the per-epoch history.
+
+    With ``val``, each epoch ends with validation NLL/accuracy; with ``patience`` too, training
+    stops after that many epochs without a better NLL and the best weights are restored. With
+    ``checkpoint_dir``, each epoch is saved and a rerun resumes after the last finished epoch.
+    """
+    from accelerate import Accelerator
+
+    config = config or FineTuneConfig()
+    config.validate()
+    train_batches = list(train)
+    val_batches = list(val) if val is not None else []
+    if not train_batches:
+        raise ValueError("train is empty: give at least one labelled batch")
+    if any("labels" not in b for b in train_batches + val_batches):
+        raise ValueError("every train and val batch needs 'labels'")
+    num_labels = int(model.config.num_labels)
+    for batch in train_batches + val_batches:
+        if batch["labels"].min() < 0 or batch["labels"].max() >= num_labels:
+            raise ValueError(f"labels out of range: the model has {num_labels} classes")
+    if config.patience is not None and not val_batches:
+        raise ValueError("early stopping (patience) needs validation data")
+
+    names = set(trainable_parameters(model, config))
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in names)
+    params = [p for n, p in model.named_parameters() if n in names]
+    if not params:
+        raise ValueError(f"nothing to train: no parameters in parts {list(config.trainable)}")
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm weights
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if config.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(groups, lr=config.lr)
+    else:
+        optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
+
+    # bf16 autocast is applied per step below rather than through Accelerate's process-wide
+    # mixed-precision setting, so members with different settings can train in one process.
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    total = config.epochs * len(train_batches)
+
+    result = FineTuneResult()
+    start_epoch, best_nll, best_state = 0, math.inf, None
+    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if ckpt is not None and (ckpt / "state.json").is_file():
+        start_epoch, result, best_nll = _load_checkpoint(
+            ckpt, accelerator.unwrap_model(model), optimizer, config
+        )
+        if (ckpt / "best.safetensors").is_file():
+            best_state = load_file(str(ckpt / "best.safetensors"))
+
+    bar = tqdm(
+        total=total,
+        initial=start_epoch * len(train_batches),
+        desc="fine-tune",
+        disable=not progress or not accelerator.is_main_process or None,
+    )
+    waited = 0 if result.best_epoch is None else len(result.history) - 1 - result.best_epoch
+    for epoch in range(start_epoch, config.epochs):
+        torch.manual_seed(config.seed * 1000 + epoch)  # dropout and order depend on (seed, epoch) only
+        order = torch.randperm(len(train_batches)).tolist()
+        mine = order[accelerator.process_index :: accelerator.num_processes]
+        model.train()
+        running = 0.0
+        for position, i in enumerate(mine):
+            step = epoch * len(train_batches) + position * accelerator.num_processes
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr * _lr_factor(step, total, config)
+            batch = train_batches[i]
+            with torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+                logits = model(**{k: v.to(accelerator.device) for k, v in model_inputs(batch).items()}).logits
+            loss = F.cross_entropy(
+                logits.float(), batch["labels"].to(accelerator.device), label_smoothing=config.label_smoothing
+            )
+            optimizer.zero_grad(set_to_none=True)
+            accelerator.backward(loss)
+            if config.grad_clip:
+                accelerator.clip_grad_norm_(params, config.grad_clip)
+            optimizer.step()
+            running += loss.item()
+            bar.update(accelerator.num_processes)
+            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
+        record = {"epoch": epoch, "train_loss": running / max(1, len(mine))}
+        if val_batches:
+            device_val = [{k: v.to(accelerator.device) for k, v in b.items()} for b in val_batches]
+            scores = evaluate_nll(model, device_val)
+            record.update({"val_nll": scores["nll"], "val_acc": scores["acc"]})
+            if scores["nll"] < best_nll:
+                best_nll, result.best_epoch, waited = scores["nll"], epoch, 0
+                best_state = {
+                    k: v.detach().cpu().clone()
+                    for k, v in accelerator.unwrap_model(model).state_dict().items()
+                }
+            else:
+                waited += 1
+        result.history.append(record)
+        if ckpt is not None and accelerator.is_main_process:
+            _save_checkpoint(
+                ckpt,
+                accelerator.unwrap_model(model),
+                optimizer,
+                config,
+                epoch + 1,
+                result,
+                best_nll,
+                best_state,
+            )
+        if config.patience is not None and waited >= config.patience:
+            result.stopped_early = True
+            break
+    bar.close()
+    model = accelerator.unwrap_model(model)
+    if best_state is not None and config.patience is not None:
+        model.load_state_dict(best_state)
+    for param in model.parameters():
+        param.requires_grad_(True)
+    model.eval()
+    return result
+
+
+def _optimizer_tensors(optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{index}.{key}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _save_checkpoint(ckpt: Path, model, optimizer, config, epochs_done, result, best_nll, best_state) -> None:
+    ckpt.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write(ckpt / "model.safetensors", lambda tmp: save_file(weights, str(tmp)))
+    tensors, meta = _optimizer_tensors(optimizer)
+    atomic_write(ckpt / "optimizer.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+    if best_state is not None:
+        atomic_write(ckpt / "best.safetensors", lambda tmp: save_file(best_state, str(tmp)))
+    state = {
+        "epochs_done": epochs_done,
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()},
+        "history": result.history,
+        "best_epoch": result.best_epoch,
+        "best_nll": best_nll if math.isfinite(best_nll) else None,
+        "optimizer": meta,
+    }
+    atomic_write_json(ckpt / "state.json", state)  # last: its presence means the epoch is complete
+
+
+def _load_checkpoint(ckpt: Path, model, optimizer, config) -> tuple[int, FineTuneResult, float]:
+    state = json.loads((ckpt / "state.json").read_text())
+    saved = state["config"]
+    current = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+    if {k: v for k, v in saved.items() if k != "epochs"} != {
+        k: v for k, v in current.items() if k != "epochs"
+    }:
+        raise ValueError(f"checkpoint in {ckpt} was made with another configuration; delete it to start over")
+    model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+    tensors = load_file(str(ckpt / "optimizer.safetensors"))
+    per_param: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        index, name = key.split(".", 1)
+        per_param.setdefault(int(index), {})[name] = value
+    for key, value in state["optimizer"]["scalars"].items():
+        index, name = key.split(".", 1)
+        per_param.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": per_param, "param_groups": state["optimizer"]["param_groups"]})
+    result = FineTuneResult(history=state["history"], best_epoch=state["best_epoch"])
+    best = state["best_nll"] if state["best_nll"] is not None else math.inf
+    return int(state["epochs_done"]), result, best

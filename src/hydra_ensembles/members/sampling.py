@@ -1,0 +1,98 @@
+"""Diverse members from one ranking of heads (paper B.5: the pruning seed drives diversity).
+
+A ranking orders heads from least to most useful: a circuit order (removal order, first removed
+= least useful) or Taylor scores (lowest = least useful). Each member prunes a random subset,
+drawn with its own seed, of a pool of the least useful heads: ``heads_per_layer`` keeps k heads
+per layer (each layer prunes H - k of its ``pool_size`` least useful heads), ``num_pruned`` prunes
+that many heads from the ``pool_size`` least useful heads of the whole model (the paper: 48 of 100).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..heads import HeadSet, HeadSetError
+from ..scoring.circuit import CircuitOrder
+
+
+def least_useful_first(
+    ranking: CircuitOrder | torch.Tensor | np.ndarray,
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """All heads ordered from least to most useful, and the heads per layer."""
+    if isinstance(ranking, CircuitOrder):
+        heads = list(ranking.heads_per_layer)
+        rest = [
+            (lay, h) for lay, n in enumerate(heads) for h in range(n) if (lay, h) not in set(ranking.removed)
+        ]
+        return list(ranking.removed) + rest, heads  # unranked heads after the removed ones, in index order
+    scores = torch.as_tensor(np.asarray(ranking, dtype=np.float64))
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (layers, heads), got shape {tuple(scores.shape)}")
+    heads = [int((~torch.isnan(row)).sum()) for row in scores]
+    entries = [(scores[lay, h].item(), lay, h) for lay, n in enumerate(heads) for h in range(n)]
+    return [(lay, h) for _, lay, h in sorted(entries)], heads
+
+
+def sample_members(
+    ranking: CircuitOrder | torch.Tensor | np.ndarray,
+    num_members: int = 3,
+    heads_per_layer: int | None = None,
+    num_pruned: int | None = None,
+    pool_size: int | None = None,
+    seed: int = 0,
+) -> list[HeadSet]:
+    """``num_members`` head sets, each pruning a seeded random subset of the least useful heads.
+
+    Give exactly one of ``heads_per_layer`` (heads each layer keeps) or ``num_pruned`` (heads
+    pruned in total). ``pool_size`` defaults to twice the heads pruned (per layer or in total),
+    capped by what exists. ``pool_size`` equal to the number pruned gives identical members.
+    """
+    if num_members < 1:
+        raise ValueError(f"num_members must be >= 1, got {num_members}")
+    if (heads_per_layer is None) == (num_pruned is None):
+        raise ValueError("give exactly one of heads_per_layer or num_pruned")
+    order, heads = least_useful_first(ranking)
+    members = []
+    for m in range(num_members):
+        rng = random.Random(f"hydra-members:{seed}:{m}")
+        if heads_per_layer is not None:
+            if not 0 <= heads_per_layer <= min(heads):
+                raise HeadSetError(f"heads_per_layer must be in [0, {min(heads)}], got {heads_per_layer}")
+            kept = {}
+            for layer, count in enumerate(heads):
+                drop = count - heads_per_layer
+                pool = [h for lay, h in order if lay == layer][: _pool(pool_size, drop, count)]
+                gone = set(rng.sample(pool, drop))
+                kept[layer] = [h for h in range(count) if h not in gone]
+        else:
+            total = sum(heads)
+            if not 0 <= num_pruned <= total:
+                raise HeadSetError(f"num_pruned must be in [0, {total}], got {num_pruned}")
+            pool = order[: _pool(pool_size, num_pruned, total)]
+            gone = set(rng.sample(pool, num_pruned))
+            kept = {layer: [h for h in range(n) if (layer, h) not in gone] for layer, n in enumerate(heads)}
+        members.append(HeadSet(kept))
+    return members
+
+
+def _pool(pool_size: int | None, drop: int, available: int) -> int:
+    size = min(available, 2 * drop) if pool_size is None else pool_size
+    if not drop <= size <= available:
+        raise HeadSetError(
+            f"pool_size must be between the heads pruned ({drop}) and those available ({available})"
+        )
+    return size
+
+
+def member_overlap(head_sets: Sequence[HeadSet], heads_per_layer: Sequence[int]) -> np.ndarray:
+    """(M, M) Jaccard similarity of the members' kept (layer, head) sets."""
+    m = len(head_sets)
+    out = np.ones((m, m))
+    for i in range(m):
+        for j in range(i + 1, m):
+            out[i, j] = out[j, i] = head_sets[i].jaccard(head_sets[j], heads_per_layer)
+    return out

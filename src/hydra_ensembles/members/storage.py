@@ -1,0 +1,61 @@
+"""Saving and loading single (pruned, possibly fine-tuned) members: safetensors + JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..io import atomic_write, atomic_write_json, sha256_file
+from ..models import build_model
+from ..surgery import FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
+
+CONFIG_NAME = "member_config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def save_member(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write a (pruned) model: its config with the kept heads, and its weights."""
+    path = Path(path)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    weights = atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp)))
+    atomic_write_json(
+        path / CONFIG_NAME,
+        {
+            "format": "hydra-ensembles/member",
+            "model_class": type(model).__name__,
+            "config": model.config.to_dict(),
+            "attn_implementation": getattr(model.config, "_attn_implementation", None),
+            "weights_sha256": sha256_file(weights),
+        },
+    )
+    return path
+
+
+def load_member(path: str | os.PathLike) -> nn.Module:
+    """Rebuild the pruned architecture from JSON and load its weights (no pickle, no code)."""
+    path = Path(path)
+    file = path / CONFIG_NAME
+    if not file.is_file():
+        raise ValueError(f"{file} not found: not a saved member")
+    meta = json.loads(file.read_text())
+    if sha256_file(path / WEIGHTS_NAME) != meta["weights_sha256"]:
+        raise ValueError(f"{path / WEIGHTS_NAME} does not match its checksum")
+    config = dict(meta["config"])
+    heads = config.pop(KEPT_HEADS_KEY, None)
+    base_print = config.pop(FINGERPRINT_KEY, None)
+    model = build_model(meta["model_class"], config, meta.get("attn_implementation"))
+    if heads is not None:
+        from ..heads import HeadSet
+
+        model = prune(model, HeadSet.from_dict(heads))
+        setattr(model.config, FINGERPRINT_KEY, base_print)
+    state = load_file(str(path / WEIGHTS_NAME))
+    dtype = next(iter(state.values())).dtype
+    model.to(dtype).load_state_dict(state, strict=True)
+    assert kept_heads(model) is not None
+    return model.eval().to(torch.device("cpu"))

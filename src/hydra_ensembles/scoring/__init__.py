@@ -1,0 +1,14 @@
+"""Choosing heads: Taylor importance and greedy circuit extraction."""
+
+from .circuit import CircuitError, CircuitOrder, extract_circuit, objective_value, removal_ranking
+from .taylor import taylor_head_set, taylor_scores
+
+__all__ = [
+    "CircuitError",
+    "CircuitOrder",
+    "extract_circuit",
+    "objective_value",
+    "removal_ranking",
+    "taylor_head_set",
+    "taylor_scores",
+]

@@ -1,0 +1,117 @@
+"""Taylor importance of attention heads (Molchanov et al. 2019; paper Appendix D.1.1).
+
+Per head h of layer l: the mean of |W * dL/dW| over the head's rows of W_Q, W_K and W_V,
+averaged over the three. dL/dW is the gradient of the mean cross-entropy over the calibration
+batches (each batch's mean loss, averaged over batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..adapters import get_adapter
+from ..heads import HeadSet, HeadSetError
+from ..surgery import kept_heads, prune
+from .forward import model_inputs
+
+
+def taylor_scores(model: nn.Module, calib: Iterable[dict[str, Any]], progress: bool = False) -> torch.Tensor:
+    """(layers, max heads) Taylor scores in original head indices; pruned heads get NaN.
+
+    ``calib`` is an iterable of batches of model inputs with ``labels``. The model's parameters
+    and ``requires_grad`` flags are left as they were; its gradients are cleared.
+    """
+    batches = list(calib)
+    if not batches:
+        raise ValueError("calib is empty: give at least one batch with labels")
+    if any("labels" not in b for b in batches):
+        raise ValueError("every calibration batch needs 'labels'")
+    adapter = get_adapter(model)
+    original = adapter.original_heads_per_layer(model)
+    current = kept_heads(model).resolve(original)
+    blocks = [adapter.attention_block(model, layer) for layer in range(len(original))]
+    weights = [lin.weight for b in blocks for lin in (b.query, b.key, b.value)]
+    num_labels = int(model.config.num_labels)
+
+    flags = {p: p.requires_grad for p in model.parameters()}
+    was_training = model.training
+    grads = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for w in weights:
+            w.requires_grad_(True)
+        model.eval()  # no dropout: scores are deterministic
+        for batch in tqdm(batches, desc="taylor", leave=False, disable=not progress or None):
+            labels = batch["labels"]
+            if labels.min() < 0 or labels.max() >= num_labels:
+                raise ValueError(f"labels out of range: the model has {num_labels} classes")
+            logits = model(**model_inputs(batch)).logits
+            loss = F.cross_entropy(logits.float(), labels.to(logits.device)) / len(batches)
+            for acc, g in zip(grads, torch.autograd.grad(loss, weights, allow_unused=True), strict=True):
+                if g is not None:
+                    acc += g.float()
+    finally:
+        for p, flag in flags.items():
+            p.requires_grad_(flag)
+        model.train(was_training)
+
+    scores = torch.full((len(original), max(original)), float("nan"))
+    for layer, (block, kept) in enumerate(zip(blocks, current, strict=True)):
+        dh = block.head_dim
+        per_proj = []
+        for i, lin in enumerate((block.query, block.key, block.value)):
+            product = (lin.weight.detach().float() * grads[3 * layer + i]).abs()
+            per_proj.append(
+                product.view(len(kept), dh, -1).mean(dim=(1, 2)) if kept else product.new_empty(0)
+            )
+        for position, head in enumerate(kept):
+            scores[layer, head] = sum(p[position] for p in per_proj) / 3
+    return scores
+
+
+def taylor_head_set(
+    model: nn.Module,
+    calib: Iterable[dict[str, Any]],
+    heads_per_layer: int | Sequence[int],
+    scope: Literal["layer", "global"] = "layer",
+    progress: bool = True,
+) -> HeadSet:
+    """Heads kept by Taylor pruning.
+
+    ``scope="layer"``: per-layer budget with prune -> recompute, layer by layer (D.1.1): score,
+    keep the top ``heads_per_layer`` heads of layer 0, prune, recompute gradients, then layer 1...
+    ``scope="global"``: one scoring pass, the top ``sum(heads_per_layer)`` heads over all layers.
+    """
+    batches = list(calib)
+    adapter = get_adapter(model)
+    original = adapter.original_heads_per_layer(model)
+    budget = [heads_per_layer] * len(original) if isinstance(heads_per_layer, int) else list(heads_per_layer)
+    if len(budget) != len(original) or any(not 0 <= k <= h for k, h in zip(budget, original, strict=True)):
+        raise HeadSetError(f"heads_per_layer must be in [0, heads] for each of the {len(original)} layers")
+    if scope == "global":
+        scores = taylor_scores(model, batches)
+        flat = sorted(
+            ((scores[layer, h].item(), layer, h) for layer, n in enumerate(original) for h in range(n)),
+            key=lambda t: (-t[0], t[1], t[2]),
+        )
+        keep = {(layer, h) for _, layer, h in flat[: sum(budget)]}
+        return HeadSet(
+            {layer: [h for h in range(n) if (layer, h) in keep] for layer, n in enumerate(original)}
+        )
+    if scope != "layer":
+        raise ValueError(f"scope must be 'layer' or 'global', got {scope!r}")
+    kept: dict[int, list[int]] = {}
+    current = model
+    for layer in tqdm(range(len(original)), desc="taylor (prune -> recompute)", disable=not progress or None):
+        scores = taylor_scores(current, batches)[layer]
+        ranked = sorted(range(original[layer]), key=lambda h: (-scores[h].item(), h))
+        kept[layer] = sorted(ranked[: budget[layer]])
+        current = prune(model, HeadSet(kept))
+    return HeadSet(kept)

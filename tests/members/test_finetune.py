@@ -1,0 +1,123 @@
+"""Fine-tuning members: trainable parts, learning, early stopping, resume, bad input."""
+
+import pytest
+import torch
+
+import hydra_ensembles as he
+from hydra_ensembles.members import FineTuneConfig, fine_tune, load_member, save_member, trainable_parameters
+from tests.factories import labelled, text_inputs, tiny_bert
+
+
+def _data(n=4, seed=0):
+    return [labelled(text_inputs(batch=8, tokens=6, seed=seed + s), seed=seed + s) for s in range(n)]
+
+
+def _snapshot(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_trainable_parts_select_parameters():
+    model = tiny_bert(layers=3, heads=4)
+    head_only = trainable_parameters(model, FineTuneConfig(trainable=("head",)))
+    assert set(head_only) == {
+        "bert.pooler.dense.weight",
+        "bert.pooler.dense.bias",
+        "classifier.weight",
+        "classifier.bias",
+    }
+    attention = trainable_parameters(model, FineTuneConfig(trainable=("attention",)))
+    assert all("attention.self" in n or "attention.output.dense" in n for n in attention)
+    assert len(attention) == 3 * 8
+    last = trainable_parameters(model, FineTuneConfig(trainable=("mlp", "norm"), last_k_blocks=1))
+    assert last and all("layer.2." in n for n in last)
+
+
+def test_fine_tuning_learns_and_trains_only_the_chosen_parts():
+    model = he.prune(tiny_bert(layers=2, heads=4, init_range=0.1), he.HeadSet({0: [0, 1], 1: [3]}))
+    train = _data()
+    before = _snapshot(model)
+    config = FineTuneConfig(epochs=8, lr=3e-3, trainable=("mlp", "head"), bf16=False, warmup=0.0)
+    result = fine_tune(model, train, val=train, config=config, progress=False)
+    after = _snapshot(model)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == set(trainable_parameters(model, config))
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+    assert result.history[-1]["val_nll"] < result.history[0]["val_nll"]
+    assert all(p.requires_grad for p in model.parameters()) and not model.training
+
+
+def test_sgd_label_smoothing_and_bf16_run():
+    model = tiny_bert(layers=1, heads=2)
+    config = FineTuneConfig(epochs=1, lr=1e-2, optimizer="sgd", label_smoothing=0.1, bf16=True)
+    result = fine_tune(model, _data(2), config=config, progress=False)
+    assert len(result.history) == 1 and next(model.parameters()).dtype == torch.float32
+
+
+def test_early_stopping_restores_the_best_epoch():
+    model = tiny_bert(layers=1, heads=2, init_range=0.1)
+    train, val = _data(3), _data(2, seed=50)  # random labels: validation NLL soon gets worse
+    config = FineTuneConfig(epochs=30, lr=1e-2, patience=2, bf16=False, warmup=0.0)
+    result = fine_tune(model, train, val=val, config=config, progress=False)
+    assert result.stopped_early and len(result.history) < 30
+    best = min(r["val_nll"] for r in result.history)
+    assert result.history[result.best_epoch]["val_nll"] == best
+    from hydra_ensembles.members import evaluate_nll
+
+    assert evaluate_nll(model, val)["nll"] == pytest.approx(best, rel=1e-5)
+
+
+def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch):
+    from hydra_ensembles.members import finetune as module
+
+    train, val = _data(3), _data(1, seed=9)
+    config = FineTuneConfig(epochs=3, lr=1e-3, bf16=False)
+    straight = tiny_bert(layers=1, heads=2)
+    fine_tune(straight, train, val, config, progress=False)
+
+    saves = []
+    original = module._save_checkpoint
+
+    def interrupt_after_two(*args, **kwargs):
+        original(*args, **kwargs)
+        saves.append(1)
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "_save_checkpoint", interrupt_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        fine_tune(tiny_bert(layers=1, heads=2), train, val, config, tmp_path, progress=False)
+    monkeypatch.setattr(module, "_save_checkpoint", original)
+    assert (tmp_path / "state.json").is_file() and (tmp_path / "optimizer.safetensors").is_file()
+    fresh = tiny_bert(layers=1, heads=2)  # a new process would start from the base weights again
+    result = fine_tune(fresh, train, val, config, tmp_path, progress=False)
+    assert len(result.history) == 3
+    for (name, a), b in zip(straight.state_dict().items(), fresh.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_member_save_load_round_trip(tmp_path):
+    member = he.prune(tiny_bert(layers=2, heads=4), he.HeadSet({0: [1, 2], 1: []}))
+    save_member(member, tmp_path)
+    loaded = load_member(tmp_path)
+    x = text_inputs()
+    with torch.no_grad():
+        assert torch.equal(member(**x).logits, loaded(**x).logits)
+    assert he.kept_heads(loaded) == he.kept_heads(member)
+    assert he.fuse([member, loaded]).num_members == 2  # same base fingerprint
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"train": []}, "train is empty"),
+        ({"train": [text_inputs()]}, "needs 'labels'"),
+        ({"train": [{**text_inputs(), "labels": torch.tensor([0, 1, 2, 5])}]}, "labels out of range"),
+        ({"config": FineTuneConfig(trainable=("everything",))}, "unknown trainable parts"),
+        ({"config": FineTuneConfig(patience=1)}, "needs validation data"),
+        ({"config": FineTuneConfig(optimizer="lion")}, "optimizer must be"),
+    ],
+)
+def test_bad_input(kwargs, message):
+    args = {"train": _data(1), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        fine_tune(tiny_bert(layers=1, heads=2), progress=False, **args)

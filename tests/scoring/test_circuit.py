@@ -1,0 +1,194 @@
+"""Greedy circuit extraction: fast == reference, brute force, resume, distributed, bad input."""
+
+import json
+import os
+import sys
+import tempfile
+
+import pytest
+import torch
+
+import hydra_ensembles as he
+from hydra_ensembles.scoring import CircuitError, extract_circuit, objective_value
+from hydra_ensembles.scoring import circuit as circuit_module
+from tests.factories import image_inputs, labelled, text_inputs, tiny_bert, tiny_vit
+
+
+def _text_data():
+    id_val = [labelled(text_inputs(batch=6, tokens=9, seed=s), seed=s) for s in range(3)]
+    ood_val = [text_inputs(batch=5, tokens=7, seed=10 + s) for s in range(2)]
+    return id_val, ood_val
+
+
+def _model(**kwargs):
+    return tiny_bert(layers=3, heads=4, head_dim=3, init_range=0.3, **kwargs)
+
+
+@pytest.mark.parametrize("objective", ["acc", "ood", "avg"])
+def test_fast_equals_reference_bert(objective):
+    model = _model()
+    id_val, ood_val = _text_data()
+    ref = extract_circuit(model, id_val, ood_val, objective, budget=9, method="reference", progress=False)
+    fast = extract_circuit(model, id_val, ood_val, objective, budget=9, method="fast", progress=False)
+    assert fast.removed == ref.removed
+    assert fast.scores == pytest.approx(ref.scores)
+    assert len(set(fast.removed)) == 9
+
+
+def test_fast_equals_reference_vit_with_layer_minimum():
+    model = tiny_vit(layers=2, heads=4, init_range=0.3)
+    id_val = [labelled(image_inputs(batch=6, seed=s), seed=s) for s in range(2)]
+    ood_val = [image_inputs(batch=5, seed=9)]
+    kwargs = {"objective": "avg", "budget": 6, "min_heads_per_layer": 1, "progress": False}
+    ref = extract_circuit(model, id_val, ood_val, method="reference", **kwargs)
+    fast = extract_circuit(model, id_val, ood_val, method="fast", candidate_chunk=3, **kwargs)
+    assert fast.removed == ref.removed
+    assert all(len(k) >= 1 for k in fast.head_set().resolve([4, 4]))
+
+
+def _score_after_pruning(model, heads, id_val, ood_val, objective):
+    pruned = he.prune(model, heads)
+    with torch.no_grad():
+        id_logits = torch.cat(
+            [pruned(**{k: v for k, v in b.items() if k != "labels"}).logits for b in id_val]
+        )
+        ood_logits = torch.cat([pruned(**b).logits for b in ood_val])
+    labels = torch.cat([b["labels"] for b in id_val])
+    return objective_value(objective, id_logits, labels, ood_logits)
+
+
+def test_greedy_matches_brute_force_with_structural_pruning():
+    model = _model(seed=3)
+    id_val, ood_val = _text_data()
+    order = extract_circuit(model, id_val, ood_val, "avg", budget=2, progress=False)
+    removed: list[tuple[int, int]] = []
+    for step in range(2):
+        options = {}
+        for layer in range(3):
+            for head in range(4):
+                if (layer, head) in removed:
+                    continue
+                gone = {*removed, (layer, head)}
+                heads = he.HeadSet({lay: [h for h in range(4) if (lay, h) not in gone] for lay in range(3)})
+                options[(layer, head)] = _score_after_pruning(model, heads, id_val, ood_val, "avg")
+        best = max(options.values())
+        assert order.removed[step] in {c for c, s in options.items() if s >= best - 1e-9}
+        assert order.scores[step] == pytest.approx(best)
+        removed.append(order.removed[step])
+
+
+def test_a_destructive_head_is_removed_first():
+    model = _model(seed=5)
+    inputs = [text_inputs(batch=6, tokens=9, seed=s) for s in range(3)]
+    without = he.HeadSet({1: [0, 1, 3]})
+    with torch.no_grad(), he.ablate(model, without):  # labels: what the model says without (1, 2)
+        id_val = [{**x, "labels": model(**x).logits.argmax(-1)} for x in inputs]
+    with torch.no_grad():  # by construction: head 2 of layer 1 now swamps the residual stream
+        model.bert.encoder.layer[1].attention.output.dense.weight[:, 6:9] *= 1e4
+    order = extract_circuit(model, id_val, None, "acc", budget=1, progress=False)
+    assert order.removed == [(1, 2)]
+    assert order.scores[0] == 1.0 > order.base_score
+
+
+def test_head_set_for_any_budget_and_json_round_trip(tmp_path):
+    model = _model()
+    id_val, ood_val = _text_data()
+    order = extract_circuit(model, id_val, ood_val, "ood", budget=4, progress=False)
+    assert order.head_set(0) == he.HeadSet.full([4, 4, 4])
+    assert order.head_set(4).num_kept([4, 4, 4]) == 8
+    path = order.save(tmp_path / "order.json")
+    assert he.CircuitOrder.load(path) == order
+    with pytest.raises(CircuitError, match="num_removed"):
+        order.head_set(5)
+
+
+def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch):
+    model = _model()
+    id_val, ood_val = _text_data()
+    full = extract_circuit(model, id_val, ood_val, "avg", budget=5, progress=False)
+    checkpoint = tmp_path / "circuit.json"
+    calls = {"n": 0}
+    original = circuit_module._evaluate_fast
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(circuit_module, "_evaluate_fast", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        extract_circuit(model, id_val, ood_val, "avg", budget=5, checkpoint=checkpoint, progress=False)
+    assert len(json.loads(checkpoint.read_text())["order"]["removed"]) == 2
+    monkeypatch.setattr(circuit_module, "_evaluate_fast", original)
+    resumed = extract_circuit(model, id_val, ood_val, "avg", budget=5, checkpoint=checkpoint, progress=False)
+    assert resumed == full
+    with pytest.raises(CircuitError, match="another extraction"):
+        extract_circuit(model, id_val, ood_val, "acc", budget=5, checkpoint=checkpoint, progress=False)
+
+
+def test_deterministic():
+    model = _model()
+    id_val, ood_val = _text_data()
+    runs = [extract_circuit(model, id_val, ood_val, budget=3, progress=False) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"budget": 13}, "budget 13 out of range"),
+        ({"budget": 9, "min_heads_per_layer": 2}, "at most 6"),
+        ({"min_heads_per_layer": 5}, "impossible"),
+        ({"objective": "ood", "ood_val": None}, "needs OOD validation data"),
+        ({"id_val": []}, "id_val is empty"),
+        ({"ood_val": []}, "ood_val is empty"),
+        ({"id_val": [text_inputs()]}, "needs 'labels'"),
+        ({"id_val": [{**text_inputs(), "labels": torch.tensor([0, 1, 2, 9])}]}, "labels out of range"),
+        ({"objective": "loss"}, "objective must be"),
+    ],
+)
+def test_bad_input(kwargs, message):
+    id_val, ood_val = _text_data()
+    args = {"id_val": id_val, "ood_val": ood_val, "budget": 2, "progress": False, **kwargs}
+    with pytest.raises(CircuitError, match=message):
+        extract_circuit(_model(), **args)
+
+
+def test_refuses_a_pruned_model():
+    id_val, ood_val = _text_data()
+    with pytest.raises(CircuitError, match="unpruned"):
+        extract_circuit(he.prune(_model(), he.HeadSet({0: [0]})), id_val, ood_val, budget=1, progress=False)
+
+
+WORKER = """
+import json, os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {root!r})
+from tests.factories import tiny_bert, labelled, text_inputs
+from hydra_ensembles.scoring import extract_circuit
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + {store!r}, rank=rank, world_size=2)
+torch.set_num_threads(1)
+model = tiny_bert(layers=3, heads=4, head_dim=3, init_range=0.3)
+id_val = [labelled(text_inputs(batch=6, tokens=9, seed=s), seed=s) for s in range(3)]
+ood_val = [text_inputs(batch=5, tokens=7, seed=10 + s) for s in range(2)]
+order = extract_circuit(model, id_val, ood_val, "avg", budget=5, progress=False)
+json.dump(order.to_dict(), open({out!r} + str(rank), "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_two_process_extraction_matches_one_process(tmp_path):
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    store = tempfile.mktemp(dir=tmp_path)
+    out = str(tmp_path / "order")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(root=root, store=store, out=out))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)]) for r in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    single = extract_circuit(_model(), *_text_data(), "avg", budget=5, progress=False)
+    for rank in range(2):
+        with open(out + str(rank)) as handle:
+            assert he.CircuitOrder.from_dict(json.load(handle)) == single
