@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+bash scripts/setup_data.sh
 export HF_HUB_OFFLINE=1
 exec .venv/bin/hydra-ens demo "$@"

@@ -1,13 +1,32 @@
 """Datasets that work offline, and deterministic splits."""
 
+from .images import ImageDataset, image_batches, load_fashion_mnist, load_image_folder, load_npz
 from .splits import split_indices, split_of, stable_sample, stable_unit
-from .text import MissingDataError, TextDataset, batches, load_bbc_news
+from .text import (
+    MissingDataError,
+    TextDataset,
+    batches,
+    load_bbc_news,
+    load_drug_reviews,
+    load_fortunes,
+    load_spam_assassin,
+    load_text_table,
+)
 
 __all__ = [
+    "ImageDataset",
     "MissingDataError",
     "TextDataset",
     "batches",
+    "image_batches",
     "load_bbc_news",
+    "load_drug_reviews",
+    "load_fashion_mnist",
+    "load_fortunes",
+    "load_image_folder",
+    "load_npz",
+    "load_spam_assassin",
+    "load_text_table",
     "split_indices",
     "split_of",
     "stable_sample",

