@@ -7,7 +7,7 @@ import torch
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
-from hydra_ensembles.demo import QuickDemoConfig, run_quick_demo
+from hydra_ensembles.experiment import DemoConfig, TrainingBudget, run_demo
 from tests.factories import text_inputs, tiny_bert
 
 
@@ -57,18 +57,50 @@ def test_fuse_with_bad_heads_fails_cleanly_and_writes_nothing(local_model, tmp_p
     assert not out_dir.exists()
 
 
-def test_reduced_demo_runs_end_to_end(tmp_path, capsys):
-    result = run_quick_demo(QuickDemoConfig(train_limit=48, test_limit=24, out_dir=tmp_path))
+def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
+    config = DemoConfig(
+        train_limit=16,
+        test_limit=24,
+        ood_limit=12,
+        shift_limit=4,
+        members=2,
+        pruned_per_member=4,
+        pool_size=6,
+        circuit_budget=6,
+        circuit_id_docs=6,
+        circuit_ood_docs=6,
+        circuit_length=16,
+        max_length=24,
+        mc_samples=2,
+        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=8),
+        out_dir=tmp_path / "report",
+        cache_dir=tmp_path / "cache",
+        bench_repeats=1,
+    )
+    first = run_demo(config)
     out = capsys.readouterr().out
-    assert "Hydra (fused, one pass)" in out
-    assert result["reload_identical"]
-    assert result["argmax_agreement"] == 1.0
-    assert result["max_abs_diff"] <= 1e-4
-    fused, explicit = (
-        result["results"]["Hydra (fused, one pass)"],
-        result["results"]["members one by one, ensembled"],
-    )
-    assert fused["acc"] == pytest.approx(explicit["acc"]) and fused["nll"] == pytest.approx(
-        explicit["nll"], abs=1e-4
-    )
-    assert (tmp_path / "hydra" / "hydra_config.json").is_file()
+    assert "Hydra (Circ)" in out and "report:" in out
+    report = (tmp_path / "report" / "report.md").read_text()
+    for section in (
+        "| Method | Heads | Acc",
+        "## Near- and far-OOD",
+        "## Diversity",
+        "under shift",
+        "## Cost",
+        "OOD is the positive class",
+    ):
+        assert section in report
+    results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
+    assert set(results) == set(first["results"]) and len(results) == 9
+    for method in results.values():
+        assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}  # no validation OOD here
+        assert 0 <= method["classification"]["acc"] <= 1
+    plots = {p.name for p in (tmp_path / "report" / "plots").iterdir()}
+    assert {"reliability.png", "roc_hydra_circ.png", "heads_circ.png", "circuit_order.png"} <= plots
+    # the second run reuses every cached model and ranking
+    import time
+
+    start = time.perf_counter()
+    second = run_demo(config)
+    assert time.perf_counter() - start < 0.8 * first["meta"]["wall_s"]
+    assert second["results"]["Single"] == first["results"]["Single"]

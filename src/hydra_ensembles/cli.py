@@ -45,18 +45,199 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import QuickDemoConfig, run_quick_demo
+    from .experiment import DemoConfig, run_demo
     from .runtime import tune_cpu_allocator
 
     tune_cpu_allocator()
-    config = QuickDemoConfig(
-        model=args.model,
-        num_members=args.members,
-        heads_kept=args.heads_kept,
+    overrides = {
+        "model": args.model,
+        "seed": args.seed,
+        "out_dir": Path(args.out),
+        "cache_dir": Path(args.cache_dir),
+        "use_cache": not args.no_cache,
+    }
+    config = DemoConfig.full(**overrides) if args.full else DemoConfig(**overrides)
+    if args.task != "text":
+        print("hydra-ens: the image task is not available yet (see the open issue)", file=sys.stderr)
+        return 2
+    run_demo(config)
+    return 0
+
+
+def _tokenizer_for(model_path: str):
+    """The tokenizer saved with a text model, or None for image models."""
+    from transformers import AutoConfig
+
+    from .models import load_tokenizer, resolve_model_path
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(model_path))
+    except (OSError, ValueError):
+        return None
+    if config.model_type in {"vit", "deit", "dinov2"}:
+        return None
+    return load_tokenizer(model_path)
+
+
+def _data_batches(
+    spec: str, args: argparse.Namespace, tokenizer, limit: int | None = None, labels: bool = True
+):
+    from .data import load_spec, stable_sample, to_batches
+
+    dataset = load_spec(spec, args.text_column, args.label_column if labels else None)
+    if limit:
+        dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
+    out = list(to_batches(dataset, tokenizer, args.batch_size, args.max_length))
+    if not labels:
+        out = [{k: v for k, v in b.items() if k != "labels"} for b in out]
+    return dataset, out
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from .io import atomic_write_json
+    from .models import load_any
+    from .scoring import extract_circuit, taylor_head_set, taylor_scores
+
+    model = load_any(args.model, args.num_labels)
+    tokenizer = _tokenizer_for(args.model) if not (Path(args.model) / "hydra_config.json").exists() else None
+    _, data = _data_batches(args.data, args, tokenizer, args.limit)
+    if args.method == "taylor":
+        scores = taylor_scores(model, data, progress=True)
+        heads = taylor_head_set(model, data, args.heads_per_layer, scope=args.scope)
+        out = {
+            "method": "taylor",
+            "scores": scores.tolist(),
+            "head_set": heads.to_dict(),
+            "heads_per_layer": args.heads_per_layer,
+            "scope": args.scope,
+        }
+    else:
+        ood = (
+            _data_batches(args.ood_data, args, tokenizer, args.limit, labels=False)[1]
+            if args.ood_data
+            else None
+        )
+        order = extract_circuit(
+            model,
+            data,
+            ood,
+            objective=args.objective,
+            budget=args.budget,
+            min_heads_per_layer=args.min_heads_per_layer,
+            checkpoint=args.checkpoint,
+        )
+        out = {"method": "circuit", **order.to_dict()}
+    atomic_write_json(args.out, out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _ranking(scores_file: str):
+    import torch
+
+    from .scoring import CircuitOrder
+
+    data = json.loads(Path(scores_file).read_text())
+    if data.get("method") == "taylor":
+        return torch.tensor(data["scores"])
+    if data.get("method") == "circuit":
+        return CircuitOrder.from_dict(data)
+    raise ValueError(f"{scores_file} is not a file written by hydra-ens score")
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from .fusion import fuse
+    from .members import FineTuneConfig, fine_tune, member_overlap, sample_members, save_member
+    from .models import load_any
+    from .surgery import heads_per_layer, prune
+
+    model = load_any(args.model, args.num_labels)
+    heads = sample_members(
+        _ranking(args.scores),
+        args.members,
+        heads_per_layer=args.heads_per_layer,
+        num_pruned=args.num_pruned,
+        pool_size=args.pool_size,
         seed=args.seed,
-        out_dir=Path(args.out),
     )
-    run_quick_demo(config)
+    counts = heads_per_layer(model)
+    overlap = member_overlap(heads, counts)
+    print(f"{len(heads)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
+    members = [prune(model, hs) for hs in heads]
+    if args.fine_tune:
+        if not args.data:
+            raise ValueError("--fine-tune needs --data (labelled training data)")
+        tokenizer = _tokenizer_for(args.model)
+        _, train = _data_batches(args.data, args, tokenizer)
+        val = _data_batches(args.val_data, args, tokenizer)[1] if args.val_data else None
+        for m, member in enumerate(members):
+            config = FineTuneConfig(
+                epochs=args.epochs, lr=args.lr, seed=args.seed + m, patience=args.patience
+            )
+            ckpt = Path(args.out) / "checkpoints" / f"member-{m}"
+            fine_tune(member, train, val, config, checkpoint_dir=ckpt)
+            save_member(member, Path(args.out) / "members" / f"member-{m}")
+    hydra = fuse(members, mlp=args.mlp)
+    hydra.save_pretrained(Path(args.out) / "hydra")
+    print(f"saved the fused model to {Path(args.out) / 'hydra'}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from . import reporting
+    from .evaluation import evaluate_predictions, fit_temperature, ood_scores, predict
+    from .models import load_any
+
+    methods: dict[str, list] = {}
+    tokenizer = None
+    for item in args.method:
+        name, sep, paths = item.partition("=")
+        if not sep or not paths:
+            raise ValueError(f"--method wants NAME=PATH[,PATH...], got {item!r}")
+        loaded = [load_any(p) for p in paths.split(",")]
+        methods[name] = loaded
+        if tokenizer is None and not (Path(paths.split(",")[0]) / "hydra_config.json").exists():
+            tokenizer = _tokenizer_for(paths.split(",")[0])
+    if tokenizer is None and args.tokenizer:
+        tokenizer = _tokenizer_for(args.tokenizer)
+    _, id_test = _data_batches(args.id_data, args, tokenizer, args.limit)
+    oods = {}
+    for item in args.ood or []:
+        name, _, rest = item.partition("=")
+        spec, _, kind = rest.rpartition(":")
+        if kind not in ("near", "far") or not spec:
+            raise ValueError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
+        oods[name] = (kind, _data_batches(spec, args, tokenizer, args.limit, labels=False)[1])
+    val = _data_batches(args.val_data, args, tokenizer, args.limit)[1] if args.val_data else None
+    results, preds = {}, {}
+    for name, models in methods.items():
+        model = models[0] if len(models) == 1 else models
+        p_test = predict(model, id_test, f"{name}: ID")
+        p_ood = {n: (k, predict(model, b, f"{name}: {n}")) for n, (k, b) in oods.items()}
+        results[name] = evaluate_predictions(p_test, p_ood)
+        preds[name] = (p_test, p_ood)
+        if val is not None:
+            t = fit_temperature(predict(model, val, f"{name}: val"))
+            results[f"{name} + TS"] = evaluate_predictions(p_test, p_ood, temperature=t)
+    out = Path(args.out)
+    meta = {"command": "hydra-ens eval " + " ".join(sys.argv[2:]), "ID": args.id_data}
+    reporting.write_results(out, results, meta=meta)
+    labels = next(iter(preds.values()))[0].labels
+    reporting.reliability_diagram(
+        {n: p[0].probs() for n, p in preds.items()}, labels, out / "plots" / "reliability.png"
+    )
+    for name, (p_test, p_ood) in preds.items():
+        if p_ood:
+            slug = "".join(c if c.isalnum() else "_" for c in name)
+            reporting.roc_curves(
+                ood_scores(p_test),
+                {n: ood_scores(p) for n, (_, p) in p_ood.items()},
+                out / "plots" / f"roc_{slug}.png",
+                f"{name}, MSP",
+            )
+            conf = {"ID": p_test.probs().max(-1), **{n: p.probs().max(-1) for n, (_, p) in p_ood.items()}}
+            reporting.confidence_histograms(conf, out / "plots" / f"confidence_{slug}.png", name)
+    print((out / "report.md").read_text())
     return 0
 
 
@@ -86,12 +267,80 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--out", required=True, help="output directory")
     fuse.set_defaults(func=_cmd_fuse)
 
-    demo = sub.add_parser("demo", help="small end-to-end run on MiniLM-L6 and BBC News")
+    def data_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--text-column", default="text", help="text column of CSV/JSONL data")
+        p.add_argument("--label-column", default="label", help="label column of CSV/JSONL data")
+        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--max-length", type=int, default=128, help="tokens per text")
+
+    score = sub.add_parser("score", help="rank heads: Taylor importance or greedy circuit extraction (JSON)")
+    score.add_argument("model", help="a fine-tuned classifier: HF id or directory, or a saved member")
+    score.add_argument("--method", choices=["taylor", "circuit"], default="circuit")
+    score.add_argument(
+        "--data", required=True, help="labelled ID validation/calibration data (see --help of demo)"
+    )
+    score.add_argument("--ood-data", help="OOD *validation* data for --objective ood|avg (never a test set)")
+    score.add_argument("--objective", choices=["acc", "ood", "avg"], default="avg")
+    score.add_argument("--budget", type=int, default=24, help="heads to remove (circuit)")
+    score.add_argument("--min-heads-per-layer", type=int, default=0)
+    score.add_argument("--heads-per-layer", type=int, default=8, help="heads kept per layer (taylor)")
+    score.add_argument("--scope", choices=["layer", "global"], default="layer", help="taylor budget scope")
+    score.add_argument("--limit", type=int, help="use at most this many examples per dataset")
+    score.add_argument("--checkpoint", help="JSON file to resume an interrupted extraction")
+    score.add_argument("--num-labels", type=int)
+    score.add_argument("--out", required=True, help="output JSON file")
+    data_options(score)
+    score.set_defaults(func=_cmd_score)
+
+    build = sub.add_parser(
+        "build", help="members from a ranking -> optional fine-tuning -> fused Hydra model"
+    )
+    build.add_argument("model", help="the model the ranking was computed on")
+    build.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
+    build.add_argument("--members", type=int, default=3)
+    group = build.add_mutually_exclusive_group(required=True)
+    group.add_argument("--heads-per-layer", type=int, help="heads each member keeps per layer")
+    group.add_argument("--num-pruned", type=int, help="heads each member prunes in total")
+    build.add_argument("--pool-size", type=int, help="pool of least useful heads to sample from")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
+    build.add_argument("--data", help="labelled training data for --fine-tune")
+    build.add_argument("--val-data", help="labelled validation data (early stopping)")
+    build.add_argument("--epochs", type=int, default=3)
+    build.add_argument("--lr", type=float, default=5e-5)
+    build.add_argument("--patience", type=int)
+    build.add_argument("--mlp", choices=["merge", "exact"], default="merge")
+    build.add_argument("--num-labels", type=int)
+    build.add_argument("--out", required=True, help="output directory (hydra/, members/, checkpoints/)")
+    data_options(build)
+    build.set_defaults(func=_cmd_build)
+
+    evaluate = sub.add_parser("eval", help="evaluate methods on ID, OOD (near/far) data; write a report")
+    evaluate.add_argument(
+        "--method",
+        action="append",
+        required=True,
+        help="NAME=PATH[,PATH...]: a saved Hydra model, member or HF model; several = ensemble",
+    )
+    evaluate.add_argument("--id-data", required=True, help="labelled ID test data")
+    evaluate.add_argument("--ood", action="append", help="NAME=SPEC:near|far (repeatable)")
+    evaluate.add_argument("--val-data", help="labelled ID validation data: also report temperature scaling")
+    evaluate.add_argument("--tokenizer", help="where to load the tokenizer from, if no method has one")
+    evaluate.add_argument("--limit", type=int, help="at most this many examples per dataset")
+    evaluate.add_argument("--out", required=True, help="report folder")
+    data_options(evaluate)
+    evaluate.set_defaults(func=_cmd_eval)
+
+    demo = sub.add_parser(
+        "demo", help="the paper's experiment on the embedded text benchmark (MiniLM-L6, BBC News)"
+    )
+    demo.add_argument("--task", choices=["text", "image"], default="text")
+    demo.add_argument("--full", action="store_true", help="the paper-sized protocol (slower)")
     demo.add_argument("--model", default=DEFAULT_TEXT_MODEL)
-    demo.add_argument("--members", type=int, default=3)
-    demo.add_argument("--heads-kept", type=int, default=8, help="heads each member keeps per layer")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", default="runs/demo", help="where the fused model is saved")
+    demo.add_argument("--out", default="runs/demo", help="report folder")
+    demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")
+    demo.add_argument("--no-cache", action="store_true", help="recompute everything")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

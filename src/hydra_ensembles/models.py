@@ -33,7 +33,9 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(default_model_path()) if name_or_path == DEFAULT_TEXT_MODEL else name_or_path
 
 
-def load_classifier(name_or_path: str = DEFAULT_TEXT_MODEL, num_labels: int = 2, **kwargs) -> nn.Module:
+def load_classifier(
+    name_or_path: str = DEFAULT_TEXT_MODEL, num_labels: int | None = 2, **kwargs
+) -> nn.Module:
     """A sequence- or image-classification model with a ``num_labels``-way head.
 
     Text models load with ``AutoModelForSequenceClassification``, vision models with
@@ -53,7 +55,9 @@ def load_classifier(name_or_path: str = DEFAULT_TEXT_MODEL, num_labels: int = 2,
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a freshly initialised head is expected, not news
     try:
-        return auto.from_pretrained(path, num_labels=num_labels, trust_remote_code=False, **kwargs)
+        if num_labels is not None:
+            kwargs["num_labels"] = num_labels
+        return auto.from_pretrained(path, trust_remote_code=False, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
 
@@ -90,3 +94,20 @@ def build_model(model_class: str, config: dict, attn_implementation: str | None 
     if attn_implementation:
         model_config._attn_implementation = attn_implementation
     return cls(model_config)
+
+
+def load_any(path: str, num_labels: int | None = None) -> nn.Module:
+    """A saved Hydra model, a saved member, or a Hugging Face classifier (hub id or directory)."""
+    from pathlib import Path as _Path
+
+    folder = _Path(path)
+    if (folder / "hydra_config.json").is_file():
+        from .fusion import load_hydra
+
+        return load_hydra(folder)
+    if (folder / "member_config.json").is_file():
+        from .members import load_member
+
+        return load_member(folder)
+    kwargs = {} if num_labels is None else {"num_labels": num_labels}
+    return load_classifier(path, **kwargs)

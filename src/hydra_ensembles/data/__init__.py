@@ -1,6 +1,7 @@
 """Datasets that work offline, and deterministic splits."""
 
 from .images import ImageDataset, image_batches, load_fashion_mnist, load_image_folder, load_npz
+from .registry import BUILTIN, load_spec, to_batches
 from .splits import split_indices, split_of, stable_sample, stable_unit
 from .text import (
     MissingDataError,
@@ -14,6 +15,7 @@ from .text import (
 )
 
 __all__ = [
+    "BUILTIN",
     "ImageDataset",
     "MissingDataError",
     "TextDataset",
@@ -26,9 +28,11 @@ __all__ = [
     "load_image_folder",
     "load_npz",
     "load_spam_assassin",
+    "load_spec",
     "load_text_table",
     "split_indices",
     "split_of",
     "stable_sample",
     "stable_unit",
+    "to_batches",
 ]

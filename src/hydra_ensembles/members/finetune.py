@@ -45,7 +45,8 @@ class FineTuneConfig:
     schedule: Literal["cosine", "linear"] = "cosine"
     min_lr_fraction: float = 0.0
     label_smoothing: float = 0.0
-    trainable: Sequence[str] = ("attention", "mlp", "norm", "head")
+    trainable: Sequence[str] | None = ("attention", "mlp", "norm", "head")
+    """Parts to train; ``None`` keeps the model's own ``requires_grad`` flags (e.g. LoRA adapters)."""
     last_k_blocks: int | None = None
     patience: int | None = None
     grad_clip: float | None = 1.0
@@ -53,7 +54,7 @@ class FineTuneConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        unknown = sorted(set(self.trainable) - set(PARTS))
+        unknown = sorted(set(self.trainable or ()) - set(PARTS))
         if unknown:
             raise ValueError(f"unknown trainable parts {unknown}; choose from {PARTS}")
         if self.epochs < 1 or self.lr <= 0:
@@ -147,12 +148,15 @@ def fine_tune(
     if config.patience is not None and not val_batches:
         raise ValueError("early stopping (patience) needs validation data")
 
-    names = set(trainable_parameters(model, config))
-    for name, param in model.named_parameters():
-        param.requires_grad_(name in names)
+    if config.trainable is None:
+        names = {n for n, p in model.named_parameters() if p.requires_grad}
+    else:
+        names = set(trainable_parameters(model, config))
+        for name, param in model.named_parameters():
+            param.requires_grad_(name in names)
     params = [p for n, p in model.named_parameters() if n in names]
     if not params:
-        raise ValueError(f"nothing to train: no parameters in parts {list(config.trainable)}")
+        raise ValueError(f"nothing to train: no parameters in parts {config.trainable}")
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm weights
     groups = [
@@ -243,8 +247,9 @@ def fine_tune(
     model = accelerator.unwrap_model(model)
     if best_state is not None and config.patience is not None:
         model.load_state_dict(best_state)
-    for param in model.parameters():
-        param.requires_grad_(True)
+    if config.trainable is not None:
+        for param in model.parameters():
+            param.requires_grad_(True)
     model.eval()
     return result
 
@@ -271,7 +276,7 @@ def _save_checkpoint(ckpt: Path, model, optimizer, config, epochs_done, result, 
         atomic_write(ckpt / "best.safetensors", lambda tmp: save_file(best_state, str(tmp)))
     state = {
         "epochs_done": epochs_done,
-        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()},
+        "config": _config_json(config),
         "history": result.history,
         "best_epoch": result.best_epoch,
         "best_nll": best_nll if math.isfinite(best_nll) else None,
@@ -283,7 +288,7 @@ def _save_checkpoint(ckpt: Path, model, optimizer, config, epochs_done, result, 
 def _load_checkpoint(ckpt: Path, model, optimizer, config) -> tuple[int, FineTuneResult, float]:
     state = json.loads((ckpt / "state.json").read_text())
     saved = state["config"]
-    current = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+    current = _config_json(config)
     if {k: v for k, v in saved.items() if k != "epochs"} != {
         k: v for k, v in current.items() if k != "epochs"
     }:
@@ -301,3 +306,7 @@ def _load_checkpoint(ckpt: Path, model, optimizer, config) -> tuple[int, FineTun
     result = FineTuneResult(history=state["history"], best_epoch=state["best_epoch"])
     best = state["best_nll"] if state["best_nll"] is not None else math.inf
     return int(state["epochs_done"]), result, best
+
+
+def _config_json(config: FineTuneConfig) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}

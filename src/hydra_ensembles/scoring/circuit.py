@@ -3,7 +3,9 @@
 Repeat ``budget`` times: for every remaining head, ablate it temporarily (zero its W_O column
 block, here by masking its output before W_O), score the objective S on validation data, restore;
 then ablate for good the head whose removal leaves the highest S. S is ID accuracy (``acc``),
-MSP AUROC between ID and OOD validation data (``ood``), or their mean (``avg``).
+MSP AUROC between ID and OOD validation data (``ood``), or their mean (``avg``). Ties in S
+(frequent: accuracy and AUROC saturate) are broken by a continuous companion score
+(`tie_break_value`), then by head index.
 
 Two implementations return the same order:
 
@@ -108,6 +110,34 @@ def objective_value(
     msp_ood = 1.0 - ood_logits.double().softmax(-1).max(-1).values
     separation = auroc(msp_id.numpy(), msp_ood.numpy())
     return separation if objective == "ood" else 0.5 * (acc + separation)
+
+
+def tie_break_value(
+    objective: str, id_logits: torch.Tensor, id_labels: torch.Tensor, ood_logits: torch.Tensor | None
+) -> float:
+    """A continuous companion of S, used only to order candidates whose S ties.
+
+    Accuracy and AUROC saturate on small or easy validation sets (many candidates reach S = 1),
+    and the plain algorithm would then remove heads in index order. Ties are broken by the ID
+    log-likelihood (``acc``), the ID-minus-OOD mean confidence gap (``ood``), or their sum
+    (``avg``), rounded to 6 decimals so float noise cannot reorder candidates.
+    """
+    log_probs = id_logits.double().log_softmax(-1)
+    likelihood = log_probs.gather(-1, id_labels[:, None]).mean().item()
+    if objective == "acc":
+        return round(likelihood, 6)
+    gap = (
+        id_logits.double().softmax(-1).max(-1).values.mean()
+        - ood_logits.double().softmax(-1).max(-1).values.mean()
+    ).item()
+    return round(gap if objective == "ood" else likelihood + gap, 6)
+
+
+def _both(objective, id_logits, id_labels, ood_logits) -> tuple[float, float]:
+    return (
+        objective_value(objective, id_logits, id_labels, ood_logits),
+        tie_break_value(objective, id_logits, id_labels, ood_logits),
+    )
 
 
 class _CandidateMasks:
@@ -251,7 +281,7 @@ def extract_circuit(
             total=budget,
             initial=min(len(order.removed), budget),
             desc=f"circuit ({objective})",
-            disable=not progress or rank != 0,
+            disable=not progress or rank != 0 or None,
         )
         while len(order.removed) < budget:
             candidates = [
@@ -268,14 +298,14 @@ def extract_circuit(
                 gathered: list[dict] = [None] * world  # type: ignore[list-item]
                 torch.distributed.all_gather_object(gathered, scores)
                 scores = {h: s for part in gathered for h, s in part.items()}
-            best = max(candidates, key=lambda c: (scores[c], -candidates.index(c)))
+            best = max(candidates, key=lambda c: (*scores[c], -candidates.index(c)))
             masks.mask[best] = 0.0
             order.removed.append(best)
-            order.scores.append(scores[best])
+            order.scores.append(scores[best][0])
             if checkpoint is not None and rank == 0:
                 atomic_write_json(checkpoint, {"key": key, "order": order.to_dict()})
             bar.update()
-            bar.set_postfix(S=f"{scores[best]:.4f}", removed=f"L{best[0]}H{best[1]}")
+            bar.set_postfix(S=f"{scores[best][0]:.4f}", removed=f"L{best[0]}H{best[1]}")
         bar.close()
     finally:
         masks.remove()
@@ -315,7 +345,7 @@ def _evaluate_reference(
         masks.mask[layer, head] = 0.0
         id_logits, ood_logits = _all_logits(model, id_batches, ood_batches)
         masks.mask[layer, head] = 1.0
-        scores[(layer, head)] = objective_value(objective, id_logits, id_labels, ood_logits)
+        scores[(layer, head)] = _both(objective, id_logits, id_labels, ood_logits)
     return scores
 
 
@@ -347,7 +377,7 @@ def _evaluate_fast(model, adapter, masks, candidates, id_batches, ood_batches, o
     scores = {}
     for cand, (id_parts, ood_parts) in per_candidate.items():
         ood_logits = torch.cat(ood_parts) if ood_parts else None
-        scores[cand] = objective_value(objective, torch.cat(id_parts), id_labels, ood_logits)
+        scores[cand] = _both(objective, torch.cat(id_parts), id_labels, ood_logits)
     return scores
 
 

@@ -1,0 +1,70 @@
+"""Naming data on the command line: built-in datasets by name, users' files by path.
+
+Built-in: ``bbc-news[:train|val|test]`` (the text benchmark's 4 ID topics and its hash split),
+``bbc-tech`` (its near-OOD topic), ``drug-reviews``, ``fortunes``, ``spam-assassin``,
+``fashion-mnist[:train|test]``. Files: ``.csv``/``.tsv``/``.jsonl`` (text), ``.npz`` (images),
+or a directory of ``<class>/<image>`` files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .images import ImageDataset, image_batches, load_fashion_mnist, load_image_folder, load_npz
+from .text import (
+    TextDataset,
+    batches,
+    load_drug_reviews,
+    load_fortunes,
+    load_spam_assassin,
+    load_text_table,
+)
+
+BUILTIN = ("bbc-news", "bbc-tech", "drug-reviews", "fortunes", "spam-assassin", "fashion-mnist")
+
+
+def load_spec(
+    spec: str, text_column: str = "text", label_column: str | None = "label"
+) -> TextDataset | ImageDataset:
+    """The dataset a command-line spec names (see the module docstring)."""
+    name, _, part = spec.partition(":")
+    if name == "bbc-news" or name == "bbc-tech":
+        from ..tasks import load_text_task
+
+        task = load_text_task(ood_limit=None, shift_limit=0)
+        if name == "bbc-tech":
+            return task.ood_test["bbc-tech"][1]
+        return {"train": task.train, "val": task.val, "test": task.test}[part or "test"]
+    if name == "drug-reviews":
+        return load_drug_reviews()
+    if name == "fortunes":
+        return load_fortunes()
+    if name == "spam-assassin":
+        from ..tasks import data_dir
+
+        return load_spam_assassin(data_dir() / "spam-assassin")
+    if name == "fashion-mnist":
+        return load_fashion_mnist(part or "test")
+    path = Path(spec)
+    if path.is_dir():
+        return load_image_folder(path)
+    if path.suffix == ".npz":
+        return load_npz(path)
+    if path.suffix in (".csv", ".tsv", ".jsonl", ".json"):
+        return load_text_table(path, text_column, label_column)
+    raise ValueError(
+        f"unknown data {spec!r}: use one of {list(BUILTIN)} or a .csv/.tsv/.jsonl/.npz file or image folder"
+    )
+
+
+def to_batches(
+    dataset: TextDataset | ImageDataset, tokenizer: Any = None, batch_size: int = 32, max_length: int = 128
+) -> Iterator[dict]:
+    """Model-input batches (with labels) of a text or image dataset."""
+    if isinstance(dataset, ImageDataset):
+        return image_batches(dataset, batch_size)
+    if tokenizer is None:
+        raise ValueError("text data needs the model's tokenizer")
+    return batches(dataset, tokenizer, batch_size, max_length)

@@ -1,0 +1,42 @@
+"""Temperature scaling fit by NLL on validation data (LBFGS), for single models and ensembles.
+
+``per_member=False`` fits one temperature shared by all members (the ensemble's softmaxes are
+averaged after dividing every member's logits by it); ``per_member=True`` fits one per member,
+each on that member's own NLL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .predict import Predictions
+
+
+def _fit(logits: torch.Tensor, labels: torch.Tensor, ensemble: bool) -> float:
+    log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+
+    def nll() -> torch.Tensor:
+        optimizer.zero_grad()
+        probs = (logits / log_t.exp()).softmax(-1)
+        if ensemble:
+            probs = probs.mean(0)
+        loss = F.nll_loss(probs.clamp_min(1e-12).log(), labels)
+        loss.backward()
+        return loss
+
+    optimizer.step(nll)
+    return float(log_t.exp().item())
+
+
+def fit_temperature(predictions: Predictions, per_member: bool = False) -> float | np.ndarray:
+    """The temperature(s) minimising validation NLL of ``predictions`` (which need labels)."""
+    if predictions.labels is None:
+        raise ValueError("temperature scaling needs labelled validation predictions")
+    logits = torch.as_tensor(predictions.member_logits, dtype=torch.float64)
+    labels = torch.as_tensor(predictions.labels, dtype=torch.long)
+    if per_member:
+        return np.array([_fit(logits[m : m + 1], labels, ensemble=True) for m in range(logits.shape[0])])
+    return _fit(logits, labels, ensemble=True)

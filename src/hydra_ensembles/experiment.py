@@ -1,0 +1,552 @@
+"""The paper's experiment on the embedded text benchmark, end to end (``hydra-ens demo``).
+
+fine-tune the base -> Taylor scores and circuit extraction -> members -> fine-tune members ->
+fuse -> evaluate every method (Single, temperature scaling, MC dropout, Deep Ensembles,
+LoRA-Ensemble, single pruned models, Hydra) -> cost benchmark -> report.
+
+Every method gets the same training budget: the same training texts, epochs, learning rate,
+schedule, batch size and token length (`TrainingBudget`); members start from the fine-tuned base
+(as in the paper's post-pruning fine-tuning), the other methods from the pretrained model.
+Expensive artefacts (fine-tuned models, rankings) are cached under ``cache_dir``, keyed by a hash
+of everything they depend on, so a second run is fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import reporting
+from .cost import count_parameters, interleaved_latency, median, multiply_adds
+from .data import TextDataset, batches
+from .evaluation import evaluate_predictions, fit_temperature, predict
+from .evaluation.evaluate import ood_scores
+from .fusion import fuse
+from .heads import HeadSet
+from .io import atomic_write_json
+from .members import FineTuneConfig, load_member, member_overlap, sample_members, save_member
+from .members.finetune import fine_tune
+from .members.lora import lora_fine_tune
+from .models import DEFAULT_TEXT_MODEL, load_classifier, load_tokenizer
+from .scoring import CircuitOrder, extract_circuit, removal_ranking, taylor_head_set, taylor_scores
+from .surgery import prune
+from .tasks import TextTask, load_text_task
+
+
+@dataclass(frozen=True)
+class TrainingBudget:
+    """The one training recipe every method uses (written into the report)."""
+
+    epochs: int = 2
+    member_epochs: int = 1
+    lr: float = 3e-4
+    lora_lr_scale: float = 20.0
+    """LoRA adapters train with this multiple of ``lr`` (adapters need larger steps; 6e-3 beat
+    1e-3 and 3e-3 on the ID validation split of the text task)."""
+    batch_size: int = 16
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.0
+    bf16: bool = True
+
+    def config(self, seed: int, member: bool = False, lora: bool = False) -> FineTuneConfig:
+        return FineTuneConfig(
+            epochs=self.member_epochs if member else self.epochs,
+            lr=self.lr * (self.lora_lr_scale if lora else 1.0),
+            warmup=self.warmup,
+            weight_decay=self.weight_decay,
+            label_smoothing=self.label_smoothing,
+            bf16=self.bf16,
+            seed=seed,
+            trainable=("attention", "mlp", "norm", "head", "embeddings"),
+        )
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    model: str = DEFAULT_TEXT_MODEL
+    max_length: int = 32
+    train_limit: int | None = 320
+    test_limit: int | None = None
+    ood_limit: int | None = 120
+    shift_limit: int | None = 40
+    members: int = 3
+    heads_per_layer: int = 8
+    pruned_per_member: int = 24
+    pool_size: int = 48
+    circuit_budget: int = 48
+    circuit_id_docs: int = 16
+    circuit_ood_docs: int = 16
+    circuit_length: int = 32
+    circuit_bf16: bool = True
+    eval_bf16: bool = True
+    mc_samples: int = 4
+    lora_rank: int = 8
+    budget: TrainingBudget = field(default_factory=TrainingBudget)
+    eval_batch_size: int = 64
+    seed: int = 0
+    cache_dir: Path = Path("runs/cache")
+    out_dir: Path = Path("runs/demo")
+    use_cache: bool = True
+    bench_repeats: int = 5
+
+    @classmethod
+    def full(cls, **overrides) -> DemoConfig:
+        """The paper-sized protocol on this data: every training text, 128 tokens, more epochs."""
+        base = cls(
+            max_length=128,
+            train_limit=None,
+            ood_limit=None,
+            shift_limit=200,
+            circuit_id_docs=96,
+            circuit_ood_docs=96,
+            budget=TrainingBudget(epochs=3, member_epochs=2),
+        )
+        return replace(base, **overrides)
+
+    def scaled_down(self) -> list[str]:
+        """What this configuration shrinks relative to the paper's protocol, in words."""
+        notes = [
+            f"texts truncated to {self.max_length} tokens",
+            f"base, deep-ensemble and LoRA members trained {self.budget.epochs} epoch(s); "
+            f"pruned members fine-tuned {self.budget.member_epochs} epoch(s) from the fine-tuned base",
+            f"circuit extraction on {self.circuit_id_docs} ID + {self.circuit_ood_docs} OOD validation texts "
+            f"of {self.circuit_length} tokens" + (" in bf16" if self.circuit_bf16 else ""),
+        ]
+        if self.eval_bf16:
+            notes.append("evaluation forward passes under bf16 autocast")
+        if self.train_limit:
+            notes.append(f"training on {self.train_limit} of the training texts")
+        if self.ood_limit:
+            notes.append(f"at most {self.ood_limit} texts per OOD test set")
+        if self.shift_limit:
+            notes.append(f"shift measured on {self.shift_limit} ID test texts")
+        return notes
+
+
+class Stage:
+    """Prints what runs and how long it took."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        t = time.perf_counter()
+        print(f"[{time.perf_counter() - self.start:6.1f}s] {name} ...", flush=True)
+        value = fn()
+        self.timings[name] = time.perf_counter() - t
+        return value
+
+
+class Cache:
+    """Models and JSON artefacts under ``root/<kind>-<hash of key>``."""
+
+    def __init__(self, root: Path, enabled: bool) -> None:
+        self.root, self.enabled = Path(root), enabled
+
+    def path(self, kind: str, key: dict[str, Any]) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return self.root / f"{kind}-{digest}"
+
+    def model(self, kind: str, key: dict[str, Any], build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        where = self.path(kind, key)
+        if self.enabled and (where / "member_config.json").is_file():
+            return load_member(where)
+        model = build()
+        save_member(model, where)
+        return model
+
+    def json(self, kind: str, key: dict[str, Any], build: Callable[[], Any]) -> Any:
+        where = self.path(kind, key) / "value.json"
+        if self.enabled and where.is_file():
+            return json.loads(where.read_text())
+        value = build()
+        atomic_write_json(where, value)
+        return value
+
+
+def _data_key(dataset: TextDataset) -> str:
+    return hashlib.sha256("\n".join(dataset.ids).encode()).hexdigest()[:16]
+
+
+def run_demo(config: DemoConfig) -> dict[str, Any]:
+    """Run the whole experiment; returns the results and writes the report folder."""
+    stage = Stage()
+    torch.manual_seed(config.seed)
+    task: TextTask = stage.run(
+        "load data",
+        lambda: load_text_task(
+            train_limit=config.train_limit,
+            test_limit=config.test_limit,
+            ood_limit=config.ood_limit,
+            shift_limit=config.shift_limit,
+            seed=config.seed,
+        ),
+    )
+    for note in config.scaled_down():
+        print(f"  scaled down: {note}")
+    tokenizer = load_tokenizer(config.model)
+    bs, length = config.budget.batch_size, config.max_length
+
+    def tokenised(data: TextDataset, batch_size: int = config.eval_batch_size) -> list[dict]:
+        return list(batches(data, tokenizer, batch_size, length))
+
+    train = tokenised(task.train, bs)
+    val = tokenised(task.val)
+    cache = Cache(config.cache_dir, config.use_cache)
+    classes = len(task.classes)
+    base_key = {
+        "model": config.model,
+        "train": _data_key(task.train),
+        "val": _data_key(task.val),
+        "length": length,
+        "budget": asdict(config.budget),
+        "classes": classes,
+    }
+
+    def pretrained(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return load_classifier(config.model, num_labels=classes)
+
+    def full_fine_tune(seed: int) -> torch.nn.Module:
+        model = pretrained(seed)
+        fine_tune(model, train, val, config.budget.config(seed), progress=True)
+        return model
+
+    # ---------------------------------------------------------------- single model and ensembles
+    singles = [
+        stage.run(
+            f"fine-tune model (seed {s})",
+            lambda s=s: cache.model("finetuned", {**base_key, "seed": s}, lambda: full_fine_tune(s)),
+        )
+        for s in range(config.members)
+    ]
+    base = singles[0]
+
+    def lora(seed: int) -> torch.nn.Module:
+        merged, _ = lora_fine_tune(
+            pretrained(seed), train, val, config.budget.config(seed, lora=True), rank=config.lora_rank
+        )
+        return merged
+
+    loras = [
+        stage.run(
+            f"LoRA fine-tune (seed {s})",
+            lambda s=s: cache.model(
+                "lora", {**base_key, "seed": s, "rank": config.lora_rank}, lambda: lora(s)
+            ),
+        )
+        for s in range(config.members)
+    ]
+
+    # ---------------------------------------------------------------- choosing heads
+    heads_per_layer = [base.config.num_attention_heads] * base.config.num_hidden_layers
+    calib = train[: max(1, 64 // bs)]
+    rank_key = {**base_key, "seed": 0}
+    taylor = torch.tensor(
+        stage.run(
+            "Taylor scores",
+            lambda: cache.json("taylor-scores", rank_key, lambda: taylor_scores(base, calib).tolist()),
+        )
+    )
+    taylor_single = HeadSet.from_dict(
+        stage.run(
+            "Taylor pruning (prune -> recompute)",
+            lambda: cache.json(
+                "taylor-heads",
+                {**rank_key, "keep": config.heads_per_layer},
+                lambda: taylor_head_set(base, calib, config.heads_per_layer).to_dict(),
+            ),
+        )
+    )
+
+    def circuit_data(data: TextDataset, docs: int) -> list[dict]:
+        return list(batches(data.subset(range(min(docs, len(data)))), tokenizer, 64, config.circuit_length))
+
+    circuit_id = circuit_data(task.val, config.circuit_id_docs)
+    circuit_ood = [
+        {k: v for k, v in b.items() if k != "labels"}
+        for b in circuit_data(task.ood_val, config.circuit_ood_docs)
+    ]
+    circuit_key = {
+        **rank_key,
+        "budget": config.circuit_budget,
+        "id": config.circuit_id_docs,
+        "ood": config.circuit_ood_docs,
+        "objective": "avg",
+        "length": config.circuit_length,
+        "bf16": config.circuit_bf16,
+    }
+    circuit_model = copy.deepcopy(base).to(torch.bfloat16) if config.circuit_bf16 else base
+    checkpoint = cache.path("circuit-progress", circuit_key) / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    if not config.use_cache:
+        checkpoint.unlink(missing_ok=True)
+    order = CircuitOrder.from_dict(
+        stage.run(
+            "circuit extraction (CircAvg)",
+            lambda: cache.json(
+                "circuit",
+                circuit_key,
+                lambda: extract_circuit(
+                    circuit_model,
+                    circuit_id,
+                    circuit_ood,
+                    "avg",
+                    config.circuit_budget,
+                    checkpoint=checkpoint,
+                ).to_dict(),
+            ),
+        )
+    )
+
+    # ---------------------------------------------------------------- members
+    members_heads = {
+        kind: sample_members(
+            ranking,
+            config.members,
+            num_pruned=config.pruned_per_member,
+            pool_size=config.pool_size,
+            seed=config.seed,
+        )
+        for kind, ranking in (("taylor", taylor), ("circ", order))
+    }
+
+    def pruned_member(name: str, heads: HeadSet, seed: int) -> torch.nn.Module:
+        def build() -> torch.nn.Module:
+            member = prune(base, heads)
+            fine_tune(member, train, val, config.budget.config(seed, member=True), progress=True)
+            return member
+
+        return stage.run(
+            f"fine-tune {name}",
+            lambda: cache.model("member", {**base_key, "heads": heads.to_dict(), "seed": seed}, build),
+        )
+
+    circ_single = order.head_set(config.pruned_per_member)
+    pruned_singles = {
+        "Taylor": pruned_member("Taylor (single pruned)", taylor_single, 0),
+        "CircAvg": pruned_member("CircAvg (single pruned)", circ_single, 0),
+    }
+    member_models = {
+        kind: [pruned_member(f"{kind} member {m}", hs, m) for m, hs in enumerate(sets)]
+        for kind, sets in members_heads.items()
+    }
+    hydras = {
+        "Hydra (Taylor)": fuse(member_models["taylor"], mlp="merge").eval(),
+        "Hydra (Circ)": fuse(member_models["circ"], mlp="merge").eval(),
+    }
+
+    # ---------------------------------------------------------------- predictions
+    test = tokenised(task.test)
+    oods = {name: (kind, tokenised(data)) for name, (kind, data) in task.ood_test.items()}
+    shifted = {key: tokenised(data) for key, data in task.shift.items()}
+    methods: dict[str, Any] = {
+        "Single": (base, 0),
+        "MC Dropout": (base, config.mc_samples),
+        f"Deep Ensemble (M={config.members})": (singles, 0),
+        f"LoRA-Ensemble (M={config.members})": (loras, 0),
+        "Taylor (single pruned)": (pruned_singles["Taylor"], 0),
+        "CircAvg (single pruned)": (pruned_singles["CircAvg"], 0),
+        **{name: (model, 0) for name, model in hydras.items()},
+    }
+
+    def predictions(name: str, model, mc: int) -> dict[str, Any]:
+        torch.manual_seed(config.seed)  # MC dropout masks
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.eval_bf16):
+            out = {"test": predict(model, test, "test", mc_samples=mc)}
+            if name == "Single":  # validation predictions serve temperature scaling
+                out["val"] = predict(model, val, "val")
+            out["ood"] = {n: (k, predict(model, b, n, mc_samples=mc)) for n, (k, b) in oods.items()}
+            out["shift"] = {
+                key: predict(model, b, f"{key[0]}@{key[1]}", mc_samples=mc) for key, b in shifted.items()
+            }
+        return out
+
+    preds = {
+        name: stage.run(f"predict: {name}", lambda n=name, m=model, mc=mc: predictions(n, m, mc))
+        for name, (model, mc) in methods.items()
+    }
+
+    # ---------------------------------------------------------------- metrics
+    results: dict[str, Any] = {}
+    temperatures: dict[str, float] = {}
+    for name, p in preds.items():
+        results[name] = evaluate_predictions(p["test"], p["ood"], p["shift"])
+        if name == "Single":  # temperature scaling: fit on the ID validation split only
+            t = float(fit_temperature(p["val"]))
+            temperatures["Single + TS"] = t
+            results["Single + TS"] = evaluate_predictions(p["test"], p["ood"], p["shift"], temperature=t)
+    order_names = [
+        "Single",
+        "Single + TS",
+        "MC Dropout",
+        f"Deep Ensemble (M={config.members})",
+        f"LoRA-Ensemble (M={config.members})",
+        "Taylor (single pruned)",
+        "CircAvg (single pruned)",
+        "Hydra (Taylor)",
+        "Hydra (Circ)",
+    ]
+    results = {n: results[n] for n in order_names}
+    full_heads, layers = heads_per_layer[0], len(heads_per_layer)
+    kept_avg = (sum(heads_per_layer) - config.pruned_per_member) / layers
+    heads_label = {n: f"{full_heads}/{full_heads}" for n in order_names}
+    heads_label["Taylor (single pruned)"] = f"{config.heads_per_layer}/{full_heads}"
+    for n in ("CircAvg (single pruned)", "Hydra (Taylor)", "Hydra (Circ)"):
+        heads_label[n] = f"avg {kept_avg:.0f}/{full_heads}"
+
+    # ---------------------------------------------------------------- cost
+    cost = stage.run("cost benchmark", lambda: _cost(base, singles, hydras["Hydra (Circ)"], test[0], config))
+
+    # ---------------------------------------------------------------- report
+    out = Path(config.out_dir)
+    meta = {
+        "command": "hydra-ens demo" + (" --full" if config.max_length == 128 else ""),
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}",
+        "model": f"{config.model} (BERT, {len(heads_per_layer)} layers x {heads_per_layer[0]} heads)",
+        **{f"data: {k}": v for k, v in task.describe().items()},
+        "training budget (all methods)": json.dumps(asdict(config.budget)),
+        "seeds": f"members/ensembles use seeds 0..{config.members - 1}; base seed {config.seed}",
+        "temperature (Single + TS, fit on ID val)": f"{temperatures['Single + TS']:.3f}",
+        "member overlap (Jaccard, mean off-diagonal)": ", ".join(
+            f"{k}: {_mean_offdiag(member_overlap(v, heads_per_layer)):.2f}" for k, v in members_heads.items()
+        ),
+        "scaled down": "; ".join(config.scaled_down()),
+        "wall time (s)": f"{time.perf_counter() - stage.start:.0f}",
+    }
+    reporting.write_results(out, results, heads_label, meta, title="Hydra Ensembles: text benchmark (demo)")
+    _write_cost(out, cost)
+    _plots(out, preds, results, members_heads, heads_per_layer, taylor, order, task)
+    atomic_write_json(out / "timings.json", stage.timings)
+    print()
+    print(_console_table(results, heads_label))
+    print(
+        f"\ncost (bf16, batch {cost['batch']}): "
+        + ", ".join(
+            f"{k} {v['latency_ms']:.0f} ms / {v['params'] / 1e6:.1f}M params / {v['gmacs']:.1f} GMAC"
+            for k, v in cost["methods"].items()
+        )
+    )
+    print(f"report: {out / 'report.md'} (+ results.json, results.csv, cost.json, plots/)")
+    print(f"done in {time.perf_counter() - stage.start:.0f} s")
+    return {"results": results, "cost": cost, "meta": {**meta, "wall_s": time.perf_counter() - stage.start}}
+
+
+def _mean_offdiag(matrix: np.ndarray) -> float:
+    m = matrix.shape[0]
+    return float((matrix.sum() - np.trace(matrix)) / (m * m - m)) if m > 1 else 1.0
+
+
+def _cost(base, singles, hydra, batch, config: DemoConfig) -> dict[str, Any]:
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    models = {
+        "Single": base.to(torch.bfloat16),
+        "Deep Ensemble": [m.to(torch.bfloat16) for m in singles],
+        "Hydra (Circ)": hydra.to(torch.bfloat16),
+    }
+
+    def runner(model):
+        return (
+            (lambda: [m(**inputs) for m in model]) if isinstance(model, list) else (lambda: model(**inputs))
+        )
+
+    runs = {k: runner(m) for k, m in models.items()}
+    with torch.inference_mode():
+        times = {
+            k: median(v) for k, v in interleaved_latency(runs, repeats=config.bench_repeats, warmup=1).items()
+        }
+        macs = {k: multiply_adds(r) for k, r in runs.items()}
+    for m in [base, *singles, hydra]:
+        m.float()
+    params = {
+        "Single": count_parameters(base),
+        "Deep Ensemble": sum(count_parameters(m) for m in singles),
+        "Hydra (Circ)": count_parameters(hydra),
+    }
+    return {
+        "batch": int(inputs["input_ids"].shape[0]),
+        "tokens": int(inputs["input_ids"].shape[1]),
+        "dtype": "bfloat16",
+        "methods": {
+            k: {"latency_ms": 1e3 * times[k], "params": params[k], "gmacs": macs[k] / 1e9} for k in runs
+        },
+    }
+
+
+def _write_cost(out: Path, cost: dict[str, Any]) -> None:
+    atomic_write_json(out / "cost.json", cost)
+    single = cost["methods"]["Single"]
+    lines = [
+        "",
+        f"## Cost (bf16, batch {cost['batch']} x {cost['tokens']} tokens, median latency)",
+        "",
+        "| Method | Latency (ms) | x Single | Params (M) | GMAC |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in cost["methods"].items():
+        lines.append(
+            f"| {name} | {row['latency_ms']:.0f} | {row['latency_ms'] / single['latency_ms']:.2f} | "
+            f"{row['params'] / 1e6:.1f} | {row['gmacs']:.1f} |"
+        )
+    report = out / "report.md"
+    from .io import atomic_write_text
+
+    atomic_write_text(report, report.read_text() + "\n".join(lines) + "\n")
+
+
+def _plots(out: Path, preds, results, members_heads, heads_per_layer, taylor, order, task) -> None:
+    plots = out / "plots"
+    labels = preds["Single"]["test"].labels
+    chosen = ["Single", "Deep Ensemble (M=3)", "Hydra (Circ)"]
+    chosen = [c for c in chosen if c in preds]
+    reporting.reliability_diagram(
+        {m: preds[m]["test"].probs() for m in chosen}, labels, plots / "reliability.png"
+    )
+    hydra = preds["Hydra (Circ)"]
+    conf = {"ID test": hydra["test"].probs().max(-1)}
+    conf.update({n: p.probs().max(-1) for n, (_, p) in hydra["ood"].items()})
+    reporting.confidence_histograms(conf, plots / "confidence_hydra_circ.png", "Hydra (Circ): confidence")
+    reporting.roc_curves(
+        ood_scores(hydra["test"], "msp"),
+        {n: ood_scores(p, "msp") for n, (_, p) in hydra["ood"].items()},
+        plots / "roc_hydra_circ.png",
+        "Hydra (Circ), MSP",
+    )
+    for kind, sets in members_heads.items():
+        reporting.heads_map(sets, heads_per_layer, plots / f"heads_{kind}.png")
+    reporting.score_heatmap(np.asarray(taylor), plots / "taylor_scores.png", "Taylor importance", "score")
+    reporting.score_heatmap(
+        removal_ranking(order), plots / "circuit_order.png", "CircAvg removal step (blank = kept)", "step"
+    )
+
+
+def _console_table(results: dict[str, Any], heads: dict[str, str]) -> str:
+    cols = [
+        ("acc", "Acc"),
+        ("brier", "Brier"),
+        ("nll", "NLL"),
+        ("ece", "ECE"),
+        ("aece", "aECE"),
+        ("auroc", "AUROC"),
+        ("fpr95", "FPR95"),
+        ("aupr_in", "AUPR-In"),
+    ]
+    lines = [f"{'Method':30s} {'Heads':>7s} " + " ".join(f"{h:>7s}" for _, h in cols)]
+    for name, result in results.items():
+        row = reporting.main_row(result)
+        cells = [f"{100 * row[k]:7.2f}" if k not in ("brier", "nll") else f"{row[k]:7.3f}" for k, _ in cols]
+        lines.append(f"{name:30s} {heads[name]:>7s} " + " ".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,46 @@
+"""LoRA-Ensemble members (Halbheer et al. 2024): each member a LoRA fine-tune of the same
+pretrained model with its own seed, trained with `peft` and merged back into a plain model."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..adapters import get_adapter
+from .finetune import FineTuneConfig, FineTuneResult, fine_tune
+
+
+def lora_fine_tune(
+    model: nn.Module,
+    train: Iterable[dict[str, Any]],
+    val: Iterable[dict[str, Any]] | None = None,
+    config: FineTuneConfig | None = None,
+    rank: int = 8,
+    alpha: int = 16,
+    dropout: float = 0.1,
+    progress: bool = True,
+) -> tuple[nn.Module, FineTuneResult]:
+    """A LoRA fine-tune of a copy of ``model`` on W_Q and W_V (plus the classifier), merged.
+
+    Returns a plain model of the same class (LoRA weights merged in) and the training history.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    config = config or FineTuneConfig()
+    adapter = get_adapter(model)
+    q_path, _, v_path, _ = adapter.projection_paths
+    targets = [q_path.rpartition(".")[2], v_path.rpartition(".")[2]]
+    head = adapter.head_paths[-1]
+    torch.manual_seed(config.seed)
+    lora = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, modules_to_save=[head]
+    )
+    peft_model = get_peft_model(copy.deepcopy(model), lora)
+    settings = FineTuneConfig(**{**config.__dict__, "trainable": None})
+    result = fine_tune(peft_model, train, val, settings, progress=progress)
+    merged = peft_model.merge_and_unload()
+    return merged.eval(), result

@@ -1,0 +1,105 @@
+"""Plots a person would rather look at than read (PNG, matplotlib, written atomically)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from sklearn.metrics import roc_curve
+
+from ..heads import HeadSet
+from ..io import atomic_write
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    fig.tight_layout()
+    out = atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+    return out
+
+
+def reliability_diagram(
+    probs_by_method: Mapping[str, np.ndarray], labels: np.ndarray, path, n_bins: int = 15
+) -> Path:
+    """Accuracy against confidence per equal-width bin, one panel per method."""
+    methods = list(probs_by_method)
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), squeeze=False)
+    edges = np.linspace(0, 1, n_bins + 1)
+    for ax, method in zip(axes[0], methods, strict=True):
+        probs = probs_by_method[method]
+        conf, correct = probs.max(-1), probs.argmax(-1) == labels
+        index = np.minimum((conf * n_bins).astype(int), n_bins - 1)
+        accs = [correct[index == b].mean() if (index == b).any() else np.nan for b in range(n_bins)]
+        ax.bar(edges[:-1], accs, width=1 / n_bins, align="edge", edgecolor="black", label="accuracy")
+        ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+        ax.set(title=method, xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+    axes[0][0].legend(loc="upper left", fontsize=7)
+    return _save(fig, path)
+
+
+def confidence_histograms(conf_by_set: Mapping[str, np.ndarray], path, title: str = "") -> Path:
+    """Histograms of top-label confidence, one curve per dataset (ID and OOD sets)."""
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    bins = np.linspace(0, 1, 26)
+    for name, conf in conf_by_set.items():
+        ax.hist(conf, bins=bins, histtype="step", density=True, lw=1.5, label=name)
+    ax.set(title=title or "confidence", xlabel="max softmax probability", ylabel="density")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def roc_curves(
+    id_scores: np.ndarray, ood_scores_by_set: Mapping[str, np.ndarray], path, title: str = ""
+) -> Path:
+    """ROC curves, ID vs each OOD set (OOD positive; scores higher = more OOD)."""
+    fig, ax = plt.subplots(figsize=(4, 4))
+    for name, scores in ood_scores_by_set.items():
+        y = np.r_[np.zeros(len(id_scores)), np.ones(len(scores))]
+        fpr, tpr, _ = roc_curve(y, np.r_[id_scores, scores])
+        ax.plot(fpr, tpr, label=name)
+    ax.plot([0, 1], [0, 1], "k:", lw=1)
+    ax.axhline(0.95, color="grey", lw=0.8, ls="--")
+    ax.set(title=title or "ROC (OOD positive)", xlabel="FPR (ID flagged)", ylabel="TPR (OOD caught)")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def heads_map(head_sets: Sequence[HeadSet], heads_per_layer: Sequence[int], path, names=None) -> Path:
+    """Layers x heads grid per member: kept (dark) or pruned (light)."""
+    m = len(head_sets)
+    fig, axes = plt.subplots(1, m, figsize=(2.2 * m + 0.5, 0.35 * len(heads_per_layer) + 1.2), squeeze=False)
+    for i, (ax, hs) in enumerate(zip(axes[0], head_sets, strict=True)):
+        ax.imshow(np.array(hs.mask(heads_per_layer)), cmap="Greys", vmin=0, vmax=1.4, aspect="auto")
+        ax.set(title=(names[i] if names else f"member {i}"), xlabel="head", ylabel="layer")
+    return _save(fig, path)
+
+
+def score_heatmap(scores: np.ndarray, path, title: str, label: str = "score") -> Path:
+    """A (layers, heads) heatmap, e.g. Taylor scores or circuit removal steps."""
+    fig, ax = plt.subplots(figsize=(0.45 * scores.shape[1] + 1.5, 0.4 * scores.shape[0] + 1.2))
+    image = ax.imshow(np.ma.masked_invalid(scores), cmap="viridis", aspect="auto")
+    fig.colorbar(image, ax=ax, label=label)
+    ax.set(title=title, xlabel="head", ylabel="layer")
+    return _save(fig, path)
+
+
+def metrics_vs_pruned(curves: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]], path) -> Path:
+    """The paper's Figure 5: each metric against the number of heads pruned, one line per method.
+
+    ``curves[metric][method]`` is a list of (heads pruned, value).
+    """
+    metrics = list(curves)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for method, points in curves[metric].items():
+            xs, ys = zip(*sorted(points), strict=True)
+            ax.plot(xs, ys, marker="o", label=method)
+        ax.set(title=metric, xlabel="heads pruned")
+    axes[0][0].legend(fontsize=7)
+    return _save(fig, path)

@@ -1,0 +1,168 @@
+"""Results as files: JSON, CSV and a Markdown report in the paper's table layout."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..io import atomic_write_json, atomic_write_text
+from ..metrics import POSITIVE_CLASS
+
+# (key, header, higher is better)
+MAIN_COLUMNS = [
+    ("acc", "Acc ↑", True),
+    ("brier", "Brier ↓", False),
+    ("nll", "NLL ↓", False),
+    ("ece", "ECE ↓", False),
+    ("aece", "aECE ↓", False),
+    ("auroc", "AUROC ↑", True),
+    ("fpr95", "FPR95 ↓", False),
+    ("aupr_in", "AUPR-In ↑", True),
+    ("aupr_out", "AUPR-Out ↑", True),
+]
+PERCENT = {"acc", "ece", "aece", "auroc", "fpr95", "aupr_in", "aupr_out"}
+
+
+def main_row(result: Mapping[str, Any], score: str = "msp") -> dict[str, float]:
+    """The paper's Table 1 row: ID calibration and the OOD average (near and far) for ``score``."""
+    row = dict(result["classification"])
+    average = result.get("ood_summary", {}).get(score, {}).get("average", {})
+    row.update({k: average[k] for k in ("auroc", "fpr95", "aupr_in", "aupr_out") if k in average})
+    return row
+
+
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.2f}" if key in PERCENT else f"{value:.3f}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _bold_best(values: dict[str, dict[str, float]], columns) -> dict[str, dict[str, str]]:
+    out = {m: {} for m in values}
+    for key, _, higher in columns:
+        present = [v[key] for v in values.values() if key in v]
+        best = (max if higher else min)(present) if present else None
+        for method, v in values.items():
+            text = _fmt(key, v.get(key))
+            out[method][key] = f"**{text}**" if key in v and v[key] == best and len(present) > 1 else text
+    return out
+
+
+def markdown_report(
+    results: Mapping[str, Mapping[str, Any]],
+    heads: Mapping[str, str] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    score: str = "msp",
+    title: str = "Hydra Ensembles evaluation",
+) -> str:
+    heads = heads or {}
+    rows = {m: main_row(r, score) for m, r in results.items()}
+    shown = _bold_best(rows, MAIN_COLUMNS)
+    parts = [f"# {title}", ""]
+    if meta:
+        parts += [f"- **{k}**: {v}" for k, v in meta.items()] + [""]
+    parts += [
+        f"Percentages except Brier and NLL. OOD columns: average of the near-OOD and far-OOD means, "
+        f"score = {score.upper()}, **{POSITIVE_CLASS} is the positive class**; FPR95 is the share of ID "
+        "samples flagged at the threshold that catches 95% of OOD samples. Best value in bold.",
+        "",
+        _table(
+            ["Method", "Heads"] + [h for _, h, _ in MAIN_COLUMNS],
+            [[m, heads.get(m, "")] + [shown[m][k] for k, _, _ in MAIN_COLUMNS] for m in results],
+        ),
+        "",
+    ]
+    breakdown = [(m, r) for m, r in results.items() if "ood" in r]
+    if breakdown:
+        sets = list(breakdown[0][1]["ood"])
+        headers = ["Method", "Near AUROC", "Near FPR95", "Far AUROC", "Far FPR95"] + [
+            f"{s} ({breakdown[0][1]['ood'][s]['kind']}) AUROC" for s in sets
+        ]
+        body = []
+        for method, r in breakdown:
+            summary = r["ood_summary"][score]
+            body.append(
+                [method]
+                + [
+                    _fmt(k, summary.get(kind, {}).get(k))
+                    for kind in ("near", "far")
+                    for k in ("auroc", "fpr95")
+                ]
+                + [_fmt("auroc", r["ood"][s]["scores"][score]["auroc"]) for s in sets]
+            )
+        parts += ["## Near- and far-OOD", "", _table(headers, body), ""]
+        score_names = list(dict.fromkeys(s for _, r in breakdown for s in r["ood_summary"]))
+        body = [
+            [method]
+            + [
+                _fmt("auroc", r["ood_summary"].get(s, {}).get("average", {}).get("auroc"))
+                for s in score_names
+            ]
+            for method, r in breakdown
+        ]
+        parts += ["## OOD average AUROC by score", "", _table(["Method", *score_names], body), ""]
+    diversity = [(m, r["diversity"]) for m, r in results.items() if "diversity" in r]
+    if diversity:
+        sets = list(diversity[0][1])
+        body = [
+            [m] + [f"{d[s]['mutual_information']:.4f} / {100 * d[s]['disagreement']:.2f}" for s in sets]
+            for m, d in diversity
+        ]
+        parts += [
+            "## Diversity (mutual information, nats / disagreement, %)",
+            "",
+            _table(["Method", *sets], body),
+            "",
+        ]
+    shifted = [(m, r["shift"]) for m, r in results.items() if "shift" in r]
+    if shifted:
+        severities = sorted({v["severity"] for v in shifted[0][1].values()})
+        for key, label in (("acc", "Accuracy"), ("brier", "Brier")):
+            body = []
+            for method, shift in shifted:
+                means = [
+                    sum(v[key] for v in shift.values() if v["severity"] == s)
+                    / sum(1 for v in shift.values() if v["severity"] == s)
+                    for s in severities
+                ]
+                body.append([method] + [_fmt(key, x) for x in means] + [_fmt(key, sum(means) / len(means))])
+            headers = ["Method"] + [f"sev {s}" for s in severities] + ["Average"]
+            parts += [f"## {label} under shift (mean over corruptions)", "", _table(headers, body), ""]
+    return "\n".join(parts)
+
+
+def write_results(
+    out_dir: str | os.PathLike,
+    results: Mapping[str, Mapping[str, Any]],
+    heads: Mapping[str, str] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    score: str = "msp",
+    title: str = "Hydra Ensembles evaluation",
+) -> dict[str, Path]:
+    """Write ``results.json``, ``results.csv`` and ``report.md`` (atomically) to ``out_dir``."""
+    out = Path(out_dir)
+    files = {"json": out / "results.json", "csv": out / "results.csv", "markdown": out / "report.md"}
+    atomic_write_json(
+        files["json"], {"meta": dict(meta or {}), "heads": dict(heads or {}), "results": results}
+    )
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["method", "heads"] + [k for k, _, _ in MAIN_COLUMNS])
+    for method, result in results.items():
+        row = main_row(result, score)
+        writer.writerow(
+            [method, (heads or {}).get(method, "")] + [row.get(k, "") for k, _, _ in MAIN_COLUMNS]
+        )
+    atomic_write_text(files["csv"], buffer.getvalue())
+    atomic_write_text(files["markdown"], markdown_report(results, heads, meta, score, title))
+    return files

@@ -1,0 +1,163 @@
+"""hydra-ens score -> build -> eval on a small local model and CSV data."""
+
+import json
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+import hydra_ensembles as he
+from hydra_ensembles.cli import main
+from hydra_ensembles.models import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        num_labels=2,
+        initializer_range=0.2,
+    )
+    BertForSequenceClassification(config).save_pretrained(root / "model")
+    load_tokenizer().save_pretrained(root / "model")  # the real MiniLM vocabulary (30522 tokens)
+    rows = ["text,label"] + [f"goal match team score {i},sport" for i in range(12)]
+    rows += [f"bank shares market profit {i},money" for i in range(12)]
+    (root / "train.csv").write_text("\n".join(rows) + "\n")
+    (root / "ood.csv").write_text("text\n" + "\n".join(f"recipe with flour {i}" for i in range(10)) + "\n")
+    return root
+
+
+def test_score_build_eval(workspace, capsys):
+    w = workspace
+    common = ["--batch-size", "8", "--max-length", "12"]
+    assert (
+        main(
+            [
+                "score",
+                str(w / "model"),
+                "--method",
+                "taylor",
+                "--data",
+                str(w / "train.csv"),
+                "--heads-per-layer",
+                "2",
+                "--out",
+                str(w / "taylor.json"),
+                *common,
+            ]
+        )
+        == 0
+    )
+    taylor = json.loads((w / "taylor.json").read_text())
+    assert taylor["method"] == "taylor" and len(taylor["scores"]) == 2
+    assert (
+        main(
+            [
+                "score",
+                str(w / "model"),
+                "--method",
+                "circuit",
+                "--data",
+                str(w / "train.csv"),
+                "--ood-data",
+                str(w / "ood.csv"),
+                "--budget",
+                "4",
+                "--out",
+                str(w / "circuit.json"),
+                *common,
+            ]
+        )
+        == 0
+    )
+    circuit = json.loads((w / "circuit.json").read_text())
+    assert len(circuit["removed"]) == 4 and len(circuit["scores"]) == 4
+
+    assert (
+        main(
+            [
+                "build",
+                str(w / "model"),
+                "--scores",
+                str(w / "circuit.json"),
+                "--members",
+                "2",
+                "--num-pruned",
+                "2",
+                "--pool-size",
+                "4",
+                "--fine-tune",
+                "--data",
+                str(w / "train.csv"),
+                "--epochs",
+                "1",
+                "--out",
+                str(w / "built"),
+                *common,
+            ]
+        )
+        == 0
+    )
+    hydra = he.load_hydra(w / "built" / "hydra")
+    assert hydra.num_members == 2
+    assert all(hs.num_kept([4, 4]) == 6 for hs in hydra.head_sets)
+    assert (w / "built" / "members" / "member-1" / "member_config.json").is_file()
+
+    assert (
+        main(
+            [
+                "eval",
+                "--method",
+                f"hydra={w / 'built' / 'hydra'}",
+                "--method",
+                f"single={w / 'model'}",
+                "--tokenizer",
+                str(w / "model"),
+                "--id-data",
+                str(w / "train.csv"),
+                "--ood",
+                f"recipes={w / 'ood.csv'}:far",
+                "--val-data",
+                str(w / "train.csv"),
+                "--out",
+                str(w / "report"),
+                *common,
+            ]
+        )
+        == 0
+    )
+    report = (w / "report" / "report.md").read_text()
+    assert "| hydra |" in report and "| single + TS |" in report and "recipes (far) AUROC" in report
+    assert (w / "report" / "plots" / "roc_hydra.png").is_file()
+    capsys.readouterr()
+
+
+def test_cli_errors(workspace, capsys):
+    w = workspace
+    assert (
+        main(
+            [
+                "score",
+                str(w / "model"),
+                "--method",
+                "circuit",
+                "--objective",
+                "ood",
+                "--data",
+                str(w / "train.csv"),
+                "--out",
+                str(w / "x.json"),
+            ]
+        )
+        == 2
+    )
+    assert "needs OOD validation data" in capsys.readouterr().err
+    assert main(["eval", "--method", "broken", "--id-data", str(w / "train.csv"), "--out", str(w / "r")]) == 2
+    assert "NAME=PATH" in capsys.readouterr().err
+    assert main(["score", str(w / "model"), "--data", "nonexistent-dataset", "--out", str(w / "y.json")]) == 2
+    assert "unknown data" in capsys.readouterr().err
