@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 from functools import partial
 
@@ -21,7 +20,7 @@ import torch
 import hydra_ensembles as he
 from hydra_ensembles.cost import interleaved_latency, median, multiply_adds
 from hydra_ensembles.models import load_classifier, offline_by_default
-from hydra_ensembles.runtime import tune_cpu_allocator
+from hydra_ensembles.runtime import describe_machine, tune_cpu_allocator
 
 
 def random_head_sets(num_members: int, layers: int, heads: int, keep: int, seed: int) -> list[he.HeadSet]:
@@ -67,8 +66,7 @@ def main() -> None:
         "attention_mask": torch.ones(args.batch, args.tokens, dtype=torch.long),
     }
     print(
-        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}; MiniLM-L6, batch {args.batch} x {args.tokens} tokens, "
+        f"machine: {describe_machine()}; MiniLM-L6, batch {args.batch} x {args.tokens} tokens, "
         f"M={args.members}, {args.keep}/{config.num_attention_heads} heads per layer; "
         f"allocator tuned: {tuned}"
     )

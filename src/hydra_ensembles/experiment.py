@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -38,6 +37,7 @@ from .members import FineTuneConfig, load_member, member_overlap, sample_members
 from .members.finetune import fine_tune
 from .members.lora import lora_fine_tune
 from .models import DEFAULT_TEXT_MODEL, load_classifier, load_tokenizer
+from .runtime import describe_machine
 from .scoring import CircuitOrder, extract_circuit, removal_ranking, taylor_head_set, taylor_scores
 from .surgery import prune
 from .tasks import TextTask, load_text_task
@@ -414,8 +414,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     out = Path(config.out_dir)
     meta = {
         "command": "hydra-ens demo" + (" --full" if config.max_length == 128 else ""),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}",
+        "machine": describe_machine(),
         "model": f"{config.model} (BERT, {len(heads_per_layer)} layers x {heads_per_layer[0]} heads)",
         **{f"data: {k}": v for k, v in task.describe().items()},
         "training budget (all methods)": json.dumps(asdict(config.budget)),
