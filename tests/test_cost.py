@@ -49,8 +49,10 @@ def test_multiply_adds_scale_with_members():
     model = tiny_bert(layers=2, heads=4, head_dim=4)
     x = text_inputs(batch=2, tokens=8, padded=False)
     head_sets = [he.HeadSet({0: [0, 1], 1: [2, 3]})] * 3
-    hydra = he.fuse(model, head_sets).eval()
+    hydra = he.fuse(model, head_sets, shared_trunk=False).eval()
     members = [he.prune(model, hs).eval() for hs in head_sets]
     fused = multiply_adds(lambda: hydra(**x))
     sequential = multiply_adds(lambda: [m(**x) for m in members])
     assert fused == sequential > multiply_adds(lambda: model(**x)) > 0
+    trunk = he.fuse(model, head_sets).eval()  # identical members: layer 0 runs once
+    assert trunk.trunk_layers == 1 and multiply_adds(lambda: trunk(**x)) < fused

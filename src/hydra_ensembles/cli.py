@@ -241,6 +241,56 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from .bench import markdown_table, random_head_sets, run_bench
+    from .io import atomic_write_json, atomic_write_text
+    from .models import load_any
+    from .runtime import describe_machine, tune_cpu_allocator
+
+    if not args.default_allocator:
+        tune_cpu_allocator()
+    model = load_any(args.model, args.num_labels).eval()
+    config = model.config
+    heads = random_head_sets(
+        args.members,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        args.heads_per_layer,
+        seed=args.seed,
+    )
+    generator = torch.Generator().manual_seed(args.seed)
+
+    def make_inputs(batch: int) -> dict:
+        if config.model_type == "vit":
+            size = config.image_size
+            return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
+        ids = torch.randint(1000, config.vocab_size, (batch, args.tokens), generator=generator)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    setting = (
+        f"{args.model}, M={args.members}, {args.heads_per_layer}/{config.num_attention_heads} heads per "
+        f"layer (random, seed {args.seed}), {args.tokens} tokens, {args.repeats} interleaved runs"
+    )
+    print(f"machine: {describe_machine()}\nsetting: {setting}")
+    results = run_bench(
+        model,
+        heads,
+        make_inputs,
+        [int(b) for b in args.batch_sizes.split(",")],
+        args.dtypes.split(","),
+        repeats=args.repeats,
+        test_set=args.test_set,
+    )
+    out = Path(args.out)
+    atomic_write_json(out / "bench.json", {"machine": describe_machine(), "setting": setting, **results})
+    table = markdown_table(results, describe_machine(), setting)
+    atomic_write_text(out / "bench.md", table)
+    print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hydra-ens",
@@ -331,6 +381,23 @@ def build_parser() -> argparse.ArgumentParser:
     data_options(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
 
+    bench = sub.add_parser("bench", help="latency, parameters, multiply-adds and memory of every method")
+    bench.add_argument("model", nargs="?", default=DEFAULT_TEXT_MODEL)
+    bench.add_argument("--members", type=int, default=3)
+    bench.add_argument("--heads-per-layer", type=int, default=8)
+    bench.add_argument("--tokens", type=int, default=128)
+    bench.add_argument("--batch-sizes", default="1,8,64")
+    bench.add_argument("--dtypes", default="float32,bfloat16")
+    bench.add_argument("--repeats", type=int, default=10)
+    bench.add_argument(
+        "--test-set", type=int, default=351, help="inputs in the whole-test-set timing (0: skip)"
+    )
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--num-labels", type=int, help="classes of a freshly initialised head")
+    bench.add_argument("--default-allocator", action="store_true", help="keep glibc's default allocator")
+    bench.add_argument("--out", default="runs/bench")
+    bench.set_defaults(func=_cmd_bench)
+
     demo = sub.add_parser(
         "demo", help="the paper's experiment on the embedded text benchmark (MiniLM-L6, BBC News)"
     )
@@ -341,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="report folder")
     demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")
     demo.add_argument("--no-cache", action="store_true", help="recompute everything")
+    demo.add_argument(
+        "--trunk-study",
+        action="store_true",
+        help="also build Hydra with a shared trunk of L/3 and L/2 layers and compare",
+    )
     demo.set_defaults(func=_cmd_demo)
     return parser
 

@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,9 @@ class DemoConfig:
     out_dir: Path = Path("runs/demo")
     use_cache: bool = True
     bench_repeats: int = 5
+    trunk_study: bool = False
+    """Also build Hydra (Circ) with a shared trunk of L/3 and L/2 layers (members diverse and
+    fine-tuned only after it) and report its quality and cost beside full Hydra."""
 
     @classmethod
     def full(cls, **overrides) -> DemoConfig:
@@ -323,16 +327,17 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         for kind, ranking in (("taylor", taylor), ("circ", order))
     }
 
-    def pruned_member(name: str, heads: HeadSet, seed: int) -> torch.nn.Module:
+    def pruned_member(name: str, heads: HeadSet, seed: int, trunk: int = 0) -> torch.nn.Module:
         def build() -> torch.nn.Module:
             member = prune(base, heads)
-            fine_tune(member, train, val, config.budget.config(seed, member=True), progress=True)
+            settings = config.budget.config(seed, member=True)
+            if trunk:  # the shared trunk stays as in the base: train only the later blocks
+                settings = replace(settings, last_k_blocks=len(heads_per_layer) - trunk)
+            fine_tune(member, train, val, settings, progress=True)
             return member
 
-        return stage.run(
-            f"fine-tune {name}",
-            lambda: cache.model("member", {**base_key, "heads": heads.to_dict(), "seed": seed}, build),
-        )
+        key = {**base_key, "heads": heads.to_dict(), "seed": seed, "trunk": trunk}
+        return stage.run(f"fine-tune {name}", lambda: cache.model("member", key, build))
 
     circ_single = order.head_set(config.pruned_per_member)
     pruned_singles = {
@@ -347,6 +352,22 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "Hydra (Taylor)": fuse(member_models["taylor"], mlp="merge").eval(),
         "Hydra (Circ)": fuse(member_models["circ"], mlp="merge").eval(),
     }
+    trunk_names = []
+    for trunk in sorted({len(heads_per_layer) // 3, len(heads_per_layer) // 2}) if config.trunk_study else []:
+        heads = sample_members(
+            order,
+            config.members,
+            num_pruned=config.pruned_per_member,
+            pool_size=config.pool_size,
+            seed=config.seed,
+            shared_layers=trunk,
+        )
+        models = [
+            pruned_member(f"circ member {m} (trunk {trunk})", hs, m, trunk) for m, hs in enumerate(heads)
+        ]
+        name = f"Hydra (Circ, shared trunk {trunk}/{len(heads_per_layer)})"
+        hydras[name] = fuse(models, mlp="merge").eval()
+        trunk_names.append(name)
 
     # ---------------------------------------------------------------- predictions
     test = tokenised(task.test)
@@ -398,17 +419,18 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "CircAvg (single pruned)",
         "Hydra (Taylor)",
         "Hydra (Circ)",
+        *trunk_names,
     ]
     results = {n: results[n] for n in order_names}
     full_heads, layers = heads_per_layer[0], len(heads_per_layer)
     kept_avg = (sum(heads_per_layer) - config.pruned_per_member) / layers
     heads_label = {n: f"{full_heads}/{full_heads}" for n in order_names}
     heads_label["Taylor (single pruned)"] = f"{config.heads_per_layer}/{full_heads}"
-    for n in ("CircAvg (single pruned)", "Hydra (Taylor)", "Hydra (Circ)"):
+    for n in ("CircAvg (single pruned)", "Hydra (Taylor)", "Hydra (Circ)", *trunk_names):
         heads_label[n] = f"avg {kept_avg:.0f}/{full_heads}"
 
     # ---------------------------------------------------------------- cost
-    cost = stage.run("cost benchmark", lambda: _cost(base, singles, hydras["Hydra (Circ)"], test[0], config))
+    cost = stage.run("cost benchmark", lambda: _cost(base, singles, hydras, test[0], config))
 
     # ---------------------------------------------------------------- report
     out = Path(config.out_dir)
@@ -449,17 +471,19 @@ def _mean_offdiag(matrix: np.ndarray) -> float:
     return float((matrix.sum() - np.trace(matrix)) / (m * m - m)) if m > 1 else 1.0
 
 
-def _cost(base, singles, hydra, batch, config: DemoConfig) -> dict[str, Any]:
+def _cost(base, singles, hydras: dict[str, Any], batch, config: DemoConfig) -> dict[str, Any]:
+    """bf16 latency (interleaved), parameters and multiply-adds of Single, Deep Ensemble and the
+    Circ Hydra models (including shared-trunk variants when built)."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    models = {
-        "Single": base.to(torch.bfloat16),
-        "Deep Ensemble": [m.to(torch.bfloat16) for m in singles],
-        "Hydra (Circ)": hydra.to(torch.bfloat16),
-    }
+    chosen = {name: h for name, h in hydras.items() if name.startswith("Hydra (Circ")}
+    models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **chosen}
+    everything = [base, *singles, *chosen.values()]
+    for m in everything:
+        m.to(torch.bfloat16)
 
     def runner(model):
         return (
-            (lambda: [m(**inputs) for m in model]) if isinstance(model, list) else (lambda: model(**inputs))
+            partial(_run_all, model, inputs) if isinstance(model, list) else partial(_run_one, model, inputs)
         )
 
     runs = {k: runner(m) for k, m in models.items()}
@@ -468,12 +492,11 @@ def _cost(base, singles, hydra, batch, config: DemoConfig) -> dict[str, Any]:
             k: median(v) for k, v in interleaved_latency(runs, repeats=config.bench_repeats, warmup=1).items()
         }
         macs = {k: multiply_adds(r) for k, r in runs.items()}
-    for m in [base, *singles, hydra]:
+    for m in everything:
         m.float()
     params = {
-        "Single": count_parameters(base),
-        "Deep Ensemble": sum(count_parameters(m) for m in singles),
-        "Hydra (Circ)": count_parameters(hydra),
+        k: sum(count_parameters(x) for x in m) if isinstance(m, list) else count_parameters(m)
+        for k, m in models.items()
     }
     return {
         "batch": int(inputs["input_ids"].shape[0]),
@@ -483,6 +506,14 @@ def _cost(base, singles, hydra, batch, config: DemoConfig) -> dict[str, Any]:
             k: {"latency_ms": 1e3 * times[k], "params": params[k], "gmacs": macs[k] / 1e9} for k in runs
         },
     }
+
+
+def _run_one(model, inputs):
+    return model(**inputs)
+
+
+def _run_all(models, inputs):
+    return [m(**inputs) for m in models]
 
 
 def _write_cost(out: Path, cost: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ def fuse(
     norms: str | None = None,
     head: str | None = None,
     embeddings: str | None = None,
+    shared_trunk: bool = True,
 ) -> HydraModel:
     """Fuse M pruned members into one model that predicts like their ensemble in one pass.
 
@@ -44,17 +45,21 @@ def fuse(
       (the paper) averages MLPs and embeddings and keeps LayerNorms and classifier per member
       (override with ``norms=``/``head=``/``embeddings=``).
 
+    ``shared_trunk``: when all members keep the same heads with the same weights in the first k
+    layers (and share the embeddings), those layers run once on the B input rows and only the
+    later layers run on the M*B member rows (an extension beyond the paper; exact).
+
     The inputs are never modified; the fused model owns copies of every weight.
     """
     policy = FusionPolicy.create(mlp, norms, head, embeddings)
     if isinstance(model_or_members, nn.Module):
-        return _fuse_zero_shot(model_or_members, head_sets, policy)
+        return _fuse_zero_shot(model_or_members, head_sets, policy, shared_trunk)
     if head_sets is not None:
         raise TypeError("head_sets is only for fuse(model, head_sets); members carry their own heads")
-    return _fuse_members(list(model_or_members), policy)
+    return _fuse_members(list(model_or_members), policy, shared_trunk)
 
 
-def _fuse_zero_shot(model: nn.Module, head_sets, policy: FusionPolicy) -> HydraModel:
+def _fuse_zero_shot(model: nn.Module, head_sets, policy: FusionPolicy, shared_trunk: bool) -> HydraModel:
     if head_sets is None:
         raise TypeError("fuse(model, head_sets): give one HeadSet per member")
     head_sets = list(head_sets)
@@ -69,16 +74,19 @@ def _fuse_zero_shot(model: nn.Module, head_sets, policy: FusionPolicy) -> HydraM
     if any(len(kept) != h for kept, h in zip(current, original, strict=True)):
         raise FusionError("fuse(model, head_sets) needs an unpruned base model")
 
+    trunk = _trunk_depth(targets, len(original)) if shared_trunk else 0
     fused_model = _clean_copy(model)
     for layer in range(len(original)):
         block = adapter.attention_block(model, layer)
         projections = [slice_projections(block, list(t[layer])) for t in targets]
-        _install(adapter, fused_model, layer, projections, block.head_dim)
+        _install(
+            adapter, fused_model, layer, projections[:1] if layer < trunk else projections, block.head_dim
+        )
     resolved = [HeadSet(dict(enumerate(t))) for t in targets]
-    return HydraModel(fused_model, adapter, resolved, policy)
+    return HydraModel(fused_model, adapter, resolved, policy, trunk_layers=trunk)
 
 
-def _fuse_members(members: list[nn.Module], policy: FusionPolicy) -> HydraModel:
+def _fuse_members(members: list[nn.Module], policy: FusionPolicy, shared_trunk: bool) -> HydraModel:
     _check_count(members)
     for member in members:
         if not isinstance(member, nn.Module):
@@ -87,14 +95,52 @@ def _fuse_members(members: list[nn.Module], policy: FusionPolicy) -> HydraModel:
     _check_same_base(members)
     original = adapter.original_heads_per_layer(members[0])
 
+    targets = [kept_heads(m).resolve(original) for m in members]
     fused_model = _clean_copy(members[0])
+    all_projections = []
     for layer in range(len(original)):
         blocks = [adapter.attention_block(member, layer) for member in members]
-        projections = [(b.query, b.key, b.value, b.output) for b in blocks]
-        _install(adapter, fused_model, layer, projections, blocks[0].head_dim)
+        all_projections.append([(b.query, b.key, b.value, b.output) for b in blocks])
     layout = _combine_shared(adapter, fused_model, members, policy, len(original))
-    head_sets = [HeadSet(dict(enumerate(kept_heads(m).resolve(original)))) for m in members]
-    return HydraModel(fused_model, adapter, head_sets, policy, layout)
+    trunk = 0
+    if shared_trunk:
+        trunk = _trunk_depth(targets, len(original))
+        trunk = min(trunk, _same_weights_depth(adapter, all_projections, layout, trunk))
+    for layer, projections in enumerate(all_projections):
+        head_dim = adapter.head_dim(members[0])
+        _install(adapter, fused_model, layer, projections[:1] if layer < trunk else projections, head_dim)
+    head_sets = [HeadSet(dict(enumerate(t))) for t in targets]
+    return HydraModel(fused_model, adapter, head_sets, policy, layout, trunk_layers=trunk)
+
+
+def _trunk_depth(targets: list, num_layers: int) -> int:
+    """Leading layers where every member keeps the same heads (at most L - 1, and 0 for M = 1)."""
+    if len(targets) < 2:
+        return 0
+    depth = 0
+    while depth < num_layers - 1 and all(t[depth] == targets[0][depth] for t in targets):
+        depth += 1
+    return depth
+
+
+def _same_weights_depth(adapter, projections: list, layout, limit: int) -> int:
+    """Of the first ``limit`` layers, how many have identical attention weights across members and
+    no per-member module (embeddings included)."""
+    grouped = [entry["path"] for entry in layout]
+    if any(is_under(p, (adapter.embeddings_path,)) for p in grouped):
+        return 0
+    for layer in range(limit):
+        root = f"{adapter.layers_path}.{layer}"
+        if any(is_under(p, (root,)) for p in grouped):
+            return layer
+        first = projections[layer][0]
+        for other in projections[layer][1:]:
+            for a, b in zip(first, other, strict=True):
+                if not torch.equal(a.weight, b.weight) or (
+                    a.bias is not None and not torch.equal(a.bias, b.bias)
+                ):
+                    return layer
+    return limit
 
 
 def _check_count(items: list) -> None:

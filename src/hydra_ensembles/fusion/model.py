@@ -89,6 +89,7 @@ class HydraModel(nn.Module):
         head_sets: Sequence[HeadSet],
         policy: FusionPolicy,
         layout: Sequence[dict[str, Any]] = (),
+        trunk_layers: int = 0,
     ) -> None:
         super().__init__()
         self.model = model
@@ -96,7 +97,24 @@ class HydraModel(nn.Module):
         self.head_sets = tuple(head_sets)
         self.policy = policy
         self.layout = tuple(dict(entry) for entry in layout)
+        self.trunk_layers = int(trunk_layers)
         self._accepted = frozenset(adapter.input_names(model))
+        self._batch: int | None = None
+        if self.trunk_layers:
+            for layer in adapter.layers(model)[self.trunk_layers :]:
+                layer.register_forward_pre_hook(self._fan_out, with_kwargs=True)
+
+    def _fan_out(self, _module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """After the shared trunk: repeat every batch-shaped layer input M times (hidden states
+        once, at the first member-specific layer; the attention mask at every layer)."""
+        batch, m = self._batch, self.num_members
+
+        def expand(value):
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+                return value.repeat(m, *([1] * (value.dim() - 1)))
+            return value
+
+        return tuple(expand(a) for a in args), {k: expand(v) for k, v in kwargs.items()}
 
     @property
     def num_members(self) -> int:
@@ -143,6 +161,8 @@ class HydraModel(nn.Module):
     def forward(self, **inputs: Any) -> HydraOutput:
         labels = inputs.pop("labels", None)
         stacked, batch = self.stack_inputs(inputs)
+        if self.trunk_layers:  # the shared trunk runs once on B rows; hooks fan out after it
+            stacked, self._batch = inputs, batch
         output = self.model(**stacked)
         m = self.num_members
         members = {
@@ -172,4 +192,5 @@ class HydraModel(nn.Module):
         return load_hydra(path)
 
     def extra_repr(self) -> str:
-        return f"num_members={self.num_members}, policy={self.policy.to_dict()}"
+        policy = self.policy.to_dict()
+        return f"num_members={self.num_members}, trunk_layers={self.trunk_layers}, policy={policy}"

@@ -54,6 +54,7 @@ def save_hydra(hydra: HydraModel, path: str | os.PathLike) -> Path:
         "head_sets": [hs.to_dict() for hs in hydra.head_sets],
         "policy": hydra.policy.to_dict(),
         "layout": list(hydra.layout),
+        "trunk_layers": hydra.trunk_layers,
         "weights_sha256": sha256_file(weights),
     }
     config["config_sha256"] = config_digest(config)
@@ -85,10 +86,12 @@ def load_hydra(path: str | os.PathLike, device: str | torch.device | None = None
     resolved = [hs.resolve(original) for hs in head_sets]
     m = len(head_sets)
     dropout = float(getattr(model.config, "attention_probs_dropout_prob", 0.0) or 0.0)
+    trunk = int(config.get("trunk_layers", 0))
     for layer in range(len(original)):
         block = adapter.attention_block(model, layer)
+        counts = [len(r[layer]) for r in resolved]
         fused = FusedMultiHeadAttention(
-            block.hidden_size, block.head_dim, [len(r[layer]) for r in resolved], dropout
+            block.hidden_size, block.head_dim, counts[:1] if layer < trunk else counts, dropout
         )
         adapter.install_fused_attention(model, layer, fused)
     for entry in config["layout"]:
@@ -101,7 +104,7 @@ def load_hydra(path: str | os.PathLike, device: str | torch.device | None = None
         raise HydraLoadError(f"weights in {weights} do not fit {CONFIG_NAME}: {exc}") from exc
     model.to(device or "cpu").eval()
     policy = FusionPolicy(**config["policy"])
-    return HydraModel(model, adapter, head_sets, policy, config["layout"])
+    return HydraModel(model, adapter, head_sets, policy, config["layout"], trunk_layers=trunk)
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -44,12 +44,15 @@ def sample_members(
     num_pruned: int | None = None,
     pool_size: int | None = None,
     seed: int = 0,
+    shared_layers: int = 0,
 ) -> list[HeadSet]:
     """``num_members`` head sets, each pruning a seeded random subset of the least useful heads.
 
     Give exactly one of ``heads_per_layer`` (heads each layer keeps) or ``num_pruned`` (heads
     pruned in total). ``pool_size`` defaults to twice the heads pruned (per layer or in total),
     capped by what exists. ``pool_size`` equal to the number pruned gives identical members.
+    ``shared_layers=k`` gives every member member 0's heads in the first k layers, so that `fuse`
+    can run those layers once as a shared trunk (diversity only in the later layers).
     """
     if num_members < 1:
         raise ValueError(f"num_members must be >= 1, got {num_members}")
@@ -76,6 +79,19 @@ def sample_members(
             gone = set(rng.sample(pool, num_pruned))
             kept = {layer: [h for h in range(n) if (layer, h) not in gone] for layer, n in enumerate(heads)}
         members.append(HeadSet(kept))
+    if shared_layers:
+        if not 0 <= shared_layers <= len(heads):
+            raise ValueError(f"shared_layers must be in [0, {len(heads)}], got {shared_layers}")
+        first = members[0].resolve(heads)
+        members = [
+            HeadSet(
+                {
+                    layer: first[layer] if layer < shared_layers else kept
+                    for layer, kept in enumerate(hs.resolve(heads))
+                }
+            )
+            for hs in members
+        ]
     return members
 
 

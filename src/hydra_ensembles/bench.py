@@ -1,0 +1,211 @@
+"""`hydra-ens bench`: the cost of Single, Deep Ensemble, members one by one, and the fused model.
+
+For one model and Hydra configuration: median and p90 latency per batch at several batch sizes,
+whole-test-set time, parameters, multiply-adds (``torch.utils.flop_counter``) and peak tensor
+memory, in fp32 and bf16. Runs are interleaved (A B C D A B C D ...) after warm-up, so the
+ratios to Single compare like with like on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import statistics
+import weakref
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .cost import count_parameters, interleaved_latency, multiply_adds
+from .fusion import fuse
+from .heads import HeadSet
+from .surgery import prune
+
+
+class _PeakMemory(TorchDispatchMode):
+    """Tracks the bytes of tensor storages created during a region, and their peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _release(self, key: int, size: int) -> None:
+        self._seen.discard(key)
+        self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in self._seen:
+                    size = storage.nbytes()
+                    self._seen.add(key)
+                    self.live += size
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self._release, key, size)
+        return out
+
+
+@torch.inference_mode()
+def peak_memory(run: Callable[[], Any]) -> int:
+    """Peak bytes of tensors allocated by ``run`` (weights that existed before are not counted)."""
+    with _PeakMemory() as tracker:
+        run()
+    return tracker.peak
+
+
+def random_head_sets(num_members: int, layers: int, heads: int, keep: int, seed: int = 0) -> list[HeadSet]:
+    """``keep`` heads per layer for each member, drawn with a per-member seed."""
+    return [
+        HeadSet(
+            {
+                lay: sorted(random.Random(f"{seed}:{m}:{lay}").sample(range(heads), keep))
+                for lay in range(layers)
+            }
+        )
+        for m in range(num_members)
+    ]
+
+
+def _each(run: Callable[[dict], Any], chunks: list[dict]) -> list:
+    return [run(c) for c in chunks]
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_bench(
+    model: torch.nn.Module,
+    head_sets: Sequence[HeadSet],
+    make_inputs: Callable[[int], dict[str, torch.Tensor]],
+    batch_sizes: Sequence[int] = (1, 8, 64),
+    dtypes: Sequence[str] = ("float32", "bfloat16"),
+    repeats: int = 10,
+    test_set: int = 0,
+    test_batch: int = 64,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Measure every method; ``make_inputs(batch)`` builds one input batch."""
+    results: dict[str, Any] = {"batch_sizes": list(batch_sizes), "dtypes": {}}
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        single = copy.deepcopy(model).to(dtype).eval()
+        ensemble = [single] + [copy.deepcopy(single) for _ in head_sets[1:]]
+        members = [prune(single, hs).eval() for hs in head_sets]
+        hydra = fuse(single, head_sets).eval()
+        methods: dict[str, Callable[[dict], Any]] = {
+            "Single": lambda x, s=single: s(**x),
+            "Deep Ensemble": lambda x, e=ensemble: [m(**x) for m in e],
+            "Members one by one": lambda x, ms=members: [m(**x) for m in ms],
+            "Hydra (fused)": lambda x, h=hydra: h(**x),
+        }
+        params = {
+            "Single": count_parameters(single),
+            "Deep Ensemble": sum(count_parameters(m) for m in ensemble),
+            "Members one by one": sum(count_parameters(m) for m in members),
+            "Hydra (fused)": count_parameters(hydra),
+        }
+        one = make_inputs(1)
+        macs = {name: multiply_adds(partial(f, one)) for name, f in methods.items()}
+        table: dict[str, Any] = {
+            name: {"params": params[name], "gmacs_per_input": macs[name] / 1e9, "latency": {}}
+            for name in methods
+        }
+        for batch in batch_sizes:
+            progress(
+                f"[{dtype_name}] batch {batch}: timing {len(methods)} methods x {repeats} interleaved runs"
+            )
+            x = make_inputs(batch)
+            times = interleaved_latency({n: partial(f, x) for n, f in methods.items()}, repeats=repeats)
+            for name, values in times.items():
+                table[name]["latency"][str(batch)] = {
+                    "median_ms": 1e3 * statistics.median(values),
+                    "p90_ms": 1e3 * _percentile(values, 0.9),
+                }
+            if batch == max(batch_sizes):
+                for name, f in methods.items():
+                    table[name]["peak_memory_mb"] = peak_memory(partial(f, x)) / 2**20
+        if test_set:
+            progress(f"[{dtype_name}] whole test set: {test_set} inputs in batches of {test_batch}")
+            chunks = [make_inputs(min(test_batch, test_set - i)) for i in range(0, test_set, test_batch)]
+            totals = interleaved_latency(
+                {n: partial(_each, f, chunks) for n, f in methods.items()}, repeats=1, warmup=0
+            )
+            for name, values in totals.items():
+                table[name]["test_set_s"] = values[0]
+        single_row = table["Single"]
+        for row in table.values():
+            row["latency_vs_single"] = {
+                b: row["latency"][b]["median_ms"] / single_row["latency"][b]["median_ms"]
+                for b in row["latency"]
+            }
+        results["dtypes"][dtype_name] = table
+    return results
+
+
+def check_targets(results: dict[str, Any]) -> list[str]:
+    """The cost targets of the roadmap, each as a line saying met or missed, with the numbers."""
+    lines = []
+    largest, smallest = str(max(results["batch_sizes"])), str(min(results["batch_sizes"]))
+    for dtype_name, table in results["dtypes"].items():
+        hydra, deep = table["Hydra (fused)"], table["Deep Ensemble"]
+        mac_ratio = hydra["gmacs_per_input"] / deep["gmacs_per_input"]
+        big = hydra["latency"][largest]["median_ms"] / deep["latency"][largest]["median_ms"]
+        small = hydra["latency"][smallest]["median_ms"] / deep["latency"][smallest]["median_ms"]
+        lines.append(
+            f"[{dtype_name}] Hydra / Deep Ensemble latency at batch {largest}: {big:.3f} vs multiply-add "
+            f"ratio {mac_ratio:.3f} + 0.05 -> {'met' if big <= mac_ratio + 0.05 else 'MISSED'}"
+        )
+        lines.append(
+            f"[{dtype_name}] Hydra / Deep Ensemble latency at batch {smallest}: {small:.3f} vs 0.5 -> "
+            f"{'met' if small <= 0.5 else 'MISSED'}"
+        )
+    if {"float32", "bfloat16"} <= set(results["dtypes"]):
+        bf16 = results["dtypes"]["bfloat16"]["Hydra (fused)"]["latency"][largest]["median_ms"]
+        fp32 = results["dtypes"]["float32"]["Single"]["latency"][largest]["median_ms"]
+        lines.append(
+            f"Hydra bf16 vs Single fp32 at batch {largest}: {bf16:.0f} ms vs {fp32:.0f} ms -> "
+            f"{'met' if bf16 <= fp32 else 'MISSED'} (measured in separate interleaving groups)"
+        )
+    return lines
+
+
+def markdown_table(results: dict[str, Any], machine: str, setting: str) -> str:
+    """The paper's Table 7 layout: per dtype, latency per batch size, ratios, params, GMAC, memory."""
+    parts = ["# Cost benchmark", "", f"- **machine**: {machine}", f"- **setting**: {setting}", ""]
+    batches = [str(b) for b in results["batch_sizes"]]
+    for dtype_name, table in results["dtypes"].items():
+        headers = (
+            ["Method"]
+            + [f"b={b} ms (x Single)" for b in batches]
+            + ["p90 b=" + batches[-1], "Params (M)", "GMAC / input", "Peak MB (b=" + batches[-1] + ")"]
+        )
+        if any("test_set_s" in r for r in table.values()):
+            headers.append("Test set (s)")
+        parts += [f"## {dtype_name}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        for name, row in table.items():
+            cells = [name] + [
+                f"{row['latency'][b]['median_ms']:.1f} ({row['latency_vs_single'][b]:.2f})" for b in batches
+            ]
+            cells += [
+                f"{row['latency'][batches[-1]]['p90_ms']:.1f}",
+                f"{row['params'] / 1e6:.1f}",
+                f"{row['gmacs_per_input']:.2f}",
+                f"{row.get('peak_memory_mb', float('nan')):.0f}",
+            ]
+            if "test_set_s" in row:
+                cells.append(f"{row['test_set_s']:.1f}")
+            parts.append("| " + " | ".join(cells) + " |")
+        parts.append("")
+    parts += ["## Targets", ""] + [f"- {line}" for line in check_targets(results)]
+    return "\n".join(parts) + "\n"

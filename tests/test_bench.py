@@ -1,0 +1,81 @@
+"""hydra-ens bench: structure of the results (no timing assertions), memory tracking, targets."""
+
+import torch
+
+import hydra_ensembles as he
+import hydra_ensembles.cost
+from hydra_ensembles.bench import check_targets, markdown_table, peak_memory, random_head_sets, run_bench
+from hydra_ensembles.cli import main
+from tests.factories import VOCAB, tiny_bert
+
+
+def test_peak_memory_counts_new_tensors_and_frees():
+    def run():
+        a = torch.ones(1024, 256)  # 1 MiB
+        b = a * 2  # another MiB while a is alive
+        del a
+        return b.sum()
+
+    assert 2 * 2**20 <= peak_memory(run) < 3 * 2**20
+
+
+def test_run_bench_reports_every_method(tmp_path):
+    model = tiny_bert(layers=2, heads=4, head_dim=4)
+    heads = random_head_sets(3, 2, 4, 2)
+    assert len(set(heads)) == 3
+
+    def make(batch):
+        ids = torch.randint(1, VOCAB, (batch, 8))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    results = run_bench(
+        model,
+        heads,
+        make,
+        batch_sizes=(1, 4),
+        dtypes=("float32",),
+        repeats=2,
+        test_set=6,
+        test_batch=4,
+        progress=lambda _: None,
+    )
+    table = results["dtypes"]["float32"]
+    assert set(table) == {"Single", "Deep Ensemble", "Members one by one", "Hydra (fused)"}
+    assert table["Deep Ensemble"]["params"] == 3 * table["Single"]["params"]
+    assert table["Hydra (fused)"]["params"] == he.cost.count_parameters(he.fuse(model, heads))
+    assert table["Hydra (fused)"]["gmacs_per_input"] == table["Members one by one"]["gmacs_per_input"]
+    for row in table.values():
+        assert set(row["latency"]) == {"1", "4"} and row["peak_memory_mb"] > 0 and row["test_set_s"] > 0
+    lines = check_targets(results)
+    assert len(lines) == 2 and all(("met" in line) or ("MISSED" in line) for line in lines)
+    assert "| Hydra (fused) |" in markdown_table(results, "test machine", "tiny")
+
+
+def test_bench_command(tmp_path, capsys):
+    path = tmp_path / "model"
+    tiny_bert(layers=2, heads=4).save_pretrained(path)
+    assert (
+        main(
+            [
+                "bench",
+                str(path),
+                "--heads-per-layer",
+                "2",
+                "--tokens",
+                "8",
+                "--batch-sizes",
+                "1,2",
+                "--dtypes",
+                "float32,bfloat16",
+                "--repeats",
+                "1",
+                "--test-set",
+                "0",
+                "--out",
+                str(tmp_path / "b"),
+            ]
+        )
+        == 0
+    )
+    assert "Hydra bf16 vs Single fp32" in (tmp_path / "b" / "bench.md").read_text()
+    capsys.readouterr()
