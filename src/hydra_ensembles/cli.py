@@ -266,7 +266,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if config.model_type == "vit":
             size = config.image_size
             return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
-        ids = torch.randint(1000, config.vocab_size, (batch, args.tokens), generator=generator)
+        low = min(1000, config.vocab_size // 2)  # skip special tokens of real vocabularies
+        ids = torch.randint(low, config.vocab_size, (batch, args.tokens), generator=generator)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
     setting = (

@@ -109,5 +109,4 @@ def load_any(path: str, num_labels: int | None = None) -> nn.Module:
         from .members import load_member
 
         return load_member(folder)
-    kwargs = {} if num_labels is None else {"num_labels": num_labels}
-    return load_classifier(path, **kwargs)
+    return load_classifier(path, num_labels=num_labels)  # None keeps the saved head
