@@ -91,12 +91,19 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
     ):
         assert section in report
     results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
-    assert set(results) == set(first["results"]) and len(results) == 9
+    assert set(results) == set(first["results"]) and len(results) == 11
+    assert {"Single + TS", "Hydra (Circ) + TS", "Hydra (Circ) + TS per member"} <= set(results)
     for method in results.values():
         assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}  # no validation OOD here
         assert 0 <= method["classification"]["acc"] <= 1
     plots = {p.name for p in (tmp_path / "report" / "plots").iterdir()}
-    assert {"reliability.png", "roc_hydra_circ.png", "heads_circ.png", "circuit_order.png"} <= plots
+    assert {
+        "reliability.png",
+        "roc_hydra_circ.png",
+        "heads_circ.png",
+        "circuit_order.png",
+        "metrics_vs_pruned.png",
+    } <= plots
     # the second run reuses every cached model and ranking
     import time
 

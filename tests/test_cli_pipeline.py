@@ -124,6 +124,11 @@ def test_score_build_eval(workspace, capsys):
                 f"recipes={w / 'ood.csv'}:far",
                 "--val-data",
                 str(w / "train.csv"),
+                "--shift",
+                "--shift-limit",
+                "6",
+                "--bootstrap",
+                "20",
                 "--out",
                 str(w / "report"),
                 *common,
@@ -133,6 +138,7 @@ def test_score_build_eval(workspace, capsys):
     )
     report = (w / "report" / "report.md").read_text()
     assert "| hydra |" in report and "| single + TS |" in report and "recipes (far) AUROC" in report
+    assert "Accuracy under shift" in report and "bootstrap intervals" in report
     assert (w / "report" / "plots" / "roc_hydra.png").is_file()
     capsys.readouterr()
 

@@ -183,6 +183,23 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shifted(dataset, args: argparse.Namespace, tokenizer) -> dict:
+    """The ID test data under every corruption of its modality at severities 1-5 (seeded)."""
+    from .data import ImageDataset, stable_sample, to_batches
+    from .evaluation import IMAGE_CORRUPTIONS, SEVERITIES, TEXT_CORRUPTIONS, corrupt_images, corrupt_texts
+
+    base = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, args.shift_limit, salt="shift"))
+    image = isinstance(base, ImageDataset)
+    names, corrupt = (IMAGE_CORRUPTIONS, corrupt_images) if image else (TEXT_CORRUPTIONS, corrupt_texts)
+    return {
+        (name, severity): list(
+            to_batches(corrupt(base, name, severity, seed=0), tokenizer, args.batch_size, args.max_length)
+        )
+        for name in names
+        for severity in SEVERITIES
+    }
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from . import reporting
     from .evaluation import evaluate_predictions, fit_temperature, ood_scores, predict
@@ -200,7 +217,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             tokenizer = _tokenizer_for(paths.split(",")[0])
     if tokenizer is None and args.tokenizer:
         tokenizer = _tokenizer_for(args.tokenizer)
-    _, id_test = _data_batches(args.id_data, args, tokenizer, args.limit)
+    id_dataset, id_test = _data_batches(args.id_data, args, tokenizer, args.limit)
+    shifted = _shifted(id_dataset, args, tokenizer) if args.shift else {}
     oods = {}
     for item in args.ood or []:
         name, _, rest = item.partition("=")
@@ -214,13 +232,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         model = models[0] if len(models) == 1 else models
         p_test = predict(model, id_test, f"{name}: ID")
         p_ood = {n: (k, predict(model, b, f"{name}: {n}")) for n, (k, b) in oods.items()}
-        results[name] = evaluate_predictions(p_test, p_ood)
+        p_shift = {key: predict(model, b, f"{name}: {key[0]}@{key[1]}") for key, b in shifted.items()}
+        results[name] = evaluate_predictions(p_test, p_ood, p_shift, bootstrap=args.bootstrap)
         preds[name] = (p_test, p_ood)
         if val is not None:
             t = fit_temperature(predict(model, val, f"{name}: val"))
-            results[f"{name} + TS"] = evaluate_predictions(p_test, p_ood, temperature=t)
+            results[f"{name} + TS"] = evaluate_predictions(
+                p_test, p_ood, p_shift, temperature=t, bootstrap=args.bootstrap
+            )
     out = Path(args.out)
-    meta = {"command": "hydra-ens eval " + " ".join(sys.argv[2:]), "ID": args.id_data}
+    meta = {"command": "hydra-ens eval", "ID": args.id_data, "OOD": ", ".join(args.ood or []) or "none"}
     reporting.write_results(out, results, meta=meta)
     labels = next(iter(preds.values()))[0].labels
     reporting.reliability_diagram(
@@ -378,6 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--val-data", help="labelled ID validation data: also report temperature scaling")
     evaluate.add_argument("--tokenizer", help="where to load the tokenizer from, if no method has one")
     evaluate.add_argument("--limit", type=int, help="at most this many examples per dataset")
+    evaluate.add_argument(
+        "--shift",
+        action="store_true",
+        help="also measure accuracy and Brier under corruptions at severities 1-5",
+    )
+    evaluate.add_argument("--shift-limit", type=int, default=100, help="ID test examples corrupted")
+    evaluate.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for ID intervals")
     evaluate.add_argument("--out", required=True, help="report folder")
     data_options(evaluate)
     evaluate.set_defaults(func=_cmd_eval)

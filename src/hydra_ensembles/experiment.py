@@ -37,6 +37,7 @@ from .io import atomic_write_json
 from .members import FineTuneConfig, load_member, member_overlap, sample_members, save_member
 from .members.finetune import fine_tune
 from .members.lora import lora_fine_tune
+from .members.sampling import least_useful_first
 from .models import DEFAULT_TEXT_MODEL, load_classifier, load_tokenizer
 from .runtime import describe_machine
 from .scoring import CircuitOrder, extract_circuit, removal_ranking, taylor_head_set, taylor_scores
@@ -387,7 +388,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         torch.manual_seed(config.seed)  # MC dropout masks
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.eval_bf16):
             out = {"test": predict(model, test, "test", mc_samples=mc)}
-            if name == "Single":  # validation predictions serve temperature scaling
+            if name in ("Single", "Hydra (Circ)"):  # validation predictions serve temperature scaling
                 out["val"] = predict(model, val, "val")
             out["ood"] = {n: (k, predict(model, b, n, mc_samples=mc)) for n, (k, b) in oods.items()}
             out["shift"] = {
@@ -405,10 +406,18 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     temperatures: dict[str, float] = {}
     for name, p in preds.items():
         results[name] = evaluate_predictions(p["test"], p["ood"], p["shift"])
-        if name == "Single":  # temperature scaling: fit on the ID validation split only
-            t = float(fit_temperature(p["val"]))
-            temperatures["Single + TS"] = t
-            results["Single + TS"] = evaluate_predictions(p["test"], p["ood"], p["shift"], temperature=t)
+        if "val" in p:  # temperature scaling: fit on the ID validation split only
+            shared = float(fit_temperature(p["val"]))
+            temperatures[f"{name} + TS"] = shared
+            results[f"{name} + TS"] = evaluate_predictions(
+                p["test"], p["ood"], p["shift"], temperature=shared
+            )
+            if p["val"].num_members > 1:  # one temperature per member, each fit on its own NLL
+                per_member = fit_temperature(p["val"], per_member=True)
+                temperatures[f"{name} + TS per member"] = per_member.tolist()
+                results[f"{name} + TS per member"] = evaluate_predictions(
+                    p["test"], p["ood"], p["shift"], temperature=per_member
+                )
     order_names = [
         "Single",
         "Single + TS",
@@ -419,6 +428,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "CircAvg (single pruned)",
         "Hydra (Taylor)",
         "Hydra (Circ)",
+        "Hydra (Circ) + TS",
+        "Hydra (Circ) + TS per member",
         *trunk_names,
     ]
     results = {n: results[n] for n in order_names}
@@ -426,8 +437,21 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     kept_avg = (sum(heads_per_layer) - config.pruned_per_member) / layers
     heads_label = {n: f"{full_heads}/{full_heads}" for n in order_names}
     heads_label["Taylor (single pruned)"] = f"{config.heads_per_layer}/{full_heads}"
-    for n in ("CircAvg (single pruned)", "Hydra (Taylor)", "Hydra (Circ)", *trunk_names):
+    for n in (
+        "CircAvg (single pruned)",
+        "Hydra (Taylor)",
+        "Hydra (Circ)",
+        "Hydra (Circ) + TS",
+        "Hydra (Circ) + TS per member",
+        *trunk_names,
+    ):
         heads_label[n] = f"avg {kept_avg:.0f}/{full_heads}"
+
+    # ---------------------------------------------------------------- metrics vs heads pruned (Fig. 5)
+    curves = stage.run(
+        "zero-shot pruning curves",
+        lambda: _pruning_curves(base, {"Taylor": taylor, "CircAvg": order}, test, oods, config),
+    )
 
     # ---------------------------------------------------------------- cost
     cost = stage.run("cost benchmark", lambda: _cost(base, singles, hydras, test[0], config))
@@ -441,7 +465,12 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         **{f"data: {k}": v for k, v in task.describe().items()},
         "training budget (all methods)": json.dumps(asdict(config.budget)),
         "seeds": f"members/ensembles use seeds 0..{config.members - 1}; base seed {config.seed}",
-        "temperature (Single + TS, fit on ID val)": f"{temperatures['Single + TS']:.3f}",
+        "temperatures (fit on ID val)": json.dumps(
+            {
+                k: round(v, 3) if isinstance(v, float) else [round(x, 3) for x in v]
+                for k, v in temperatures.items()
+            }
+        ),
         "member overlap (Jaccard, mean off-diagonal)": ", ".join(
             f"{k}: {_mean_offdiag(member_overlap(v, heads_per_layer)):.2f}" for k, v in members_heads.items()
         ),
@@ -451,6 +480,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     reporting.write_results(out, results, heads_label, meta, title="Hydra Ensembles: text benchmark (demo)")
     _write_cost(out, cost)
     _plots(out, preds, results, members_heads, heads_per_layer, taylor, order, task)
+    reporting.metrics_vs_pruned(curves, out / "plots" / "metrics_vs_pruned.png")
+    atomic_write_json(out / "pruning_curves.json", curves)
     atomic_write_json(out / "timings.json", stage.timings)
     print()
     print(_console_table(results, heads_label))
@@ -506,6 +537,34 @@ def _cost(base, singles, hydras: dict[str, Any], batch, config: DemoConfig) -> d
             k: {"latency_ms": 1e3 * times[k], "params": params[k], "gmacs": macs[k] / 1e9} for k in runs
         },
     }
+
+
+def _pruning_curves(base, rankings: dict[str, Any], test, oods, config: DemoConfig) -> dict[str, Any]:
+    """Zero-shot: prune the first n heads of each ranking, measure accuracy, ECE, AUROC and FPR95
+    (MSP, near/far average) on the test sets (the paper's Figure 5)."""
+    steps = sorted({0, *range(8, config.pool_size + 1, 8)})
+    curves: dict[str, dict[str, list]] = {m: {} for m in ("accuracy", "ECE", "AUROC", "FPR95")}
+    for method, ranking in rankings.items():
+        order, counts = least_useful_first(ranking)
+        for n in steps:
+            gone = set(order[:n])
+            heads = HeadSet(
+                {lay: [h for h in range(c) if (lay, h) not in gone] for lay, c in enumerate(counts)}
+            )
+            model = prune(base, heads)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.eval_bf16):
+                p_test = predict(model, test, progress=False)
+                p_ood = {name: (kind, predict(model, b, progress=False)) for name, (kind, b) in oods.items()}
+            result = evaluate_predictions(p_test, p_ood, scores=("msp",))
+            average = result["ood_summary"]["msp"]["average"]
+            for metric, value in (
+                ("accuracy", result["classification"]["acc"]),
+                ("ECE", result["classification"]["ece"]),
+                ("AUROC", average["auroc"]),
+                ("FPR95", average["fpr95"]),
+            ):
+                curves[metric].setdefault(method, []).append((n, value))
+    return curves
 
 
 def _run_one(model, inputs):

@@ -39,15 +39,19 @@ def evaluate_predictions(
     shift: Mapping[tuple[str, int], Predictions] | None = None,
     temperature: float | np.ndarray = 1.0,
     scores: tuple[str, ...] = OOD_SCORES,
+    bootstrap: int = 0,
 ) -> dict[str, Any]:
     """All metrics of one method.
 
     ``ood`` maps dataset name -> ("near" | "far", predictions); ``shift`` maps
-    (corruption, severity) -> labelled predictions.
+    (corruption, severity) -> labelled predictions. ``bootstrap > 0`` adds 95% bootstrap
+    intervals of the ID metrics under ``classification_ci``.
     """
     if id_test.labels is None:
         raise ValueError("ID test predictions need labels")
     result: dict[str, Any] = {"classification": M.classification(id_test.probs(temperature), id_test.labels)}
+    if bootstrap:
+        result["classification_ci"] = M.bootstrap_ci(id_test.probs(temperature), id_test.labels, bootstrap)
     result["diversity"] = {"id": M.diversity(id_test.member_probs(temperature))}
     if ood:
         id_scores = {s: ood_scores(id_test, s, temperature) for s in scores if _applicable(s, id_test)}

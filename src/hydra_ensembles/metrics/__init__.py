@@ -4,7 +4,7 @@ Inputs may be numpy arrays or torch tensors. OOD metrics take scores where highe
 OOD (OOD is the positive class, as in OpenOOD).
 """
 
-from .classification import accuracy, adaptive_ece, brier, classification, ece, nll
+from .classification import accuracy, adaptive_ece, bootstrap_ci, brier, classification, ece, nll
 from .diversity import disagreement, diversity
 from .ood import (
     POSITIVE_CLASS,
@@ -23,6 +23,7 @@ __all__ = [
     "accuracy",
     "adaptive_ece",
     "auroc",
+    "bootstrap_ci",
     "brier",
     "classification",
     "disagreement",

@@ -68,3 +68,23 @@ def classification(probs: Any, labels: Any, n_bins: int = 15) -> dict[str, float
         "ece": ece(probs, labels, n_bins),
         "aece": adaptive_ece(probs, labels, n_bins),
     }
+
+
+def bootstrap_ci(
+    probs: Any, labels: Any, n_resamples: int = 1000, level: float = 0.95, seed: int = 0, n_bins: int = 15
+) -> dict[str, tuple[float, float]]:
+    """Percentile bootstrap confidence intervals of every `classification` metric.
+
+    Samples are resampled with replacement ``n_resamples`` times (seeded); returns, per metric,
+    the (lower, upper) bounds of the central ``level`` interval.
+    """
+    p = check_probs(probs)
+    y = check_labels(labels, *p.shape)
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {}
+    for _ in range(n_resamples):
+        index = rng.integers(0, len(y), len(y))
+        for key, value in classification(p[index], y[index], n_bins).items():
+            draws.setdefault(key, []).append(value)
+    tail = (1 - level) / 2 * 100
+    return {k: (float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail))) for k, v in draws.items()}

@@ -82,6 +82,11 @@ def markdown_report(
         ),
         "",
     ]
+    with_ci = [(m, r["classification_ci"]) for m, r in results.items() if "classification_ci" in r]
+    if with_ci:
+        keys = [k for k, _, _ in MAIN_COLUMNS if k in with_ci[0][1]]
+        body = [[m] + [f"{_fmt(k, ci[k][0])} – {_fmt(k, ci[k][1])}" for k in keys] for m, ci in with_ci]
+        parts += ["## 95% bootstrap intervals (ID test)", "", _table(["Method", *keys], body), ""]
     breakdown = [(m, r) for m, r in results.items() if "ood" in r]
     if breakdown:
         sets = list(breakdown[0][1]["ood"])
