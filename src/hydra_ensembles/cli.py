@@ -55,6 +55,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "out_dir": Path(args.out),
         "cache_dir": Path(args.cache_dir),
         "use_cache": not args.no_cache,
+        "trunk_study": args.trunk_study,
     }
     config = DemoConfig.full(**overrides) if args.full else DemoConfig(**overrides)
     if args.task != "text":
