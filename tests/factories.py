@@ -16,6 +16,7 @@ def tiny_bert(
     seed: int = 0,
     intermediate=None,
     init_range: float = 0.02,
+    dropout: float = 0.1,
 ) -> BertForSequenceClassification:
     torch.manual_seed(seed)
     hidden = heads * head_dim
@@ -28,6 +29,8 @@ def tiny_bert(
         max_position_embeddings=32,
         num_labels=labels,
         initializer_range=init_range,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     return BertForSequenceClassification(config).eval()
 

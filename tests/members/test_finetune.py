@@ -121,3 +121,59 @@ def test_bad_input(kwargs, message):
     args = {"train": _data(1), **kwargs}
     with pytest.raises(ValueError, match=message):
         fine_tune(tiny_bert(layers=1, heads=2), progress=False, **args)
+
+
+DIST_WORKER = """
+import os, sys, torch
+sys.path.insert(0, {root!r})
+from safetensors.torch import save_file
+from tests.factories import tiny_bert, labelled, text_inputs
+from hydra_ensembles.members import FineTuneConfig, fine_tune
+torch.set_num_threads(1)
+model = tiny_bert(layers=1, heads=2, dropout=0.0)
+train = [labelled(text_inputs(batch=8, tokens=6, seed=s), seed=s) for s in range(5)]
+config = FineTuneConfig(epochs=2, lr=1e-3, bf16=False, batches_per_step=2)
+fine_tune(model, train, config=config, progress=False)
+if int(os.environ["RANK"]) == 0:
+    save_file({{k: v.contiguous() for k, v in model.state_dict().items()}}, {out!r})
+"""
+
+
+def test_two_processes_train_like_one(tmp_path):
+    """Accelerate over 2 CPU processes (gloo) gives the weights of 1 process with the same
+    batches per step (no dropout, so both draw the same randomness)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = str(tmp_path / "two.safetensors")
+    script = tmp_path / "worker.py"
+    script.write_text(DIST_WORKER.format(root=root, out=out))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env))
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+
+    single = tiny_bert(layers=1, heads=2, dropout=0.0)
+    train = [labelled(text_inputs(batch=8, tokens=6, seed=s), seed=s) for s in range(5)]
+    config = FineTuneConfig(epochs=2, lr=1e-3, bf16=False, batches_per_step=2)
+    fine_tune(single, train, config=config, progress=False)
+    two = load_file(out)
+    for name, value in single.state_dict().items():
+        assert torch.allclose(value, two[name], atol=1e-5), name
+    assert not torch.allclose(single.classifier.weight, tiny_bert(layers=1, heads=2).classifier.weight)

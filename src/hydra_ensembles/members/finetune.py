@@ -52,6 +52,9 @@ class FineTuneConfig:
     grad_clip: float | None = 1.0
     bf16: bool = True
     seed: int = 0
+    batches_per_step: int | None = None
+    """Batches per optimizer step (gradient of their mean loss), split across processes; default:
+    one per process. Equal values give the same training with 1 or N processes."""
 
     def validate(self) -> None:
         unknown = sorted(set(self.trainable or ()) - set(PARTS))
@@ -172,7 +175,17 @@ def fine_tune(
     # mixed-precision setting, so members with different settings can train in one process.
     accelerator = Accelerator()
     model, optimizer = accelerator.prepare(model, optimizer)
-    total = config.epochs * len(train_batches)
+    # An optimizer step consumes ``per_step`` batches, split across processes; a remainder that
+    # cannot be split evenly is skipped for that epoch (every process must take part in a step).
+    per_step = config.batches_per_step or accelerator.num_processes
+    if per_step % accelerator.num_processes:
+        raise ValueError(
+            f"batches_per_step={per_step} must be a multiple of the {accelerator.num_processes} processes"
+        )
+    steps_per_epoch = len(train_batches) // per_step
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(train_batches)} training batches cannot fill one step of {per_step}")
+    total = config.epochs * steps_per_epoch
 
     result = FineTuneResult()
     start_epoch, best_nll, best_state = 0, math.inf, None
@@ -185,8 +198,8 @@ def fine_tune(
             best_state = load_file(str(ckpt / "best.safetensors"))
 
     bar = tqdm(
-        total=total,
-        initial=start_epoch * len(train_batches),
+        total=total * per_step,
+        initial=start_epoch * steps_per_epoch * per_step,
         desc="fine-tune",
         disable=not progress or not accelerator.is_main_process or None,
     )
@@ -194,28 +207,34 @@ def fine_tune(
     for epoch in range(start_epoch, config.epochs):
         torch.manual_seed(config.seed * 1000 + epoch)  # dropout and order depend on (seed, epoch) only
         order = torch.randperm(len(train_batches)).tolist()
-        mine = order[accelerator.process_index :: accelerator.num_processes]
         model.train()
-        running = 0.0
-        for position, i in enumerate(mine):
-            step = epoch * len(train_batches) + position * accelerator.num_processes
+        running, seen = 0.0, 0
+        for step_in_epoch in range(steps_per_epoch):
+            step = epoch * steps_per_epoch + step_in_epoch
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * _lr_factor(step, total, config)
-            batch = train_batches[i]
-            with torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=config.bf16):
-                logits = model(**{k: v.to(accelerator.device) for k, v in model_inputs(batch).items()}).logits
-            loss = F.cross_entropy(
-                logits.float(), batch["labels"].to(accelerator.device), label_smoothing=config.label_smoothing
-            )
+            chunk = order[step_in_epoch * per_step : (step_in_epoch + 1) * per_step]
+            mine = chunk[accelerator.process_index :: accelerator.num_processes]
             optimizer.zero_grad(set_to_none=True)
-            accelerator.backward(loss)
+            for i in mine:  # gradient of the mean loss over the step's batches (all processes)
+                batch = train_batches[i]
+                with torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+                    logits = model(
+                        **{k: v.to(accelerator.device) for k, v in model_inputs(batch).items()}
+                    ).logits
+                loss = F.cross_entropy(
+                    logits.float(),
+                    batch["labels"].to(accelerator.device),
+                    label_smoothing=config.label_smoothing,
+                )
+                accelerator.backward(loss / len(mine))
+                running, seen = running + loss.item(), seen + 1
             if config.grad_clip:
                 accelerator.clip_grad_norm_(params, config.grad_clip)
             optimizer.step()
-            running += loss.item()
-            bar.update(accelerator.num_processes)
-            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
-        record = {"epoch": epoch, "train_loss": running / max(1, len(mine))}
+            bar.update(per_step)
+            bar.set_postfix(epoch=epoch, loss=f"{running / max(1, seen):.3f}")
+        record = {"epoch": epoch, "train_loss": running / max(1, seen)}
         if val_batches:
             device_val = [{k: v.to(accelerator.device) for k, v in b.items()} for b in val_batches]
             scores = evaluate_nll(model, device_val)
