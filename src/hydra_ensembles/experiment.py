@@ -107,15 +107,19 @@ class DemoConfig:
 
     @classmethod
     def full(cls, **overrides) -> DemoConfig:
-        """The paper-sized protocol on this data: every training text, 128 tokens, more epochs."""
+        """The larger protocol on this data: every training text, 96 tokens, 3 epochs, circuit
+        extraction on 48 + 48 texts of 64 tokens, fp32 evaluation of every test text."""
         base = cls(
-            max_length=128,
+            max_length=96,
             train_limit=None,
             ood_limit=None,
-            shift_limit=200,
-            circuit_id_docs=96,
-            circuit_ood_docs=96,
-            budget=TrainingBudget(epochs=3, member_epochs=2),
+            shift_limit=100,
+            circuit_id_docs=48,
+            circuit_ood_docs=48,
+            circuit_length=64,
+            eval_bf16=False,
+            mc_samples=8,
+            budget=TrainingBudget(epochs=3, member_epochs=1),
         )
         return replace(base, **overrides)
 
