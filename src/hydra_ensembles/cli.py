@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .data import MissingDataError
-from .models import DEFAULT_TEXT_MODEL, MissingModelError, offline_by_default
+from .models import DEFAULT_TEXT_MODEL, MissingModelError
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -100,7 +100,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     from .scoring import extract_circuit, taylor_head_set, taylor_scores
 
     model = load_any(args.model, args.num_labels)
-    tokenizer = _tokenizer_for(args.model) if not (Path(args.model) / "hydra_config.json").exists() else None
+    tokenizer = _tokenizer_for(args.model)
     _, data = _data_batches(args.data, args, tokenizer, args.limit)
     if args.method == "taylor":
         scores = taylor_scores(model, data, progress=True)
@@ -448,7 +448,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    offline_by_default()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

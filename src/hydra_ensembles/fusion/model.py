@@ -137,8 +137,8 @@ class HydraModel(nn.Module):
                 total += attention.num_effective_parameters() - padded
         return total
 
-    def stack_inputs(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        """Check input names, then repeat every batch-shaped tensor M times along dim 0."""
+    def batch_size(self, inputs: dict[str, Any]) -> int:
+        """Check input names and return the batch size (dim 0 of the first tensor input)."""
         unknown = sorted(set(inputs) - self._accepted)
         if unknown:
             raise TypeError(
@@ -148,22 +148,26 @@ class HydraModel(nn.Module):
         tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
         if not tensors:
             raise ValueError(f"no tensor inputs given; accepted: {sorted(self._accepted)}")
-        batch = int(tensors[0].shape[0])
+        return int(tensors[0].shape[0])
+
+    def stack_inputs(self, inputs: dict[str, Any], batch: int) -> dict[str, Any]:
+        """Repeat every batch-shaped tensor M times along dim 0 (the member-stacked batch)."""
         m = self.num_members
-        stacked = {
+        return {
             key: value.repeat(m, *([1] * (value.dim() - 1)))
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch
             else value
             for key, value in inputs.items()
         }
-        return stacked, batch
 
     def forward(self, **inputs: Any) -> HydraOutput:
         labels = inputs.pop("labels", None)
-        stacked, batch = self.stack_inputs(inputs)
+        batch = self.batch_size(inputs)
         if self.trunk_layers:  # the shared trunk runs once on B rows; hooks fan out after it
-            stacked, self._batch = inputs, batch
-        output = self.model(**stacked)
+            self._batch = batch
+            output = self.model(**inputs)
+        else:
+            output = self.model(**self.stack_inputs(inputs, batch))
         m = self.num_members
         members = {
             name: value.view(m, batch, *value.shape[1:])
