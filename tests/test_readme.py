@@ -18,3 +18,8 @@ def test_readme_python_quick_start_runs(tmp_path, monkeypatch):
     out = namespace["out"]
     assert out.member_logits.shape == (3, 1, 4) and out.probs.shape == (1, 4)
     assert (tmp_path / "runs" / "readme-hydra" / "hydra_config.json").is_file()
+    assert len(blocks) == 2, "the README's Python blocks changed: keep this test in step"
+    exec(compile(blocks[1], "README.md", "exec"), namespace)  # scoring, members, fine-tuning, evaluation
+    assert len(namespace["order"].removed) == 4
+    assert namespace["preds"].member_logits.shape == (3, 16, 4)
+    assert 0 <= namespace["report"]["classification"]["acc"] <= 1
