@@ -92,8 +92,8 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
     ):
         assert section in report
     results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
-    assert set(results) == set(first["results"]) and len(results) == 13
-    assert "Hydra (Circ, shared trunk 3/6)" in results
+    assert set(results) == set(first["results"]) and len(results) == 14
+    assert "Hydra (Circ, shared trunk 3/6)" in results and "Hydra (Circ), fp32 evaluation" in results
     assert {"Single + TS", "Hydra (Circ) + TS", "Hydra (Circ) + TS per member"} <= set(results)
     for method in results.values():
         assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}  # no validation OOD here

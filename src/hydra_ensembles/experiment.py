@@ -388,9 +388,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         **{name: (model, 0) for name, model in hydras.items()},
     }
 
-    def predictions(name: str, model, mc: int) -> dict[str, Any]:
+    def predictions(name: str, model, mc: int, bf16: bool = config.eval_bf16) -> dict[str, Any]:
         torch.manual_seed(config.seed)  # MC dropout masks
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.eval_bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = {"test": predict(model, test, "test", mc_samples=mc)}
             if name in ("Single", "Hydra (Circ)"):  # validation predictions serve temperature scaling
                 out["val"] = predict(model, val, "val")
@@ -404,6 +404,11 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         name: stage.run(f"predict: {name}", lambda n=name, m=model, mc=mc: predictions(n, m, mc))
         for name, (model, mc) in methods.items()
     }
+    if config.eval_bf16:  # how much does bf16 evaluation move Hydra's numbers? (fp32 reference row)
+        fp32_name = "Hydra (Circ), fp32 evaluation"
+        preds[fp32_name] = stage.run(
+            f"predict: {fp32_name}", lambda: predictions("fp32", hydras["Hydra (Circ)"], 0, bf16=False)
+        )
 
     # ---------------------------------------------------------------- metrics
     results: dict[str, Any] = {}
@@ -434,6 +439,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "Hydra (Circ)",
         "Hydra (Circ) + TS",
         "Hydra (Circ) + TS per member",
+        *(["Hydra (Circ), fp32 evaluation"] if config.eval_bf16 else []),
         *trunk_names,
     ]
     results = {n: results[n] for n in order_names}
@@ -441,15 +447,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     kept_avg = (sum(heads_per_layer) - config.pruned_per_member) / layers
     heads_label = {n: f"{full_heads}/{full_heads}" for n in order_names}
     heads_label["Taylor (single pruned)"] = f"{config.heads_per_layer}/{full_heads}"
-    for n in (
-        "CircAvg (single pruned)",
-        "Hydra (Taylor)",
-        "Hydra (Circ)",
-        "Hydra (Circ) + TS",
-        "Hydra (Circ) + TS per member",
-        *trunk_names,
-    ):
-        heads_label[n] = f"avg {kept_avg:.0f}/{full_heads}"
+    for n in order_names:
+        if n.startswith(("Hydra", "CircAvg")):
+            heads_label[n] = f"avg {kept_avg:.0f}/{full_heads}"
 
     # ---------------------------------------------------------------- metrics vs heads pruned (Fig. 5)
     curves = stage.run(
