@@ -350,7 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("model", help="a fine-tuned classifier: HF id or directory, or a saved member")
     score.add_argument("--method", choices=["taylor", "circuit"], default="circuit")
     score.add_argument(
-        "--data", required=True, help="labelled ID validation/calibration data (see --help of demo)"
+        "--data",
+        required=True,
+        help="labelled ID validation/calibration data: a built-in name (bbc-news:val, ...) or a file",
     )
     score.add_argument("--ood-data", help="OOD *validation* data for --objective ood|avg (never a test set)")
     score.add_argument("--objective", choices=["acc", "ood", "avg"], default="avg")
@@ -431,8 +433,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="the paper's experiment on the embedded text benchmark (MiniLM-L6, BBC News)"
     )
-    demo.add_argument("--task", choices=["text", "image"], default="text")
-    demo.add_argument("--full", action="store_true", help="the paper-sized protocol (slower)")
+    demo.add_argument(
+        "--task",
+        choices=["text", "image"],
+        default="text",
+        help="benchmark to run (image: not available yet)",
+    )
+    demo.add_argument(
+        "--full",
+        action="store_true",
+        help="the larger protocol: all training texts, 96 tokens, fp32 evaluation (about an hour here)",
+    )
     demo.add_argument("--model", default=DEFAULT_TEXT_MODEL)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default="runs/demo", help="report folder")
