@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import random
-import statistics
 import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -20,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .cost import count_parameters, interleaved_latency, multiply_adds
+from .cost import count_parameters, interleaved_latency, median, multiply_adds
 from .fusion import fuse
 from .heads import HeadSet
 from .surgery import prune
@@ -129,7 +128,7 @@ def run_bench(
             times = interleaved_latency({n: partial(f, x) for n, f in methods.items()}, repeats=repeats)
             for name, values in times.items():
                 table[name]["latency"][str(batch)] = {
-                    "median_ms": 1e3 * statistics.median(values),
+                    "median_ms": 1e3 * median(values),
                     "p90_ms": 1e3 * _percentile(values, 0.9),
                 }
             if batch == max(batch_sizes):

@@ -83,6 +83,7 @@ def _tokenizer_for(model_path: str):
 def _data_batches(
     spec: str, args: argparse.Namespace, tokenizer, limit: int | None = None, labels: bool = True
 ):
+    from .batching import model_inputs
     from .data import load_spec, stable_sample, to_batches
 
     dataset = load_spec(spec, args.text_column, args.label_column if labels else None)
@@ -90,7 +91,7 @@ def _data_batches(
         dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
     out = list(to_batches(dataset, tokenizer, args.batch_size, args.max_length))
     if not labels:
-        out = [{k: v for k, v in b.items() if k != "labels"} for b in out]
+        out = [model_inputs(b) for b in out]
     return dataset, out
 
 

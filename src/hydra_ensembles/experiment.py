@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from . import reporting
+from .batching import model_inputs
 from .cost import count_parameters, interleaved_latency, median, multiply_adds
 from .data import TextDataset, batches
 from .evaluation import evaluate_predictions, fit_temperature, predict
@@ -284,10 +285,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         return list(batches(data.subset(range(min(docs, len(data)))), tokenizer, 64, config.circuit_length))
 
     circuit_id = circuit_data(task.val, config.circuit_id_docs)
-    circuit_ood = [
-        {k: v for k, v in b.items() if k != "labels"}
-        for b in circuit_data(task.ood_val, config.circuit_ood_docs)
-    ]
+    circuit_ood = [model_inputs(b) for b in circuit_data(task.ood_val, config.circuit_ood_docs)]
     circuit_key = {
         **rank_key,
         "budget": config.circuit_budget,
@@ -509,7 +507,7 @@ def _mean_offdiag(matrix: np.ndarray) -> float:
 def _cost(base, singles, hydras: dict[str, Any], batch, config: DemoConfig) -> dict[str, Any]:
     """bf16 latency (interleaved), parameters and multiply-adds of Single, Deep Ensemble and the
     Circ Hydra models (including shared-trunk variants when built)."""
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    inputs = model_inputs(batch)
     chosen = {name: h for name, h in hydras.items() if name.startswith("Hydra (Circ")}
     models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **chosen}
     everything = [base, *singles, *chosen.values()]

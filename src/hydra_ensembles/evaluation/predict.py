@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..batching import model_inputs
 from ..fusion import HydraModel
-from ..scoring.forward import model_inputs
 
 
 @dataclass

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..adapters import ArchitectureAdapter
+from ..batching import batch_rows, repeat_batch, repeat_rows
 from ..heads import HeadSet
 from ..layers import FusedMultiHeadAttention
 
@@ -108,13 +109,7 @@ class HydraModel(nn.Module):
         """After the shared trunk: repeat every batch-shaped layer input M times (hidden states
         once, at the first member-specific layer; the attention mask at every layer)."""
         batch, m = self._batch, self.num_members
-
-        def expand(value):
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
-                return value.repeat(m, *([1] * (value.dim() - 1)))
-            return value
-
-        return tuple(expand(a) for a in args), {k: expand(v) for k, v in kwargs.items()}
+        return tuple(repeat_batch(a, m, batch) for a in args), repeat_rows(kwargs, m, batch)
 
     @property
     def num_members(self) -> int:
@@ -145,20 +140,13 @@ class HydraModel(nn.Module):
                 f"unexpected input(s) {unknown} for a fused {self.adapter.family} model; "
                 f"accepted: {sorted(self._accepted)}"
             )
-        tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-        if not tensors:
+        if not any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in inputs.values()):
             raise ValueError(f"no tensor inputs given; accepted: {sorted(self._accepted)}")
-        return int(tensors[0].shape[0])
+        return batch_rows(inputs)
 
     def stack_inputs(self, inputs: dict[str, Any], batch: int) -> dict[str, Any]:
         """Repeat every batch-shaped tensor M times along dim 0 (the member-stacked batch)."""
-        m = self.num_members
-        return {
-            key: value.repeat(m, *([1] * (value.dim() - 1)))
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch
-            else value
-            for key, value in inputs.items()
-        }
+        return repeat_rows(inputs, self.num_members, batch)
 
     def forward(self, **inputs: Any) -> HydraOutput:
         labels = inputs.pop("labels", None)

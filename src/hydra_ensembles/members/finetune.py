@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
+from ..batching import model_inputs
 from ..io import atomic_write, atomic_write_json
-from ..scoring.forward import model_inputs
 
 PARTS = ("attention", "mlp", "norm", "head", "embeddings")
 

@@ -34,11 +34,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..adapters import ArchitectureAdapter, get_adapter
+from ..batching import model_inputs
 from ..heads import HeadSet
 from ..io import atomic_write_json
 from ..metrics import auroc
 from ..surgery import fingerprint, kept_heads
-from .forward import capture_layer_inputs, model_inputs, run_from_layer
+from .forward import capture_layer_inputs, run_from_layer
 
 Objective = Literal["acc", "ood", "avg"]
 OBJECTIVES = ("acc", "ood", "avg")

@@ -16,23 +16,7 @@ import torch
 from torch import nn
 
 from ..adapters import ArchitectureAdapter
-
-
-def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """A batch without its ``labels``."""
-    return {k: v for k, v in batch.items() if k != "labels"}
-
-
-def repeat_rows(inputs: dict[str, Any], times: int) -> dict[str, Any]:
-    """Repeat every batch-shaped tensor ``times`` along dim 0 (a member/candidate-stacked batch)."""
-    tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-    batch = int(tensors[0].shape[0])
-    return {
-        k: v.repeat(times, *([1] * (v.dim() - 1)))
-        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch
-        else v
-        for k, v in inputs.items()
-    }
+from ..batching import batch_rows, repeat_rows
 
 
 def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -84,8 +68,6 @@ def run_from_layer(
     inputs: dict[str, Any],
 ) -> torch.Tensor:
     """Logits of the model run from the input ``hidden`` of ``layer`` (rows: ``inputs`` repeated)."""
-    rows = hidden.shape[0]
-    first = next(v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
-    times = rows // first.shape[0]
+    times = hidden.shape[0] // batch_rows(inputs)
     with starting_at_layer(model, adapter, layer, hidden):
         return model(**repeat_rows(inputs, times)).logits

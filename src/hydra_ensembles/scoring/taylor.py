@@ -16,9 +16,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
+from ..batching import model_inputs
 from ..heads import HeadSet, HeadSetError
 from ..surgery import kept_heads, prune
-from .forward import model_inputs
 
 
 def taylor_scores(model: nn.Module, calib: Iterable[dict[str, Any]], progress: bool = False) -> torch.Tensor:

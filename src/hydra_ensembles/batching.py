@@ -1,0 +1,31 @@
+"""Batch helpers shared by fusion, scoring, training and evaluation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch without its ``labels``."""
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def batch_rows(inputs: dict[str, Any]) -> int:
+    """dim 0 of the first tensor input (the batch size)."""
+    return int(next(v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0).shape[0])
+
+
+def repeat_batch(value: Any, times: int, batch: int) -> Any:
+    """``value`` repeated ``times`` along dim 0 if it is a tensor with ``batch`` rows, else as is."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+        return value.repeat(times, *([1] * (value.dim() - 1)))
+    return value
+
+
+def repeat_rows(inputs: dict[str, Any], times: int, batch: int | None = None) -> dict[str, Any]:
+    """Every batch-shaped tensor repeated ``times`` along dim 0 (a member/candidate-stacked batch):
+    rows ``r*B .. (r+1)*B - 1`` are copy r."""
+    batch = batch_rows(inputs) if batch is None else batch
+    return {k: repeat_batch(v, times, batch) for k, v in inputs.items()}
