@@ -51,13 +51,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     tune_cpu_allocator()
     overrides = {
         "seed": args.seed,
-        "out_dir": Path(args.out),
         "cache_dir": Path(args.cache_dir),
         "use_cache": not args.no_cache,
         "trunk_study": args.trunk_study,
     }
     if args.model:
         overrides["model"] = args.model
+    if args.out:
+        overrides["out_dir"] = Path(args.out)
     run_demo(DemoConfig.preset(args.task, full=args.full, **overrides))
     return 0
 
@@ -124,6 +125,9 @@ def _cmd_score(args: argparse.Namespace) -> int:
             budget=args.budget,
             min_heads_per_layer=args.min_heads_per_layer,
             checkpoint=args.checkpoint,
+            method="lazy" if args.lazy else "fast",
+            shortlist=args.lazy or 8,
+            refresh_every=args.refresh_every,
         )
         out = {"method": "circuit", **order.to_dict()}
     atomic_write_json(args.out, out)
@@ -360,6 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--scope", choices=["layer", "global"], default="layer", help="taylor budget scope")
     score.add_argument("--limit", type=int, help="use at most this many examples per dataset")
     score.add_argument("--checkpoint", help="JSON file to resume an interrupted extraction")
+    score.add_argument(
+        "--lazy",
+        type=int,
+        metavar="K",
+        help="approximate (lazy greedy) circuit extraction: score only the K best-known candidates "
+        "per step between full refreshes (see benchmarks/circuit_speed.py for its agreement)",
+    )
+    score.add_argument("--refresh-every", type=int, default=8, help="--lazy: steps between full refreshes")
     score.add_argument("--num-labels", type=int)
     score.add_argument("--out", required=True, help="output JSON file")
     data_options(score)
@@ -450,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"image: a small-ViT architecture name (default {DEFAULT_IMAGE_MODEL})",
     )
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", default="runs/demo", help="report folder")
+    demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
     demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")
     demo.add_argument("--no-cache", action="store_true", help="recompute everything")
     demo.add_argument(

@@ -4,7 +4,7 @@ from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig
 
 from hydra_ensembles import UnsupportedModelError, get_adapter
 from hydra_ensembles.adapters import BertAdapter, ViTAdapter
-from tests.factories import tiny_bert, tiny_vit
+from tests.factories import text_inputs, tiny_bert, tiny_vit
 
 
 @pytest.mark.parametrize(
@@ -75,3 +75,21 @@ def test_unsupported_architecture_names_the_supported_families():
         get_adapter(gpt2)
     with pytest.raises(UnsupportedModelError):
         get_adapter(torch.nn.Linear(2, 2))
+
+
+def test_first_token_only_keeps_the_logits_and_shrinks_the_last_layer():
+    model = tiny_bert(layers=3, heads=4, head_dim=3, init_range=0.3).eval()
+    inputs = text_inputs(batch=5, tokens=9, seed=2)
+    adapter = get_adapter(model)
+    shapes = []
+    probe = adapter.layers(model)[-1].register_forward_hook(lambda _m, _a, out: shapes.append(out[0].shape))
+    with torch.no_grad():
+        full = model(**inputs).logits
+        handle = adapter.first_token_only(model)
+        short = model(**inputs).logits
+        handle.remove()
+        again = model(**inputs).logits
+    probe.remove()
+    torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-6)
+    assert torch.equal(again, full) and shapes[1][-2] == 1 and shapes[0][-2] == 9 == shapes[2][-2]
+    assert get_adapter(tiny_vit()).first_token_only(tiny_vit()) is None  # ViT adds the residual itself

@@ -127,6 +127,54 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch):
         extract_circuit(model, id_val, ood_val, "acc", budget=5, checkpoint=checkpoint, progress=False)
 
 
+def test_lazy_mode_with_a_full_shortlist_is_exact_and_records_its_settings():
+    model = _model()
+    id_val, ood_val = _text_data()
+    exact = extract_circuit(model, id_val, ood_val, "avg", budget=8, progress=False)
+    lazy = extract_circuit(
+        model, id_val, ood_val, "avg", budget=8, method="lazy", shortlist=12, progress=False
+    )
+    assert lazy.removed == exact.removed and lazy.scores == pytest.approx(exact.scores)
+    assert exact.approximation is None
+    assert lazy.approximation == {"method": "lazy", "shortlist": 12, "refresh_every": 8}
+    assert he.CircuitOrder.from_dict(lazy.to_dict()) == lazy
+
+
+def test_lazy_mode_evaluates_only_its_shortlist_and_resumes_identically(tmp_path, monkeypatch):
+    model = _model()
+    id_val, ood_val = _text_data()
+    evaluated: list[int] = []
+    original = circuit_module._evaluate_fast
+
+    def counting(model, adapter, masks, candidates, *args):
+        evaluated.append(len(candidates))
+        return original(model, adapter, masks, candidates, *args)
+
+    monkeypatch.setattr(circuit_module, "_evaluate_fast", counting)
+    kwargs = {"objective": "avg", "budget": 6, "method": "lazy", "shortlist": 3, "refresh_every": 4}
+    full = extract_circuit(model, id_val, ood_val, progress=False, **kwargs)
+    assert evaluated == [12, 3, 3, 3, 8, 3]  # full, 3 shortlisted, full refresh at step 5, ...
+    assert len(set(full.removed)) == 6 and all(s == s for s in full.scores)
+
+    calls = {"n": 0}
+
+    def interrupted(*args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(*args)
+
+    checkpoint = tmp_path / "lazy.json"
+    monkeypatch.setattr(circuit_module, "_evaluate_fast", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        extract_circuit(model, id_val, ood_val, checkpoint=checkpoint, progress=False, **kwargs)
+    monkeypatch.setattr(circuit_module, "_evaluate_fast", original)
+    resumed = extract_circuit(model, id_val, ood_val, checkpoint=checkpoint, progress=False, **kwargs)
+    assert resumed == full
+    with pytest.raises(CircuitError, match="another extraction"):  # exact runs never reuse lazy state
+        extract_circuit(model, id_val, ood_val, "avg", budget=6, checkpoint=checkpoint, progress=False)
+
+
 def test_deterministic():
     model = _model()
     id_val, ood_val = _text_data()
@@ -146,6 +194,8 @@ def test_deterministic():
         ({"id_val": [text_inputs()]}, "needs 'labels'"),
         ({"id_val": [{**text_inputs(), "labels": torch.tensor([0, 1, 2, 9])}]}, "labels out of range"),
         ({"objective": "loss"}, "objective must be"),
+        ({"method": "lazy", "shortlist": 0}, "shortlist >= 1"),
+        ({"method": "greedy"}, "method must be"),
     ],
 )
 def test_bad_input(kwargs, message):

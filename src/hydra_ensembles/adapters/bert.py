@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .base import ArchitectureAdapter, ZeroHeadAttention
 
@@ -40,3 +41,13 @@ class BertAdapter(ArchitectureAdapter):
     def attention_paths(self, layer: int) -> tuple[str, ...]:
         root = f"{self.layers_path}.{layer}.attention"
         return (f"{root}.self", f"{root}.output.dense")
+
+    def first_token_only(self, model: nn.Module) -> RemovableHandle | None:
+        """BertForSequenceClassification's pooler reads token 0 of the last layer only: slice the
+        attention output and the residual to that token before W_O, LayerNorm and the MLP."""
+        if type(model).__name__ != "BertForSequenceClassification":
+            return None
+        output = getattr(self.layers(model)[-1].attention, "output", None)
+        if output is None or not isinstance(getattr(output, "dense", None), nn.Linear):
+            return None
+        return output.register_forward_pre_hook(lambda _m, args: (args[0][:, :1], args[1][:, :1]))

@@ -11,8 +11,15 @@ Two implementations return the same order:
 
 * ``method="reference"``: the plain algorithm, one full forward pass per candidate.
 * ``method="fast"`` (default): exact accelerations. The hidden states entering every layer are
-  computed once per step (ablating a head of layer l leaves layers < l unchanged), and all of a
-  layer's candidates run together as one candidate-stacked batch from that layer on.
+  computed once per step (ablating a head of layer l leaves layers < l unchanged), all of a
+  layer's candidates run together as one candidate-stacked batch from that layer on, and where
+  the classifier reads only [CLS] (BERT) the last layer runs W_O, LayerNorm and MLP for [CLS]
+  only (`ArchitectureAdapter.first_token_only`).
+
+An approximate mode, ``method="lazy"``, is for large models: after a full evaluation, the next
+steps evaluate (with the fast path) only the ``shortlist`` candidates that scored best when last
+evaluated, refreshing all scores every ``refresh_every`` steps (lazy greedy). It is not exact;
+``benchmarks/circuit_speed.py`` reports its agreement with the exact order.
 
 Candidate evaluations can be split across ``torch.distributed`` ranks; an interrupted extraction
 resumes from its checkpoint file and ends with the same result.
@@ -44,6 +51,7 @@ from .forward import capture_layer_inputs, run_from_layer
 Objective = Literal["acc", "ood", "avg"]
 OBJECTIVES = ("acc", "ood", "avg")
 Head = tuple[int, int]
+UNKNOWN = (math.inf, math.inf)  # lazy mode: never-scored candidates are evaluated first
 
 
 class CircuitError(ValueError):
@@ -59,6 +67,8 @@ class CircuitOrder:
     base_score: float
     removed: list[Head] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
+    approximation: dict[str, Any] | None = None
+    """``None`` for the exact algorithm; the lazy mode's settings otherwise."""
 
     def head_set(self, num_removed: int | None = None) -> HeadSet:
         """The heads kept after removing the first ``num_removed`` heads of the order."""
@@ -80,6 +90,7 @@ class CircuitOrder:
             "base_score": self.base_score,
             "removed": [list(h) for h in self.removed],
             "scores": list(self.scores),
+            **({"approximation": dict(self.approximation)} if self.approximation else {}),
         }
 
     @classmethod
@@ -90,6 +101,7 @@ class CircuitOrder:
             base_score=float(data["base_score"]),
             removed=[(int(a), int(b)) for a, b in data["removed"]],
             scores=[float(s) for s in data["scores"]],
+            approximation=data.get("approximation"),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -213,21 +225,32 @@ def extract_circuit(
     objective: Objective = "avg",
     budget: int = 24,
     min_heads_per_layer: int = 0,
-    method: Literal["fast", "reference"] = "fast",
+    method: Literal["fast", "reference", "lazy"] = "fast",
     checkpoint: str | Path | None = None,
     candidate_chunk: int = 16,
     progress: bool = True,
+    shortlist: int = 8,
+    refresh_every: int = 8,
 ) -> CircuitOrder:
     """Greedy circuit extraction: remove ``budget`` heads, one per step, best-S first.
 
     ``id_val`` and ``ood_val`` are iterables of model-input batches (``id_val`` with ``labels``);
     ``ood_val`` is a *validation* OOD set, never a test set. ``min_heads_per_layer`` keeps at least
     that many heads in every layer. ``checkpoint`` (a JSON path) makes the run resumable.
+    ``method="lazy"`` (approximate) evaluates only ``shortlist`` candidates per step between full
+    evaluations every ``refresh_every`` steps.
     """
     if objective not in OBJECTIVES:
         raise CircuitError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    if method not in ("fast", "reference"):
-        raise CircuitError(f"method must be 'fast' or 'reference', got {method!r}")
+    if method not in ("fast", "reference", "lazy"):
+        raise CircuitError(f"method must be 'fast', 'reference' or 'lazy', got {method!r}")
+    lazy = (
+        {"method": "lazy", "shortlist": shortlist, "refresh_every": refresh_every}
+        if method == "lazy"
+        else None
+    )
+    if lazy and (shortlist < 1 or refresh_every < 1):
+        raise CircuitError("lazy extraction needs shortlist >= 1 and refresh_every >= 1")
     adapter = get_adapter(model)
     heads_per_layer = adapter.original_heads_per_layer(model)
     if kept_heads(model).resolve(heads_per_layer) != HeadSet.full(heads_per_layer).resolve(heads_per_layer):
@@ -263,6 +286,7 @@ def extract_circuit(
                 min_heads_per_layer,
                 _data_digest(id_batches),
                 _data_digest(ood_batches),
+                *([lazy] if lazy else []),  # exact methods share checkpoints: same order
             ]
         ).encode()
     ).hexdigest()
@@ -271,8 +295,9 @@ def extract_circuit(
     masks = _CandidateMasks(model, adapter, heads_per_layer)
     rank, world = _dist()
     try:
-        evaluate = _evaluate_fast if method == "fast" else _evaluate_reference
-        order = _resume(checkpoint, key, objective, heads_per_layer)
+        evaluate = _evaluate_reference if method == "reference" else _evaluate_fast
+        order, known, since_refresh = _resume(checkpoint, key, objective, heads_per_layer)
+        order.approximation = lazy
         for layer, head in order.removed:
             masks.mask[layer, head] = 0.0
         if order.removed == [] and math.isnan(order.base_score):
@@ -291,6 +316,14 @@ def extract_circuit(
                 for h in range(count)
                 if masks.mask[layer, h] > 0 and masks.mask[layer].sum() > min_heads_per_layer
             ]
+            if lazy and known and since_refresh < refresh_every:  # best-known first, ties by index
+                candidates = sorted(
+                    candidates, key=lambda c: (*known.get(c, UNKNOWN), -c[0], -c[1]), reverse=True
+                )
+                candidates = sorted(candidates[:shortlist])
+                since_refresh += 1
+            else:
+                since_refresh = 1
             mine = candidates[rank::world]
             scores = evaluate(
                 model, adapter, masks, mine, id_batches, ood_batches, objective, id_labels, candidate_chunk
@@ -303,8 +336,16 @@ def extract_circuit(
             masks.mask[best] = 0.0
             order.removed.append(best)
             order.scores.append(scores[best][0])
+            if lazy:
+                known = {c: v for c, v in {**known, **scores}.items() if c != best}
             if checkpoint is not None and rank == 0:
-                atomic_write_json(checkpoint, {"key": key, "order": order.to_dict()})
+                state = {"key": key, "order": order.to_dict()}
+                if lazy:
+                    state["lazy"] = {
+                        "since_refresh": since_refresh,
+                        "known": [[*c, *v] for c, v in sorted(known.items())],
+                    }
+                atomic_write_json(checkpoint, state)
             bar.update()
             bar.set_postfix(S=f"{scores[best][0]:.4f}", removed=f"L{best[0]}H{best[1]}")
         bar.close()
@@ -315,17 +356,22 @@ def extract_circuit(
     return order
 
 
-def _resume(checkpoint, key: str, objective: str, heads_per_layer: list[int]) -> CircuitOrder:
+def _resume(
+    checkpoint, key: str, objective: str, heads_per_layer: list[int]
+) -> tuple[CircuitOrder, dict[Head, tuple[float, float]], int]:
+    """The order so far, and (lazy mode) the last known candidate scores and steps since refresh."""
     fresh = CircuitOrder(objective, list(heads_per_layer), base_score=float("nan"))
     if checkpoint is None or not Path(checkpoint).is_file():
-        return fresh
+        return fresh, {}, 0
     data = json.loads(Path(checkpoint).read_text())
     if data.get("key") != key:
         raise CircuitError(
             f"checkpoint {checkpoint} belongs to another extraction (model, data or settings differ); "
             "delete it or choose another path"
         )
-    return CircuitOrder.from_dict(data["order"])
+    lazy = data.get("lazy", {})
+    known = {(int(a), int(b)): (float(v), float(t)) for a, b, v, t in lazy.get("known", [])}
+    return CircuitOrder.from_dict(data["order"]), known, int(lazy.get("since_refresh", 0))
 
 
 @torch.no_grad()
@@ -357,6 +403,21 @@ def _evaluate_fast(model, adapter, masks, candidates, id_batches, ood_batches, o
     for layer, head in candidates:
         by_layer.setdefault(layer, []).append(head)
     per_candidate: dict[Head, list[list[torch.Tensor]]] = {c: [[], []] for c in candidates}
+    first_token = adapter.first_token_only(model)  # the last layer for [CLS] only, where exact
+    try:
+        _run_candidates(model, adapter, masks, by_layer, id_batches, ood_batches, chunk, per_candidate)
+    finally:
+        if first_token is not None:
+            first_token.remove()
+    scores = {}
+    for cand, (id_parts, ood_parts) in per_candidate.items():
+        ood_logits = torch.cat(ood_parts) if ood_parts else None
+        scores[cand] = _both(objective, torch.cat(id_parts), id_labels, ood_logits)
+    return scores
+
+
+def _run_candidates(model, adapter, masks, by_layer, id_batches, ood_batches, chunk, per_candidate) -> None:
+    """Logits of every candidate on every batch, appended to ``per_candidate[c][part]``."""
     for part, batches in enumerate((id_batches, ood_batches)):
         for batch in batches:
             inputs = model_inputs(batch)
@@ -375,11 +436,6 @@ def _evaluate_fast(model, adapter, masks, candidates, id_batches, ood_batches, o
                         masks.active = None
                     for head, rows in zip(group, logits.chunk(len(group)), strict=True):
                         per_candidate[(layer, head)][part].append(rows)
-    scores = {}
-    for cand, (id_parts, ood_parts) in per_candidate.items():
-        ood_logits = torch.cat(ood_parts) if ood_parts else None
-        scores[cand] = _both(objective, torch.cat(id_parts), id_labels, ood_logits)
-    return scores
 
 
 def removal_ranking(order: CircuitOrder) -> np.ndarray:
