@@ -127,3 +127,20 @@ def test_prune_refuses_bad_input():
         he.prune(model, {0: [1]})
     with pytest.raises(he.UnsupportedModelError):
         he.prune(torch.nn.Linear(2, 2), he.HeadSet())
+
+
+def test_fingerprint_cache_sees_every_write():
+    model = tiny_bert()
+    first = fingerprint(model)
+    assert fingerprint(model) == first  # served from the cache
+    weight = model.bert.encoder.layer[0].attention.self.query.weight
+    with torch.no_grad():
+        weight.mul_(2.0)  # in place: the version counter moves
+    second = fingerprint(model)
+    assert second != first
+    with torch.no_grad():
+        weight.div_(2.0)  # exact in floating point
+    assert fingerprint(model) == first  # same bytes, same digest
+    weight.data = weight.data.clone() * 3  # replaced storage
+    assert fingerprint(model) not in (first, second)
+    assert fingerprint(tiny_bert()) == first  # equal weights, another object: same digest
