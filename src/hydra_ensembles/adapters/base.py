@@ -140,6 +140,12 @@ class ArchitectureAdapter(ABC):
     def attention_paths(self, layer: int) -> tuple[str, ...]:
         """Dotted paths of the modules `install_fused_attention` replaces (for saving layouts)."""
 
+    def attention_core_path(self, layer: int) -> str | None:
+        """Dotted path of ``layer``'s module that turns hidden states into the heads' context
+        (Q/K/V and attention, before W_O) and returns ``(context, weights)``; ``None`` where the
+        family has no such module (ViT keeps W_O inside its attention module)."""
+        return None
+
     def first_token_only(self, model: nn.Module) -> RemovableHandle | None:
         """Where the model's head reads only the first token of the last layer, make that layer
         compute everything after attention's Q/K/V for the first token only (exact for the

@@ -42,6 +42,9 @@ class BertAdapter(ArchitectureAdapter):
         root = f"{self.layers_path}.{layer}.attention"
         return (f"{root}.self", f"{root}.output.dense")
 
+    def attention_core_path(self, layer: int) -> str | None:
+        return f"{self.layers_path}.{layer}.attention.self"
+
     def first_token_only(self, model: nn.Module) -> RemovableHandle | None:
         """BertForSequenceClassification's pooler reads token 0 of the last layer only: slice the
         attention output and the residual to that token before W_O, LayerNorm and the MLP."""

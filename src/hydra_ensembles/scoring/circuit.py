@@ -12,9 +12,10 @@ Two implementations return the same order:
 * ``method="reference"``: the plain algorithm, one full forward pass per candidate.
 * ``method="fast"`` (default): exact accelerations. The hidden states entering every layer are
   computed once per step (ablating a head of layer l leaves layers < l unchanged), all of a
-  layer's candidates run together as one candidate-stacked batch from that layer on, and where
-  the classifier reads only [CLS] (BERT) the last layer runs W_O, LayerNorm and MLP for [CLS]
-  only (`ArchitectureAdapter.first_token_only`).
+  layer's candidates run together as one candidate-stacked batch from that layer on, reusing
+  that layer's Q/K/V and attention (identical for all its candidates: ablation acts after them)
+  where the family exposes them (BERT), and where the classifier reads only [CLS] (BERT) the
+  last layer runs W_O, LayerNorm and MLP for [CLS] only (`ArchitectureAdapter.first_token_only`).
 
 An approximate mode, ``method="lazy"``, is for large models: after a full evaluation, the next
 steps evaluate (with the fast path) only the ``shortlist`` candidates that scored best when last
@@ -46,7 +47,7 @@ from ..heads import HeadSet
 from ..io import atomic_write_json
 from ..metrics import auroc
 from ..surgery import fingerprint, kept_heads
-from .forward import capture_layer_inputs, run_from_layer
+from .forward import capture_layer_inputs, replaying_core, run_from_layer
 
 Objective = Literal["acc", "ood", "avg"]
 OBJECTIVES = ("acc", "ood", "avg")
@@ -421,17 +422,20 @@ def _run_candidates(model, adapter, masks, by_layer, id_batches, ood_batches, ch
     for part, batches in enumerate((id_batches, ood_batches)):
         for batch in batches:
             inputs = model_inputs(batch)
-            layer_inputs, _ = capture_layer_inputs(model, adapter, inputs)
+            layer_inputs, _, contexts = capture_layer_inputs(model, adapter, inputs, cores=True)
             for layer, heads in by_layer.items():
-                hidden = layer_inputs[layer]
+                hidden, context = layer_inputs[layer], contexts[layer]
                 for start in range(0, len(heads), chunk):
                     group = heads[start : start + chunk]
                     group_masks = masks.mask[layer].repeat(len(group), 1)
                     group_masks[torch.arange(len(group)), torch.tensor(group)] = 0.0
                     masks.active = (layer, group_masks)
+                    # every candidate of this layer shares its Q/K/V and attention: replay them
+                    replay = None if context is None else context.repeat(len(group), 1, 1)
                     try:
                         stacked = hidden.repeat(len(group), *([1] * (hidden.dim() - 1)))
-                        logits = run_from_layer(model, adapter, layer, stacked, inputs).float()
+                        with replaying_core(model, adapter.attention_core_path(layer), replay):
+                            logits = run_from_layer(model, adapter, layer, stacked, inputs).float()
                     finally:
                         masks.active = None
                     for head, rows in zip(group, logits.chunk(len(group)), strict=True):

@@ -1,7 +1,9 @@
 """Running a model in pieces, with the Hugging Face modelling code doing the work.
 
-`capture_layer_inputs` records the hidden states entering every layer; `run_from_layer` runs the
-model from the input of layer ``l`` onwards (layers before it are skipped, their output supplied).
+`capture_layer_inputs` records the hidden states entering every layer (and, where the family has
+one, every attention core's output); `run_from_layer` runs the model from the input of layer ``l``
+onwards (layers before it are skipped, their output supplied), optionally replaying layer ``l``'s
+attention core output instead of recomputing it.
 Both work for any family with an adapter: layers are swapped out of the model's layer list
 temporarily and the embeddings' output is replaced by a forward hook.
 """
@@ -25,9 +27,10 @@ def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
 
 @torch.no_grad()
 def capture_layer_inputs(
-    model: nn.Module, adapter: ArchitectureAdapter, inputs: dict[str, Any]
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Hidden states entering each layer, and the logits, for one batch."""
+    model: nn.Module, adapter: ArchitectureAdapter, inputs: dict[str, Any], cores: bool = False
+) -> tuple[list[torch.Tensor], torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor, list]:
+    """Hidden states entering each layer, and the logits, for one batch; with ``cores``, also
+    each layer's attention core output (``None`` where the family has no core module)."""
     captured: list[torch.Tensor] = []
     handles = [
         layer.register_forward_pre_hook(
@@ -35,12 +38,46 @@ def capture_layer_inputs(
         )
         for layer in adapter.layers(model)
     ]
+    core_outputs: list[torch.Tensor | None] = [None] * adapter.num_layers(model)
+    for layer in range(adapter.num_layers(model)) if cores else ():
+        path = adapter.attention_core_path(layer)
+        if path is not None:
+            handles.append(
+                model.get_submodule(path).register_forward_hook(
+                    lambda _m, _a, out, layer=layer: core_outputs.__setitem__(layer, out[0])
+                )
+            )
     try:
         logits = model(**inputs).logits
     finally:
         for handle in handles:
             handle.remove()
-    return captured, logits
+    return (captured, logits, core_outputs) if cores else (captured, logits)
+
+
+class _Replay(nn.Module):
+    """Stands in for an attention core: returns a precomputed ``(context, None)``."""
+
+    def __init__(self, context: torch.Tensor) -> None:
+        super().__init__()
+        self.context = context
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        return self.context, None
+
+
+@contextmanager
+def replaying_core(model: nn.Module, path: str | None, context: torch.Tensor | None) -> Iterator[None]:
+    """Within the block, the attention core at ``path`` returns ``context`` without computing."""
+    if path is None or context is None:
+        yield
+        return
+    core = model.get_submodule(path)
+    model.set_submodule(path, _Replay(context))
+    try:
+        yield
+    finally:
+        model.set_submodule(path, core)
 
 
 @contextmanager
