@@ -14,12 +14,16 @@ import argparse
 import time
 from dataclasses import replace
 
-import torch
-
 from hydra_ensembles.evaluation import predict
-from hydra_ensembles.experiment import Cache, DemoConfig, load_demo_task, model_key, prepare_benchmark
-from hydra_ensembles.members.finetune import fine_tune
-from hydra_ensembles.members.lora import lora_fine_tune
+from hydra_ensembles.experiment import (
+    Cache,
+    DemoConfig,
+    load_demo_task,
+    model_key,
+    prepare_benchmark,
+    train_lora,
+    train_model,
+)
 from hydra_ensembles.metrics import classification
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.runtime import tune_cpu_allocator
@@ -38,19 +42,13 @@ def main() -> None:
     config = DemoConfig.preset(args.task)
     bench = prepare_benchmark(config, load_demo_task(config))
     settings = config.budget.config(0)
-
-    def train_base() -> torch.nn.Module:
-        model = bench.initial(0)
-        fine_tune(model, bench.train, bench.val, settings, progress=True)
-        return model
-
-    base = Cache(config.cache_dir, True).model("finetuned", model_key(bench, settings), train_base)
+    base = Cache(config.cache_dir, True).model(
+        "finetuned", model_key(bench, settings), lambda: train_model(bench, settings)
+    )
     for scale in args.scales:
         budget = replace(config.budget, lora_lr_scale=scale)
-        start_model = base if bench.from_scratch else bench.initial(args.seed)
-        lora_settings = budget.config(args.seed, member=bench.from_scratch, lora=True)
         t = time.perf_counter()
-        model, _ = lora_fine_tune(start_model, bench.train, bench.val, lora_settings, rank=config.lora_rank)
+        model = train_lora(bench, budget, base, args.seed, config.lora_rank)
         preds = predict(model, bench.val, progress=False)
         metrics = classification(preds.probs(), preds.labels)
         print(

@@ -34,7 +34,7 @@ import torch
 from . import reporting
 from .batching import model_inputs
 from .cost import count_parameters, interleaved_latency, median, multiply_adds
-from .data import batches, image_batches
+from .data import to_batches as data_batches
 from .evaluation import evaluate_predictions, fit_temperature, predict
 from .evaluation.evaluate import ood_scores
 from .fusion import fuse
@@ -246,30 +246,19 @@ def _data_key(dataset: Dataset) -> str:
 def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
     """Batches for every split, OOD set, shifted set and the circuit-extraction data."""
     classes = len(task.classes)
-    if config.task == "text":
-        tokenizer = load_tokenizer(config.model)
+    from_scratch = config.task == "image"
+    tokenizer = None if from_scratch else load_tokenizer(config.model)
 
-        def to_batches(
-            data: Dataset, batch_size: int = config.eval_batch_size, length: int = 0
-        ) -> list[dict]:
-            return list(batches(data, tokenizer, batch_size, length or config.max_length))
+    def to_batches(
+        data: Dataset, batch_size: int = config.eval_batch_size, length: int = config.max_length
+    ) -> list[dict]:  # images ignore the tokenizer and the length
+        return list(data_batches(data, tokenizer, batch_size, length))
 
-        def initial(seed: int) -> torch.nn.Module:
-            torch.manual_seed(seed)
-            return load_classifier(config.model, num_labels=classes)
-
-        from_scratch, length = False, config.circuit_length
-    else:
-
-        def to_batches(
-            data: Dataset, batch_size: int = config.eval_batch_size, length: int = 0
-        ) -> list[dict]:
-            return list(image_batches(data, batch_size))
-
-        def initial(seed: int) -> torch.nn.Module:
+    def initial(seed: int) -> torch.nn.Module:
+        if from_scratch:
             return small_vit(config.model, num_labels=classes, seed=seed)
-
-        from_scratch, length = True, 0
+        torch.manual_seed(seed)
+        return load_classifier(config.model, num_labels=classes)
 
     def head(data: Dataset, count: int) -> Dataset:
         return data.subset(range(min(count, len(data))))
@@ -281,9 +270,10 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
         test=to_batches(task.test),
         oods={name: (kind, to_batches(data)) for name, (kind, data) in task.ood_test.items()},
         shifted={key: to_batches(data) for key, data in task.shift.items()},
-        circuit_id=to_batches(head(task.val, config.circuit_id_items), 64, length),
+        circuit_id=to_batches(head(task.val, config.circuit_id_items), 64, config.circuit_length),
         circuit_ood=[
-            model_inputs(b) for b in to_batches(head(task.ood_val, config.circuit_ood_items), 64, length)
+            model_inputs(b)
+            for b in to_batches(head(task.ood_val, config.circuit_ood_items), 64, config.circuit_length)
         ],
         initial=initial,
         from_scratch=from_scratch,
@@ -300,6 +290,28 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
 def model_key(bench: Benchmark, settings: FineTuneConfig, **extra) -> dict[str, Any]:
     """Cache key of a model trained on ``bench`` with ``settings`` (plus e.g. heads, start)."""
     return {**bench.key, "settings": asdict(settings), **extra}
+
+
+def train_model(bench: Benchmark, settings: FineTuneConfig) -> torch.nn.Module:
+    """``bench.initial(settings.seed)`` fine-tuned (or trained from scratch) on ``bench``."""
+    model = bench.initial(settings.seed)
+    fine_tune(model, bench.train, bench.val, settings, progress=True)
+    return model
+
+
+def lora_settings(bench: Benchmark, budget: TrainingBudget, seed: int) -> FineTuneConfig:
+    """LoRA members train as long as pruned members where they start from the trained base."""
+    return budget.config(seed, member=bench.from_scratch, lora=True)
+
+
+def train_lora(
+    bench: Benchmark, budget: TrainingBudget, base: torch.nn.Module, seed: int, rank: int
+) -> torch.nn.Module:
+    """A merged LoRA member: adapters on the pretrained model (text) or, with nothing pretrained
+    (image), on the trained Single model ``base``."""
+    start = base if bench.from_scratch else bench.initial(seed)
+    merged, _ = lora_fine_tune(start, bench.train, bench.val, lora_settings(bench, budget, seed), rank=rank)
+    return merged
 
 
 def load_demo_task(config: DemoConfig) -> Task:
@@ -369,15 +381,6 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     cache = Cache(config.cache_dir, config.use_cache)
     # each cached artefact is keyed by the data, the starting model and its own training settings
     # (so that, e.g., a new LoRA learning rate retrains the LoRA members and nothing else)
-    data_key = bench.key
-
-    def trained_key(settings: FineTuneConfig, **extra) -> dict[str, Any]:
-        return model_key(bench, settings, **extra)
-
-    def full_fine_tune(seed: int) -> torch.nn.Module:
-        model = bench.initial(seed)
-        fine_tune(model, train, val, config.budget.config(seed), progress=True)
-        return model
 
     # ---------------------------------------------------------------- single model and ensembles
     verb = "train from scratch" if bench.from_scratch else "fine-tune"
@@ -385,35 +388,27 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         stage.run(
             f"{verb}: model (seed {s})",
             lambda s=s: cache.model(
-                "finetuned", trained_key(config.budget.config(s)), lambda: full_fine_tune(s)
+                "finetuned",
+                model_key(bench, config.budget.config(s)),
+                lambda: train_model(bench, config.budget.config(s)),
             ),
         )
         for s in range(config.members)
     ]
     base = singles[0]
-
     base_settings = asdict(config.budget.config(0))
-
-    def lora_settings(seed: int) -> FineTuneConfig:
-        return config.budget.config(seed, member=bench.from_scratch, lora=True)
-
-    def lora(seed: int) -> torch.nn.Module:
-        # text: adapters on the pretrained model; image (nothing pretrained): on the trained Single
-        start = base if bench.from_scratch else bench.initial(seed)
-        merged, _ = lora_fine_tune(start, train, val, lora_settings(seed), rank=config.lora_rank)
-        return merged
-
     loras = [
         stage.run(
             f"LoRA fine-tune (seed {s})",
             lambda s=s: cache.model(
                 "lora",
-                trained_key(
-                    lora_settings(s),
+                model_key(
+                    bench,
+                    lora_settings(bench, config.budget, s),
                     rank=config.lora_rank,
                     start=base_settings if bench.from_scratch else "pretrained",
                 ),
-                lambda: lora(s),
+                lambda: train_lora(bench, config.budget, base, s, config.lora_rank),
             ),
         )
         for s in range(config.members)
@@ -422,7 +417,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     # ---------------------------------------------------------------- choosing heads
     heads_per_layer = [base.config.num_attention_heads] * base.config.num_hidden_layers
     calib = train[: max(1, 64 // config.budget.batch_size)]
-    rank_key = {**data_key, "base": base_settings}
+    rank_key = {**bench.key, "base": base_settings}
     taylor = torch.tensor(
         stage.run(
             "Taylor scores",
@@ -495,7 +490,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             fine_tune(member, train, val, settings, progress=True)
             return member
 
-        key = trained_key(settings, base=base_settings, heads=heads.to_dict(), trunk=trunk)
+        key = model_key(bench, settings, base=base_settings, heads=heads.to_dict(), trunk=trunk)
         return stage.run(f"fine-tune {name}", lambda: cache.model("member", key, build))
 
     circ_single = order.head_set(config.pruned_per_member)

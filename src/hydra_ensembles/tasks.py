@@ -92,9 +92,6 @@ class Task:
         return out
 
 
-TextTask = Task  # the name earlier releases used
-
-
 def _sample(dataset: Dataset, limit: int | None, salt: str) -> Dataset:
     return dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt=salt))
 

@@ -43,6 +43,8 @@ BUILTIN = (
     "textures",
     "elpv",
 )
+IMAGE_SOURCES = {"mnist": load_mnist, "textures": load_texture_crops, "elpv": load_elpv}
+"""Built-in image sets without splits: name -> loader with its documented defaults."""
 
 
 def load_spec(
@@ -67,8 +69,8 @@ def load_spec(
         return load_spam_assassin(data_dir() / "spam-assassin")
     if name == "fashion-mnist":
         return load_fashion_mnist(part or "test")
-    if name in ("mnist", "textures", "elpv"):
-        return {"mnist": load_mnist, "textures": load_texture_crops, "elpv": load_elpv}[name]()
+    if name in IMAGE_SOURCES:
+        return IMAGE_SOURCES[name]()
     path = Path(spec)
     if path.is_dir():
         return load_image_folder(path)

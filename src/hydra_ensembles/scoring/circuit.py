@@ -422,7 +422,7 @@ def _run_candidates(model, adapter, masks, by_layer, id_batches, ood_batches, ch
     for part, batches in enumerate((id_batches, ood_batches)):
         for batch in batches:
             inputs = model_inputs(batch)
-            layer_inputs, _, contexts = capture_layer_inputs(model, adapter, inputs, cores=True)
+            layer_inputs, _, contexts = capture_layer_inputs(model, adapter, inputs)
             for layer, heads in by_layer.items():
                 hidden, context = layer_inputs[layer], contexts[layer]
                 for start in range(0, len(heads), chunk):

@@ -1,7 +1,7 @@
 """Running a model in pieces, with the Hugging Face modelling code doing the work.
 
-`capture_layer_inputs` records the hidden states entering every layer (and, where the family has
-one, every attention core's output); `run_from_layer` runs the model from the input of layer ``l``
+`capture_layer_inputs` records the hidden states entering every layer and, where the family has
+one, every attention core's output; `run_from_layer` runs the model from the input of layer ``l``
 onwards (layers before it are skipped, their output supplied), optionally replaying layer ``l``'s
 attention core output instead of recomputing it.
 Both work for any family with an adapter: layers are swapped out of the model's layer list
@@ -27,10 +27,10 @@ def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
 
 @torch.no_grad()
 def capture_layer_inputs(
-    model: nn.Module, adapter: ArchitectureAdapter, inputs: dict[str, Any], cores: bool = False
-) -> tuple[list[torch.Tensor], torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor, list]:
-    """Hidden states entering each layer, and the logits, for one batch; with ``cores``, also
-    each layer's attention core output (``None`` where the family has no core module)."""
+    model: nn.Module, adapter: ArchitectureAdapter, inputs: dict[str, Any]
+) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor | None]]:
+    """Hidden states entering each layer, the logits, and each layer's attention core output
+    (``None`` where the family has no core module), for one batch."""
     captured: list[torch.Tensor] = []
     handles = [
         layer.register_forward_pre_hook(
@@ -39,7 +39,7 @@ def capture_layer_inputs(
         for layer in adapter.layers(model)
     ]
     core_outputs: list[torch.Tensor | None] = [None] * adapter.num_layers(model)
-    for layer in range(adapter.num_layers(model)) if cores else ():
+    for layer in range(adapter.num_layers(model)):
         path = adapter.attention_core_path(layer)
         if path is not None:
             handles.append(
@@ -52,7 +52,7 @@ def capture_layer_inputs(
     finally:
         for handle in handles:
             handle.remove()
-    return (captured, logits, core_outputs) if cores else (captured, logits)
+    return captured, logits, core_outputs
 
 
 class _Replay(nn.Module):
