@@ -4,6 +4,7 @@ from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig
 
 from hydra_ensembles import UnsupportedModelError, get_adapter
 from hydra_ensembles.adapters import BertAdapter, ViTAdapter
+from hydra_ensembles.adapters.bert import FirstQueryAttention
 from tests.factories import text_inputs, tiny_bert, tiny_vit
 
 
@@ -86,10 +87,13 @@ def test_first_token_only_keeps_the_logits_and_shrinks_the_last_layer():
     with torch.no_grad():
         full = model(**inputs).logits
         handle = adapter.first_token_only(model)
+        core = model.bert.encoder.layer[-1].attention.self
+        assert isinstance(core, FirstQueryAttention)  # the last layer's query for [CLS] only
         short = model(**inputs).logits
         handle.remove()
         again = model(**inputs).logits
     probe.remove()
     torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-6)
+    assert not isinstance(model.bert.encoder.layer[-1].attention.self, FirstQueryAttention)
     assert torch.equal(again, full) and shapes[1][-2] == 1 and shapes[0][-2] == 9 == shapes[2][-2]
     assert get_adapter(tiny_vit()).first_token_only(tiny_vit()) is None  # ViT adds the residual itself

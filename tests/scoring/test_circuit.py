@@ -57,6 +57,50 @@ def _score_after_pruning(model, heads, id_val, ood_val, objective):
     return objective_value(objective, id_logits, labels, ood_logits)
 
 
+def _spy_caches(monkeypatch) -> list:
+    caches = []
+
+    class Spy(circuit_module._SuffixCache):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.restarts = 0
+            caches.append(self)
+
+        def start_layer(self, cand):
+            start = super().start_layer(cand)
+            self.restarts += start > cand[0]
+            return start
+
+    monkeypatch.setattr(circuit_module, "_SuffixCache", Spy)
+    return caches
+
+
+def test_suffix_reuse_restarts_candidates_above_their_layer_and_changes_nothing(monkeypatch):
+    model = _model(seed=1)
+    id_val, ood_val = _text_data()
+    caches = _spy_caches(monkeypatch)
+    kwargs = {"objective": "avg", "budget": 9, "progress": False}
+    reused = extract_circuit(model, id_val, ood_val, **kwargs)
+    plain = extract_circuit(model, id_val, ood_val, cache_gb=0, **kwargs)
+    reference = extract_circuit(model, id_val, ood_val, method="reference", **kwargs)
+    assert caches[0].restarts > 0 and caches[0].enabled  # candidates resumed from stored states
+    assert caches[1].restarts == 0 and not caches[1].enabled
+    assert reused.removed == plain.removed == reference.removed
+    assert reused.scores == pytest.approx(reference.scores)
+    assert plain.scores == pytest.approx(reference.scores)
+
+
+def test_suffix_cache_switches_itself_off_past_its_memory_cap(monkeypatch):
+    model = _model(seed=2)
+    id_val, ood_val = _text_data()
+    caches = _spy_caches(monkeypatch)
+    kwargs = {"objective": "avg", "budget": 6, "progress": False}
+    capped = extract_circuit(model, id_val, ood_val, cache_gb=1e-6, **kwargs)  # 1 KiB: full at once
+    assert not caches[0].enabled and caches[0].states == {} and caches[0].restarts == 0
+    reference = extract_circuit(model, id_val, ood_val, method="reference", **kwargs)
+    assert capped.removed == reference.removed and capped.scores == pytest.approx(reference.scores)
+
+
 def test_greedy_matches_brute_force_with_structural_pruning():
     model = _model(seed=3)
     id_val, ood_val = _text_data()

@@ -2,10 +2,37 @@
 
 from __future__ import annotations
 
-from torch import nn
-from torch.utils.hooks import RemovableHandle
+from typing import Any
 
-from .base import ArchitectureAdapter, ZeroHeadAttention
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import ArchitectureAdapter, Undo, ZeroHeadAttention
+
+
+class FirstQueryAttention(nn.Module):
+    """A BERT self-attention computing the first token's output only: its query against the
+    keys and values of all tokens (the other queries are never read when only [CLS] is)."""
+
+    def __init__(self, core: nn.Module) -> None:
+        super().__init__()
+        self.core = core
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: Any
+    ) -> tuple[torch.Tensor, None]:
+        core = self.core
+        shape = (hidden_states.shape[0], -1, core.num_attention_heads, core.attention_head_size)
+        query = core.query(hidden_states[:, :1]).view(shape).transpose(1, 2)
+        key = core.key(hidden_states).view(shape).transpose(1, 2)
+        value = core.value(hidden_states).view(shape).transpose(1, 2)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = attention_mask[..., :1, :]  # (B, 1, T, T) -> the first query's row
+        context = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=core.scaling
+        )
+        return context.transpose(1, 2).flatten(-2), None
 
 
 class BertAdapter(ArchitectureAdapter):
@@ -45,12 +72,21 @@ class BertAdapter(ArchitectureAdapter):
     def attention_core_path(self, layer: int) -> str | None:
         return f"{self.layers_path}.{layer}.attention.self"
 
-    def first_token_only(self, model: nn.Module) -> RemovableHandle | None:
-        """BertForSequenceClassification's pooler reads token 0 of the last layer only: slice the
-        attention output and the residual to that token before W_O, LayerNorm and the MLP."""
+    def first_token_only(self, model: nn.Module) -> Undo | None:
+        """BertForSequenceClassification's pooler reads token 0 of the last layer only: that
+        layer's attention computes the first query only (`FirstQueryAttention`), and its W_O,
+        LayerNorm and MLP see that token only (the residual is sliced to it)."""
         if type(model).__name__ != "BertForSequenceClassification":
             return None
-        output = getattr(self.layers(model)[-1].attention, "output", None)
+        attention = self.layers(model)[-1].attention
+        output = getattr(attention, "output", None)
         if output is None or not isinstance(getattr(output, "dense", None), nn.Linear):
             return None
-        return output.register_forward_pre_hook(lambda _m, args: (args[0][:, :1], args[1][:, :1]))
+        undo = Undo(
+            output.register_forward_pre_hook(lambda _m, args: (args[0][:, :1], args[1][:, :1])).remove
+        )
+        core = attention.self
+        if all(hasattr(core, a) for a in ("query", "key", "value", "scaling", "num_attention_heads")):
+            attention.self = FirstQueryAttention(core)
+            undo.add(lambda: setattr(attention, "self", core))
+        return undo

@@ -47,7 +47,7 @@ from ..heads import HeadSet
 from ..io import atomic_write_json
 from ..metrics import auroc
 from ..surgery import fingerprint, kept_heads
-from .forward import capture_layer_inputs, replaying_core, run_from_layer
+from .forward import capture_layer_inputs, capturing_layer_inputs, replaying_core, run_from_layer
 
 Objective = Literal["acc", "ood", "avg"]
 OBJECTIVES = ("acc", "ood", "avg")
@@ -158,12 +158,14 @@ class _CandidateMasks:
     """Forward pre-hooks on every W_O: the permanent mask, plus per-candidate masks in one layer.
 
     With candidates active on layer l, the batch is candidate-stacked (R groups of rows) and
-    group r uses ``candidates[r]`` as layer l's mask.
+    group r uses ``candidates[r]`` as layer l's mask. With ``shared``, layer l's W_O input is one
+    copy for all candidates (a replayed attention core) and the masks stack it.
     """
 
     def __init__(self, model: nn.Module, adapter: ArchitectureAdapter, heads_per_layer: list[int]) -> None:
         self.mask = torch.ones(len(heads_per_layer), max(heads_per_layer))
         self.active: tuple[int, torch.Tensor] | None = None
+        self.shared = False
         self.handles = []
         for layer, count in enumerate(heads_per_layer):
             block = adapter.attention_block(model, layer)
@@ -177,7 +179,7 @@ class _CandidateMasks:
             heads = x.unflatten(-1, (count, head_dim))
             if self.active is not None and self.active[0] == layer:
                 masks = self.active[1].to(x.dtype)  # (R, H)
-                grouped = heads.unflatten(0, (masks.shape[0], -1))
+                grouped = heads[None] if self.shared else heads.unflatten(0, (masks.shape[0], -1))
                 shape = (masks.shape[0],) + (1,) * (grouped.dim() - 3) + (count, 1)
                 heads = (grouped * masks[:, :count].reshape(shape)).flatten(0, 1)
             else:
@@ -232,6 +234,7 @@ def extract_circuit(
     progress: bool = True,
     shortlist: int = 8,
     refresh_every: int = 8,
+    cache_gb: float = 2.0,
 ) -> CircuitOrder:
     """Greedy circuit extraction: remove ``budget`` heads, one per step, best-S first.
 
@@ -239,7 +242,8 @@ def extract_circuit(
     ``ood_val`` is a *validation* OOD set, never a test set. ``min_heads_per_layer`` keeps at least
     that many heads in every layer. ``checkpoint`` (a JSON path) makes the run resumable.
     ``method="lazy"`` (approximate) evaluates only ``shortlist`` candidates per step between full
-    evaluations every ``refresh_every`` steps.
+    evaluations every ``refresh_every`` steps. ``cache_gb`` caps the memory of the fast path's
+    cross-step reuse (hidden states per candidate; 0 turns it off; results are the same either way).
     """
     if objective not in OBJECTIVES:
         raise CircuitError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -297,6 +301,7 @@ def extract_circuit(
     rank, world = _dist()
     try:
         evaluate = _evaluate_reference if method == "reference" else _evaluate_fast
+        cache = None if method == "reference" else _SuffixCache(len(heads_per_layer), cache_gb * 2**30)
         order, known, since_refresh = _resume(checkpoint, key, objective, heads_per_layer)
         order.approximation = lazy
         for layer, head in order.removed:
@@ -327,7 +332,16 @@ def extract_circuit(
                 since_refresh = 1
             mine = candidates[rank::world]
             scores = evaluate(
-                model, adapter, masks, mine, id_batches, ood_batches, objective, id_labels, candidate_chunk
+                model,
+                adapter,
+                masks,
+                mine,
+                id_batches,
+                ood_batches,
+                objective,
+                id_labels,
+                candidate_chunk,
+                cache,
             )
             if world > 1:
                 gathered: list[dict] = [None] * world  # type: ignore[list-item]
@@ -335,6 +349,8 @@ def extract_circuit(
                 scores = {h: s for part in gathered for h, s in part.items()}
             best = max(candidates, key=lambda c: (*scores[c], -candidates.index(c)))
             masks.mask[best] = 0.0
+            if cache is not None:
+                cache.removed(best)
             order.removed.append(best)
             order.scores.append(scores[best][0])
             if lazy:
@@ -385,7 +401,7 @@ def _all_logits(model, id_batches, ood_batches) -> tuple[torch.Tensor, torch.Ten
 
 
 def _evaluate_reference(
-    model, adapter, masks, candidates, id_batches, ood_batches, objective, id_labels, _chunk
+    model, adapter, masks, candidates, id_batches, ood_batches, objective, id_labels, _chunk, _cache=None
 ):
     """The plain algorithm: ablate, run the whole model on all validation data, restore."""
     scores = {}
@@ -398,48 +414,125 @@ def _evaluate_reference(
 
 
 @torch.no_grad()
-def _evaluate_fast(model, adapter, masks, candidates, id_batches, ood_batches, objective, id_labels, chunk):
-    """Prefix caching + candidate-stacked batches: exact, same scores as the reference."""
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in candidates:
-        by_layer.setdefault(layer, []).append(head)
-    per_candidate: dict[Head, list[list[torch.Tensor]]] = {c: [[], []] for c in candidates}
+def _evaluate_fast(
+    model, adapter, masks, candidates, id_batches, ood_batches, objective, id_labels, chunk, cache=None
+):
+    """Prefix caching + candidate-stacked batches (+ suffix reuse): exact, same order as the reference."""
     first_token = adapter.first_token_only(model)  # the last layer for [CLS] only, where exact
     try:
-        _run_candidates(model, adapter, masks, by_layer, id_batches, ood_batches, chunk, per_candidate)
+        logits = _run_candidates(model, adapter, masks, candidates, [*id_batches, *ood_batches], chunk, cache)
     finally:
         if first_token is not None:
             first_token.remove()
+    if cache is not None:
+        cache.refreshed(candidates)
     scores = {}
-    for cand, (id_parts, ood_parts) in per_candidate.items():
-        ood_logits = torch.cat(ood_parts) if ood_parts else None
-        scores[cand] = _both(objective, torch.cat(id_parts), id_labels, ood_logits)
+    for cand, parts in logits.items():
+        id_logits = torch.cat(parts[: len(id_batches)])
+        ood_logits = torch.cat(parts[len(id_batches) :]) if ood_batches else None
+        scores[cand] = _both(objective, id_logits, id_labels, ood_logits)
     return scores
 
 
-def _run_candidates(model, adapter, masks, by_layer, id_batches, ood_batches, chunk, per_candidate) -> None:
-    """Logits of every candidate on every batch, appended to ``per_candidate[c][part]``."""
-    for part, batches in enumerate((id_batches, ood_batches)):
-        for batch in batches:
-            inputs = model_inputs(batch)
-            layer_inputs, _, contexts = capture_layer_inputs(model, adapter, inputs)
-            for layer, heads in by_layer.items():
-                hidden, context = layer_inputs[layer], contexts[layer]
-                for start in range(0, len(heads), chunk):
-                    group = heads[start : start + chunk]
-                    group_masks = masks.mask[layer].repeat(len(group), 1)
-                    group_masks[torch.arange(len(group)), torch.tensor(group)] = 0.0
-                    masks.active = (layer, group_masks)
-                    # every candidate of this layer shares its Q/K/V and attention: replay them
-                    replay = None if context is None else context.repeat(len(group), 1, 1)
-                    try:
-                        stacked = hidden.repeat(len(group), *([1] * (hidden.dim() - 1)))
-                        with replaying_core(model, adapter.attention_core_path(layer), replay):
-                            logits = run_from_layer(model, adapter, layer, stacked, inputs).float()
-                    finally:
-                        masks.active = None
-                    for head, rows in zip(group, logits.chunk(len(group)), strict=True):
-                        per_candidate[(layer, head)][part].append(rows)
+class _SuffixCache:
+    """Per candidate and validation batch: the hidden states entering the layers above the
+    candidate's own, from its last evaluation (cross-step reuse, exact).
+
+    Removing a head of layer l* for good changes nothing below l*, so a candidate of a layer
+    l < l* enters l* in the next step exactly as it did in this one: it restarts there, and all
+    such candidates share the permanent masks from l* on (one stacked batch, no per-candidate
+    mask). ``valid[c]`` is the deepest layer whose entering state is still current. Stored bytes
+    are capped by ``limit_bytes``; past it the cache empties and switches itself off (exact
+    either way, only slower).
+    """
+
+    def __init__(self, num_layers: int, limit_bytes: float) -> None:
+        self.num_layers = num_layers
+        self.limit_bytes = limit_bytes
+        self.enabled = limit_bytes > 0
+        self.states: dict[Head, dict[int, dict[int, torch.Tensor]]] = {}  # cand -> batch -> layer
+        self.valid: dict[Head, int] = {}
+        self.bytes = 0
+
+    def start_layer(self, cand: Head) -> int:
+        """The layer candidate ``cand`` must be run from in this step."""
+        return max(cand[0], self.valid.get(cand, cand[0]))
+
+    def store(self, cand: Head, batch: int, captured: dict[int, torch.Tensor]) -> None:
+        if not self.enabled:
+            return
+        per_batch = self.states.setdefault(cand, {}).setdefault(batch, {})
+        for layer, state in captured.items():
+            if layer in per_batch:
+                self.bytes -= per_batch[layer].nbytes
+            per_batch[layer] = state
+            self.bytes += state.nbytes
+        if self.bytes > self.limit_bytes:  # stop storing; emptied once this evaluation is over
+            self.enabled = False
+
+    def refreshed(self, candidates: Sequence[Head]) -> None:
+        """``candidates`` were just evaluated on every batch: all their stored states are current."""
+        if self.enabled:
+            self.valid.update({c: self.num_layers - 1 for c in candidates if c in self.states})
+        else:
+            self.states, self.valid, self.bytes = {}, {}, 0
+
+    def removed(self, head: Head) -> None:
+        """``head`` was ablated for good: states entering layers above its layer are stale."""
+        self.states.pop(head, None)
+        self.valid.pop(head, None)
+        self.valid = {c: min(v, head[0]) for c, v in self.valid.items()}
+
+
+def _run_candidates(
+    model, adapter, masks, candidates, batches, chunk, cache
+) -> dict[Head, list[torch.Tensor]]:
+    """Logits of every candidate on every batch (one tensor per batch, in batch order).
+
+    Candidates run in candidate-stacked groups: those of one layer l from the prefix cache
+    (layer l's input, its attention core replayed once, a per-candidate mask on its W_O), and those
+    the suffix cache restarts above their own layer from their stored states.
+    """
+    num_layers = len(masks.mask)
+    starts = {c: (cache.start_layer(c) if cache is not None else c[0]) for c in candidates}
+    groups: dict[tuple[int, bool], list[Head]] = {}
+    for cand in candidates:
+        groups.setdefault((starts[cand], starts[cand] == cand[0]), []).append(cand)
+    keep = cache is not None and cache.enabled
+    logits: dict[Head, list[torch.Tensor]] = {c: [] for c in candidates}
+    for index, batch in enumerate(batches):
+        inputs = model_inputs(batch)
+        layer_inputs, _, contexts = capture_layer_inputs(model, adapter, inputs)
+        for (start, own), members in sorted(groups.items()):
+            for lo in range(0, len(members), chunk):
+                group = members[lo : lo + chunk]
+                replay = None
+                if own:  # ablate each candidate's head in its own layer; share Q/K/V and attention
+                    group_masks = masks.mask[start].repeat(len(group), 1)
+                    group_masks[torch.arange(len(group)), torch.tensor([h for _, h in group])] = 0.0
+                    masks.active = (start, group_masks)
+                    hidden = layer_inputs[start]
+                    hidden = hidden.repeat(len(group), *([1] * (hidden.dim() - 1)))
+                    replay = contexts[start]  # one copy; the mask hook stacks it per candidate
+                    masks.shared = replay is not None
+                else:  # ablated below `start`: resume from the stored states, permanent masks only
+                    hidden = torch.cat([cache.states[c][index][start] for c in group])
+                try:
+                    with (
+                        capturing_layer_inputs(
+                            model, adapter, range(start + 1, num_layers) if keep else ()
+                        ) as captured,
+                        replaying_core(model, adapter.attention_core_path(start), replay),
+                    ):
+                        out = run_from_layer(model, adapter, start, hidden, inputs).float()
+                finally:
+                    masks.active, masks.shared = None, False
+                for r, cand in enumerate(group):
+                    logits[cand].append(out.chunk(len(group))[r])
+                    if keep:
+                        cache.store(cand, index, {k: v.chunk(len(group))[r] for k, v in captured.items()})
+                keep = keep and cache.enabled
+    return logits
 
 
 def removal_ranking(order: CircuitOrder) -> np.ndarray:

@@ -10,7 +10,7 @@ temporarily and the embeddings' output is replaced by a forward hook.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,21 +25,36 @@ def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+@contextmanager
+def capturing_layer_inputs(
+    model: nn.Module, adapter: ArchitectureAdapter, layers: Iterable[int]
+) -> Iterator[dict[int, torch.Tensor]]:
+    """Within the block, the hidden states entering ``layers`` are recorded in the yielded dict."""
+    captured: dict[int, torch.Tensor] = {}
+    modules = adapter.layers(model)
+    handles = [
+        modules[k].register_forward_pre_hook(
+            lambda _m, args, kwargs, k=k: captured.__setitem__(k, _hidden_of(args, kwargs)), with_kwargs=True
+        )
+        for k in layers
+    ]
+    try:
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @torch.no_grad()
 def capture_layer_inputs(
     model: nn.Module, adapter: ArchitectureAdapter, inputs: dict[str, Any]
 ) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor | None]]:
     """Hidden states entering each layer, the logits, and each layer's attention core output
     (``None`` where the family has no core module), for one batch."""
-    captured: list[torch.Tensor] = []
-    handles = [
-        layer.register_forward_pre_hook(
-            lambda _m, args, kwargs: captured.append(_hidden_of(args, kwargs)), with_kwargs=True
-        )
-        for layer in adapter.layers(model)
-    ]
-    core_outputs: list[torch.Tensor | None] = [None] * adapter.num_layers(model)
-    for layer in range(adapter.num_layers(model)):
+    num_layers = adapter.num_layers(model)
+    core_outputs: list[torch.Tensor | None] = [None] * num_layers
+    handles = []
+    for layer in range(num_layers):
         path = adapter.attention_core_path(layer)
         if path is not None:
             handles.append(
@@ -48,11 +63,12 @@ def capture_layer_inputs(
                 )
             )
     try:
-        logits = model(**inputs).logits
+        with capturing_layer_inputs(model, adapter, range(num_layers)) as captured:
+            logits = model(**inputs).logits
     finally:
         for handle in handles:
             handle.remove()
-    return captured, logits, core_outputs
+    return [captured[k] for k in range(num_layers)], logits, core_outputs
 
 
 class _Replay(nn.Module):
