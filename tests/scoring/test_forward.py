@@ -30,6 +30,20 @@ def test_running_from_any_layer_with_replayed_attention_gives_the_full_logits():
         torch.testing.assert_close(replayed, plain, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(still, plain, rtol=1e-5, atol=1e-6)
     assert type(model.get_submodule(adapter.attention_core_path(0))).__name__ == "BertSelfAttention"
+    assert "forward" not in vars(model.bert.embeddings)  # the embeddings compute again afterwards
+    torch.testing.assert_close(model(**inputs).logits, logits)
+
+
+def test_running_from_a_layer_skips_the_embeddings():
+    model = tiny_bert(layers=2, heads=4, head_dim=3).eval()
+    adapter = get_adapter(model)
+    inputs = text_inputs(batch=2, tokens=5, seed=3)
+    hidden, logits, _ = capture_layer_inputs(model, adapter, inputs)
+    calls = []
+    probe = model.bert.embeddings.word_embeddings.register_forward_hook(lambda *_: calls.append(1))
+    out = run_from_layer(model, adapter, 1, hidden[1], inputs)
+    probe.remove()
+    assert calls == [] and torch.allclose(out, logits, rtol=1e-5, atol=1e-6)
 
 
 def test_vit_has_no_core_and_still_runs_from_layers():

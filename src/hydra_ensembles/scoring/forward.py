@@ -5,7 +5,7 @@ one, every attention core's output; `run_from_layer` runs the model from the inp
 onwards (layers before it are skipped, their output supplied), optionally replaying layer ``l``'s
 attention core output instead of recomputing it.
 Both work for any family with an adapter: layers are swapped out of the model's layer list
-temporarily and the embeddings' output is replaced by a forward hook.
+temporarily and the embeddings module returns the given hidden states instead of computing.
 """
 
 from __future__ import annotations
@@ -103,13 +103,14 @@ def starting_at_layer(
     """Within the block, a forward pass skips layers < ``layer`` and starts from ``hidden``."""
     layers = model.get_submodule(adapter.layers_path)
     embeddings = model.get_submodule(adapter.embeddings_path)
-    handle = embeddings.register_forward_hook(lambda _m, _args, _out: hidden)
+    # the embeddings module stays (models read its weights' dtype), but returns `hidden` uncomputed
+    embeddings.forward = lambda *_args, **_kwargs: hidden
     model.set_submodule(adapter.layers_path, nn.ModuleList(list(layers)[layer:]))
     try:
         yield
     finally:
         model.set_submodule(adapter.layers_path, layers)
-        handle.remove()
+        del embeddings.forward
 
 
 @torch.no_grad()
