@@ -46,6 +46,18 @@ def test_fast_equals_reference_vit_with_layer_minimum():
     assert all(len(k) >= 1 for k in fast.head_set().resolve([4, 4]))
 
 
+def test_fast_equals_reference_on_real_minilm(minilm, minilm_inputs):
+    from hydra_ensembles.models import load_tokenizer
+
+    id_val = [{**minilm_inputs, "labels": torch.tensor([0, 1, 2, 3])}]
+    ood = ["Knock knock. Who is there? Lettuce.", "Mix the flour and eggs, then bake for an hour."]
+    ood_val = [dict(load_tokenizer()(ood, padding=True, return_tensors="pt"))]
+    kwargs = {"objective": "avg", "budget": 4, "progress": False}
+    ref = extract_circuit(minilm, id_val, ood_val, method="reference", **kwargs)
+    fast = extract_circuit(minilm, id_val, ood_val, **kwargs)
+    assert fast.removed == ref.removed and fast.scores == pytest.approx(ref.scores)
+
+
 def _score_after_pruning(model, heads, id_val, ood_val, objective):
     pruned = he.prune(model, heads)
     with torch.no_grad():
