@@ -68,6 +68,8 @@ def test_score_build_eval(workspace, capsys):
                 str(w / "ood.csv"),
                 "--budget",
                 "4",
+                "--cache-gb",
+                "0.5",
                 "--out",
                 str(w / "circuit.json"),
                 *common,

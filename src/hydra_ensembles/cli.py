@@ -128,6 +128,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
             method="lazy" if args.lazy else "fast",
             shortlist=args.lazy or 8,
             refresh_every=args.refresh_every,
+            cache_gb=args.cache_gb,
         )
         out = {"method": "circuit", **order.to_dict()}
     atomic_write_json(args.out, out)
@@ -372,6 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
         "per step between full refreshes (see benchmarks/circuit_speed.py for its agreement)",
     )
     score.add_argument("--refresh-every", type=int, default=8, help="--lazy: steps between full refreshes")
+    score.add_argument(
+        "--cache-gb",
+        type=float,
+        default=2.0,
+        help="memory cap for reusing hidden states across circuit steps (0: off; same result either way)",
+    )
     score.add_argument("--num-labels", type=int)
     score.add_argument("--out", required=True, help="output JSON file")
     data_options(score)
