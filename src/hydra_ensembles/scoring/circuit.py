@@ -527,10 +527,11 @@ def _run_candidates(
                         out = run_from_layer(model, adapter, start, hidden, inputs).float()
                 finally:
                     masks.active, masks.shared = None, False
-                for r, cand in enumerate(group):
-                    logits[cand].append(out.chunk(len(group))[r])
+                states = {k: v.chunk(len(group)) for k, v in captured.items()}
+                for r, (cand, rows) in enumerate(zip(group, out.chunk(len(group)), strict=True)):
+                    logits[cand].append(rows)
                     if keep:
-                        cache.store(cand, index, {k: v.chunk(len(group))[r] for k, v in captured.items()})
+                        cache.store(cand, index, {k: v[r] for k, v in states.items()})
                 keep = keep and cache.enabled
     return logits
 
