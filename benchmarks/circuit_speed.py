@@ -70,8 +70,8 @@ def main() -> None:
     print(f"fine-tuned MiniLM-L6 for 1 epoch on 320 texts in {time.perf_counter() - start:.0f} s")
     model.eval()
 
-    exact = [("fast", {}), *([] if args.skip_reference else [("reference", {})])]
-    runs = exact * args.repeats  # interleaved: fast, reference, fast, reference, ...
+    exact_runs = [("fast", {}), *([] if args.skip_reference else [("reference", {})])]
+    runs = exact_runs * args.repeats  # interleaved: fast, reference, fast, reference, ...
     runs += [
         (f"lazy-{k}", {"method": "lazy", "shortlist": k, "refresh_every": args.refresh_every})
         for k in args.lazy

@@ -90,7 +90,7 @@ def test_first_token_only_keeps_the_logits_and_shrinks_the_last_layer():
         core = model.bert.encoder.layer[-1].attention.self
         assert isinstance(core, FirstQueryAttention)  # the last layer's query for [CLS] only
         short = model(**inputs).logits
-        handle.remove()
+        handle.close()
         again = model(**inputs).logits
     probe.remove()
     torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-6)

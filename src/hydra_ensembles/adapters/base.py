@@ -9,27 +9,13 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from torch import nn
 
 Part = Literal["attention", "mlp", "norm", "head", "embeddings"]
-
-
-class Undo:
-    """Undoes temporary changes to a model: ``remove()`` calls the undo steps, last first."""
-
-    def __init__(self, *steps: Callable[[], object]) -> None:
-        self.steps = list(steps)
-
-    def add(self, step: Callable[[], object]) -> None:
-        self.steps.append(step)
-
-    def remove(self) -> None:
-        while self.steps:
-            self.steps.pop()()
 
 
 @dataclass(frozen=True)
@@ -160,11 +146,11 @@ class ArchitectureAdapter(ABC):
         family has no such module (ViT keeps W_O inside its attention module)."""
         return None
 
-    def first_token_only(self, model: nn.Module) -> Undo | None:
+    def first_token_only(self, model: nn.Module) -> ExitStack | None:
         """Where the model's head reads only the first token of the last layer, make that layer
         compute everything after attention's Q/K/V for the first token only (exact for the
-        logits, about 3/4 of the layer saved); ``remove()`` on the result undoes it. ``None``: not
-        possible."""
+        logits, about 3/4 of the layer saved); closing the returned stack (or leaving it as a
+        context manager) undoes it. ``None``: not possible."""
         return None
 
     # ----------------------------------------------------------------- shared helpers

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import ArchitectureAdapter, Undo, ZeroHeadAttention
+from .base import ArchitectureAdapter, ZeroHeadAttention
 
 
 class FirstQueryAttention(nn.Module):
@@ -72,7 +73,7 @@ class BertAdapter(ArchitectureAdapter):
     def attention_core_path(self, layer: int) -> str | None:
         return f"{self.layers_path}.{layer}.attention.self"
 
-    def first_token_only(self, model: nn.Module) -> Undo | None:
+    def first_token_only(self, model: nn.Module) -> ExitStack | None:
         """BertForSequenceClassification's pooler reads token 0 of the last layer only: that
         layer's attention computes the first query only (`FirstQueryAttention`), and its W_O,
         LayerNorm and MLP see that token only (the residual is sliced to it)."""
@@ -82,11 +83,12 @@ class BertAdapter(ArchitectureAdapter):
         output = getattr(attention, "output", None)
         if output is None or not isinstance(getattr(output, "dense", None), nn.Linear):
             return None
-        undo = Undo(
+        undo = ExitStack()
+        undo.callback(
             output.register_forward_pre_hook(lambda _m, args: (args[0][:, :1], args[1][:, :1])).remove
         )
         core = attention.self
         if all(hasattr(core, a) for a in ("query", "key", "value", "scaling", "num_attention_heads")):
             attention.self = FirstQueryAttention(core)
-            undo.add(lambda: setattr(attention, "self", core))
+            undo.callback(setattr, attention, "self", core)
         return undo

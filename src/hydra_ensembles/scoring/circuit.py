@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -418,12 +419,8 @@ def _evaluate_fast(
     model, adapter, masks, candidates, id_batches, ood_batches, objective, id_labels, chunk, cache=None
 ):
     """Prefix caching + candidate-stacked batches (+ suffix reuse): exact, same order as the reference."""
-    first_token = adapter.first_token_only(model)  # the last layer for [CLS] only, where exact
-    try:
+    with adapter.first_token_only(model) or nullcontext():  # the last layer for [CLS] only, where exact
         logits = _run_candidates(model, adapter, masks, candidates, [*id_batches, *ood_batches], chunk, cache)
-    finally:
-        if first_token is not None:
-            first_token.remove()
     if cache is not None:
         cache.refreshed(candidates)
     scores = {}
@@ -498,7 +495,6 @@ def _run_candidates(
     groups: dict[tuple[int, bool], list[Head]] = {}
     for cand in candidates:
         groups.setdefault((starts[cand], starts[cand] == cand[0]), []).append(cand)
-    keep = cache is not None and cache.enabled
     logits: dict[Head, list[torch.Tensor]] = {c: [] for c in candidates}
     for index, batch in enumerate(batches):
         inputs = model_inputs(batch)
@@ -517,6 +513,7 @@ def _run_candidates(
                     masks.shared = replay is not None
                 else:  # ablated below `start`: resume from the stored states, permanent masks only
                     hidden = torch.cat([cache.states[c][index][start] for c in group])
+                keep = cache is not None and cache.enabled  # store this group's states for later steps
                 try:
                     with (
                         capturing_layer_inputs(
@@ -532,7 +529,6 @@ def _run_candidates(
                     logits[cand].append(rows)
                     if keep:
                         cache.store(cand, index, {k: v[r] for k, v in states.items()})
-                keep = keep and cache.enabled
     return logits
 
 
