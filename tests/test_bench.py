@@ -1,5 +1,7 @@
 """hydra-ens bench: structure of the results (no timing assertions), memory tracking, targets."""
 
+import json
+
 import torch
 
 import hydra_ensembles as he
@@ -77,5 +79,11 @@ def test_bench_command(tmp_path, capsys):
         )
         == 0
     )
-    assert "Hydra bf16 vs Single fp32" in (tmp_path / "b" / "bench.md").read_text()
+    assert (
+        "Hydra bf16 vs Single fp32 at batch 2 (interleaved side by side)"
+        in (tmp_path / "b" / "bench.md").read_text()
+    )
+    cross = json.loads((tmp_path / "b" / "bench.json").read_text())["hydra_bf16_vs_single_fp32"]
+    assert cross["batch"] == 2 and cross["Single float32 median_ms"] > 0
+    assert cross["Hydra (fused) bfloat16 median_ms"] > 0
     capsys.readouterr()
