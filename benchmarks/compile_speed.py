@@ -1,14 +1,18 @@
-"""Does torch.compile speed up the fused model? Eager vs compiled, same inputs, interleaved.
+"""Does torch.compile speed up the fused model, or change its cost relative to a deep ensemble?
 
-MiniLM-L6 fused from 3 members x 8/12 random heads, batch 64 x 128 tokens, in the given dtype.
-Prints compile time, median latency of each, their ratio and the largest logit difference.
+MiniLM-L6 fused from 3 members x 8/12 random heads, ``--batch`` x 128 tokens, in the given dtype.
+Eager and compiled models are timed interleaved in one group; prints compile time, medians,
+ratios and the largest logit difference. With ``--ensemble`` the Single model and the Deep
+Ensemble (3 copies run one after another) are timed too, eager and compiled, so the Hydra /
+Deep Ensemble ratio can be compared with and without compilation.
 
-    python benchmarks/compile_speed.py [--dtype bfloat16] [--repeats 5]
+    python benchmarks/compile_speed.py [--dtype bfloat16] [--batch 64] [--repeats 5] [--ensemble]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
@@ -25,29 +29,46 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ensemble", action="store_true", help="also time Single and Deep Ensemble")
     args = parser.parse_args()
     tune_cpu_allocator()
     model = load_classifier(num_labels=4).eval().to(getattr(torch, args.dtype))
     hydra = he.fuse(model, random_head_sets(3, 6, 12, 8)).eval()
-    ids = torch.randint(1000, 30000, (64, 128), generator=torch.Generator().manual_seed(0))
-    inputs = hydra.stack_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, 64)
+    ids = torch.randint(1000, 30000, (args.batch, 128), generator=torch.Generator().manual_seed(0))
+    raw = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    stacked = hydra.stack_inputs(raw, args.batch)
+    ensemble = [model] + [copy.deepcopy(model) for _ in range(2)]
     with torch.inference_mode():
         start = time.perf_counter()
         compiled = torch.compile(hydra.model, dynamic=False)
-        compiled(**inputs)
+        compiled(**stacked)
+        compiled_ensemble = []
+        if args.ensemble:
+            compiled_ensemble = [torch.compile(m, dynamic=False) for m in ensemble]
+            for m in compiled_ensemble:
+                m(**raw)
         compile_s = time.perf_counter() - start
-        times = interleaved_latency(
-            {"eager": lambda: hydra.model(**inputs), "compiled": lambda: compiled(**inputs)},
-            repeats=args.repeats,
-        )
-        diff = (hydra.model(**inputs).logits.float() - compiled(**inputs).logits.float()).abs().max().item()
-    eager, comp = median(times["eager"]), median(times["compiled"])
-    print(f"machine: {describe_machine()}; {args.dtype}, batch 64 x 128 tokens, M=3, 8/12 heads")
-    print(
-        f"compile + first call {compile_s:.1f} s; eager {eager * 1e3:.0f} ms, compiled {comp * 1e3:.0f} ms, "
-        f"ratio {comp / eager:.3f}; max |logit diff| {diff:.1e}"
-    )
+        runs = {"Hydra eager": lambda: hydra.model(**stacked), "Hydra compiled": lambda: compiled(**stacked)}
+        if args.ensemble:
+            runs |= {
+                "Single eager": lambda: model(**raw),
+                "Single compiled": lambda: compiled_ensemble[0](**raw),
+                "Deep Ensemble eager": lambda: [m(**raw) for m in ensemble],
+                "Deep Ensemble compiled": lambda: [m(**raw) for m in compiled_ensemble],
+            }
+        times = {name: median(values) for name, values in interleaved_latency(runs, args.repeats).items()}
+        diff = (hydra.model(**stacked).logits.float() - compiled(**stacked).logits.float()).abs().max().item()
+    print(f"machine: {describe_machine()}; {args.dtype}, batch {args.batch} x 128 tokens, M=3, 8/12 heads")
+    print(f"compile + first calls {compile_s:.1f} s; max |Hydra logit diff| compiled vs eager {diff:.1e}")
+    for name, seconds in times.items():
+        print(f"  {name:24s} {seconds * 1e3:8.1f} ms")
+    print(f"Hydra compiled / eager: {times['Hydra compiled'] / times['Hydra eager']:.3f}")
+    if args.ensemble:
+        for mode in ("eager", "compiled"):
+            ratio = times[f"Hydra {mode}"] / times[f"Deep Ensemble {mode}"]
+            print(f"Hydra / Deep Ensemble, both {mode}: {ratio:.3f}")
 
 
 if __name__ == "__main__":
