@@ -1,9 +1,22 @@
-"""Factories for tests: tiny random BERT/ViT models and their inputs."""
+"""Factories for tests: tiny random models of every supported family, and their inputs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from transformers import BertConfig, BertForSequenceClassification, ViTConfig, ViTForImageClassification
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DeiTConfig,
+    DeiTForImageClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
 VOCAB = 40
 
@@ -59,6 +72,78 @@ def tiny_vit(
     return ViTForImageClassification(config).eval()
 
 
+def tiny_roberta(
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    labels: int = 3,
+    seed: int = 0,
+    init_range: float = 0.02,
+) -> RobertaForSequenceClassification:
+    """RoBERTa: BERT's layout with its own embeddings (padding-aware positions) and head."""
+    torch.manual_seed(seed)
+    hidden = heads * head_dim
+    config = RobertaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden + 1,
+        max_position_embeddings=40,
+        num_labels=labels,
+        initializer_range=init_range,
+    )
+    return RobertaForSequenceClassification(config).eval()
+
+
+def tiny_distilbert(
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    labels: int = 3,
+    seed: int = 0,
+    init_range: float = 0.02,
+) -> DistilBertForSequenceClassification:
+    """DistilBERT: W_O inside the attention module, its own layer list and head."""
+    torch.manual_seed(seed)
+    hidden = heads * head_dim
+    config = DistilBertConfig(
+        vocab_size=VOCAB,
+        dim=hidden,
+        n_layers=layers,
+        n_heads=heads,
+        hidden_dim=2 * hidden + 1,
+        max_position_embeddings=32,
+        num_labels=labels,
+        initializer_range=init_range,
+    )
+    return DistilBertForSequenceClassification(config).eval()
+
+
+def tiny_deit(
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    labels: int = 3,
+    seed: int = 0,
+    init_range: float = 0.02,
+) -> DeiTForImageClassification:
+    torch.manual_seed(seed)
+    hidden = heads * head_dim
+    config = DeiTConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden + 1,
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        num_labels=labels,
+        initializer_range=init_range,
+    )
+    return DeiTForImageClassification(config).eval()
+
+
 def text_inputs(
     batch: int = 4, tokens: int = 9, seed: int = 0, padded: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -84,3 +169,13 @@ def labelled(inputs: dict[str, torch.Tensor], labels: int = 3, seed: int = 0) ->
         **inputs,
         "labels": torch.randint(0, labels, (batch,), generator=torch.Generator().manual_seed(seed)),
     }
+
+
+FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str, torch.Tensor]]]] = {
+    "bert": (tiny_bert, text_inputs),
+    "roberta": (tiny_roberta, text_inputs),
+    "distilbert": (tiny_distilbert, text_inputs),
+    "vit": (tiny_vit, image_inputs),
+    "deit": (tiny_deit, image_inputs),
+}
+"""Every supported family: (tiny model factory, input factory); tests parametrize over it."""

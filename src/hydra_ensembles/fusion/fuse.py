@@ -182,8 +182,7 @@ def _clean_copy(model: nn.Module) -> nn.Module:
 
 
 def _install(adapter: ArchitectureAdapter, model: nn.Module, layer: int, projections, head_dim: int) -> None:
-    dropout = float(getattr(model.config, "attention_probs_dropout_prob", 0.0) or 0.0)
-    fused = FusedMultiHeadAttention.from_projections(projections, head_dim, dropout)
+    fused = FusedMultiHeadAttention.from_projections(projections, head_dim, adapter.attention_dropout(model))
     fused.train(model.training)
     adapter.install_fused_attention(model, layer, fused)
 

@@ -85,7 +85,7 @@ def load_hydra(path: str | os.PathLike, device: str | torch.device | None = None
     original = adapter.original_heads_per_layer(model)
     resolved = [hs.resolve(original) for hs in head_sets]
     m = len(head_sets)
-    dropout = float(getattr(model.config, "attention_probs_dropout_prob", 0.0) or 0.0)
+    dropout = adapter.attention_dropout(model)
     trunk = int(config.get("trunk_layers", 0))
     for layer in range(len(original)):
         block = adapter.attention_block(model, layer)

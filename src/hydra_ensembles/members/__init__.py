@@ -1,6 +1,7 @@
 """Building members: diverse head sets from a ranking, fine-tuning, saving and loading."""
 
 from .finetune import FineTuneConfig, FineTuneResult, evaluate_nll, fine_tune, trainable_parameters
+from .lora import lora_fine_tune
 from .sampling import least_useful_first, member_overlap, sample_members
 from .storage import load_member, save_member
 
@@ -11,6 +12,7 @@ __all__ = [
     "fine_tune",
     "least_useful_first",
     "load_member",
+    "lora_fine_tune",
     "member_overlap",
     "sample_members",
     "save_member",

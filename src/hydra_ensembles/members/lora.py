@@ -24,7 +24,7 @@ def lora_fine_tune(
     dropout: float = 0.1,
     progress: bool = True,
 ) -> tuple[nn.Module, FineTuneResult]:
-    """A LoRA fine-tune of a copy of ``model`` on W_Q and W_V (plus the classifier), merged.
+    """A LoRA fine-tune of a copy of ``model`` on W_Q and W_V (plus the task head), merged.
 
     Returns a plain model of the same class (LoRA weights merged in) and the training history.
     """
@@ -34,10 +34,10 @@ def lora_fine_tune(
     adapter = get_adapter(model)
     q_path, _, v_path, _ = adapter.projection_paths
     targets = [q_path.rpartition(".")[2], v_path.rpartition(".")[2]]
-    head = adapter.head_paths[-1]
+    heads = adapter.task_head_modules(model)  # trained in full: usually freshly initialised
     torch.manual_seed(config.seed)
     lora = LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, modules_to_save=[head]
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, modules_to_save=heads
     )
     peft_model = get_peft_model(copy.deepcopy(model), lora)
     settings = FineTuneConfig(**{**config.__dict__, "trainable": None})

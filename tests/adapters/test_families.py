@@ -1,0 +1,161 @@
+"""Every supported family through the whole pipeline, against explicit computation, in float32:
+adapter discovery, pruning == masking, zero-shot and fine-tuned fusion == the members run one by
+one, shared trunk, save/load, circuit extraction fast == reference, Taylor scores, LoRA members."""
+
+import pytest
+import torch
+from transformers import RobertaForTokenClassification
+
+import hydra_ensembles as he
+from hydra_ensembles.adapters.bert import FirstQueryAttention
+from hydra_ensembles.members import FineTuneConfig, load_member, lora_fine_tune, save_member
+from hydra_ensembles.scoring import extract_circuit
+from tests.factories import FAMILIES, labelled
+
+TOL = 1e-4
+HEADS = [he.HeadSet({0: [0, 2], 1: []}), he.HeadSet({0: [1, 2, 3]}), he.HeadSet({1: [3], 2: [0, 1]})]
+
+
+def _model(family: str, seed: int = 0) -> torch.nn.Module:
+    factory, _ = FAMILIES[family]
+    return factory(layers=3, heads=4, head_dim=3, init_range=0.3, seed=seed).eval()
+
+
+def _inputs(family: str, batch: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
+    _, inputs = FAMILIES[family]
+    return inputs(batch=batch, seed=seed)
+
+
+def _logits(models, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.stack([m.eval()(**inputs).logits for m in models])
+
+
+def _perturbed(members):
+    with torch.no_grad():
+        for i, member in enumerate(members):
+            g = torch.Generator().manual_seed(100 + i)
+            for p in member.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return members
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_adapter_finds_every_layer_and_projection(family):
+    model = _model(family)
+    adapter = he.get_adapter(model)
+    assert model.config.model_type in adapter.model_types
+    assert adapter.num_layers(model) == 3 and adapter.original_heads_per_layer(model) == [4, 4, 4]
+    block = adapter.attention_block(model, 1)
+    assert (block.num_heads, block.head_dim, block.hidden_size) == (4, 3, 12)
+    assert adapter.task_head_modules(model)
+    parts = {adapter.part_of(p, m) for p, m in model.named_modules() if list(m.parameters(recurse=False))}
+    assert {"embeddings", "head", "norm", "mlp"} <= parts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pruning_equals_masking(family, seed):
+    model = _model(family, seed)
+    x = _inputs(family, batch=3, seed=seed)
+    for heads in HEADS:
+        pruned = he.prune(model, heads)
+        with torch.no_grad(), he.ablate(model, heads):
+            masked = model(**x).logits
+        assert type(pruned) is type(model)
+        assert (_logits([pruned], x)[0] - masked).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(("batch", "seed"), [(1, 0), (3, 1), (5, 2)])
+def test_zero_shot_fusion_equals_the_members(family, batch, seed):
+    model = _model(family, seed)
+    x = _inputs(family, batch=batch, seed=seed)
+    with torch.no_grad():
+        out = he.fuse(model, HEADS).eval()(**x)
+    expected = _logits([he.prune(model, hs) for hs in HEADS], x)
+    assert out.member_logits.shape == expected.shape
+    assert (out.member_logits - expected).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fine_tuned_members_exact_and_merged_fusion(family, tmp_path):
+    model = _model(family)
+    members = _perturbed([he.prune(model, hs) for hs in HEADS])
+    x = _inputs(family)
+    exact = he.fuse(members, mlp="exact").eval()
+    with torch.no_grad():
+        out = exact(**x)
+    assert (out.member_logits - _logits(members, x)).abs().max().item() <= TOL
+    merged = he.fuse(members, mlp="merge").eval()
+    save_member(members[2], tmp_path / "member")
+    assert torch.equal(_logits([load_member(tmp_path / "member")], x), _logits(members[2:], x))
+    for hydra in (exact, merged):
+        folder = tmp_path / f"{family}-{hydra.policy.mlp}"
+        hydra.save_pretrained(folder)
+        with torch.no_grad():
+            assert torch.equal(he.load_hydra(folder)(**x).member_logits, hydra(**x).member_logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shared_trunk_is_exact(family):
+    model = _model(family)
+    shared = {0: [0, 1, 3]}
+    head_sets = [he.HeadSet({**shared, 1: [m], 2: [m, (m + 1) % 4]}) for m in range(3)]
+    hydra = he.fuse(model, head_sets).eval()
+    assert hydra.trunk_layers == 1
+    x = _inputs(family, batch=3)
+    with torch.no_grad():
+        out = hydra(**x)
+    assert (out.member_logits - _logits([he.prune(model, hs) for hs in head_sets], x)).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_circuit_fast_equals_reference_and_taylor_scores(family):
+    model = _model(family)
+    id_val = [labelled(_inputs(family, batch=6, seed=s), seed=s) for s in range(2)]
+    ood_val = [_inputs(family, batch=5, seed=10)]
+    kwargs = {"objective": "avg", "budget": 7, "progress": False}
+    ref = extract_circuit(model, id_val, ood_val, method="reference", **kwargs)
+    fast = extract_circuit(model, id_val, ood_val, method="fast", **kwargs)
+    assert fast.removed == ref.removed and fast.scores == pytest.approx(ref.scores)
+    scores = he.taylor_scores(model, id_val)
+    assert scores.shape == (3, 4) and torch.isfinite(torch.as_tensor(scores)).all()
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_first_token_only_for_sequence_classifiers(family):
+    model = _model(family)
+    adapter = he.get_adapter(model)
+    x = _inputs(family, batch=5)
+    with torch.no_grad():
+        full = model(**x).logits
+        with adapter.first_token_only(model):
+            assert isinstance(adapter.layers(model)[-1].attention.self, FirstQueryAttention)
+            short = model(**x).logits
+    torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-6)
+    token_classifier = RobertaForTokenClassification(model.config)  # reads every token
+    assert adapter.first_token_only(token_classifier) is None
+
+
+@pytest.mark.parametrize("family", ["distilbert", "deit"])
+def test_first_token_only_declines_where_the_residual_is_inside_the_block(family):
+    model = _model(family)
+    assert he.get_adapter(model).first_token_only(model) is None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_members_train_the_task_head(family):
+    model = _model(family)
+    adapter = he.get_adapter(model)
+    data = [labelled(_inputs(family, batch=4, seed=s), seed=s) for s in range(2)]
+    config = FineTuneConfig(epochs=1, lr=1e-2, bf16=False, warmup=0.0)
+    merged, _ = lora_fine_tune(model, data, config=config, rank=2, alpha=4, progress=False)
+    assert type(merged) is type(model)
+    before, after = dict(model.named_parameters()), dict(merged.named_parameters())
+    assert set(before) == set(after)
+    for name in adapter.task_head_modules(model):
+        changed = [n for n in before if n.startswith(name + ".") and not torch.equal(before[n], after[n])]
+        assert changed, f"{family}: LoRA left the task head {name} untrained"
+    q_name = adapter.projection_paths[0]
+    assert any(q_name in n and not torch.equal(before[n], after[n]) for n in before)
