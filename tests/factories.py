@@ -21,6 +21,23 @@ from transformers import (
 VOCAB = 40
 
 
+def _encoder(layers: int, heads: int, head_dim: int, labels: int, init_range: float) -> dict:
+    """Config fields named alike by BERT, RoBERTa, ViT and DeiT."""
+    hidden = heads * head_dim
+    return {
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": 2 * hidden + 1,
+        "num_labels": labels,
+        "initializer_range": init_range,
+    }
+
+
+def _image(**fields) -> dict:
+    return {**fields, "image_size": 8, "patch_size": 4, "num_channels": 1}
+
+
 def tiny_bert(
     layers: int = 2,
     heads: int = 4,
@@ -32,115 +49,59 @@ def tiny_bert(
     dropout: float = 0.1,
 ) -> BertForSequenceClassification:
     torch.manual_seed(seed)
-    hidden = heads * head_dim
+    fields = _encoder(layers, heads, head_dim, labels, init_range)
+    fields["intermediate_size"] = intermediate or fields["intermediate_size"]
     config = BertConfig(
         vocab_size=VOCAB,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate or 2 * hidden + 1,
         max_position_embeddings=32,
-        num_labels=labels,
-        initializer_range=init_range,
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
+        **fields,
     )
     return BertForSequenceClassification(config).eval()
 
 
-def tiny_vit(
-    layers: int = 2,
-    heads: int = 4,
-    head_dim: int = 3,
-    labels: int = 3,
-    seed: int = 0,
-    init_range: float = 0.02,
-) -> ViTForImageClassification:
-    torch.manual_seed(seed)
-    hidden = heads * head_dim
-    config = ViTConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * hidden + 1,
-        image_size=8,
-        patch_size=4,
-        num_channels=1,
-        num_labels=labels,
-        initializer_range=init_range,
-    )
-    return ViTForImageClassification(config).eval()
-
-
 def tiny_roberta(
-    layers: int = 2,
-    heads: int = 4,
-    head_dim: int = 3,
-    labels: int = 3,
-    seed: int = 0,
-    init_range: float = 0.02,
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
 ) -> RobertaForSequenceClassification:
     """RoBERTa: BERT's layout with its own embeddings (padding-aware positions) and head."""
     torch.manual_seed(seed)
-    hidden = heads * head_dim
-    config = RobertaConfig(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * hidden + 1,
-        max_position_embeddings=40,
-        num_labels=labels,
-        initializer_range=init_range,
-    )
+    fields = _encoder(layers, heads, head_dim, labels, init_range)
+    config = RobertaConfig(vocab_size=VOCAB, max_position_embeddings=40, **fields)
     return RobertaForSequenceClassification(config).eval()
 
 
 def tiny_distilbert(
-    layers: int = 2,
-    heads: int = 4,
-    head_dim: int = 3,
-    labels: int = 3,
-    seed: int = 0,
-    init_range: float = 0.02,
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
 ) -> DistilBertForSequenceClassification:
-    """DistilBERT: W_O inside the attention module, its own layer list and head."""
+    """DistilBERT: W_O inside the attention module, its own layer list, config names and head."""
     torch.manual_seed(seed)
-    hidden = heads * head_dim
+    fields = _encoder(layers, heads, head_dim, labels, init_range)
     config = DistilBertConfig(
         vocab_size=VOCAB,
-        dim=hidden,
-        n_layers=layers,
-        n_heads=heads,
-        hidden_dim=2 * hidden + 1,
+        dim=fields.pop("hidden_size"),
+        n_layers=fields.pop("num_hidden_layers"),
+        n_heads=fields.pop("num_attention_heads"),
+        hidden_dim=fields.pop("intermediate_size"),
         max_position_embeddings=32,
-        num_labels=labels,
-        initializer_range=init_range,
+        **fields,
     )
     return DistilBertForSequenceClassification(config).eval()
 
 
+def tiny_vit(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
+) -> ViTForImageClassification:
+    torch.manual_seed(seed)
+    config = ViTConfig(**_image(**_encoder(layers, heads, head_dim, labels, init_range)))
+    return ViTForImageClassification(config).eval()
+
+
 def tiny_deit(
-    layers: int = 2,
-    heads: int = 4,
-    head_dim: int = 3,
-    labels: int = 3,
-    seed: int = 0,
-    init_range: float = 0.02,
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
 ) -> DeiTForImageClassification:
     torch.manual_seed(seed)
-    hidden = heads * head_dim
-    config = DeiTConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * hidden + 1,
-        image_size=8,
-        patch_size=4,
-        num_channels=1,
-        num_labels=labels,
-        initializer_range=init_range,
-    )
+    config = DeiTConfig(**_image(**_encoder(layers, heads, head_dim, labels, init_range)))
     return DeiTForImageClassification(config).eval()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .base import ArchitectureAdapter, AttentionBlock, ZeroHeadAttention
+from .base import ArchitectureAdapter, AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention
 from .bert import BertAdapter
 from .distilbert import DistilBertAdapter
 from .vit import ViTAdapter
@@ -20,6 +20,7 @@ __all__ = [
     "DistilBertAdapter",
     "UnsupportedModelError",
     "ViTAdapter",
+    "WholeAttentionAdapter",
     "ZeroHeadAttention",
     "get_adapter",
     "register_adapter",

@@ -201,3 +201,36 @@ def _base_prefix(model: nn.Module) -> str:
 
 def is_under(path: str, roots: tuple[str, ...]) -> bool:
     return any(root and (path == root or path.startswith(root + ".")) for root in roots)
+
+
+class WholeAttentionAdapter(ArchitectureAdapter):
+    """Families whose attention module holds all four projections, W_O included, as direct
+    children named by the last part of ``projection_paths`` (ViT, DistilBERT): pruning swaps
+    those children, fusion replaces the whole module."""
+
+    heads_attribute: ClassVar[str] = "num_attention_heads"
+    """The attention module's attribute holding its head count."""
+
+    @property
+    def _attention_name(self) -> str:
+        return self.projection_paths[0].rpartition(".")[0]
+
+    def set_attention(self, model, layer, query, key, value, output, num_heads) -> None:
+        block = self.layers(model)[layer]
+        names = [path.rpartition(".")[2] for path in self.projection_paths]
+        projections = dict(zip(names, (query, key, value, output), strict=True))
+        if num_heads == 0:
+            block.set_submodule(self._attention_name, ZeroHeadAttention(projections, output_name=names[3]))
+            return
+        attention = block.get_submodule(self._attention_name)
+        if isinstance(attention, ZeroHeadAttention):
+            raise ValueError(f"layer {layer} keeps no heads; heads cannot be added back")
+        for name, module in projections.items():
+            setattr(attention, name, module)
+        setattr(attention, self.heads_attribute, num_heads)
+
+    def install_fused_attention(self, model, layer, fused) -> None:
+        self.layers(model)[layer].set_submodule(self._attention_name, fused)
+
+    def attention_paths(self, layer: int) -> tuple[str, ...]:
+        return (f"{self.layers_path}.{layer}.{self._attention_name}",)
