@@ -8,7 +8,7 @@ import torch
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
 from hydra_ensembles.experiment import DemoConfig, TrainingBudget, run_demo
-from tests.factories import text_inputs, tiny_bert
+from tests.factories import FAMILIES, text_inputs, tiny_bert
 
 
 def test_help_lists_the_commands(capsys):
@@ -27,20 +27,21 @@ def local_model(tmp_path):
     return path
 
 
-def test_info_on_a_local_directory(local_model, capsys):
-    assert main(["info", str(local_model), "--num-labels", "3"]) == 0
+@pytest.mark.parametrize(
+    ("family", "name"), [("bert", "BERT"), ("distilbert", "DistilBERT"), ("deit", "ViT")]
+)
+def test_info_on_a_local_directory_keeps_its_head(family, name, tmp_path, capsys):
+    FAMILIES[family][0](labels=3).save_pretrained(tmp_path)
+    assert main(["info", str(tmp_path)]) == 0  # the saved 3-way head loads as it is
     out = capsys.readouterr().out
-    assert "family BERT" in out and "[4, 4] of [4, 4]" in out
+    assert f"family {name}" in out and "[4, 4] of [4, 4]" in out
 
 
 def test_fuse_from_head_set_files(local_model, tmp_path):
     heads = tmp_path / "heads.json"
     heads.write_text(json.dumps([{"0": [0, 1]}, {"1": []}]))
     out_dir = tmp_path / "hydra"
-    assert (
-        main(["fuse", str(local_model), "--heads", str(heads), "--num-labels", "3", "--out", str(out_dir)])
-        == 0
-    )
+    assert main(["fuse", str(local_model), "--heads", str(heads), "--out", str(out_dir)]) == 0
     hydra = he.load_hydra(out_dir)
     assert hydra.num_members == 2
     with torch.no_grad():

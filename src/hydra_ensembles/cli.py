@@ -10,6 +10,8 @@ from pathlib import Path
 from .data import MissingDataError
 from .models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, MissingModelError
 
+NUM_LABELS_HELP = "classes of a freshly initialised head (default: the saved head; 2 where none is saved)"
+
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from .adapters import get_adapter
@@ -328,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument(
         "model", nargs="?", default=DEFAULT_TEXT_MODEL, help="HF id, local directory or minilm-l6"
     )
-    info.add_argument("--num-labels", type=int, default=2)
+    info.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
     info.set_defaults(func=_cmd_info)
 
     fuse = sub.add_parser("fuse", help="fuse zero-shot members given as head-set JSON files")
@@ -339,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="JSON files, each a head set {layer: [heads]} or a list of them",
     )
-    fuse.add_argument("--num-labels", type=int, default=2)
+    fuse.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
     fuse.add_argument("--out", required=True, help="output directory")
     fuse.set_defaults(func=_cmd_fuse)
 
@@ -379,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="memory cap for reusing hidden states across circuit steps (0: off; same result either way)",
     )
-    score.add_argument("--num-labels", type=int)
+    score.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
     score.add_argument("--out", required=True, help="output JSON file")
     data_options(score)
     score.set_defaults(func=_cmd_score)
@@ -402,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--lr", type=float, default=5e-5)
     build.add_argument("--patience", type=int)
     build.add_argument("--mlp", choices=["merge", "exact"], default="merge")
-    build.add_argument("--num-labels", type=int)
+    build.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
     build.add_argument("--out", required=True, help="output directory (hydra/, members/, checkpoints/)")
     data_options(build)
     build.set_defaults(func=_cmd_build)
@@ -442,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--test-set", type=int, default=351, help="inputs in the whole-test-set timing (0: skip)"
     )
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--num-labels", type=int, help="classes of a freshly initialised head")
+    bench.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
     bench.add_argument("--default-allocator", action="store_true", help="keep glibc's default allocator")
     bench.add_argument("--out", default="runs/bench")
     bench.set_defaults(func=_cmd_bench)
