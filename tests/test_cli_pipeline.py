@@ -1,30 +1,48 @@
-"""hydra-ens score -> build -> eval on a small local model and CSV data."""
+"""hydra-ens score -> build -> eval on small local models (BERT, DistilBERT) and CSV data."""
 
 import json
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+)
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
 from hydra_ensembles.models import load_tokenizer
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
+def _model_and_tokenizer(family: str, folder):
+    """A small random classifier with the real MiniLM vocabulary (30522 tokens) and tokenizer."""
     torch.manual_seed(0)
-    config = BertConfig(
-        hidden_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        num_labels=2,
-        initializer_range=0.2,
-    )
-    BertForSequenceClassification(config).save_pretrained(root / "model")
-    load_tokenizer().save_pretrained(root / "model")  # the real MiniLM vocabulary (30522 tokens)
+    if family == "bert":
+        config = BertConfig(
+            hidden_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=48,
+            num_labels=2,
+            initializer_range=0.2,
+        )
+        BertForSequenceClassification(config).save_pretrained(folder)
+    else:
+        config = DistilBertConfig(dim=24, n_layers=2, n_heads=4, hidden_dim=48, initializer_range=0.2)
+        DistilBertForSequenceClassification(config).save_pretrained(folder)
+    load_tokenizer().save_pretrained(folder)
+    if family == "distilbert":  # DistilBERT takes no token_type_ids; its own tokenizers say so
+        settings = folder / "tokenizer_config.json"
+        saved = json.loads(settings.read_text())
+        settings.write_text(json.dumps({**saved, "model_input_names": ["input_ids", "attention_mask"]}))
+
+
+@pytest.fixture(scope="module", params=["bert", "distilbert"])
+def workspace(tmp_path_factory, request):
+    root = tmp_path_factory.mktemp(f"cli-{request.param}")
+    _model_and_tokenizer(request.param, root / "model")
     rows = ["text,label"] + [f"goal match team score {i},sport" for i in range(12)]
     rows += [f"bank shares market profit {i},money" for i in range(12)]
     (root / "train.csv").write_text("\n".join(rows) + "\n")
