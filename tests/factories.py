@@ -12,6 +12,8 @@ from transformers import (
     DeiTForImageClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
+    ElectraConfig,
+    ElectraForSequenceClassification,
     RobertaConfig,
     RobertaForSequenceClassification,
     ViTConfig,
@@ -69,6 +71,16 @@ def tiny_roberta(
     fields = _encoder(layers, heads, head_dim, labels, init_range)
     config = RobertaConfig(vocab_size=VOCAB, max_position_embeddings=40, **fields)
     return RobertaForSequenceClassification(config).eval()
+
+
+def tiny_electra(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
+) -> ElectraForSequenceClassification:
+    """ELECTRA: BERT's layout, with embeddings narrower than the layers and a projection between."""
+    torch.manual_seed(seed)
+    fields = _encoder(layers, heads, head_dim, labels, init_range)
+    config = ElectraConfig(vocab_size=VOCAB, embedding_size=5, max_position_embeddings=32, **fields)
+    return ElectraForSequenceClassification(config).eval()
 
 
 def tiny_distilbert(
@@ -135,6 +147,7 @@ def labelled(inputs: dict[str, torch.Tensor], labels: int = 3, seed: int = 0) ->
 FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str, torch.Tensor]]]] = {
     "bert": (tiny_bert, text_inputs),
     "roberta": (tiny_roberta, text_inputs),
+    "electra": (tiny_electra, text_inputs),
     "distilbert": (tiny_distilbert, text_inputs),
     "vit": (tiny_vit, image_inputs),
     "deit": (tiny_deit, image_inputs),

@@ -123,7 +123,7 @@ def test_circuit_fast_equals_reference_and_taylor_scores(family):
     assert scores.shape == (3, 4) and torch.isfinite(torch.as_tensor(scores)).all()
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "electra"])
 def test_first_token_only_for_sequence_classifiers(family):
     model = _model(family)
     adapter = he.get_adapter(model)
@@ -159,3 +159,20 @@ def test_lora_members_train_the_task_head(family):
         assert changed, f"{family}: LoRA left the task head {name} untrained"
     q_name = adapter.projection_paths[0]
     assert any(q_name in n and not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_electra_projection_belongs_to_the_embeddings_and_blocks_the_trunk():
+    model = _model("electra")
+    adapter = he.get_adapter(model)
+    path = "electra.embeddings_project"
+    assert adapter.part_of(path, model.get_submodule(path)) == "embeddings"
+    head_sets = [he.HeadSet({0: [0, 1], 1: [m], 2: [m]}) for m in range(3)]
+    members = [he.prune(model, hs) for hs in head_sets]
+    with torch.no_grad():  # members differ before the first layer only through the projection
+        members[1].get_submodule(path).weight.add_(0.1)
+    hydra = he.fuse(members, mlp="exact", embeddings="exact").eval()
+    assert hydra.trunk_layers == 0  # a per-member projection needs M x B rows from the start
+    x = _inputs("electra")
+    with torch.no_grad():
+        out = hydra(**x)
+    assert (out.member_logits - _logits(members, x)).abs().max().item() <= TOL

@@ -122,6 +122,15 @@ class ArchitectureAdapter(ABC):
         """Dotted path of the embeddings module (treated as one unit by fusion)."""
         return f"{self.prefix}embeddings"
 
+    input_modules: ClassVar[tuple[str, ...]] = ()
+    """Modules of the base model that run between the embeddings and the first layer (ELECTRA's
+    ``embeddings_project``); they belong to the embeddings part."""
+
+    @property
+    def input_paths(self) -> tuple[str, ...]:
+        """Dotted paths of everything computed before the first layer: embeddings first."""
+        return (self.embeddings_path, *(f"{self.prefix}{name}" for name in self.input_modules))
+
     head_modules: ClassVar[tuple[str, ...]] = ("classifier",)
     """Names of the task head's modules on the task model (paths that do not exist are ignored)."""
 
@@ -179,7 +188,7 @@ class ArchitectureAdapter(ABC):
 
     def part_of(self, path: str, module: nn.Module) -> Part:
         """Which fusion policy group a parameterised module belongs to."""
-        if is_under(path, (self.embeddings_path,)):
+        if is_under(path, self.input_paths):
             return "embeddings"
         if is_under(path, self.head_paths):
             return "head"

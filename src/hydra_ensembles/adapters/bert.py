@@ -1,5 +1,5 @@
-"""BERT family: BERT (MiniLM is a BERT), RoBERTa, XLM-RoBERTa and CamemBERT, which share BERT's
-module layout (their base models and task models, e.g. ``RobertaForSequenceClassification``)."""
+"""BERT family: BERT (MiniLM is a BERT), RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA, which share
+BERT's module layout (base models and task models, e.g. ``RobertaForSequenceClassification``)."""
 
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ class BertAdapter(ArchitectureAdapter):
     """``encoder.layer[i].attention.self.{query,key,value}`` + ``attention.output.dense``."""
 
     family = "BERT"
-    model_types = ("bert", "roberta", "xlm-roberta", "camembert")
+    model_types = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
+    input_modules = ("embeddings_project",)  # ELECTRA, where embedding_size != hidden_size
     first_token_classifiers: tuple[str, ...] = tuple(
-        f"{name}ForSequenceClassification" for name in ("Bert", "Roberta", "XLMRoberta", "Camembert")
+        f"{name}ForSequenceClassification"
+        for name in ("Bert", "Roberta", "XLMRoberta", "Camembert", "Electra")
     )
     """Task models whose head reads only the first token of the last layer."""
     projection_paths = (

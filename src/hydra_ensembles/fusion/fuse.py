@@ -127,7 +127,7 @@ def _same_weights_depth(adapter, projections: list, layout, limit: int) -> int:
     """Of the first ``limit`` layers, how many have identical attention weights across members and
     no per-member module (embeddings included)."""
     grouped = [entry["path"] for entry in layout]
-    if any(is_under(p, (adapter.embeddings_path,)) for p in grouped):
+    if any(is_under(p, adapter.input_paths) for p in grouped):
         return 0
     for layer in range(limit):
         root = f"{adapter.layers_path}.{layer}"

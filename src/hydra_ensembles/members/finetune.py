@@ -87,7 +87,7 @@ def trainable_parameters(model: nn.Module, config: FineTuneConfig) -> list[str]:
         path = name.rpartition(".")[0]
         if early and is_under(path, early):
             continue
-        if config.last_k_blocks is not None and is_under(path, (adapter.embeddings_path,)):
+        if config.last_k_blocks is not None and is_under(path, adapter.input_paths):
             continue
         part = "attention" if is_under(path, attention) else adapter.part_of(path, model.get_submodule(path))
         if part in config.trainable:

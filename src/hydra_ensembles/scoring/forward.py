@@ -102,15 +102,26 @@ def starting_at_layer(
 ) -> Iterator[None]:
     """Within the block, a forward pass skips layers < ``layer`` and starts from ``hidden``."""
     layers = model.get_submodule(adapter.layers_path)
-    embeddings = model.get_submodule(adapter.embeddings_path)
-    # the embeddings module stays (models read its weights' dtype), but returns `hidden` uncomputed
-    embeddings.forward = lambda *_args, **_kwargs: hidden
+    # the input modules stay (models read their weights' dtype), but compute nothing: the
+    # embeddings return `hidden`, and modules after them (ELECTRA's projection) pass it on
+    inputs = [module for path in adapter.input_paths if (module := _optional(model, path)) is not None]
+    inputs[0].forward = lambda *_args, **_kwargs: hidden
+    for module in inputs[1:]:
+        module.forward = lambda x, *_args, **_kwargs: x
     model.set_submodule(adapter.layers_path, nn.ModuleList(list(layers)[layer:]))
     try:
         yield
     finally:
         model.set_submodule(adapter.layers_path, layers)
-        del embeddings.forward
+        for module in inputs:
+            del module.forward
+
+
+def _optional(model: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 @torch.no_grad()
