@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 import hydra_ensembles as he
@@ -87,3 +88,28 @@ def test_bench_command(tmp_path, capsys):
     assert cross["batch"] == 2 and cross["Single float32 median_ms"] > 0
     assert cross["Hydra (fused) bfloat16 median_ms"] > 0
     capsys.readouterr()
+
+
+def test_bad_bench_requests_are_clear_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    tiny_bert(layers=1, heads=2).save_pretrained(tmp_path / "model")
+    model = str(tmp_path / "model")
+    out = ["--out", str(tmp_path / "b")]
+    assert main(["bench", model, "--heads-per-layer", "1", "--device", "cuda", *out]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert main(["bench", model, "--heads-per-layer", "3", *out]) == 2
+    assert "cannot keep 3 heads per layer of a model with 2" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_run_bench_on_cuda():
+    model = tiny_bert(layers=2, heads=4, head_dim=4)
+
+    def make(batch):
+        ids = torch.randint(1, VOCAB, (batch, 8))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    heads = random_head_sets(3, 2, 4, 2)
+    results = run_bench(model, heads, make, (1, 2), repeats=1, progress=print, device="cuda")
+    assert results["device"] == "cuda" and "hydra_bf16_vs_single_fp32" in results

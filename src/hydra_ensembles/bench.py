@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .cost import count_parameters, interleaved_latency, median, multiply_adds
+from .cost import count_parameters, interleaved_latency, median, multiply_adds, synchronizer
 from .fusion import fuse
 from .heads import HeadSet
 from .surgery import prune
@@ -63,6 +63,8 @@ def peak_memory(run: Callable[[], Any]) -> int:
 
 def random_head_sets(num_members: int, layers: int, heads: int, keep: int, seed: int = 0) -> list[HeadSet]:
     """``keep`` heads per layer for each member, drawn with a per-member seed."""
+    if not 0 <= keep <= heads:
+        raise ValueError(f"cannot keep {keep} heads per layer of a model with {heads}")
     return [
         HeadSet(
             {
@@ -93,12 +95,19 @@ def run_bench(
     test_set: int = 0,
     test_batch: int = 64,
     progress: Callable[[str], None] = print,
+    device: str | torch.device = "cpu",
 ) -> dict[str, Any]:
-    """Measure every method; ``make_inputs(batch)`` builds one input batch."""
-    results: dict[str, Any] = {"batch_sizes": list(batch_sizes), "dtypes": {}}
+    """Measure every method on ``device``; ``make_inputs(batch)`` builds one input batch (on CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda requested, but torch sees no CUDA GPU")
+    results: dict[str, Any] = {"batch_sizes": list(batch_sizes), "dtypes": {}, "device": str(device)}
+    sync = synchronizer(device)
+    timed = partial(interleaved_latency, sync=sync)
+    make_inputs = partial(_inputs_on, make_inputs, device)
     built: dict[str, dict[str, Callable[[dict], Any]]] = {}
     for dtype_name in dtypes:
-        methods, params = _build_methods(model, head_sets, getattr(torch, dtype_name))
+        methods, params = _build_methods(model, head_sets, getattr(torch, dtype_name), device)
         built[dtype_name] = methods
         one = make_inputs(1)
         macs = {name: multiply_adds(partial(f, one)) for name, f in methods.items()}
@@ -111,7 +120,7 @@ def run_bench(
                 f"[{dtype_name}] batch {batch}: timing {len(methods)} methods x {repeats} interleaved runs"
             )
             x = make_inputs(batch)
-            times = interleaved_latency({n: partial(f, x) for n, f in methods.items()}, repeats=repeats)
+            times = timed({n: partial(f, x) for n, f in methods.items()}, repeats=repeats)
             for name, values in times.items():
                 table[name]["latency"][str(batch)] = {
                     "median_ms": 1e3 * median(values),
@@ -123,9 +132,7 @@ def run_bench(
         if test_set:
             progress(f"[{dtype_name}] whole test set: {test_set} inputs in batches of {test_batch}")
             chunks = [make_inputs(min(test_batch, test_set - i)) for i in range(0, test_set, test_batch)]
-            totals = interleaved_latency(
-                {n: partial(_each, f, chunks) for n, f in methods.items()}, repeats=1, warmup=0
-            )
+            totals = timed({n: partial(_each, f, chunks) for n, f in methods.items()}, repeats=1, warmup=0)
             for name, values in totals.items():
                 table[name]["test_set_s"] = values[0]
         single_row = table["Single"]
@@ -139,7 +146,7 @@ def run_bench(
         batch = max(batch_sizes)
         progress(f"Hydra bf16 vs Single fp32, batch {batch}: {repeats} interleaved runs")
         x = make_inputs(batch)
-        times = interleaved_latency(
+        times = timed(
             {
                 "Single float32": partial(built["float32"]["Single"], x),
                 "Hydra (fused) bfloat16": partial(built["bfloat16"]["Hydra (fused)"], x),
@@ -153,11 +160,15 @@ def run_bench(
     return results
 
 
+def _inputs_on(make_inputs: Callable[[int], dict], device: torch.device, batch: int) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in make_inputs(batch).items()}
+
+
 def _build_methods(
-    model: torch.nn.Module, head_sets: Sequence[HeadSet], dtype: torch.dtype
+    model: torch.nn.Module, head_sets: Sequence[HeadSet], dtype: torch.dtype, device: torch.device
 ) -> tuple[dict[str, Callable[[dict], Any]], dict[str, int]]:
-    """The four methods of the benchmark in ``dtype``, and their parameter counts."""
-    single = copy.deepcopy(model).to(dtype).eval()
+    """The four methods of the benchmark in ``dtype`` on ``device``, and their parameter counts."""
+    single = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
     ensemble = [single] + [copy.deepcopy(single) for _ in head_sets[1:]]
     members = [prune(single, hs).eval() for hs in head_sets]
     hydra = fuse(single, head_sets).eval()

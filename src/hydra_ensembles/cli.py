@@ -299,7 +299,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     setting = (
         f"{args.model}, M={args.members}, {args.heads_per_layer}/{config.num_attention_heads} heads per "
-        f"layer (random, seed {args.seed}), {args.tokens} tokens, {args.repeats} interleaved runs"
+        f"layer (random, seed {args.seed}), {args.tokens} tokens, {args.repeats} interleaved runs, "
+        f"device {args.device}"
     )
     print(f"machine: {describe_machine()}\nsetting: {setting}")
     results = run_bench(
@@ -310,6 +311,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         args.dtypes.split(","),
         repeats=args.repeats,
         test_set=args.test_set,
+        device=args.device,
     )
     out = Path(args.out)
     atomic_write_json(out / "bench.json", {"machine": describe_machine(), "setting": setting, **results})
@@ -443,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--test-set", type=int, default=351, help="inputs in the whole-test-set timing (0: skip)"
     )
+    bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (timed with CUDA synchronisation)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
     bench.add_argument("--default-allocator", action="store_true", help="keep glibc's default allocator")

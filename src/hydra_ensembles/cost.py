@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,22 +29,37 @@ def multiply_adds(run: Callable[[], Any]) -> int:
     return counter.get_total_flops() // 2
 
 
+def synchronizer(device: str | torch.device) -> Callable[[], None]:
+    """What waits for ``device`` to finish queued work (nothing on CPU), for honest timings."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return partial(torch.cuda.synchronize, device)
+    return lambda: None
+
+
 @torch.inference_mode()
 def interleaved_latency(
-    runs: dict[str, Callable[[], Any]], repeats: int = 10, warmup: int = 2
+    runs: dict[str, Callable[[], Any]],
+    repeats: int = 10,
+    warmup: int = 2,
+    sync: Callable[[], None] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per call for each of ``runs``, timed round-robin (A B C A B C ...).
 
     Interleaving spreads machine noise evenly over the candidates, so their ratios are fair.
+    ``sync`` waits for an asynchronous device (`synchronizer`) before and after each call.
     """
+    sync = sync or (lambda: None)
     for _ in range(warmup):
         for run in runs.values():
             run()
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
+            sync()
             start = time.perf_counter()
             run()
+            sync()
             times[name].append(time.perf_counter() - start)
     return times
 
