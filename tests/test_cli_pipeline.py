@@ -1,5 +1,6 @@
 """hydra-ens score -> build -> eval on small local models (BERT, DistilBERT) and CSV data."""
 
+import csv
 import json
 
 import pytest
@@ -161,6 +162,27 @@ def test_score_build_eval(workspace, capsys):
     assert "Accuracy under shift" in report and "bootstrap intervals" in report
     assert (w / "report" / "plots" / "roc_hydra.png").is_file()
     capsys.readouterr()
+
+    hydra_dir, tokenizer = str(w / "built" / "hydra"), ["--tokenizer", str(w / "model")]
+    labelled = ["--data", str(w / "train.csv"), "--labelled", "--val-data", str(w / "train.csv")]
+    out = w / "predictions.csv"
+    assert main(["predict", hydra_dir, *tokenizer, *labelled, "--out", str(out), *common]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 24 and rows[0]["id"] == "train.csv/0" and rows[0]["text"].startswith("goal match")
+    assert {"predicted", "confidence", "p_money", "p_sport", "entropy", "mutual_information"} <= set(rows[0])
+    assert all(abs(float(r["p_money"]) + float(r["p_sport"]) - 1) < 1e-6 for r in rows)
+    assert all(r["correct"] == str(r["predicted"] == r["label"]) for r in rows)
+    flagged = sum(r["flagged"] == "True" for r in rows)
+    assert flagged <= 2  # the threshold keeps 95% of these same (validation) inputs unflagged
+    assert "24 predictions" in capsys.readouterr().out
+
+    out = w / "ood.jsonl"
+    ensemble = f"{w / 'built' / 'members' / 'member-0'},{w / 'built' / 'members' / 'member-1'}"
+    unlabelled = ["--data", str(w / "ood.csv"), "--out", str(out)]
+    assert main(["predict", ensemble, *tokenizer, *unlabelled, *common]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 10 and "flagged" not in records[0] and "label" not in records[0]
+    assert all(0 <= r["members_agreeing"] <= 1 and r["mutual_information"] >= -1e-9 for r in records)
 
 
 def test_cli_errors(workspace, capsys):

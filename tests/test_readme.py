@@ -23,3 +23,6 @@ def test_readme_python_quick_start_runs(tmp_path, monkeypatch):
     assert len(namespace["order"].removed) == 4
     assert namespace["preds"].member_logits.shape == (3, 16, 4)
     assert 0 <= namespace["report"]["classification"]["acc"] <= 1
+    records = namespace["records"]  # per-input records for serving
+    assert len(records) == 16 and isinstance(records[0]["flagged"], bool)
+    assert records[0]["predicted"] in namespace["news"].classes

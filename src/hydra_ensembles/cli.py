@@ -209,7 +209,6 @@ def _shifted(dataset, args: argparse.Namespace, tokenizer) -> dict:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from . import reporting
     from .evaluation import evaluate_predictions, fit_temperature, ood_scores, predict
-    from .models import load_any
 
     methods: dict[str, list] = {}
     tokenizer = None
@@ -217,10 +216,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         name, sep, paths = item.partition("=")
         if not sep or not paths:
             raise ValueError(f"--method wants NAME=PATH[,PATH...], got {item!r}")
-        loaded = [load_any(p) for p in paths.split(",")]
-        methods[name] = loaded
-        if tokenizer is None and not (Path(paths.split(",")[0]) / "hydra_config.json").exists():
-            tokenizer = _tokenizer_for(paths.split(",")[0])
+        methods[name], found = _load_methods(paths)
+        if tokenizer is None:
+            tokenizer = found
     if tokenizer is None and args.tokenizer:
         tokenizer = _tokenizer_for(args.tokenizer)
     id_dataset, id_test = _data_batches(args.id_data, args, tokenizer, args.limit)
@@ -265,6 +263,69 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             conf = {"ID": p_test.probs().max(-1), **{n: p.probs().max(-1) for n, (_, p) in p_ood.items()}}
             reporting.confidence_histograms(conf, out / "plots" / f"confidence_{slug}.png", name)
     print((out / "report.md").read_text())
+    return 0
+
+
+def _load_methods(spec: str) -> tuple[list, object]:
+    """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and, where the first
+    path has one, its tokenizer (a saved Hydra model keeps none: pass ``--tokenizer``)."""
+    from .models import load_any
+
+    paths = [p for p in spec.split(",") if p]
+    if not paths:
+        raise ValueError(f"no model path in {spec!r}")
+    models = [load_any(p) for p in paths]
+    saved_hydra = (Path(paths[0]) / "hydra_config.json").exists()
+    return models, None if saved_hydra else _tokenizer_for(paths[0])
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    import csv
+    import io
+
+    from .evaluation import fit_temperature, flag_threshold, per_example, predict
+    from .io import atomic_write_text
+
+    models, tokenizer = _load_methods(args.model)
+    if args.tokenizer:
+        tokenizer = _tokenizer_for(args.tokenizer)
+    model = models[0] if len(models) == 1 else models
+    dataset, batches = _data_batches(args.data, args, tokenizer, labels=args.labelled)
+    classes = dataset.classes if args.labelled and dataset.classes else None
+    if classes is None:
+        id2label = getattr(models[0].config, "id2label", None) or {}
+        classes = [str(id2label.get(i, i)) for i in range(len(id2label))] or None
+    temperature, threshold = 1.0, None
+    if args.val_data:
+        val = predict(model, _data_batches(args.val_data, args, tokenizer)[1], "validation")
+        temperature = fit_temperature(val)
+        threshold = flag_threshold(val, args.flag_score, args.keep, temperature)
+    preds = predict(model, batches, "predict")
+    records = per_example(preds, classes, temperature, args.flag_score, threshold)
+    texts = getattr(dataset, "texts", None)
+    rows = [
+        {"id": dataset.ids[i], **({"text": texts[i]} if texts else {}), **record}
+        for i, record in enumerate(records)
+    ]
+    out = Path(args.out)
+    if out.suffix == ".jsonl":
+        atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    else:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(out, buffer.getvalue())
+    summary = [f"{len(rows)} predictions -> {out}", f"temperature {float(temperature):.3f}"]
+    if threshold is not None:
+        flagged = sum(r["flagged"] for r in rows) / len(rows)
+        summary.append(
+            f"flagged (ID-validation {args.flag_score} > {threshold:.4f}, keeping {args.keep:.0%} of ID): "
+            f"{flagged:.1%}"
+        )
+    if args.labelled:
+        summary.append(f"accuracy {sum(r['correct'] for r in rows) / len(rows):.4f}")
+    print("\n".join(summary))
     return 0
 
 
@@ -433,6 +494,29 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", required=True, help="report folder")
     data_options(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
+
+    pred = sub.add_parser(
+        "predict", help="per-input predictions with uncertainty and an OOD flag (CSV or JSON Lines)"
+    )
+    pred.add_argument(
+        "model", help="PATH[,PATH...]: a saved Hydra model, member or HF model; several = ensemble"
+    )
+    pred.add_argument("--data", required=True, help="the inputs (unlabelled unless --labelled)")
+    pred.add_argument("--labelled", action="store_true", help="the data has labels: add label and correct")
+    pred.add_argument(
+        "--val-data",
+        help="labelled ID validation data: fit the temperature and the flag threshold on it",
+    )
+    pred.add_argument(
+        "--flag-score",
+        default="msp",
+        help="OOD score to flag on: msp, max_logit, energy, entropy or mutual_information",
+    )
+    pred.add_argument("--keep", type=float, default=0.95, help="share of ID validation inputs left unflagged")
+    pred.add_argument("--tokenizer", help="where to load the tokenizer from (needed for a saved Hydra model)")
+    pred.add_argument("--out", required=True, help="output file: .csv or .jsonl")
+    data_options(pred)
+    pred.set_defaults(func=_cmd_predict)
 
     bench = sub.add_parser("bench", help="latency, parameters, multiply-adds and memory of every method")
     bench.add_argument("model", nargs="?", default=DEFAULT_TEXT_MODEL)

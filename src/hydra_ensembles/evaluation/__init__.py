@@ -4,6 +4,7 @@ from .evaluate import OOD_SCORES, evaluate_predictions, ood_scores, summarise_oo
 from .predict import Predictions, predict
 from .shift import IMAGE_CORRUPTIONS, SEVERITIES, TEXT_CORRUPTIONS, corrupt_images, corrupt_texts
 from .temperature import fit_temperature
+from .uncertainty import flag_threshold, per_example
 
 __all__ = [
     "IMAGE_CORRUPTIONS",
@@ -15,7 +16,9 @@ __all__ = [
     "corrupt_texts",
     "evaluate_predictions",
     "fit_temperature",
+    "flag_threshold",
     "ood_scores",
+    "per_example",
     "predict",
     "summarise_ood",
 ]

@@ -1,0 +1,73 @@
+"""Per-example predictions with their uncertainty, and a flag for inputs to send elsewhere.
+
+`per_example` turns an ensemble's predictions into one record per input: the predicted class,
+its probability, the class probabilities, predictive entropy (total uncertainty), mutual
+information (the members' disagreement: epistemic uncertainty) and the share of members that
+agree with the ensemble. `flag_threshold` picks, on labelled ID *validation* data, the OOD-score
+value that keeps a chosen share of ID inputs unflagged; inputs above it are flagged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import metrics as M
+from .evaluate import ood_scores
+from .predict import Predictions
+
+
+def per_example(
+    predictions: Predictions,
+    classes: Sequence[str] | None = None,
+    temperature: float | np.ndarray = 1.0,
+    flag_score: str = "msp",
+    threshold: float | None = None,
+) -> list[dict[str, Any]]:
+    """One record per input (see the module docstring); ``classes`` names the columns of the
+    probabilities (indices when None). With ``threshold``, ``flagged`` says whether the input's
+    ``flag_score`` (higher = more likely OOD) exceeds it."""
+    member_probs = predictions.member_probs(temperature)
+    probs = member_probs.mean(0)
+    num_classes = probs.shape[1]
+    names = list(classes) if classes else [str(c) for c in range(num_classes)]
+    if len(names) != num_classes:
+        raise ValueError(f"{len(names)} class names for a model with {num_classes} classes")
+    predicted = probs.argmax(-1)
+    agreeing = (member_probs.argmax(-1) == predicted[None]).mean(0)
+    entropy = M.entropy_score(probs)
+    mutual = M.mutual_information_score(member_probs)
+    score = ood_scores(predictions, flag_score, temperature)
+    records = []
+    for i in range(probs.shape[0]):
+        record: dict[str, Any] = {
+            "predicted": names[predicted[i]],
+            "confidence": float(probs[i, predicted[i]]),
+            **{f"p_{name}": float(p) for name, p in zip(names, probs[i], strict=True)},
+            "entropy": float(entropy[i]),
+            "mutual_information": float(mutual[i]),
+            "members_agreeing": float(agreeing[i]),
+            flag_score: float(score[i]),
+        }
+        if threshold is not None:
+            record["flagged"] = bool(score[i] > threshold)
+        if predictions.labels is not None:
+            record["label"] = names[int(predictions.labels[i])]
+            record["correct"] = bool(predicted[i] == predictions.labels[i])
+        records.append(record)
+    return records
+
+
+def flag_threshold(
+    id_validation: Predictions,
+    score: str = "msp",
+    keep: float = 0.95,
+    temperature: float | np.ndarray = 1.0,
+) -> float:
+    """The ``score`` value at or below which a share ``keep`` of ID validation inputs fall (the
+    usual 95%-TPR operating point when ``keep`` = 0.95). Never fit this on OOD test data."""
+    if not 0 < keep <= 1:
+        raise ValueError(f"keep must be in (0, 1], got {keep}")
+    return float(np.quantile(ood_scores(id_validation, score, temperature), keep))
