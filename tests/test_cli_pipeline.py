@@ -126,6 +126,7 @@ def test_score_build_eval(workspace, capsys):
     )
     hydra = he.load_hydra(w / "built" / "hydra")
     assert hydra.num_members == 2
+    assert hydra.config.id2label == {0: "money", 1: "sport"}  # the training data's class names
     assert all(hs.num_kept([4, 4]) == 6 for hs in hydra.head_sets)
     assert (w / "built" / "members" / "member-1" / "member_config.json").is_file()
 
@@ -182,6 +183,7 @@ def test_score_build_eval(workspace, capsys):
     assert main(["predict", ensemble, *tokenizer, *unlabelled, *common]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 10 and "flagged" not in records[0] and "label" not in records[0]
+    assert {"p_money", "p_sport"} <= set(records[0])  # class names saved with the members
     assert all(0 <= r["members_agreeing"] <= 1 and r["mutual_information"] >= -1e-9 for r in records)
 
 

@@ -174,8 +174,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
         if not args.data:
             raise ValueError("--fine-tune needs --data (labelled training data)")
         tokenizer = _tokenizer_for(args.model)
-        _, train = _data_batches(args.data, args, tokenizer)
+        dataset, train = _data_batches(args.data, args, tokenizer)
         val = _data_batches(args.val_data, args, tokenizer)[1] if args.val_data else None
+        for member in members:  # saved models name their classes (hydra-ens predict reads them)
+            _name_classes(member, dataset.classes)
         for m, member in enumerate(members):
             config = FineTuneConfig(
                 epochs=args.epochs, lr=args.lr, seed=args.seed + m, patience=args.patience
@@ -187,6 +189,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
     hydra.save_pretrained(Path(args.out) / "hydra")
     print(f"saved the fused model to {Path(args.out) / 'hydra'}")
     return 0
+
+
+def _name_classes(model, classes: list[str]) -> None:
+    """Record the training data's class names in ``model.config`` (where they fit its head)."""
+    if classes and len(classes) == model.config.num_labels:
+        model.config.id2label = dict(enumerate(classes))
+        model.config.label2id = {name: i for i, name in enumerate(classes)}
 
 
 def _shifted(dataset, args: argparse.Namespace, tokenizer) -> dict:
