@@ -7,6 +7,10 @@ Ensemble (3 copies run one after another) are timed too, eager and compiled, so 
 Deep Ensemble ratio can be compared with and without compilation.
 
     python benchmarks/compile_speed.py [--dtype bfloat16] [--batch 64] [--repeats 5] [--ensemble]
+                                       [--freezing]
+
+``--freezing`` turns on inductor's freezing (weights treated as constants: prepacked for oneDNN,
+linear + activation fused), an inference-only setting.
 """
 
 from __future__ import annotations
@@ -32,7 +36,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ensemble", action="store_true", help="also time Single and Deep Ensemble")
+    parser.add_argument("--freezing", action="store_true", help="inductor freezing (inference only)")
     args = parser.parse_args()
+    if args.freezing:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = True
     tune_cpu_allocator()
     model = load_classifier(num_labels=4).eval().to(getattr(torch, args.dtype))
     hydra = he.fuse(model, random_head_sets(3, 6, 12, 8)).eval()
@@ -60,7 +69,10 @@ def main() -> None:
             }
         times = {name: median(values) for name, values in interleaved_latency(runs, args.repeats).items()}
         diff = (hydra.model(**stacked).logits.float() - compiled(**stacked).logits.float()).abs().max().item()
-    print(f"machine: {describe_machine()}; {args.dtype}, batch {args.batch} x 128 tokens, M=3, 8/12 heads")
+    print(
+        f"machine: {describe_machine()}; {args.dtype}, batch {args.batch} x 128 tokens, M=3, 8/12 heads, "
+        f"freezing {'on' if args.freezing else 'off'}"
+    )
     print(f"compile + first calls {compile_s:.1f} s; max |Hydra logit diff| compiled vs eager {diff:.1e}")
     for name, seconds in times.items():
         print(f"  {name:24s} {seconds * 1e3:8.1f} ms")
