@@ -14,7 +14,7 @@ from transformers import (
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
-from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.models import load_any, load_tokenizer
 
 
 def _model_and_tokenizer(family: str, folder):
@@ -211,3 +211,18 @@ def test_cli_errors(workspace, capsys):
     assert "NAME=PATH" in capsys.readouterr().err
     assert main(["score", str(w / "model"), "--data", "nonexistent-dataset", "--out", str(w / "y.json")]) == 2
     assert "unknown data" in capsys.readouterr().err
+    missing = ["--data", str(w / "missing.csv"), "--out", str(w / "y.json")]
+    assert main(["score", str(w / "model"), *missing]) == 2
+    assert "missing.csv' does not exist" in capsys.readouterr().err
+
+
+def test_predict_errors(workspace, capsys):
+    w = workspace
+    model, data, out = str(w / "model"), ["--data", str(w / "train.csv")], ["--out", str(w / "p.csv")]
+    assert main(["predict", model, *data, "--val-data", "fortunes", *out]) == 2  # unlabelled
+    assert "fortunes has no labels" in capsys.readouterr().err
+    hydra = w / "zero-shot-hydra"
+    he.fuse(load_any(model), [he.HeadSet({})]).save_pretrained(hydra)
+    assert main(["predict", str(hydra), *data, *out]) == 2  # a saved Hydra model keeps no tokenizer
+    assert "pass --tokenizer" in capsys.readouterr().err
+    assert not (w / "p.csv").exists()

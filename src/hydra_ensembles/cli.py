@@ -84,9 +84,16 @@ def _data_batches(
     spec: str, args: argparse.Namespace, tokenizer, limit: int | None = None, labels: bool = True
 ):
     from .batching import model_inputs
-    from .data import load_spec, stable_sample, to_batches
+    from .data import ImageDataset, load_spec, stable_sample, to_batches
 
     dataset = load_spec(spec, args.text_column, args.label_column if labels else None)
+    if labels and not dataset.classes:
+        raise ValueError(f"{spec} has no labels; this option needs labelled data")
+    if tokenizer is None and not isinstance(dataset, ImageDataset):
+        raise ValueError(
+            "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
+            "where the command takes it (a saved Hydra model keeps none)"
+        )
     if limit:
         dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
     out = list(to_batches(dataset, tokenizer, args.batch_size, args.max_length))

@@ -74,6 +74,8 @@ def load_spec(
     path = Path(spec)
     if path.is_dir():
         return load_image_folder(path)
+    if path.suffix in (".npz", ".csv", ".tsv", ".jsonl", ".json") and not path.is_file():
+        raise ValueError(f"data file {spec!r} does not exist")
     if path.suffix == ".npz":
         return load_npz(path)
     if path.suffix in (".csv", ".tsv", ".jsonl", ".json"):
