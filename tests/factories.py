@@ -8,6 +8,8 @@ import torch
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
+    CLIPConfig,
+    CLIPForImageClassification,
     DeiTConfig,
     DeiTForImageClassification,
     DistilBertConfig,
@@ -117,6 +119,23 @@ def tiny_deit(
     return DeiTForImageClassification(config).eval()
 
 
+def tiny_clip(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
+) -> CLIPForImageClassification:
+    """CLIP's vision tower with a classifier: pre-LayerNorm before the layers, mean-pooled patches."""
+    torch.manual_seed(seed)
+    fields = _image(**_encoder(layers, heads, head_dim, labels, init_range))
+    labels_, init = fields.pop("num_labels"), fields.pop("initializer_range")
+    text = {"vocab_size": VOCAB, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1}
+    text |= {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 1}  # within the tiny vocabulary
+    config = CLIPConfig(
+        vision_config=fields, text_config={**text, "num_attention_heads": 2}, num_labels=labels_
+    )
+    config.vision_config.initializer_range = init
+    config.initializer_factor = init / 0.02
+    return CLIPForImageClassification(config).eval()
+
+
 def text_inputs(
     batch: int = 4, tokens: int = 9, seed: int = 0, padded: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -151,5 +170,6 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "distilbert": (tiny_distilbert, text_inputs),
     "vit": (tiny_vit, image_inputs),
     "deit": (tiny_deit, image_inputs),
+    "clip": (tiny_clip, image_inputs),
 }
 """Every supported family: (tiny model factory, input factory); tests parametrize over it."""

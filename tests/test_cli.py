@@ -28,7 +28,8 @@ def local_model(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("family", "name"), [("bert", "BERT"), ("distilbert", "DistilBERT"), ("deit", "ViT")]
+    ("family", "name"),
+    [("bert", "BERT"), ("distilbert", "DistilBERT"), ("deit", "ViT"), ("clip", "CLIP (vision)")],
 )
 def test_info_on_a_local_directory_keeps_its_head(family, name, tmp_path, capsys):
     FAMILIES[family][0](labels=3).save_pretrained(tmp_path)

@@ -348,6 +348,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    from .adapters import get_adapter
     from .bench import markdown_table, random_head_sets, run_bench
     from .io import atomic_write_json, atomic_write_text
     from .models import VISION_MODEL_TYPES, load_any
@@ -356,10 +357,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not args.default_allocator:
         tune_cpu_allocator()
     model = load_any(args.model, args.num_labels).eval()
-    config = model.config
+    adapter = get_adapter(model)
+    config = adapter.encoder_config(model)
     heads = random_head_sets(
         args.members,
-        config.num_hidden_layers,
+        adapter.num_layers(model),
         config.num_attention_heads,
         args.heads_per_layer,
         seed=args.seed,

