@@ -176,6 +176,7 @@ def test_score_build_eval(workspace, capsys):
     flagged = sum(r["flagged"] == "True" for r in rows)
     assert flagged <= 2  # the threshold keeps 95% of these same (validation) inputs unflagged
     assert "24 predictions" in capsys.readouterr().out
+    assert (w / "predictions_msp.png").stat().st_size > 0  # the score histograms with the threshold
 
     out = w / "ood.jsonl"
     ensemble = f"{w / 'built' / 'members' / 'member-0'},{w / 'built' / 'members' / 'member-1'}"

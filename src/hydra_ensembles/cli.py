@@ -299,7 +299,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     import csv
     import io
 
-    from .evaluation import fit_temperature, flag_threshold, per_example, predict
+    from . import reporting
+    from .evaluation import fit_temperature, flag_threshold, ood_scores, per_example, predict
     from .io import atomic_write_text
 
     models, tokenizer = _load_methods(args.model)
@@ -311,19 +312,26 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if classes is None:
         id2label = getattr(models[0].config, "id2label", None) or {}
         classes = [str(id2label.get(i, i)) for i in range(len(id2label))] or None
-    temperature, threshold = 1.0, None
+    temperature, threshold, val = 1.0, None, None
     if args.val_data:
         val = predict(model, _data_batches(args.val_data, args, tokenizer)[1], "validation")
         temperature = fit_temperature(val)
         threshold = flag_threshold(val, args.flag_score, args.keep, temperature)
     preds = predict(model, batches, "predict")
     records = per_example(preds, classes, temperature, args.flag_score, threshold)
+    out = Path(args.out)
+    if val is not None:  # where the data's scores fall against ID validation, and the threshold
+        scores = {
+            f"ID validation ({args.val_data})": ood_scores(val, args.flag_score, temperature),
+            f"data ({args.data})": ood_scores(preds, args.flag_score, temperature),
+        }
+        plot = out.with_name(f"{out.stem}_{args.flag_score}.png")
+        reporting.score_histograms(scores, plot, args.flag_score, threshold)
     texts = getattr(dataset, "texts", None)
     rows = [
         {"id": dataset.ids[i], **({"text": texts[i]} if texts else {}), **record}
         for i, record in enumerate(records)
     ]
-    out = Path(args.out)
     if out.suffix == ".jsonl":
         atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     else:
@@ -333,6 +341,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         writer.writerows(rows)
         atomic_write_text(out, buffer.getvalue())
     summary = [f"{len(rows)} predictions -> {out}", f"temperature {float(temperature):.3f}"]
+    if val is not None:
+        summary.append(f"score histograms -> {plot}")
     if threshold is not None:
         flagged = sum(r["flagged"] for r in rows) / len(rows)
         summary.append(

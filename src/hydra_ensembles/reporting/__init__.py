@@ -7,6 +7,7 @@ from .plots import (
     reliability_diagram,
     roc_curves,
     score_heatmap,
+    score_histograms,
 )
 from .tables import main_row, markdown_report, write_results
 
@@ -19,5 +20,6 @@ __all__ = [
     "reliability_diagram",
     "roc_curves",
     "score_heatmap",
+    "score_histograms",
     "write_results",
 ]

@@ -54,6 +54,35 @@ def confidence_histograms(conf_by_set: Mapping[str, np.ndarray], path, title: st
     return _save(fig, path)
 
 
+SCORE_LABELS = {
+    "msp": "1 - max softmax probability",
+    "max_logit": "- max logit",
+    "energy": "- energy (free energy, sign flipped)",
+    "entropy": "predictive entropy (nats)",
+    "mutual_information": "mutual information (nats)",
+}
+
+
+def score_histograms(
+    scores_by_set: Mapping[str, np.ndarray], path, score: str, threshold: float | None = None, title: str = ""
+) -> Path:
+    """Histograms of an OOD score (higher = more OOD) per dataset, with the flag threshold."""
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    values = np.concatenate([np.asarray(v, dtype=float) for v in scores_by_set.values()])
+    bins = np.linspace(values.min(), values.max(), 31) if np.ptp(values) > 0 else 10
+    for name, scores in scores_by_set.items():
+        ax.hist(scores, bins=bins, histtype="step", density=True, lw=1.5, label=name)
+    if threshold is not None:
+        ax.axvline(threshold, color="k", ls="--", lw=1, label=f"flag above {threshold:.3g}")
+    ax.set(
+        title=title or f"{score} (higher = more likely OOD)",
+        xlabel=SCORE_LABELS.get(score, score),
+        ylabel="density",
+    )
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def roc_curves(
     id_scores: np.ndarray, ood_scores_by_set: Mapping[str, np.ndarray], path, title: str = ""
 ) -> Path:
