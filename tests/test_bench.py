@@ -113,3 +113,13 @@ def test_run_bench_on_cuda():
     heads = random_head_sets(3, 2, 4, 2)
     results = run_bench(model, heads, make, (1, 2), repeats=1, progress=print, device="cuda")
     assert results["device"] == "cuda" and "hydra_bf16_vs_single_fp32" in results
+
+
+def test_random_head_sets_with_a_shared_trunk():
+    heads = random_head_sets(3, 4, 6, 3, seed=1, shared_layers=2)
+    assert all(hs.layers[layer] == heads[0].layers[layer] for hs in heads for layer in (0, 1))
+    assert len({hs.layers[3] for hs in heads}) > 1
+    assert random_head_sets(3, 4, 6, 3, seed=1)[1].layers[3] == heads[1].layers[3]  # later layers unchanged
+    assert he.fuse(tiny_bert(layers=4, heads=6), heads).trunk_layers == 2
+    with pytest.raises(ValueError, match="shared_layers"):
+        random_head_sets(3, 4, 6, 3, shared_layers=4)

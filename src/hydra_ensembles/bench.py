@@ -61,14 +61,23 @@ def peak_memory(run: Callable[[], Any]) -> int:
     return tracker.peak
 
 
-def random_head_sets(num_members: int, layers: int, heads: int, keep: int, seed: int = 0) -> list[HeadSet]:
-    """``keep`` heads per layer for each member, drawn with a per-member seed."""
+def random_head_sets(
+    num_members: int, layers: int, heads: int, keep: int, seed: int = 0, shared_layers: int = 0
+) -> list[HeadSet]:
+    """``keep`` heads per layer for each member, drawn with a per-member seed; with
+    ``shared_layers=k`` every member keeps member 0's heads in the first k layers (a shared trunk)."""
     if not 0 <= keep <= heads:
         raise ValueError(f"cannot keep {keep} heads per layer of a model with {heads}")
+    if not 0 <= shared_layers < layers:
+        raise ValueError(f"shared_layers must be in [0, {layers - 1}], got {shared_layers}")
     return [
         HeadSet(
             {
-                lay: sorted(random.Random(f"{seed}:{m}:{lay}").sample(range(heads), keep))
+                lay: sorted(
+                    random.Random(f"{seed}:{0 if lay < shared_layers else m}:{lay}").sample(
+                        range(heads), keep
+                    )
+                )
                 for lay in range(layers)
             }
         )

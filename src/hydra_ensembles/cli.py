@@ -375,6 +375,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         config.num_attention_heads,
         args.heads_per_layer,
         seed=args.seed,
+        shared_layers=args.shared_layers,
     )
     generator = torch.Generator().manual_seed(args.seed)
 
@@ -390,6 +391,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         f"{args.model}, M={args.members}, {args.heads_per_layer}/{config.num_attention_heads} heads per "
         f"layer (random, seed {args.seed}), {args.tokens} tokens, {args.repeats} interleaved runs, "
         f"device {args.device}"
+        + (f", shared trunk of {args.shared_layers} layers" if args.shared_layers else "")
     )
     print(f"machine: {describe_machine()}\nsetting: {setting}")
     results = run_bench(
@@ -558,6 +560,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--test-set", type=int, default=351, help="inputs in the whole-test-set timing (0: skip)"
     )
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (timed with CUDA synchronisation)")
+    bench.add_argument(
+        "--shared-layers",
+        type=int,
+        default=0,
+        help="members share their first K layers' heads, which then run once (a shared trunk)",
+    )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
     bench.add_argument("--default-allocator", action="store_true", help="keep glibc's default allocator")
