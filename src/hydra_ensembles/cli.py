@@ -10,6 +10,10 @@ from pathlib import Path
 from .data import MissingDataError
 from .models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, MissingModelError
 
+PREPROCESSOR_HELP = (
+    "a model directory or hub id to load the tokenizer (text) or image processor (images) from, "
+    "where the models given have none (a saved Hydra model keeps none)"
+)
 NUM_LABELS_HELP = "classes of a freshly initialised head (default: the saved head; 2 where none is saved)"
 
 
@@ -65,23 +69,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tokenizer_for(model_path: str):
-    """The tokenizer saved with a text model, or None for image models."""
+def _preprocessor_for(model_path: str):
+    """What a model's inputs are made with: the tokenizer saved with a text model, the image
+    processor saved with a vision model, or None (a saved member or Hydra model, or a vision
+    model without one)."""
     from transformers import AutoConfig
 
-    from .models import VISION_MODEL_TYPES, load_tokenizer, resolve_model_path
+    from .models import VISION_MODEL_TYPES, load_image_processor, load_tokenizer, resolve_model_path
 
     try:
         config = AutoConfig.from_pretrained(resolve_model_path(model_path))
     except (OSError, ValueError):
         return None
     if config.model_type in VISION_MODEL_TYPES:
-        return None
+        return load_image_processor(model_path)
     return load_tokenizer(model_path)
 
 
 def _data_batches(
-    spec: str, args: argparse.Namespace, tokenizer, limit: int | None = None, labels: bool = True
+    spec: str, args: argparse.Namespace, preprocessor, limit: int | None = None, labels: bool = True
 ):
     from .batching import model_inputs
     from .data import ImageDataset, load_spec, stable_sample, to_batches
@@ -89,14 +95,14 @@ def _data_batches(
     dataset = load_spec(spec, args.text_column, args.label_column if labels else None)
     if labels and not dataset.classes:
         raise ValueError(f"{spec} has no labels; this option needs labelled data")
-    if tokenizer is None and not isinstance(dataset, ImageDataset):
+    if preprocessor is None and not isinstance(dataset, ImageDataset):
         raise ValueError(
             "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
             "where the command takes it (a saved Hydra model keeps none)"
         )
     if limit:
         dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
-    out = list(to_batches(dataset, tokenizer, args.batch_size, args.max_length))
+    out = list(to_batches(dataset, preprocessor, args.batch_size, args.max_length))
     if not labels:
         out = [model_inputs(b) for b in out]
     return dataset, out
@@ -108,8 +114,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
     from .scoring import extract_circuit, taylor_head_set, taylor_scores
 
     model = load_any(args.model, args.num_labels)
-    tokenizer = _tokenizer_for(args.model)
-    _, data = _data_batches(args.data, args, tokenizer, args.limit)
+    preprocessor = _preprocessor_for(args.model)
+    _, data = _data_batches(args.data, args, preprocessor, args.limit)
     if args.method == "taylor":
         scores = taylor_scores(model, data, progress=True)
         heads = taylor_head_set(model, data, args.heads_per_layer, scope=args.scope)
@@ -122,7 +128,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
         }
     else:
         ood = (
-            _data_batches(args.ood_data, args, tokenizer, args.limit, labels=False)[1]
+            _data_batches(args.ood_data, args, preprocessor, args.limit, labels=False)[1]
             if args.ood_data
             else None
         )
@@ -180,9 +186,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.fine_tune:
         if not args.data:
             raise ValueError("--fine-tune needs --data (labelled training data)")
-        tokenizer = _tokenizer_for(args.model)
-        dataset, train = _data_batches(args.data, args, tokenizer)
-        val = _data_batches(args.val_data, args, tokenizer)[1] if args.val_data else None
+        preprocessor = _preprocessor_for(args.model)
+        dataset, train = _data_batches(args.data, args, preprocessor)
+        val = _data_batches(args.val_data, args, preprocessor)[1] if args.val_data else None
         for member in members:  # saved models name their classes (hydra-ens predict reads them)
             _name_classes(member, dataset.classes)
         for m, member in enumerate(members):
@@ -205,7 +211,7 @@ def _name_classes(model, classes: list[str]) -> None:
         model.config.label2id = {name: i for i, name in enumerate(classes)}
 
 
-def _shifted(dataset, args: argparse.Namespace, tokenizer) -> dict:
+def _shifted(dataset, args: argparse.Namespace, preprocessor) -> dict:
     """The ID test data under every corruption of its modality at severities 1-5 (seeded)."""
     from .data import ImageDataset, stable_sample, to_batches
     from .evaluation import IMAGE_CORRUPTIONS, SEVERITIES, TEXT_CORRUPTIONS, corrupt_images, corrupt_texts
@@ -215,7 +221,7 @@ def _shifted(dataset, args: argparse.Namespace, tokenizer) -> dict:
     names, corrupt = (IMAGE_CORRUPTIONS, corrupt_images) if image else (TEXT_CORRUPTIONS, corrupt_texts)
     return {
         (name, severity): list(
-            to_batches(corrupt(base, name, severity, seed=0), tokenizer, args.batch_size, args.max_length)
+            to_batches(corrupt(base, name, severity, seed=0), preprocessor, args.batch_size, args.max_length)
         )
         for name in names
         for severity in SEVERITIES
@@ -227,26 +233,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .evaluation import evaluate_predictions, fit_temperature, ood_scores, predict
 
     methods: dict[str, list] = {}
-    tokenizer = None
+    preprocessor = None
     for item in args.method:
         name, sep, paths = item.partition("=")
         if not sep or not paths:
             raise ValueError(f"--method wants NAME=PATH[,PATH...], got {item!r}")
         methods[name], found = _load_methods(paths)
-        if tokenizer is None:
-            tokenizer = found
-    if tokenizer is None and args.tokenizer:
-        tokenizer = _tokenizer_for(args.tokenizer)
-    id_dataset, id_test = _data_batches(args.id_data, args, tokenizer, args.limit)
-    shifted = _shifted(id_dataset, args, tokenizer) if args.shift else {}
+        if preprocessor is None:
+            preprocessor = found
+    if preprocessor is None and args.preprocessor:
+        preprocessor = _preprocessor_for(args.preprocessor)
+    id_dataset, id_test = _data_batches(args.id_data, args, preprocessor, args.limit)
+    shifted = _shifted(id_dataset, args, preprocessor) if args.shift else {}
     oods = {}
     for item in args.ood or []:
         name, _, rest = item.partition("=")
         spec, _, kind = rest.rpartition(":")
         if kind not in ("near", "far") or not spec:
             raise ValueError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
-        oods[name] = (kind, _data_batches(spec, args, tokenizer, args.limit, labels=False)[1])
-    val = _data_batches(args.val_data, args, tokenizer, args.limit)[1] if args.val_data else None
+        oods[name] = (kind, _data_batches(spec, args, preprocessor, args.limit, labels=False)[1])
+    val = _data_batches(args.val_data, args, preprocessor, args.limit)[1] if args.val_data else None
     results, preds = {}, {}
     for name, models in methods.items():
         model = models[0] if len(models) == 1 else models
@@ -284,7 +290,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _load_methods(spec: str) -> tuple[list, object]:
     """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and, where the first
-    path has one, its tokenizer (a saved Hydra model keeps none: pass ``--tokenizer``)."""
+    path has one, its tokenizer or image processor (a saved Hydra model keeps none: pass
+    ``--tokenizer``)."""
     from .models import load_any
 
     paths = [p for p in spec.split(",") if p]
@@ -292,7 +299,7 @@ def _load_methods(spec: str) -> tuple[list, object]:
         raise ValueError(f"no model path in {spec!r}")
     models = [load_any(p) for p in paths]
     saved_hydra = (Path(paths[0]) / "hydra_config.json").exists()
-    return models, None if saved_hydra else _tokenizer_for(paths[0])
+    return models, None if saved_hydra else _preprocessor_for(paths[0])
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -303,18 +310,18 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from .evaluation import fit_temperature, flag_threshold, ood_scores, per_example, predict
     from .io import atomic_write_text
 
-    models, tokenizer = _load_methods(args.model)
-    if args.tokenizer:
-        tokenizer = _tokenizer_for(args.tokenizer)
+    models, preprocessor = _load_methods(args.model)
+    if args.preprocessor:
+        preprocessor = _preprocessor_for(args.preprocessor)
     model = models[0] if len(models) == 1 else models
-    dataset, batches = _data_batches(args.data, args, tokenizer, labels=args.labelled)
+    dataset, batches = _data_batches(args.data, args, preprocessor, labels=args.labelled)
     classes = dataset.classes if args.labelled and dataset.classes else None
     if classes is None:
         id2label = getattr(models[0].config, "id2label", None) or {}
         classes = [str(id2label.get(i, i)) for i in range(len(id2label))] or None
     temperature, threshold, val = 1.0, None, None
     if args.val_data:
-        val = predict(model, _data_batches(args.val_data, args, tokenizer)[1], "validation")
+        val = predict(model, _data_batches(args.val_data, args, preprocessor)[1], "validation")
         temperature = fit_temperature(val)
         threshold = flag_threshold(val, args.flag_score, args.keep, temperature)
     preds = predict(model, batches, "predict")
@@ -512,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--id-data", required=True, help="labelled ID test data")
     evaluate.add_argument("--ood", action="append", help="NAME=SPEC:near|far (repeatable)")
     evaluate.add_argument("--val-data", help="labelled ID validation data: also report temperature scaling")
-    evaluate.add_argument("--tokenizer", help="where to load the tokenizer from, if no method has one")
+    evaluate.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     evaluate.add_argument("--limit", type=int, help="at most this many examples per dataset")
     evaluate.add_argument(
         "--shift",
@@ -543,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="OOD score to flag on: msp, max_logit, energy, entropy or mutual_information",
     )
     pred.add_argument("--keep", type=float, default=0.95, help="share of ID validation inputs left unflagged")
-    pred.add_argument("--tokenizer", help="where to load the tokenizer from (needed for a saved Hydra model)")
+    pred.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     pred.add_argument("--out", required=True, help="output file: .csv or .jsonl")
     data_options(pred)
     pred.set_defaults(func=_cmd_predict)

@@ -99,6 +99,23 @@ def load_classifier(
         hf_logging.set_verbosity(verbosity)
 
 
+def load_image_processor(name_or_path: str):
+    """The image processor saved with a vision model (resize, channels, normalisation), or None
+    where there is none (e.g. the ViTs trained from scratch here). No remote code is executed."""
+    from transformers import AutoImageProcessor
+    from transformers.utils import logging as hf_logging
+
+    path = resolve_model_path(name_or_path)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "falling back to the PIL backend" (no torchvision here)
+    try:
+        return AutoImageProcessor.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError):
+        return None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 def load_tokenizer(name_or_path: str = DEFAULT_TEXT_MODEL):
     from transformers import AutoTokenizer
 

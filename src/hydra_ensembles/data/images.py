@@ -7,6 +7,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,13 +49,35 @@ class ImageDataset:
 
 
 def image_batches(
-    dataset: ImageDataset, batch_size: int = 64, mean: float = 0.5, std: float = 0.5
+    dataset: ImageDataset,
+    batch_size: int = 64,
+    mean: float = 0.5,
+    std: float = 0.5,
+    processor: Any = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """``{"pixel_values", "labels"}`` batches, normalised as (x - mean) / std."""
+    """``{"pixel_values", "labels"}`` batches, normalised as (x - mean) / std; with ``processor``
+    (a Hugging Face image processor, e.g. a pretrained model's own) the images are resized,
+    given the model's channels and normalised by it instead."""
     for start in range(0, len(dataset), batch_size):
         end = start + batch_size
-        pixels = (torch.from_numpy(dataset.images[start:end]).float() - mean) / std
+        images = dataset.images[start:end]
+        if processor is None:
+            pixels = (torch.from_numpy(images).float() - mean) / std
+        else:
+            pixels = processed_pixels(images, processor)
         yield {"pixel_values": pixels, "labels": torch.tensor(dataset.labels[start:end])}
+
+
+def processed_pixels(images: np.ndarray, processor: Any) -> torch.Tensor:
+    """Images (N, C, H, W) in [0, 1] through an image processor; grey images are repeated to the
+    processor's channel count (three for RGB models)."""
+    channels = len(processor.image_mean) if isinstance(processor.image_mean, (list, tuple)) else 1
+    if images.shape[1] == 1 and channels > 1:
+        images = np.repeat(images, channels, axis=1)
+    out = processor(
+        images=list(images), return_tensors="pt", do_rescale=False, input_data_format="channels_first"
+    )
+    return out["pixel_values"].float()
 
 
 def _read_idx(path: Path) -> np.ndarray:

@@ -86,11 +86,16 @@ def load_spec(
 
 
 def to_batches(
-    dataset: TextDataset | ImageDataset, tokenizer: Any = None, batch_size: int = 32, max_length: int = 128
+    dataset: TextDataset | ImageDataset,
+    preprocessor: Any = None,
+    batch_size: int = 32,
+    max_length: int = 128,
 ) -> Iterator[dict]:
-    """Model-input batches (with labels) of a text or image dataset."""
+    """Model-input batches (with labels) of a text or image dataset. ``preprocessor``: the
+    model's tokenizer (text, required) or image processor (images; without one, pixels are only
+    normalised to [-1, 1], as for the models trained here)."""
     if isinstance(dataset, ImageDataset):
-        return image_batches(dataset, batch_size)
-    if tokenizer is None:
+        return image_batches(dataset, batch_size, processor=preprocessor)
+    if preprocessor is None:
         raise ValueError("text data needs the model's tokenizer")
-    return batches(dataset, tokenizer, batch_size, max_length)
+    return batches(dataset, preprocessor, batch_size, max_length)

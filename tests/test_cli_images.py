@@ -1,0 +1,61 @@
+"""Image models that ship an image processor (as pretrained checkpoints do): the CLI resizes,
+gives grey images the model's three channels and normalises them with it."""
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
+
+from hydra_ensembles.cli import main
+from hydra_ensembles.data import ImageDataset, image_batches
+from hydra_ensembles.models import load_image_processor
+
+MEAN, STD = [0.2, 0.4, 0.6], [0.5, 0.25, 0.125]
+
+
+@pytest.fixture(scope="module")
+def rgb_model(tmp_path_factory):
+    """A 16 x 16 RGB ViT with its processor, and 8 x 8 grey images with labels in an .npz."""
+    root = tmp_path_factory.mktemp("rgb")
+    torch.manual_seed(0)
+    config = ViTConfig(
+        hidden_size=12,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=25,
+        image_size=16,
+        patch_size=8,
+        num_channels=3,
+        num_labels=2,
+        initializer_range=0.3,
+    )
+    ViTForImageClassification(config).save_pretrained(root / "model")
+    ViTForImageClassification(config).save_pretrained(root / "bare")  # no processor (trained here)
+    processor = ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=MEAN, image_std=STD)
+    processor.save_pretrained(root / "model")
+    rng = np.random.default_rng(0)
+    grey = rng.integers(0, 256, (10, 8, 8), dtype=np.uint8)
+    np.savez(root / "images.npz", x=grey, y=rng.integers(0, 2, 10))
+    return root
+
+
+def test_processor_resizes_repeats_channels_and_normalises(rgb_model):
+    processor = load_image_processor(str(rgb_model / "model"))
+    grey = np.full((2, 1, 8, 8), 0.5, dtype=np.float32)
+    (batch,) = image_batches(ImageDataset(grey, [0, 1], ["a", "b"], ["x", "y"]), processor=processor)
+    assert batch["pixel_values"].shape == (2, 3, 16, 16)
+    expected = (0.5 - torch.tensor(MEAN)) / torch.tensor(STD)  # a flat image stays flat when resized
+    # within one 8-bit step (the PIL backend resizes in uint8), divided by the std
+    torch.testing.assert_close(batch["pixel_values"][0, :, 3, 5], expected, atol=1.01 / 255 / 0.125, rtol=0)
+    assert load_image_processor(str(rgb_model / "bare")) is None  # pixels then only go to [-1, 1]
+
+
+def test_predict_on_grey_images_with_an_rgb_model(rgb_model, capsys):
+    out = rgb_model / "predictions.csv"
+    data = ["--data", str(rgb_model / "images.npz"), "--labelled"]
+    assert main(["predict", str(rgb_model / "model"), *data, "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 10 and {"p_0", "p_1", "label", "correct"} <= set(rows[0])
+    assert "10 predictions" in capsys.readouterr().out
