@@ -12,7 +12,7 @@ from .models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, MissingModelError
 
 PREPROCESSOR_HELP = (
     "a model directory or hub id to load the tokenizer (text) or image processor (images) from, "
-    "where the models given have none (a saved Hydra model keeps none)"
+    "instead of the first model's own (needed for a saved Hydra model, which keeps none)"
 )
 NUM_LABELS_HELP = "classes of a freshly initialised head (default: the saved head; 2 where none is saved)"
 
@@ -241,7 +241,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         methods[name], found = _load_methods(paths)
         if preprocessor is None:
             preprocessor = found
-    if preprocessor is None and args.preprocessor:
+    if args.preprocessor:
         preprocessor = _preprocessor_for(args.preprocessor)
     id_dataset, id_test = _data_batches(args.id_data, args, preprocessor, args.limit)
     shifted = _shifted(id_dataset, args, preprocessor) if args.shift else {}
