@@ -149,3 +149,16 @@ def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys):
         assert set(method["ood"]) == {"fashion-held-out", "mnist", "textures"}  # ELPV is validation only
         assert len(method["shift"]) == 6 * 5 and "gaussian_noise@5" in method["shift"]
     assert result["meta"]["command"] == "hydra-ens demo --task image"
+
+
+def test_info_on_a_saved_hydra_model_and_member(tmp_path, capsys):
+    model = tiny_bert(layers=2, heads=4)
+    heads = [he.HeadSet({0: [0, 1, 2]}), he.HeadSet({0: [0, 1, 2], 1: [3]})]
+    he.fuse(model, heads).save_pretrained(tmp_path / "hydra")
+    assert main(["info", str(tmp_path / "hydra")]) == 0
+    out = capsys.readouterr().out
+    assert "fused Hydra of BertForSequenceClassification" in out and "members: 2; shared trunk: 1" in out
+    assert "member 1: heads per layer [3, 1] of [4, 4]" in out
+    he.members.save_member(he.prune(model, heads[1]), tmp_path / "member")
+    assert main(["info", str(tmp_path / "member")]) == 0
+    assert "heads per layer: [3, 1] of [4, 4]" in capsys.readouterr().out

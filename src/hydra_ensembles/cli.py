@@ -18,12 +18,25 @@ NUM_LABELS_HELP = "classes of a freshly initialised head (default: the saved hea
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from .adapters import get_adapter
     from .cost import count_parameters
-    from .models import load_classifier
+    from .fusion import HydraModel
+    from .models import load_any
     from .surgery import kept_heads
 
-    model = load_classifier(args.model, num_labels=args.num_labels)
+    model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model
+    if isinstance(model, HydraModel):
+        adapter, inner = model.adapter, model.model
+        original = adapter.original_heads_per_layer(inner)
+        print(f"model: {args.model} (fused Hydra of {type(inner).__name__}, family {adapter.family})")
+        print(f"members: {model.num_members}; shared trunk: {model.trunk_layers} layers")
+        for m, heads in enumerate(model.head_sets):
+            print(f"  member {m}: heads per layer {[len(k) for k in heads.resolve(original)]} of {original}")
+        print(f"fusion policy: {asdict(model.policy)}; per-member modules: {len(model.layout)}")
+        print(f"parameters: {count_parameters(model):,} (without padding)")
+        return 0
     adapter = get_adapter(model)
     original = adapter.original_heads_per_layer(model)
     kept = kept_heads(model).resolve(original)
