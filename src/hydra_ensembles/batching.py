@@ -29,3 +29,11 @@ def repeat_rows(inputs: dict[str, Any], times: int, batch: int | None = None) ->
     rows ``r*B .. (r+1)*B - 1`` are copy r."""
     batch = batch_rows(inputs) if batch is None else batch
     return {k: repeat_batch(v, times, batch) for k, v in inputs.items()}
+
+
+def member_stacked(logits: torch.Tensor, batch: int) -> torch.Tensor:
+    """Logits (k*B, C) of a model that answers for k members at once (a BatchEnsemble) as
+    (k, B, C); ordinary logits (B, C) as (1, B, C)."""
+    if logits.shape[0] % batch:
+        raise ValueError(f"{logits.shape[0]} rows of logits for a batch of {batch}")
+    return logits.reshape(logits.shape[0] // batch, batch, *logits.shape[1:])

@@ -114,6 +114,12 @@ def slice_projections(
 
     ``positions`` index the block's current heads; an empty list gives 0-head projections.
     """
+    for linear in (block.query, block.key, block.value, block.output):
+        if type(linear) is not nn.Linear:
+            raise TypeError(
+                f"layer {block.layer}: heads can be pruned from plain nn.Linear projections only, "
+                f"not {type(linear).__name__} (e.g. a BatchEnsemble: prune before converting)"
+            )
     dh = block.head_dim
     rows = torch.cat([torch.arange(p * dh, (p + 1) * dh) for p in positions]) if positions else None
     q, k, v = (_slice_linear(lin, rows, dim=0) for lin in (block.query, block.key, block.value))

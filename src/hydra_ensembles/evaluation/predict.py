@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..batching import model_inputs
+from ..batching import batch_rows, member_stacked, model_inputs
 from ..fusion import HydraModel
 
 
@@ -75,8 +75,8 @@ def predict(
                 m.train()
                 members += [m(**inputs).logits.float() for _ in range(mc_samples)]
                 m.eval()
-            else:
-                members.append(m.eval()(**inputs).logits.float().unsqueeze(0))
+            else:  # (B, C), or (M*B, C) from a model answering for M members (a BatchEnsemble)
+                members.append(member_stacked(m.eval()(**inputs).logits.float(), batch_rows(inputs)))
         parts.append(torch.cat([x if x.dim() == 3 else x.unsqueeze(0) for x in members]).cpu().numpy())
     logits = np.concatenate(parts, axis=1)
     return Predictions(logits, np.concatenate(labels) if labels else None)

@@ -57,6 +57,8 @@ class FusedMultiHeadAttention(nn.Module):
         dropout: float = 0.0,
     ) -> FusedMultiHeadAttention:
         """From each member's pruned (query, key, value, output) linears."""
+        if any(type(lin) is not nn.Linear for group in projections for lin in group):
+            raise TypeError("fusion needs plain nn.Linear projections (not e.g. BatchEnsemble layers)")
         heads = [q.out_features // head_dim for q, _, _, _ in projections]
         ref = projections[0][3].weight
         fused = cls(ref.shape[0], head_dim, heads, dropout, device=ref.device, dtype=ref.dtype)

@@ -1,5 +1,6 @@
 """Building members: diverse head sets from a ranking, fine-tuning, saving and loading."""
 
+from .batch_ensemble import batch_ensemble, batch_ensemble_members
 from .finetune import FineTuneConfig, FineTuneResult, evaluate_nll, fine_tune, trainable_parameters
 from .lora import lora_fine_tune
 from .sampling import least_useful_first, member_overlap, sample_members
@@ -8,6 +9,8 @@ from .storage import load_member, save_member
 __all__ = [
     "FineTuneConfig",
     "FineTuneResult",
+    "batch_ensemble",
+    "batch_ensemble_members",
     "evaluate_nll",
     "fine_tune",
     "least_useful_first",

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
-from ..batching import model_inputs
+from ..batching import member_stacked, model_inputs
 from ..io import atomic_write, atomic_write_json
 
 PARTS = ("attention", "mlp", "norm", "head", "embeddings")
@@ -112,6 +112,9 @@ def evaluate_nll(model: nn.Module, batches: Iterable[dict[str, Any]], accelerato
     for batch in batches:
         logits = model(**model_inputs(batch)).logits.float()
         labels = batch["labels"].to(logits.device)
+        if logits.shape[0] != labels.shape[0]:  # members at once: score the ensemble's mean
+            probs = member_stacked(logits, labels.shape[0]).softmax(-1).mean(0)
+            logits = probs.clamp_min(1e-12).log()  # log-probabilities: cross-entropy is the NLL
         if accelerator is not None:
             logits, labels = accelerator.gather_for_metrics((logits, labels))
         losses += F.cross_entropy(logits, labels, reduction="sum").item()
@@ -222,10 +225,10 @@ def fine_tune(
                     logits = model(
                         **{k: v.to(accelerator.device) for k, v in model_inputs(batch).items()}
                     ).logits
-                loss = F.cross_entropy(
-                    logits.float(),
-                    batch["labels"].to(accelerator.device),
-                    label_smoothing=config.label_smoothing,
+                labels = batch["labels"].to(accelerator.device)
+                members = member_stacked(logits, labels.shape[0]).shape[0]  # a BatchEnsemble: M
+                loss = F.cross_entropy(  # every member on the labels: the mean of member losses
+                    logits.float(), labels.repeat(members), label_smoothing=config.label_smoothing
                 )
                 accelerator.backward(loss / len(mine))
                 running, seen = running + loss.item(), seen + 1

@@ -13,13 +13,15 @@ from torch import nn
 from ..io import atomic_write, atomic_write_json, sha256_file
 from ..models import build_model
 from ..surgery import FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
+from .batch_ensemble import BATCH_ENSEMBLE_KEY, batch_ensemble
 
 CONFIG_NAME = "member_config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
 def save_member(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write a (pruned) model: its config with the kept heads, and its weights."""
+    """Write a (pruned, or BatchEnsemble) model: its config with the kept heads (and members), and
+    its weights."""
     path = Path(path)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     weights = atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp)))
@@ -48,12 +50,15 @@ def load_member(path: str | os.PathLike) -> nn.Module:
     config = dict(meta["config"])
     heads = config.pop(KEPT_HEADS_KEY, None)
     base_print = config.pop(FINGERPRINT_KEY, None)
+    members = config.pop(BATCH_ENSEMBLE_KEY, None)
     model = build_model(meta["model_class"], config, meta.get("attn_implementation"))
     if heads is not None:
         from ..heads import HeadSet
 
         model = prune(model, HeadSet.from_dict(heads))
         setattr(model.config, FINGERPRINT_KEY, base_print)
+    if members:  # the architecture of a BatchEnsemble; its weights come from the file
+        model = batch_ensemble(model, int(members), init_std=0.0)
     state = load_file(str(path / WEIGHTS_NAME))
     dtype = next(iter(state.values())).dtype
     model.to(dtype).load_state_dict(state, strict=True)
