@@ -79,6 +79,7 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         cache_dir=tmp_path / "cache",
         bench_repeats=1,
         trunk_study=True,
+        batch_ensemble=True,
     )
     first = run_demo(config)
     out = capsys.readouterr().out
@@ -94,8 +95,9 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     ):
         assert section in report
     results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
-    assert set(results) == set(first["results"]) and len(results) == 14
+    assert set(results) == set(first["results"]) and len(results) == 15
     assert "Hydra (Circ, shared trunk 3/6)" in results and "Hydra (Circ), fp32 evaluation" in results
+    assert results["BatchEnsemble (M=2)"]["diversity"]["id"]["mutual_information"] > 0  # two members differ
     assert {"Single + TS", "Hydra (Circ) + TS", "Hydra (Circ) + TS per member"} <= set(results)
     for method in results.values():
         assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}  # no validation OOD here

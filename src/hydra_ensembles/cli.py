@@ -73,6 +73,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "cache_dir": Path(args.cache_dir),
         "use_cache": not args.no_cache,
         "trunk_study": args.trunk_study,
+        "batch_ensemble": args.batch_ensemble,
     }
     if args.model:
         overrides["model"] = args.model
@@ -621,6 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trunk-study",
         action="store_true",
         help="also build Hydra with a shared trunk of L/3 and L/2 layers and compare",
+    )
+    demo.add_argument(
+        "--batch-ensemble", action="store_true", help="also report a BatchEnsemble baseline (M members)"
     )
     demo.set_defaults(func=_cmd_demo)
     return parser

@@ -41,6 +41,7 @@ from .fusion import fuse
 from .heads import HeadSet
 from .io import atomic_write_json
 from .members import FineTuneConfig, load_member, member_overlap, sample_members, save_member
+from .members.batch_ensemble import batch_ensemble
 from .members.finetune import fine_tune
 from .members.lora import lora_fine_tune
 from .members.sampling import least_useful_first
@@ -126,6 +127,12 @@ class DemoConfig:
     trunk_study: bool = False
     """Also build Hydra (Circ) with a shared trunk of L/3 and L/2 layers (members diverse and
     fine-tuned only after it) and report its quality and cost beside full Hydra."""
+    batch_ensemble: bool = False
+    """Also report a BatchEnsemble of M members (the paper's baseline), converted from the
+    pretrained model (text) or the trained Single model (image) and fine-tuned."""
+    batch_ensemble_init_std: float = 0.1
+    """Spread of BatchEnsemble's rank-1 factors around 1, chosen on ID validation NLL among
+    0.05 / 0.1 / 0.5 (``python benchmarks/batch_ensemble_std.py``)."""
 
     @classmethod
     def preset(cls, task: str = "text", full: bool = False, **overrides) -> DemoConfig:
@@ -314,6 +321,22 @@ def train_lora(
     return merged
 
 
+def batch_ensemble_settings(bench: Benchmark, budget: TrainingBudget) -> FineTuneConfig:
+    """BatchEnsemble trains as long as a member where it starts from the trained base."""
+    return budget.config(0, member=bench.from_scratch)
+
+
+def train_batch_ensemble(
+    bench: Benchmark, budget: TrainingBudget, base: torch.nn.Module, members: int, init_std: float
+) -> torch.nn.Module:
+    """A BatchEnsemble of the pretrained model (text) or of the trained Single model (image),
+    fine-tuned with every member on the training data."""
+    start = base if bench.from_scratch else bench.initial(0)
+    model = batch_ensemble(start, members, init_std=init_std, seed=0)
+    fine_tune(model, bench.train, bench.val, batch_ensemble_settings(bench, budget), progress=True)
+    return model
+
+
 def load_demo_task(config: DemoConfig) -> Task:
     limits = {
         "train_limit": config.train_limit,
@@ -413,6 +436,27 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         )
         for s in range(config.members)
     ]
+
+    batch_ensembles = {}
+    if config.batch_ensemble:
+        be_name = f"BatchEnsemble (M={config.members})"
+        be_key = model_key(
+            bench,
+            batch_ensemble_settings(bench, config.budget),
+            members=config.members,
+            init_std=config.batch_ensemble_init_std,
+            start=base_settings if bench.from_scratch else "pretrained",
+        )
+        batch_ensembles[be_name] = stage.run(
+            f"fine-tune: {be_name}",
+            lambda: cache.model(
+                "batch-ensemble",
+                be_key,
+                lambda: train_batch_ensemble(
+                    bench, config.budget, base, config.members, config.batch_ensemble_init_std
+                ),
+            ),
+        )
 
     # ---------------------------------------------------------------- choosing heads
     heads_per_layer = [base.config.num_attention_heads] * base.config.num_hidden_layers
@@ -530,6 +574,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "MC Dropout": (base, config.mc_samples),
         f"Deep Ensemble (M={config.members})": (singles, 0),
         f"LoRA-Ensemble (M={config.members})": (loras, 0),
+        **{name: (model, 0) for name, model in batch_ensembles.items()},
         "Taylor (single pruned)": (pruned_singles["Taylor"], 0),
         "CircAvg (single pruned)": (pruned_singles["CircAvg"], 0),
         **{name: (model, 0) for name, model in hydras.items()},
@@ -580,6 +625,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "MC Dropout",
         f"Deep Ensemble (M={config.members})",
         f"LoRA-Ensemble (M={config.members})",
+        *batch_ensembles,
         "Taylor (single pruned)",
         "CircAvg (single pruned)",
         "Hydra (Taylor)",
