@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     offline_by_default()
     tune_cpu_allocator()
-    config = DemoConfig.preset(args.task)
+    config = DemoConfig.preset(args.task)  # only the spread differs between the runs
     bench = prepare_benchmark(config, load_demo_task(config))
     settings = config.budget.config(0)
     base = Cache(config.cache_dir, True).model(
