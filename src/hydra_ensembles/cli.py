@@ -23,6 +23,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .adapters import get_adapter
     from .cost import count_parameters
     from .fusion import HydraModel
+    from .members import batch_ensemble_members
     from .models import load_any
     from .surgery import kept_heads
 
@@ -41,6 +42,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     original = adapter.original_heads_per_layer(model)
     kept = kept_heads(model).resolve(original)
     print(f"model: {args.model} ({type(model).__name__}, family {adapter.family})")
+    if (members := batch_ensemble_members(model)) > 1:
+        print(f"BatchEnsemble of {members} members (rank-1 factors on every linear layer)")
     print(f"layers: {len(original)}; heads per layer: {[len(k) for k in kept]} of {original}")
     print(f"parameters: {count_parameters(model):,}")
     return 0
