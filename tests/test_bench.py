@@ -43,7 +43,8 @@ def test_run_bench_reports_every_method(tmp_path):
         progress=lambda _: None,
     )
     table = results["dtypes"]["float32"]
-    assert set(table) == {"Single", "Deep Ensemble", "Members one by one", "Hydra (fused)"}
+    assert set(table) == {"Single", "Deep Ensemble", "Members one by one", "Hydra (fused)", "BatchEnsemble"}
+    assert table["BatchEnsemble"]["gmacs_per_input"] >= table["Deep Ensemble"]["gmacs_per_input"]
     assert table["Deep Ensemble"]["params"] == 3 * table["Single"]["params"]
     assert table["Hydra (fused)"]["params"] == he.cost.count_parameters(he.fuse(model, heads))
     assert table["Hydra (fused)"]["gmacs_per_input"] == table["Members one by one"]["gmacs_per_input"]

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from .cost import count_parameters, interleaved_latency, median, multiply_adds, synchronizer
 from .fusion import fuse
 from .heads import HeadSet
+from .members.batch_ensemble import batch_ensemble
 from .surgery import prune
 
 
@@ -176,22 +177,28 @@ def _inputs_on(make_inputs: Callable[[int], dict], device: torch.device, batch: 
 def _build_methods(
     model: torch.nn.Module, head_sets: Sequence[HeadSet], dtype: torch.dtype, device: torch.device
 ) -> tuple[dict[str, Callable[[dict], Any]], dict[str, int]]:
-    """The four methods of the benchmark in ``dtype`` on ``device``, and their parameter counts."""
+    """The methods of the benchmark in ``dtype`` on ``device``, and their parameter counts.
+
+    BatchEnsemble (M members in one model, all of them computed on M x B rows) is timed beside
+    them as the other one-model ensemble."""
     single = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
     ensemble = [single] + [copy.deepcopy(single) for _ in head_sets[1:]]
     members = [prune(single, hs).eval() for hs in head_sets]
     hydra = fuse(single, head_sets).eval()
+    batch = batch_ensemble(single, len(head_sets)).eval()
     methods: dict[str, Callable[[dict], Any]] = {
         "Single": lambda x: single(**x),
         "Deep Ensemble": lambda x: [m(**x) for m in ensemble],
         "Members one by one": lambda x: [m(**x) for m in members],
         "Hydra (fused)": lambda x: hydra(**x),
+        "BatchEnsemble": lambda x: batch(**x),
     }
     params = {
         "Single": count_parameters(single),
         "Deep Ensemble": sum(count_parameters(m) for m in ensemble),
         "Members one by one": sum(count_parameters(m) for m in members),
         "Hydra (fused)": count_parameters(hydra),
+        "BatchEnsemble": count_parameters(batch),
     }
     return methods, params
 
