@@ -6,7 +6,12 @@ import csv
 import numpy as np
 import pytest
 import torch
-from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
+from transformers import ViTConfig, ViTForImageClassification
+
+try:  # transformers releases with a torchvision backend name the PIL one apart
+    from transformers import ViTImageProcessorPil as ViTProcessor
+except ImportError:  # pragma: no cover - older 5.x releases
+    from transformers import ViTImageProcessor as ViTProcessor
 
 from hydra_ensembles.cli import main
 from hydra_ensembles.data import ImageDataset, image_batches
@@ -33,7 +38,7 @@ def rgb_model(tmp_path_factory):
     )
     ViTForImageClassification(config).save_pretrained(root / "model")
     ViTForImageClassification(config).save_pretrained(root / "bare")  # no processor (trained here)
-    processor = ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=MEAN, image_std=STD)
+    processor = ViTProcessor(size={"height": 16, "width": 16}, image_mean=MEAN, image_std=STD)
     processor.save_pretrained(root / "model")
     rng = np.random.default_rng(0)
     grey = rng.integers(0, 256, (10, 8, 8), dtype=np.uint8)
