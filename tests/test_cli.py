@@ -98,6 +98,8 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     assert set(results) == set(first["results"]) and len(results) == 15
     assert "Hydra (Circ, shared trunk 3/6)" in results and "Hydra (Circ), fp32 evaluation" in results
     assert results["BatchEnsemble (M=2)"]["diversity"]["id"]["mutual_information"] > 0  # two members differ
+    cost = json.loads((tmp_path / "report" / "cost.json").read_text())["methods"]
+    assert cost["BatchEnsemble (M=2)"]["gmacs"] >= cost["Deep Ensemble"]["gmacs"] > cost["Single"]["gmacs"]
     assert {"Single + TS", "Hydra (Circ) + TS", "Hydra (Circ) + TS per member"} <= set(results)
     for method in results.values():
         assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}  # no validation OOD here

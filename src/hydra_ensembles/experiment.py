@@ -653,7 +653,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     )
 
     # ---------------------------------------------------------------- cost
-    cost = stage.run("cost benchmark", lambda: _cost(base, singles, hydras, test[0], config))
+    cost = stage.run("cost benchmark", lambda: _cost(base, singles, hydras, test[0], config, batch_ensembles))
 
     # ---------------------------------------------------------------- report
     out = Path(config.out_dir)
@@ -704,13 +704,16 @@ def _mean_offdiag(matrix: np.ndarray) -> float:
     return float((matrix.sum() - np.trace(matrix)) / (m * m - m)) if m > 1 else 1.0
 
 
-def _cost(base, singles, hydras: dict[str, Any], batch, config: DemoConfig) -> dict[str, Any]:
-    """bf16 latency (interleaved), parameters and multiply-adds of Single, Deep Ensemble and the
-    Circ Hydra models (including shared-trunk variants when built)."""
+def _cost(
+    base, singles, hydras: dict[str, Any], batch, config: DemoConfig, others: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """bf16 latency (interleaved), parameters and multiply-adds of Single, Deep Ensemble, the
+    Circ Hydra models (including shared-trunk variants when built) and ``others`` (e.g. a
+    BatchEnsemble)."""
     inputs = model_inputs(batch)
     chosen = {name: h for name, h in hydras.items() if name.startswith("Hydra (Circ")}
-    models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **chosen}
-    everything = [base, *singles, *chosen.values()]
+    models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **(others or {}), **chosen}
+    everything = [base, *singles, *(others or {}).values(), *chosen.values()]
     for m in everything:
         m.to(torch.bfloat16)
 
