@@ -13,17 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from hydra_ensembles.evaluation import predict
-from hydra_ensembles.experiment import (
-    Cache,
-    DemoConfig,
-    load_demo_task,
-    model_key,
-    prepare_benchmark,
-    train_batch_ensemble,
-    train_model,
-)
-from hydra_ensembles.metrics import classification
+from hydra_ensembles.experiment import demo_starting_point, train_batch_ensemble, validation_scores
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.runtime import tune_cpu_allocator
 
@@ -37,17 +27,11 @@ def main() -> None:
     args = parser.parse_args()
     offline_by_default()
     tune_cpu_allocator()
-    config = DemoConfig.preset(args.task)  # only the spread differs between the runs
-    bench = prepare_benchmark(config, load_demo_task(config))
-    settings = config.budget.config(0)
-    base = Cache(config.cache_dir, True).model(
-        "finetuned", model_key(bench, settings), lambda: train_model(bench, settings)
-    )
+    config, bench, base = demo_starting_point(args.task)  # only the spread differs between runs
     for std in args.stds:
         t = time.perf_counter()
         model = train_batch_ensemble(bench, config.budget, base, config.members, std)
-        preds = predict(model, bench.val, progress=False)
-        metrics = classification(preds.probs(), preds.labels)
+        metrics = validation_scores(model, bench)
         print(
             f"{args.task}: BatchEnsemble init_std {std:g}: val NLL {metrics['nll']:.4f}, "
             f"val acc {100 * metrics['acc']:.2f} ({time.perf_counter() - t:.0f} s)"

@@ -14,17 +14,7 @@ import argparse
 import time
 from dataclasses import replace
 
-from hydra_ensembles.evaluation import predict
-from hydra_ensembles.experiment import (
-    Cache,
-    DemoConfig,
-    load_demo_task,
-    model_key,
-    prepare_benchmark,
-    train_lora,
-    train_model,
-)
-from hydra_ensembles.metrics import classification
+from hydra_ensembles.experiment import demo_starting_point, train_lora, validation_scores
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.runtime import tune_cpu_allocator
 
@@ -39,18 +29,11 @@ def main() -> None:
     args = parser.parse_args()
     offline_by_default()
     tune_cpu_allocator()
-    config = DemoConfig.preset(args.task)
-    bench = prepare_benchmark(config, load_demo_task(config))
-    settings = config.budget.config(0)
-    base = Cache(config.cache_dir, True).model(
-        "finetuned", model_key(bench, settings), lambda: train_model(bench, settings)
-    )
+    config, bench, base = demo_starting_point(args.task)
     for scale in args.scales:
         budget = replace(config.budget, lora_lr_scale=scale)
         t = time.perf_counter()
-        model = train_lora(bench, budget, base, args.seed, config.lora_rank)
-        preds = predict(model, bench.val, progress=False)
-        metrics = classification(preds.probs(), preds.labels)
+        metrics = validation_scores(train_lora(bench, budget, base, args.seed, config.lora_rank), bench)
         print(
             f"{args.task}: LoRA lr = {scale:g} x {config.budget.lr:g}: val NLL {metrics['nll']:.4f}, "
             f"val acc {100 * metrics['acc']:.2f} ({time.perf_counter() - t:.0f} s)"

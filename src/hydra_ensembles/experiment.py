@@ -45,6 +45,7 @@ from .members.batch_ensemble import batch_ensemble
 from .members.finetune import fine_tune
 from .members.lora import lora_fine_tune
 from .members.sampling import least_useful_first
+from .metrics import classification
 from .models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, load_classifier, load_tokenizer, small_vit
 from .runtime import describe_machine
 from .scoring import CircuitOrder, extract_circuit, removal_ranking, taylor_head_set, taylor_scores
@@ -337,6 +338,24 @@ def train_batch_ensemble(
     model = batch_ensemble(start, members, init_std=init_std, seed=0)
     fine_tune(model, bench.train, bench.val, batch_ensemble_settings(bench, budget), progress=True)
     return model
+
+
+def demo_starting_point(task: str) -> tuple[DemoConfig, Benchmark, torch.nn.Module]:
+    """The demo's default configuration, benchmark and trained Single model (from the cache, or
+    trained and cached): what baseline-selection scripts start from."""
+    config = DemoConfig.preset(task)
+    bench = prepare_benchmark(config, load_demo_task(config))
+    settings = config.budget.config(0)
+    base = Cache(config.cache_dir, True).model(
+        "finetuned", model_key(bench, settings), lambda: train_model(bench, settings)
+    )
+    return config, bench, base
+
+
+def validation_scores(model: torch.nn.Module, bench: Benchmark) -> dict[str, float]:
+    """Classification metrics of ``model`` (any ensemble) on the ID validation split."""
+    preds = predict(model, bench.val, progress=False)
+    return classification(preds.probs(), preds.labels)
 
 
 def load_demo_task(config: DemoConfig) -> Task:
