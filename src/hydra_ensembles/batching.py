@@ -31,6 +31,12 @@ def repeat_rows(inputs: dict[str, Any], times: int, batch: int | None = None) ->
     return {k: repeat_batch(v, times, batch) for k, v in inputs.items()}
 
 
+def repeat_call(args: tuple, kwargs: dict[str, Any], times: int, batch: int) -> tuple[tuple, dict[str, Any]]:
+    """A call's positional and keyword arguments with every ``batch``-row tensor repeated
+    ``times`` along dim 0 (for forward pre-hooks that fan a batch out to member rows)."""
+    return tuple(repeat_batch(a, times, batch) for a in args), repeat_rows(kwargs, times, batch)
+
+
 def member_stacked(logits: torch.Tensor, batch: int) -> torch.Tensor:
     """Logits (k*B, C) of a model that answers for k members at once (a BatchEnsemble) as
     (k, B, C); ordinary logits (B, C) as (1, B, C)."""

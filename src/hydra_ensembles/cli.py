@@ -307,16 +307,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _load_methods(spec: str) -> tuple[list, object]:
     """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and, where the first
-    path has one, its tokenizer or image processor (a saved Hydra model keeps none: pass
-    ``--tokenizer``)."""
+    path has one, its tokenizer or image processor (a saved Hydra model or member keeps none:
+    pass ``--tokenizer``)."""
     from .models import load_any
 
     paths = [p for p in spec.split(",") if p]
     if not paths:
         raise ValueError(f"no model path in {spec!r}")
-    models = [load_any(p) for p in paths]
-    saved_hydra = (Path(paths[0]) / "hydra_config.json").exists()
-    return models, None if saved_hydra else _preprocessor_for(paths[0])
+    return [load_any(p) for p in paths], _preprocessor_for(paths[0])
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:

@@ -731,8 +731,9 @@ def _cost(
     BatchEnsemble)."""
     inputs = model_inputs(batch)
     chosen = {name: h for name, h in hydras.items() if name.startswith("Hydra (Circ")}
-    models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **(others or {}), **chosen}
-    everything = [base, *singles, *(others or {}).values(), *chosen.values()]
+    others = others or {}
+    models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **others, **chosen}
+    everything = [base, *singles, *others.values(), *chosen.values()]
     for m in everything:
         m.to(torch.bfloat16)
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..adapters import ArchitectureAdapter
-from ..batching import batch_rows, repeat_batch, repeat_rows
+from ..batching import batch_rows, repeat_call, repeat_rows
 from ..heads import HeadSet
 from ..layers import FusedMultiHeadAttention
 
@@ -108,8 +108,7 @@ class HydraModel(nn.Module):
     def _fan_out(self, _module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """After the shared trunk: repeat every batch-shaped layer input M times (hidden states
         once, at the first member-specific layer; the attention mask at every layer)."""
-        batch, m = self._batch, self.num_members
-        return tuple(repeat_batch(a, m, batch) for a in args), repeat_rows(kwargs, m, batch)
+        return repeat_call(args, kwargs, self.num_members, self._batch)
 
     @property
     def num_members(self) -> int:

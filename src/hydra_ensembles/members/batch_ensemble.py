@@ -17,7 +17,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
-from ..batching import batch_rows, repeat_batch, repeat_rows
+from ..batching import batch_rows, repeat_call
 from ..layers.batch_ensemble import BatchEnsembleLinear
 
 BATCH_ENSEMBLE_KEY = "hydra_batch_ensemble_members"
@@ -59,6 +59,4 @@ class _StackInputs:
         self.num_members = num_members
 
     def __call__(self, _module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        batch = batch_rows({**dict(enumerate(args)), **kwargs})
-        stacked_args = tuple(repeat_batch(a, self.num_members, batch) for a in args)
-        return stacked_args, repeat_rows(kwargs, self.num_members, batch)
+        return repeat_call(args, kwargs, self.num_members, batch_rows({**dict(enumerate(args)), **kwargs}))
