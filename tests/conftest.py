@@ -8,6 +8,9 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The suite computes in fp32 on every kind of CPU (AMX, AVX-512 BF16, AVX2-only alike), so its
+# numbers and its time do not depend on the machine; tests of the precision decision unset this.
+os.environ.setdefault("HYDRA_PRECISION", "fp32")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 

@@ -17,6 +17,14 @@ def batch_rows(inputs: dict[str, Any]) -> int:
     return int(next(v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0).shape[0])
 
 
+def slice_rows(inputs: dict[str, Any], start: int, stop: int, batch: int) -> dict[str, Any]:
+    """Rows ``start:stop`` of every ``batch``-row tensor; other values as they are."""
+    return {
+        k: v[start:stop] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch else v
+        for k, v in inputs.items()
+    }
+
+
 def repeat_batch(value: Any, times: int, batch: int) -> Any:
     """``value`` repeated ``times`` along dim 0 if it is a tensor with ``batch`` rows, else as is."""
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:

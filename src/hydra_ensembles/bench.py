@@ -2,7 +2,8 @@
 
 For one model and Hydra configuration: median and p90 latency per batch at several batch sizes,
 whole-test-set time, parameters, multiply-adds (``torch.utils.flop_counter``) and peak tensor
-memory, in fp32 and bf16. Runs are interleaved (A B C D A B C D ...) after warm-up, so the
+memory, in fp32 and in the reduced precision ``auto`` picks on the device, if any
+(`precision.resolve_precision`). Runs are interleaved (A B C D A B C D ...) after warm-up, so the
 ratios to Single compare like with like on a noisy machine.
 """
 
@@ -23,6 +24,7 @@ from .cost import count_parameters, interleaved_latency, median, multiply_adds, 
 from .fusion import fuse
 from .heads import HeadSet
 from .members.batch_ensemble import batch_ensemble
+from .precision import resolve_precision
 from .surgery import prune
 
 
@@ -100,15 +102,21 @@ def run_bench(
     head_sets: Sequence[HeadSet],
     make_inputs: Callable[[int], dict[str, torch.Tensor]],
     batch_sizes: Sequence[int] = (1, 8, 64),
-    dtypes: Sequence[str] = ("float32", "bfloat16"),
+    dtypes: Sequence[str] | None = None,
     repeats: int = 10,
     test_set: int = 0,
     test_batch: int = 64,
     progress: Callable[[str], None] = print,
     device: str | torch.device = "cpu",
 ) -> dict[str, Any]:
-    """Measure every method on ``device``; ``make_inputs(batch)`` builds one input batch (on CPU)."""
+    """Measure every method on ``device``; ``make_inputs(batch)`` builds one input batch (on CPU).
+
+    ``dtypes`` (torch dtype names): default float32, plus bfloat16/float16 where ``auto``
+    precision picks it on ``device``."""
     device = torch.device(device)
+    if dtypes is None:
+        auto = resolve_precision("auto", device)
+        dtypes = ["float32"] + ([str(auto.dtype).removeprefix("torch.")] if auto.reduced else [])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda requested, but torch sees no CUDA GPU")
     results: dict[str, Any] = {"batch_sizes": list(batch_sizes), "dtypes": {}, "device": str(device)}

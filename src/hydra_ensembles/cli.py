@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,12 @@ PREPROCESSOR_HELP = (
     "instead of the first model's own (needed for a saved Hydra model, which keeps none)"
 )
 NUM_LABELS_HELP = "classes of a freshly initialised head (default: the saved head; 2 where none is saved)"
+PRECISION_HELP = (
+    "compute precision: auto (default) picks bf16 only where this machine computes it natively and "
+    "measurably faster (a CPU with AMX or AVX-512 BF16, confirmed by a small timed probe; a GPU "
+    "with bf16, else fp16) and fp32 otherwise (e.g. AVX2-only CPUs, where bf16 is emulated and far "
+    "slower); fp32, bf16 or fp16 force one. HYDRA_PRECISION=fp32|bf16|fp16 sets what auto picks"
+)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -68,10 +75,11 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .experiment import DemoConfig, run_demo
-    from .runtime import tune_cpu_allocator
+    from .runtime import ensure_cpu_allocator_tuned
 
-    tune_cpu_allocator()
+    ensure_cpu_allocator_tuned()
     overrides = {
+        "precision": args.precision,
         "seed": args.seed,
         "cache_dir": Path(args.cache_dir),
         "use_cache": not args.no_cache,
@@ -134,8 +142,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
     preprocessor = _preprocessor_for(args.model)
     _, data = _data_batches(args.data, args, preprocessor, args.limit)
     if args.method == "taylor":
-        scores = taylor_scores(model, data, progress=True)
-        heads = taylor_head_set(model, data, args.heads_per_layer, scope=args.scope)
+        scores = taylor_scores(model, data, progress=True, precision=args.precision)
+        heads = taylor_head_set(model, data, args.heads_per_layer, scope=args.scope, precision=args.precision)
         out = {
             "method": "taylor",
             "scores": scores.tolist(),
@@ -161,6 +169,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
             shortlist=args.lazy or 8,
             refresh_every=args.refresh_every,
             cache_gb=args.cache_gb,
+            precision=args.precision,
         )
         out = {"method": "circuit", **order.to_dict()}
     atomic_write_json(args.out, out)
@@ -210,7 +219,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
             _name_classes(member, dataset.classes)
         for m, member in enumerate(members):
             config = FineTuneConfig(
-                epochs=args.epochs, lr=args.lr, seed=args.seed + m, patience=args.patience
+                epochs=args.epochs,
+                lr=args.lr,
+                seed=args.seed + m,
+                patience=args.patience,
+                precision=args.precision,
             )
             ckpt = Path(args.out) / "checkpoints" / f"member-{m}"
             fine_tune(member, train, val, config, checkpoint_dir=ckpt)
@@ -246,8 +259,11 @@ def _shifted(dataset, args: argparse.Namespace, preprocessor) -> dict:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from functools import partial
+
     from . import reporting
-    from .evaluation import evaluate_predictions, fit_temperature, ood_scores, predict
+    from .evaluation import evaluate_predictions, fit_temperature, ood_scores
+    from .evaluation import predict as predict_any
 
     methods: dict[str, list] = {}
     preprocessor = None
@@ -270,6 +286,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             raise ValueError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
         oods[name] = (kind, _data_batches(spec, args, preprocessor, args.limit, labels=False)[1])
     val = _data_batches(args.val_data, args, preprocessor, args.limit)[1] if args.val_data else None
+    predict = partial(predict_any, precision=args.precision)
     results, preds = {}, {}
     for name, models in methods.items():
         model = models[0] if len(models) == 1 else models
@@ -320,11 +337,14 @@ def _load_methods(spec: str) -> tuple[list, object]:
 def _cmd_predict(args: argparse.Namespace) -> int:
     import csv
     import io
+    from functools import partial
 
     from . import reporting
-    from .evaluation import fit_temperature, flag_threshold, ood_scores, per_example, predict
+    from .evaluation import fit_temperature, flag_threshold, ood_scores, per_example
+    from .evaluation import predict as predict_any
     from .io import atomic_write_text
 
+    predict = partial(predict_any, precision=args.precision)
     models, preprocessor = _load_methods(args.model)
     if args.preprocessor:
         preprocessor = _preprocessor_for(args.preprocessor)
@@ -384,10 +404,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import markdown_table, random_head_sets, run_bench
     from .io import atomic_write_json, atomic_write_text
     from .models import VISION_MODEL_TYPES, load_any
-    from .runtime import describe_machine, tune_cpu_allocator
+    from .precision import resolve_precision
+    from .runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
 
-    if not args.default_allocator:
-        tune_cpu_allocator()
+    if args.default_allocator:
+        os.environ[ALLOCATOR_ENV] = "0"
+    ensure_cpu_allocator_tuned()
+    chosen = [resolve_precision(name, args.device) for name in args.precision.split(",")]
+    if len(chosen) == 1 and args.precision == "auto" and chosen[0].reduced:
+        chosen.insert(0, resolve_precision("fp32", args.device))  # auto's pick beside fp32
     model = load_any(args.model, args.num_labels).eval()
     adapter = get_adapter(model)
     config = adapter.encoder_config(model)
@@ -415,23 +440,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         f"device {args.device}"
         + (f", shared trunk of {args.shared_layers} layers" if args.shared_layers else "")
     )
-    print(f"machine: {describe_machine()}\nsetting: {setting}")
+    precision = "; ".join(str(p) for p in chosen)
+    print(f"machine: {describe_machine()}\nsetting: {setting}\nprecision: {precision}")
     results = run_bench(
         model,
         heads,
         make_inputs,
         [int(b) for b in args.batch_sizes.split(",")],
-        args.dtypes.split(","),
+        [str(p.dtype).removeprefix("torch.") for p in chosen],
         repeats=args.repeats,
         test_set=args.test_set,
         device=args.device,
     )
     out = Path(args.out)
-    atomic_write_json(out / "bench.json", {"machine": describe_machine(), "setting": setting, **results})
-    table = markdown_table(results, describe_machine(), setting)
+    atomic_write_json(
+        out / "bench.json",
+        {"machine": describe_machine(), "setting": setting, "precision": precision, **results},
+    )
+    table = markdown_table(results, describe_machine(), f"{setting}; precision: {precision}")
     atomic_write_text(out / "bench.md", table)
     print(table)
     return 0
+
+
+def precision_option(parser: argparse.ArgumentParser) -> None:
+    from .precision import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto", help=PRECISION_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -461,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.set_defaults(func=_cmd_fuse)
 
     def data_options(p: argparse.ArgumentParser) -> None:
+        precision_option(p)
         p.add_argument("--text-column", default="text", help="text column of CSV/JSONL data")
         p.add_argument("--label-column", default="label", help="label column of CSV/JSONL data")
         p.add_argument("--batch-size", type=int, default=32)
@@ -576,7 +612,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--heads-per-layer", type=int, default=8)
     bench.add_argument("--tokens", type=int, default=128)
     bench.add_argument("--batch-sizes", default="1,8,64")
-    bench.add_argument("--dtypes", default="float32,bfloat16")
+    bench.add_argument(
+        "--precision",
+        default="auto",
+        help="precisions to time, comma-separated (fp32,bf16,fp16); auto: fp32, plus bf16/fp16 where "
+        "auto picks it (see --precision of the other commands)",
+    )
     bench.add_argument("--repeats", type=int, default=10)
     bench.add_argument(
         "--test-set", type=int, default=351, help="inputs in the whole-test-set timing (0: skip)"
@@ -590,7 +631,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
-    bench.add_argument("--default-allocator", action="store_true", help="keep glibc's default allocator")
+    bench.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="keep glibc's default allocator (the same as HYDRA_TUNE_ALLOCATOR=0)",
+    )
     bench.add_argument("--out", default="runs/bench")
     bench.set_defaults(func=_cmd_bench)
 
@@ -627,6 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--batch-ensemble", action="store_true", help="also report a BatchEnsemble baseline (M members)"
     )
+    precision_option(demo)
     demo.set_defaults(func=_cmd_demo)
     return parser
 

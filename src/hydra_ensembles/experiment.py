@@ -18,7 +18,6 @@ of everything they depend on, so a second run is fast.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import time
@@ -47,6 +46,7 @@ from .members.lora import lora_fine_tune
 from .members.sampling import least_useful_first
 from .metrics import classification
 from .models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, load_classifier, load_tokenizer, small_vit
+from .precision import Precision, in_precision, resolve_precision
 from .runtime import describe_machine
 from .scoring import CircuitOrder, extract_circuit, removal_ranking, taylor_head_set, taylor_scores
 from .surgery import prune
@@ -67,7 +67,7 @@ class TrainingBudget:
     warmup: float = 0.1
     weight_decay: float = 0.01
     label_smoothing: float = 0.0
-    bf16: bool = True
+    precision: str = "auto"
 
     def config(self, seed: int, member: bool = False, lora: bool = False) -> FineTuneConfig:
         return FineTuneConfig(
@@ -76,7 +76,7 @@ class TrainingBudget:
             warmup=self.warmup,
             weight_decay=self.weight_decay,
             label_smoothing=self.label_smoothing,
-            bf16=self.bf16,
+            precision=self.precision,
             seed=seed,
             trainable=("attention", "mlp", "norm", "head", "embeddings"),
         )
@@ -114,8 +114,12 @@ class DemoConfig:
     circuit_id_items: int = 16
     circuit_ood_items: int = 16
     circuit_length: int = 32
-    circuit_bf16: bool = True
-    eval_bf16: bool = True
+    precision: str = "auto"
+    """Compute precision of training, head scoring, circuit extraction, evaluation and the cost
+    table: ``auto`` (bf16 only where this machine computes it natively and faster, else fp32;
+    `precision.resolve_precision`), ``fp32``, ``bf16`` or ``fp16``."""
+    eval_precision: str | None = None
+    """Evaluation's own precision (``None``: ``precision``); ``--full`` evaluates in fp32."""
     mc_samples: int = 4
     lora_rank: int = 8
     budget: TrainingBudget = field(default_factory=TrainingBudget)
@@ -158,7 +162,7 @@ class DemoConfig:
                     circuit_id_items=48,
                     circuit_ood_items=48,
                     circuit_length=64,
-                    eval_bf16=False,
+                    eval_precision="fp32",
                     mc_samples=8,
                     budget=TrainingBudget(epochs=3, member_epochs=1),
                 )
@@ -187,7 +191,7 @@ class DemoConfig:
                     shift_limit=500,
                     circuit_id_items=256,
                     circuit_ood_items=256,
-                    eval_bf16=False,
+                    eval_precision="fp32",
                     mc_samples=8,
                     budget=replace(IMAGE_BUDGET, epochs=3, member_epochs=1),
                 )
@@ -213,12 +217,8 @@ class DemoConfig:
             f"base and deep-ensemble members {start} {self.budget.epochs} epoch(s); pruned members "
             f"fine-tuned {self.budget.member_epochs} epoch(s) from the base",
             f"circuit extraction on {self.circuit_id_items} ID + {self.circuit_ood_items} OOD validation "
-            f"{items}"
-            + (f" of {self.circuit_length} tokens" if text else "")
-            + (" in bf16" if self.circuit_bf16 else ""),
+            f"{items}" + (f" of {self.circuit_length} tokens" if text else ""),
         ]
-        if self.eval_bf16:
-            notes.append("evaluation forward passes under bf16 autocast")
         if self.train_limit:
             notes.append(f"training on {self.train_limit} of the training {items}")
         if self.test_limit:
@@ -417,6 +417,12 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the whole experiment; returns the results and writes the report folder."""
     stage = Stage()
     torch.manual_seed(config.seed)
+    compute = resolve_precision(config.precision)
+    evaluation = resolve_precision(config.eval_precision or compute)
+    # the resolved name, not "auto", goes into every cache key: a cache made in bf16 on one
+    # machine is not reused as if it were fp32 on another
+    config = replace(config, precision=compute.name, budget=replace(config.budget, precision=compute.name))
+    print(f"precision: {compute}" + (f"; evaluation in {evaluation.name}" if evaluation != compute else ""))
     task = stage.run("load data", lambda: load_demo_task(config))
     for note in config.scaled_down():
         print(f"  scaled down: {note}")
@@ -482,11 +488,13 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     # ---------------------------------------------------------------- choosing heads
     heads_per_layer = [base.config.num_attention_heads] * base.config.num_hidden_layers
     calib = train[: max(1, 64 // config.budget.batch_size)]
-    rank_key = {**bench.key, "base": base_settings}
+    rank_key = {**bench.key, "base": base_settings, "precision": compute.name}
     taylor = torch.tensor(
         stage.run(
             "Taylor scores",
-            lambda: cache.json("taylor-scores", rank_key, lambda: taylor_scores(base, calib).tolist()),
+            lambda: cache.json(
+                "taylor-scores", rank_key, lambda: taylor_scores(base, calib, precision=compute.name).tolist()
+            ),
         )
     )
     taylor_single = HeadSet.from_dict(
@@ -495,7 +503,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             lambda: cache.json(
                 "taylor-heads",
                 {**rank_key, "keep": config.heads_per_layer},
-                lambda: taylor_head_set(base, calib, config.heads_per_layer).to_dict(),
+                lambda: taylor_head_set(
+                    base, calib, config.heads_per_layer, precision=compute.name
+                ).to_dict(),
             ),
         )
     )
@@ -508,9 +518,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "ood": config.circuit_ood_items,
         "objective": "avg",
         "length": config.circuit_length,
-        "bf16": config.circuit_bf16,
     }
-    circuit_model = copy.deepcopy(base).to(torch.bfloat16) if config.circuit_bf16 else base
     checkpoint = cache.path("circuit-progress", circuit_key) / "checkpoint.json"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     if not config.use_cache:
@@ -522,12 +530,13 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
                 "circuit",
                 circuit_key,
                 lambda: extract_circuit(
-                    circuit_model,
+                    base,
                     circuit_id,
                     circuit_ood,
                     "avg",
                     config.circuit_budget,
                     checkpoint=checkpoint,
+                    precision=compute.name,
                 ).to_dict(),
             ),
         )
@@ -601,26 +610,24 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         **{name: (model, 0) for name, model in hydras.items()},
     }
 
-    def predictions(name: str, model, mc: int, bf16: bool = config.eval_bf16) -> dict[str, Any]:
+    def predictions(name: str, model, mc: int, precision: str = evaluation.name) -> dict[str, Any]:
         torch.manual_seed(config.seed)  # MC dropout masks
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            out = {"test": predict(model, test, "test", mc_samples=mc)}
-            if name in ("Single", "Hydra (Circ)"):  # validation predictions serve temperature scaling
-                out["val"] = predict(model, val, "val")
-            out["ood"] = {n: (k, predict(model, b, n, mc_samples=mc)) for n, (k, b) in oods.items()}
-            out["shift"] = {
-                key: predict(model, b, f"{key[0]}@{key[1]}", mc_samples=mc) for key, b in shifted.items()
-            }
+        run = partial(predict, model, mc_samples=mc, precision=precision)
+        out = {"test": run(test, "test")}
+        if name in ("Single", "Hydra (Circ)"):  # validation predictions serve temperature scaling
+            out["val"] = run(val, "val")
+        out["ood"] = {n: (k, run(b, n)) for n, (k, b) in oods.items()}
+        out["shift"] = {key: run(b, f"{key[0]}@{key[1]}") for key, b in shifted.items()}
         return out
 
     preds = {
         name: stage.run(f"predict: {name}", lambda n=name, m=model, mc=mc: predictions(n, m, mc))
         for name, (model, mc) in methods.items()
     }
-    if config.eval_bf16:  # how much does bf16 evaluation move Hydra's numbers? (fp32 reference row)
+    if evaluation.reduced:  # how much does reduced precision move Hydra's numbers? (fp32 reference row)
         fp32_name = "Hydra (Circ), fp32 evaluation"
         preds[fp32_name] = stage.run(
-            f"predict: {fp32_name}", lambda: predictions("fp32", hydras["Hydra (Circ)"], 0, bf16=False)
+            f"predict: {fp32_name}", lambda: predictions("fp32", hydras["Hydra (Circ)"], 0, precision="fp32")
         )
 
     # ---------------------------------------------------------------- metrics
@@ -653,7 +660,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "Hydra (Circ)",
         "Hydra (Circ) + TS",
         "Hydra (Circ) + TS per member",
-        *(["Hydra (Circ), fp32 evaluation"] if config.eval_bf16 else []),
+        *(["Hydra (Circ), fp32 evaluation"] if evaluation.reduced else []),
         *trunk_names,
     ]
     results = {n: results[n] for n in order_names}
@@ -668,17 +675,20 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     # ---------------------------------------------------------------- metrics vs heads pruned (Fig. 5)
     curves = stage.run(
         "zero-shot pruning curves",
-        lambda: _pruning_curves(base, {"Taylor": taylor, "CircAvg": order}, test, oods, config),
+        lambda: _pruning_curves(base, {"Taylor": taylor, "CircAvg": order}, test, oods, config, evaluation),
     )
 
     # ---------------------------------------------------------------- cost
-    cost = stage.run("cost benchmark", lambda: _cost(base, singles, hydras, test[0], config, batch_ensembles))
+    cost = stage.run(
+        "cost benchmark", lambda: _cost(base, singles, hydras, test[0], config, compute, batch_ensembles)
+    )
 
     # ---------------------------------------------------------------- report
     out = Path(config.out_dir)
     meta = {
         "command": config.command,
         "machine": describe_machine(),
+        "precision": str(compute) + ("" if evaluation == compute else f"; evaluation in {evaluation}"),
         "model": f"{config.model} ({type(base).__name__}, {len(heads_per_layer)} layers x "
         f"{heads_per_layer[0]} heads{', trained from scratch' if bench.from_scratch else ''})",
         **{f"data: {k}": v for k, v in task.describe().items()},
@@ -707,7 +717,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     print()
     print(_console_table(results, heads_label))
     print(
-        f"\ncost (bf16, batch of {cost['input']}): "
+        f"\ncost ({cost['precision']}, batch of {cost['input']}): "
         + ", ".join(
             f"{k} {v['latency_ms']:.0f} ms / {v['params'] / 1e6:.1f}M params / {v['gmacs']:.1f} GMAC"
             for k, v in cost["methods"].items()
@@ -724,18 +734,24 @@ def _mean_offdiag(matrix: np.ndarray) -> float:
 
 
 def _cost(
-    base, singles, hydras: dict[str, Any], batch, config: DemoConfig, others: dict[str, Any] | None = None
+    base,
+    singles,
+    hydras: dict[str, Any],
+    batch,
+    config: DemoConfig,
+    compute: Precision,
+    others: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """bf16 latency (interleaved), parameters and multiply-adds of Single, Deep Ensemble, the
-    Circ Hydra models (including shared-trunk variants when built) and ``others`` (e.g. a
-    BatchEnsemble)."""
+    """Latency (interleaved, in ``compute``: what the user runs), parameters and multiply-adds of
+    Single, Deep Ensemble, the Circ Hydra models (including shared-trunk variants when built) and
+    ``others`` (e.g. a BatchEnsemble). Models are timed as copies in ``compute``'s dtype."""
     inputs = model_inputs(batch)
     chosen = {name: h for name, h in hydras.items() if name.startswith("Hydra (Circ")}
-    others = others or {}
-    models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **others, **chosen}
-    everything = [base, *singles, *others.values(), *chosen.values()]
-    for m in everything:
-        m.to(torch.bfloat16)
+    models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **(others or {}), **chosen}
+    models = {
+        k: [in_precision(x, compute) for x in m] if isinstance(m, list) else in_precision(m, compute)
+        for k, m in models.items()
+    }
 
     def runner(model):
         return (
@@ -748,8 +764,6 @@ def _cost(
             k: median(v) for k, v in interleaved_latency(runs, repeats=config.bench_repeats, warmup=1).items()
         }
         macs = {k: multiply_adds(r) for k, r in runs.items()}
-    for m in everything:
-        m.float()
     params = {
         k: sum(count_parameters(x) for x in m) if isinstance(m, list) else count_parameters(m)
         for k, m in models.items()
@@ -757,14 +771,17 @@ def _cost(
     return {
         "batch": int(batch["labels"].shape[0]),
         "input": _describe_input(inputs),
-        "dtype": "bfloat16",
+        "precision": compute.name,
+        "precision_reason": compute.reason,
         "methods": {
             k: {"latency_ms": 1e3 * times[k], "params": params[k], "gmacs": macs[k] / 1e9} for k in runs
         },
     }
 
 
-def _pruning_curves(base, rankings: dict[str, Any], test, oods, config: DemoConfig) -> dict[str, Any]:
+def _pruning_curves(
+    base, rankings: dict[str, Any], test, oods, config: DemoConfig, evaluation: Precision
+) -> dict[str, Any]:
     """Zero-shot: prune the first n heads of each ranking, measure accuracy, ECE, AUROC and FPR95
     (MSP, near/far average) on the test sets (the paper's Figure 5)."""
     steps = sorted({0, *range(8, config.pool_size + 1, 8)})
@@ -777,9 +794,9 @@ def _pruning_curves(base, rankings: dict[str, Any], test, oods, config: DemoConf
                 {lay: [h for h in range(c) if (lay, h) not in gone] for lay, c in enumerate(counts)}
             )
             model = prune(base, heads)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.eval_bf16):
-                p_test = predict(model, test, progress=False)
-                p_ood = {name: (kind, predict(model, b, progress=False)) for name, (kind, b) in oods.items()}
+            run = partial(predict, model, progress=False, precision=evaluation.name)
+            p_test = run(test)
+            p_ood = {name: (kind, run(b)) for name, (kind, b) in oods.items()}
             result = evaluate_predictions(p_test, p_ood, scores=("msp",))
             average = result["ood_summary"]["msp"]["average"]
             for metric, value in (
@@ -814,7 +831,8 @@ def _write_cost(out: Path, cost: dict[str, Any]) -> None:
     single = cost["methods"]["Single"]
     lines = [
         "",
-        f"## Cost (bf16, batch of {cost['input']}, median latency)",
+        f"## Cost ({cost['precision']}: {cost['precision_reason']}; batch of {cost['input']}, "
+        "median latency)",
         "",
         "| Method | Latency (ms) | x Single | Params (M) | GMAC |",
         "|---|---|---|---|---|",

@@ -149,7 +149,7 @@ def test_lora_members_train_the_task_head(family):
     model = _model(family)
     adapter = he.get_adapter(model)
     data = [labelled(_inputs(family, batch=4, seed=s), seed=s) for s in range(2)]
-    config = FineTuneConfig(epochs=1, lr=1e-2, bf16=False, warmup=0.0)
+    config = FineTuneConfig(epochs=1, lr=1e-2, precision="fp32", warmup=0.0)
     merged, _ = lora_fine_tune(model, data, config=config, rank=2, alpha=4, progress=False)
     assert type(merged) is type(model)
     before, after = dict(model.named_parameters()), dict(merged.named_parameters())

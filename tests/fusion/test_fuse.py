@@ -232,3 +232,57 @@ def test_one_sdpa_call_per_layer_and_no_loop_over_heads(monkeypatch):
     # one call per layer that keeps any head; batched over all members' rows
     assert len(calls) == 3 and all(shape[0] == 3 * 4 for shape in calls)
     assert sum(isinstance(m, FusedMultiHeadAttention) for m in hydra.modules()) == 3
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    ensembles("bert"),
+    st.integers(1, 7),
+    st.integers(2, 9),
+    st.sampled_from([1, 8, 20, 57, None]),
+    st.booleans(),
+    st.integers(0, 99),
+)
+def test_chunked_inference_equals_the_members(case, batch, tokens, chunk_rows, trunk, seed):
+    """Inference in row chunks (any size, down to one input per chunk) gives the members' logits."""
+    model, head_sets = case
+    inputs = text_inputs(batch=batch, tokens=tokens, seed=seed, padded=True)
+    hydra = he.fuse(model, head_sets, shared_trunk=trunk).eval()
+    hydra.chunk_rows = chunk_rows
+    with torch.no_grad():
+        out = hydra(**inputs, labels=torch.zeros(batch, dtype=torch.long))
+        whole = hydra(**inputs).member_logits if chunk_rows is None else None
+    expected = _member_logits([he.prune(model, hs) for hs in head_sets], inputs)
+    assert out.member_logits.shape == expected.shape
+    assert (out.member_logits - expected).abs().max().item() <= TOL
+    assert torch.isfinite(out.loss)
+    if whole is not None:
+        assert torch.equal(whole, out.member_logits)
+
+
+def test_chunks_are_balanced_and_sized_by_rows():
+    hydra = he.fuse(tiny_bert(layers=2, heads=4), MEMBER_HEADS).eval()  # M = 3
+    x = text_inputs(batch=8, tokens=5)
+    hydra.chunk_rows = 3 * 5 * 5  # room for 5 inputs: 8 -> two chunks of 4
+    with torch.no_grad():
+        assert hydra.inputs_per_chunk(x, 8) == 4
+    hydra.chunk_rows = 1
+    with torch.no_grad():
+        assert hydra.inputs_per_chunk(x, 8) == 1
+    hydra.chunk_rows = None
+    with torch.no_grad():
+        assert hydra.inputs_per_chunk(x, 8) == 8
+    hydra.chunk_rows = 1
+    assert hydra.inputs_per_chunk(x, 8) == 8  # autograd on: never chunked (training as before)
+
+
+def test_chunked_vit_inference_equals_the_members():
+    model = tiny_vit(layers=2, heads=4, head_dim=3)
+    hydra = he.fuse(model, MEMBER_HEADS).eval()
+    hydra.chunk_rows = 1
+    x = image_inputs(batch=5)
+    assert hydra.adapter.tokens_per_input(hydra.model, x) == 5  # 2 x 2 patches + [CLS]
+    with torch.no_grad():
+        out = hydra(**x)
+    expected = _member_logits([he.prune(model, hs) for hs in MEMBER_HEADS], x)
+    assert (out.member_logits - expected).abs().max().item() <= TOL

@@ -77,3 +77,20 @@ def test_fused_attention_matches_explicit_multi_head_attention():
             att = torch.softmax(qh @ kh.transpose(-1, -2) / dh**0.5, -1)
             expected = o((att @ vh).transpose(1, 2).reshape(2, 5, h * dh))
         assert torch.allclose(out[2 * m : 2 * m + 2], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_grouped_matmul_forms_agree_with_and_without_autograd(bias):
+    from hydra_ensembles.layers.grouped import grouped_matmul
+
+    x, w = torch.randn(3, 7, 5), torch.randn(3, 4, 5, requires_grad=True)
+    b = torch.randn(3, 4, requires_grad=True) if bias else None
+    expected = torch.bmm(x, w.transpose(1, 2)) + (b.unsqueeze(1) if bias else 0)
+    with torch.no_grad():
+        inference = grouped_matmul(x, w, b)  # written into one buffer
+    training = grouped_matmul(x, w, b)  # stacked, differentiable
+    assert torch.allclose(inference, expected, atol=1e-6) and torch.allclose(training, expected, atol=1e-6)
+    training.sum().backward()
+    assert torch.allclose(w.grad, x.sum(1, keepdim=True).expand(3, 4, 5), atol=1e-5)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert grouped_matmul(x, w, b).dtype == torch.bfloat16  # autocast is honoured

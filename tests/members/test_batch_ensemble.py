@@ -75,7 +75,7 @@ def test_training_prediction_and_round_trip(tmp_path):
     converted = batch_ensemble(model, 2, init_std=0.2)
     data = [labelled(text_inputs(batch=8, tokens=6, seed=s), seed=s) for s in range(4)]
     before = {k: v.clone() for k, v in converted.state_dict().items()}
-    config = FineTuneConfig(epochs=6, lr=3e-3, bf16=False, warmup=0.0)
+    config = FineTuneConfig(epochs=6, lr=3e-3, precision="fp32", warmup=0.0)
     result = fine_tune(converted, data, val=data, config=config, progress=False)
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
     changed = [k for k, v in converted.state_dict().items() if not torch.equal(v, before[k])]

@@ -36,7 +36,7 @@ def test_fine_tuning_learns_and_trains_only_the_chosen_parts():
     model = he.prune(tiny_bert(layers=2, heads=4, init_range=0.1), he.HeadSet({0: [0, 1], 1: [3]}))
     train = _data()
     before = _snapshot(model)
-    config = FineTuneConfig(epochs=8, lr=3e-3, trainable=("mlp", "head"), bf16=False, warmup=0.0)
+    config = FineTuneConfig(epochs=8, lr=3e-3, trainable=("mlp", "head"), precision="fp32", warmup=0.0)
     result = fine_tune(model, train, val=train, config=config, progress=False)
     after = _snapshot(model)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
@@ -48,7 +48,7 @@ def test_fine_tuning_learns_and_trains_only_the_chosen_parts():
 
 def test_sgd_label_smoothing_and_bf16_run():
     model = tiny_bert(layers=1, heads=2)
-    config = FineTuneConfig(epochs=1, lr=1e-2, optimizer="sgd", label_smoothing=0.1, bf16=True)
+    config = FineTuneConfig(epochs=1, lr=1e-2, optimizer="sgd", label_smoothing=0.1, precision="bf16")
     result = fine_tune(model, _data(2), config=config, progress=False)
     assert len(result.history) == 1 and next(model.parameters()).dtype == torch.float32
 
@@ -56,7 +56,7 @@ def test_sgd_label_smoothing_and_bf16_run():
 def test_early_stopping_restores_the_best_epoch():
     model = tiny_bert(layers=1, heads=2, init_range=0.1)
     train, val = _data(3), _data(2, seed=50)  # random labels: validation NLL soon gets worse
-    config = FineTuneConfig(epochs=30, lr=1e-2, patience=2, bf16=False, warmup=0.0)
+    config = FineTuneConfig(epochs=30, lr=1e-2, patience=2, precision="fp32", warmup=0.0)
     result = fine_tune(model, train, val=val, config=config, progress=False)
     assert result.stopped_early and len(result.history) < 30
     best = min(r["val_nll"] for r in result.history)
@@ -70,7 +70,7 @@ def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch):
     from hydra_ensembles.members import finetune as module
 
     train, val = _data(3), _data(1, seed=9)
-    config = FineTuneConfig(epochs=3, lr=1e-3, bf16=False)
+    config = FineTuneConfig(epochs=3, lr=1e-3, precision="fp32")
     straight = tiny_bert(layers=1, heads=2)
     fine_tune(straight, train, val, config, progress=False)
 
@@ -132,7 +132,7 @@ from hydra_ensembles.members import FineTuneConfig, fine_tune
 torch.set_num_threads(1)
 model = tiny_bert(layers=1, heads=2, dropout=0.0)
 train = [labelled(text_inputs(batch=8, tokens=6, seed=s), seed=s) for s in range(5)]
-config = FineTuneConfig(epochs=2, lr=1e-3, bf16=False, batches_per_step=2)
+config = FineTuneConfig(epochs=2, lr=1e-3, precision="fp32", batches_per_step=2)
 fine_tune(model, train, config=config, progress=False)
 if int(os.environ["RANK"]) == 0:
     save_file({{k: v.contiguous() for k, v in model.state_dict().items()}}, {out!r})
@@ -171,7 +171,7 @@ def test_two_processes_train_like_one(tmp_path):
 
     single = tiny_bert(layers=1, heads=2, dropout=0.0)
     train = [labelled(text_inputs(batch=8, tokens=6, seed=s), seed=s) for s in range(5)]
-    config = FineTuneConfig(epochs=2, lr=1e-3, bf16=False, batches_per_step=2)
+    config = FineTuneConfig(epochs=2, lr=1e-3, precision="fp32", batches_per_step=2)
     fine_tune(single, train, config=config, progress=False)
     two = load_file(out)
     for name, value in single.state_dict().items():

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+import torch
 from torch import nn
 
 Part = Literal["attention", "mlp", "norm", "head", "embeddings"]
@@ -210,6 +211,25 @@ class ArchitectureAdapter(ABC):
         if isinstance(module, nn.LayerNorm):
             return "norm"
         return "mlp"
+
+    def tokens_per_input(self, model: nn.Module, inputs: dict) -> int:
+        """Rows of hidden states one input becomes inside the transformer (tokens, or patches
+        plus the class token), for sizing inference chunks; 1 where it cannot be told."""
+        pixels = inputs.get("pixel_values")
+        patch = getattr(self.encoder_config(model), "patch_size", None)
+        if isinstance(pixels, torch.Tensor) and pixels.dim() == 4 and patch:
+            return (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch) + 1
+        for name in ("input_ids", "inputs_embeds", "attention_mask"):
+            value = inputs.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() >= 2:
+                return int(value.shape[1])
+        return 1
+
+    def mlp_width(self, model: nn.Module) -> int:
+        """Width of the MLP's hidden activation, the widest tensor a layer computes per row."""
+        config = self.encoder_config(model)
+        width = getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None)
+        return int(width or 4 * config.hidden_size)
 
     def input_names(self, model: nn.Module) -> tuple[str, ...]:
         """Keyword inputs the model's forward accepts (taken from its signature)."""

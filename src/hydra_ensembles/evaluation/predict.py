@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from ..batching import batch_rows, member_stacked, model_inputs
 from ..fusion import HydraModel
+from ..precision import model_device, resolve_precision
 
 
 @dataclass
@@ -52,15 +53,24 @@ def predict(
     desc: str = "predict",
     progress: bool = True,
     mc_samples: int = 0,
+    precision: str = "auto",
 ) -> Predictions:
     """Run a model (or a list of models: an explicit ensemble) over batches.
 
     ``mc_samples > 0`` runs a single model that many times in train mode (MC dropout) and treats
-    the samples as members.
+    the samples as members. Forward passes run under ``precision``'s autocast
+    (`precision.resolve_precision`: ``auto`` is bf16 only where the device computes it natively
+    and faster); logits are returned in float32 either way.
     """
     models = list(model) if isinstance(model, Sequence) else [model]
     if not models:
         raise ValueError("predict needs a model or a non-empty list of models")
+    device = model_device(models)
+    with resolve_precision(precision, device).autocast(device):
+        return _predict(models, batches, desc, progress, mc_samples)
+
+
+def _predict(models: list[nn.Module], batches, desc: str, progress: bool, mc_samples: int) -> Predictions:
     parts: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     for batch in tqdm(list(batches), desc=desc, leave=False, disable=not progress or None):

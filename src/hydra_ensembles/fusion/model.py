@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..adapters import ArchitectureAdapter
-from ..batching import batch_rows, repeat_call, repeat_rows
+from ..batching import batch_rows, repeat_call, repeat_rows, slice_rows
 from ..heads import HeadSet
 from ..layers import FusedMultiHeadAttention
+from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
 
 Mode = Literal["merge", "exact"]
 MODES = ("merge", "exact")
@@ -81,6 +82,13 @@ class HydraModel(nn.Module):
     Inputs are the base model's inputs; they are stacked M times internally (rows
     ``m*B .. (m+1)*B-1`` belong to member m), so the Hugging Face modelling code runs everything
     but attention unchanged. Device and dtype follow the module (``.to``, ``.cuda``, ``.bfloat16``).
+
+    Inference (no autograd) on a CPU runs the batch in chunks of whole inputs whose member-stacked
+    activations stay cache-sized (`runtime.inference_chunk_rows`): M times one model's rows
+    otherwise stream every op from memory. Rows are independent, so chunking changes no result.
+    ``chunk_rows`` overrides the token rows per chunk (``None``: never chunk; ``"auto"``: sized
+    by the machine's cache, the default). The first CPU forward also applies the bounded
+    allocator setting of `runtime.ensure_cpu_allocator_tuned` (``HYDRA_TUNE_ALLOCATOR=0``: not).
     """
 
     def __init__(
@@ -101,6 +109,7 @@ class HydraModel(nn.Module):
         self.trunk_layers = int(trunk_layers)
         self._accepted = frozenset(adapter.input_names(model))
         self._batch: int | None = None
+        self.chunk_rows: int | Literal["auto"] | None = "auto"
         if self.trunk_layers:
             for layer in adapter.layers(model)[self.trunk_layers :]:
                 layer.register_forward_pre_hook(self._fan_out, with_kwargs=True)
@@ -147,20 +156,52 @@ class HydraModel(nn.Module):
         """Repeat every batch-shaped tensor M times along dim 0 (the member-stacked batch)."""
         return repeat_rows(inputs, self.num_members, batch)
 
-    def forward(self, **inputs: Any) -> HydraOutput:
-        labels = inputs.pop("labels", None)
-        batch = self.batch_size(inputs)
+    def inputs_per_chunk(self, inputs: dict[str, Any], batch: int) -> int:
+        """How many inputs one forward chunk takes (``batch``: no chunking); chunks are balanced
+        (8 inputs in two chunks of 4, not 5 + 3)."""
+        if torch.is_grad_enabled() or self.chunk_rows is None:
+            return batch
+        rows = self.chunk_rows
+        if rows == "auto":
+            weight = next(self.model.parameters())
+            rows = inference_chunk_rows(
+                self.adapter.mlp_width(self.model), weight.element_size(), weight.device
+            )
+            if rows is None:
+                return batch
+        tokens = self.adapter.tokens_per_input(self.model, inputs)
+        largest = max(1, int(rows) // (self.num_members * tokens))
+        chunks = -(-batch // largest)
+        return -(-batch // chunks)
+
+    def _member_outputs(self, inputs: dict[str, Any], batch: int) -> dict[str, torch.Tensor]:
+        """Every batch-shaped output of the model on ``inputs``, as (M, batch, ...)."""
         if self.trunk_layers:  # the shared trunk runs once on B rows; hooks fan out after it
             self._batch = batch
             output = self.model(**inputs)
         else:
             output = self.model(**self.stack_inputs(inputs, batch))
         m = self.num_members
-        members = {
+        return {
             name: value.view(m, batch, *value.shape[1:])
             for name, value in output.items()
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == m * batch
         }
+
+    def forward(self, **inputs: Any) -> HydraOutput:
+        labels = inputs.pop("labels", None)
+        batch = self.batch_size(inputs)
+        if next(self.model.parameters()).device.type == "cpu":
+            ensure_cpu_allocator_tuned()
+        per = self.inputs_per_chunk(inputs, batch)
+        if per >= batch:
+            members = self._member_outputs(inputs, batch)
+        else:
+            parts = [
+                self._member_outputs(slice_rows(inputs, start, start + per, batch), min(per, batch - start))
+                for start in range(0, batch, per)
+            ]
+            members = {name: torch.cat([part[name] for part in parts], 1) for name in parts[0]}
         member_logits = members.get("logits")
         probs = None if member_logits is None else member_logits.float().softmax(-1).mean(0)
         loss = None

@@ -3,7 +3,8 @@
 Member m keeps ``heads[m]`` heads (any count, ragged across members). Its Q/K/V rows and W_O
 columns are stored padded to the largest member, so that
 
-* Q, K and V of all members come from ONE grouped matmul (``baddbmm`` over members),
+* Q, K and V of all members come from ONE grouped matmul (`grouped_matmul`: one ``baddbmm`` on
+  a GPU, one ``addmm`` per member on a CPU, whichever the device runs faster),
 * all heads of all members go through ONE ``scaled_dot_product_attention`` call, batched as
   (M*B, H_max, T, d_head), so every head attends only within its own member's rows,
 * the output projection is ONE grouped matmul, with each member's own W_O bias.
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .grouped import grouped_matmul
 
 
 class FusedMultiHeadAttention(nn.Module):
@@ -90,8 +93,7 @@ class FusedMultiHeadAttention(nn.Module):
         if h == 0:  # no member keeps a head here: attention adds only each member's W_O bias
             bias = self.o_bias.to(hidden_states.dtype).view(m, 1, hidden)
             return bias.expand(m, rows // m * tokens, hidden).reshape(rows, tokens, hidden), None
-        x = hidden_states.reshape(m, -1, hidden)
-        qkv = torch.baddbmm(self.qkv_bias.unsqueeze(1), x, self.qkv_weight.transpose(1, 2))
+        qkv = grouped_matmul(hidden_states.reshape(m, -1, hidden), self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.view(rows, tokens, 3, h, dh).unbind(2)
         z = F.scaled_dot_product_attention(
             q.transpose(1, 2),
@@ -102,7 +104,7 @@ class FusedMultiHeadAttention(nn.Module):
             scale=dh**-0.5,
         )
         z = z.transpose(1, 2).reshape(m, -1, h * dh)
-        out = torch.baddbmm(self.o_bias.unsqueeze(1), z, self.o_weight.transpose(1, 2))
+        out = grouped_matmul(z, self.o_weight, self.o_bias)
         return out.view(rows, tokens, hidden), None
 
     def extra_repr(self) -> str:

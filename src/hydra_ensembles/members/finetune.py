@@ -3,7 +3,8 @@
 Each member is fine-tuned independently on the same training data: selectable trainable parts
 (attention, MLP, LayerNorms, classifier head, embeddings; optionally only the last k blocks),
 AdamW or SGD with momentum, linear warm-up then cosine (or linear) decay, label smoothing,
-early stopping on validation NLL, bf16 autocast, a checkpoint per epoch and resume. The same
+early stopping on validation NLL, reduced-precision autocast where the hardware has it
+(`precision.resolve_precision`), a checkpoint per epoch and resume. The same
 code runs on CPU, one GPU, or many processes under ``accelerate launch``.
 
 Checkpoints hold safetensors and JSON only (optimizer state included), written atomically.
@@ -28,6 +29,7 @@ from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..batching import member_stacked, model_inputs
 from ..io import atomic_write, atomic_write_json
+from ..precision import check_precision, resolve_precision
 
 PARTS = ("attention", "mlp", "norm", "head", "embeddings")
 
@@ -50,7 +52,9 @@ class FineTuneConfig:
     last_k_blocks: int | None = None
     patience: int | None = None
     grad_clip: float | None = 1.0
-    bf16: bool = True
+    precision: str = "auto"
+    """``auto`` (bf16 autocast only where the device computes it natively and faster, else fp32),
+    or ``fp32``, ``bf16``, ``fp16`` (`precision.resolve_precision`)."""
     seed: int = 0
     batches_per_step: int | None = None
     """Batches per optimizer step (gradient of their mean loss), split across processes; default:
@@ -66,6 +70,7 @@ class FineTuneConfig:
             raise ValueError("optimizer must be adamw|sgd and schedule cosine|linear")
         if not 0 <= self.warmup < 1 or not 0 <= self.label_smoothing < 1:
             raise ValueError("warmup and label_smoothing must be in [0, 1)")
+        check_precision(self.precision)
 
 
 @dataclass
@@ -174,10 +179,12 @@ def fine_tune(
     else:
         optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
 
-    # bf16 autocast is applied per step below rather than through Accelerate's process-wide
+    # Autocast is applied per step below rather than through Accelerate's process-wide
     # mixed-precision setting, so members with different settings can train in one process.
     accelerator = Accelerator()
     model, optimizer = accelerator.prepare(model, optimizer)
+    precision = resolve_precision(config.precision, accelerator.device)
+    scaler = torch.amp.GradScaler(accelerator.device.type) if precision.name == "fp16" else None
     # An optimizer step consumes ``per_step`` batches, split across processes; a remainder that
     # cannot be split evenly is skipped for that epoch (every process must take part in a step).
     per_step = config.batches_per_step or accelerator.num_processes
@@ -221,7 +228,7 @@ def fine_tune(
             optimizer.zero_grad(set_to_none=True)
             for i in mine:  # gradient of the mean loss over the step's batches (all processes)
                 batch = train_batches[i]
-                with torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+                with precision.autocast(accelerator.device):
                     logits = model(
                         **{k: v.to(accelerator.device) for k, v in model_inputs(batch).items()}
                     ).logits
@@ -230,11 +237,18 @@ def fine_tune(
                 loss = F.cross_entropy(  # every member on the labels: the mean of member losses
                     logits.float(), labels.repeat(members), label_smoothing=config.label_smoothing
                 )
-                accelerator.backward(loss / len(mine))
+                scaled = loss / len(mine)
+                accelerator.backward(scaled if scaler is None else scaler.scale(scaled))
                 running, seen = running + loss.item(), seen + 1
+            if scaler is not None:
+                scaler.unscale_(optimizer)
             if config.grad_clip:
                 accelerator.clip_grad_norm_(params, config.grad_clip)
-            optimizer.step()
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+                scaler.update()
             bar.update(per_step)
             bar.set_postfix(epoch=epoch, loss=f"{running / max(1, seen):.3f}")
         record = {"epoch": epoch, "train_loss": running / max(1, seen)}

@@ -47,6 +47,7 @@ from ..batching import model_inputs
 from ..heads import HeadSet
 from ..io import atomic_write_json
 from ..metrics import auroc
+from ..precision import in_precision, model_device, resolve_precision
 from ..surgery import fingerprint, kept_heads
 from .forward import capture_layer_inputs, capturing_layer_inputs, replaying_core, run_from_layer
 
@@ -236,6 +237,7 @@ def extract_circuit(
     shortlist: int = 8,
     refresh_every: int = 8,
     cache_gb: float = 2.0,
+    precision: str = "auto",
 ) -> CircuitOrder:
     """Greedy circuit extraction: remove ``budget`` heads, one per step, best-S first.
 
@@ -245,6 +247,10 @@ def extract_circuit(
     ``method="lazy"`` (approximate) evaluates only ``shortlist`` candidates per step between full
     evaluations every ``refresh_every`` steps. ``cache_gb`` caps the memory of the fast path's
     cross-step reuse (hidden states per candidate; 0 turns it off; results are the same either way).
+    ``precision``: the extraction runs on a copy of the model cast to it where the model's dtype
+    differs (`precision.resolve_precision`; ``auto`` is bf16 only where it is native and faster).
+    In bf16, near-ties between candidates are decided by rounding, so the order can differ from
+    fp32's; fp32 gives the same order on every path (fast, reference).
     """
     if objective not in OBJECTIVES:
         raise CircuitError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -283,11 +289,14 @@ def extract_circuit(
         if labels.min() < 0 or labels.max() >= num_labels:
             raise CircuitError(f"labels out of range: the model has {num_labels} classes")
     id_labels = torch.cat([b["labels"] for b in id_batches])
+    compute = resolve_precision(precision, model_device(model))
+    model = in_precision(model, compute)
 
     key = hashlib.sha256(
         json.dumps(
             [
                 fingerprint(model),
+                compute.name,
                 objective,
                 min_heads_per_layer,
                 _data_digest(id_batches),

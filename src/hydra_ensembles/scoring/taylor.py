@@ -18,14 +18,18 @@ from tqdm.auto import tqdm
 from ..adapters import get_adapter
 from ..batching import model_inputs
 from ..heads import HeadSet, HeadSetError
+from ..precision import model_device, resolve_precision
 from ..surgery import kept_heads, prune
 
 
-def taylor_scores(model: nn.Module, calib: Iterable[dict[str, Any]], progress: bool = False) -> torch.Tensor:
+def taylor_scores(
+    model: nn.Module, calib: Iterable[dict[str, Any]], progress: bool = False, precision: str = "auto"
+) -> torch.Tensor:
     """(layers, max heads) Taylor scores in original head indices; pruned heads get NaN.
 
     ``calib`` is an iterable of batches of model inputs with ``labels``. The model's parameters
-    and ``requires_grad`` flags are left as they were; its gradients are cleared.
+    and ``requires_grad`` flags are left as they were; its gradients are cleared. Forward passes
+    run under ``precision``'s autocast (`precision.resolve_precision`); gradients are summed in fp32.
     """
     batches = list(calib)
     if not batches:
@@ -41,6 +45,8 @@ def taylor_scores(model: nn.Module, calib: Iterable[dict[str, Any]], progress: b
 
     flags = {p: p.requires_grad for p in model.parameters()}
     was_training = model.training
+    device = model_device(model)
+    compute = resolve_precision(precision, device)
     grads = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
     try:
         for p in model.parameters():
@@ -52,7 +58,8 @@ def taylor_scores(model: nn.Module, calib: Iterable[dict[str, Any]], progress: b
             labels = batch["labels"]
             if labels.min() < 0 or labels.max() >= num_labels:
                 raise ValueError(f"labels out of range: the model has {num_labels} classes")
-            logits = model(**model_inputs(batch)).logits
+            with compute.autocast(device):
+                logits = model(**model_inputs(batch)).logits
             loss = F.cross_entropy(logits.float(), labels.to(logits.device)) / len(batches)
             for acc, g in zip(grads, torch.autograd.grad(loss, weights, allow_unused=True), strict=True):
                 if g is not None:
@@ -82,12 +89,14 @@ def taylor_head_set(
     heads_per_layer: int | Sequence[int],
     scope: Literal["layer", "global"] = "layer",
     progress: bool = True,
+    precision: str = "auto",
 ) -> HeadSet:
     """Heads kept by Taylor pruning.
 
     ``scope="layer"``: per-layer budget with prune -> recompute, layer by layer (D.1.1): score,
     keep the top ``heads_per_layer`` heads of layer 0, prune, recompute gradients, then layer 1...
     ``scope="global"``: one scoring pass, the top ``sum(heads_per_layer)`` heads over all layers.
+    ``precision`` as for `taylor_scores`.
     """
     batches = list(calib)
     adapter = get_adapter(model)
@@ -96,7 +105,7 @@ def taylor_head_set(
     if len(budget) != len(original) or any(not 0 <= k <= h for k, h in zip(budget, original, strict=True)):
         raise HeadSetError(f"heads_per_layer must be in [0, heads] for each of the {len(original)} layers")
     if scope == "global":
-        scores = taylor_scores(model, batches)
+        scores = taylor_scores(model, batches, precision=precision)
         flat = sorted(
             ((scores[layer, h].item(), layer, h) for layer, n in enumerate(original) for h in range(n)),
             key=lambda t: (-t[0], t[1], t[2]),
@@ -110,7 +119,7 @@ def taylor_head_set(
     kept: dict[int, list[int]] = {}
     current = model
     for layer in tqdm(range(len(original)), desc="taylor (prune -> recompute)", disable=not progress or None):
-        scores = taylor_scores(current, batches)[layer]
+        scores = taylor_scores(current, batches, precision=precision)[layer]
         ranked = sorted(range(original[layer]), key=lambda h: (-scores[h].item(), h))
         kept[layer] = sorted(ranked[: budget[layer]])
         current = prune(model, HeadSet(kept))

@@ -1,0 +1,119 @@
+"""The precision decision: auto picks bf16 only where it is native and measured faster; the
+forcing variables let these tests check every branch on any CPU."""
+
+import warnings
+
+import pytest
+import torch
+
+import hydra_ensembles.precision as precision
+from hydra_ensembles.members import FineTuneConfig
+from hydra_ensembles.precision import Precision, in_precision, resolve_precision
+
+
+@pytest.fixture(autouse=True)
+def no_forcing(monkeypatch):
+    monkeypatch.delenv(precision.PRECISION_ENV, raising=False)
+    monkeypatch.delenv(precision.CPU_BF16_ENV, raising=False)
+
+
+def _cpu_flags(monkeypatch, flags):
+    monkeypatch.setattr(precision, "cpu_info", lambda: ("test CPU", frozenset(flags)))
+
+
+def test_forced_emulated_cpu_gets_fp32(monkeypatch):
+    monkeypatch.setenv(precision.CPU_BF16_ENV, "emulated")
+    chosen = resolve_precision("auto", "cpu")
+    assert chosen.name == "fp32" and chosen.dtype == torch.float32
+    assert "HYDRA_CPU_BF16" in chosen.reason and not chosen.reduced
+
+
+def test_forced_native_cpu_gets_bf16_without_probing(monkeypatch):
+    monkeypatch.setenv(precision.CPU_BF16_ENV, "native")
+    monkeypatch.setattr(precision, "_cpu_bf16_speedup", lambda: pytest.fail("probe ran"))
+    chosen = resolve_precision("auto", "cpu")
+    assert chosen.name == "bf16" and chosen.dtype == torch.bfloat16 and chosen.reduced
+
+
+def test_avx2_flags_skip_the_probe_and_say_why(monkeypatch):
+    _cpu_flags(monkeypatch, {"avx", "avx2", "fma"})
+    monkeypatch.setattr(precision, "_cpu_bf16_speedup", lambda: pytest.fail("probe ran"))
+    chosen = resolve_precision("auto")
+    assert str(chosen) == "fp32 (auto: this CPU has no native bf16 (no AVX-512 BF16 or AMX))"
+
+
+@pytest.mark.parametrize(
+    ("flags", "speedup", "expected"),
+    [
+        ({"avx512_bf16"}, 2.4, "bf16"),
+        ({"amx_bf16", "avx512_bf16"}, 9.0, "bf16"),
+        ({"avx512_bf16"}, 1.02, "fp32"),
+    ],
+)
+def test_native_flags_are_confirmed_by_the_probe(monkeypatch, flags, speedup, expected):
+    _cpu_flags(monkeypatch, flags)
+    monkeypatch.setattr(precision, "_cpu_bf16_speedup", lambda: speedup)
+    chosen = resolve_precision("auto")
+    assert chosen.name == expected
+    assert (f"{speedup:.1f}x" in chosen.reason) if expected == "bf16" else ("measured only" in chosen.reason)
+
+
+def test_unknown_flags_leave_it_to_the_probe(monkeypatch):
+    _cpu_flags(monkeypatch, set())
+    monkeypatch.setattr(precision, "_cpu_bf16_speedup", lambda: 0.02)  # emulated: 50x slower
+    assert resolve_precision("auto").name == "fp32"
+
+
+def test_the_real_probe_measures_a_ratio():
+    ratio = precision._cpu_bf16_speedup()
+    assert ratio > 0 and ratio == precision._cpu_bf16_speedup()  # cached for the process
+
+
+def test_hydra_precision_replaces_auto_but_not_an_explicit_choice(monkeypatch):
+    monkeypatch.setenv(precision.PRECISION_ENV, "bf16")
+    assert resolve_precision("auto").name == "bf16"
+    assert resolve_precision("fp32").name == "fp32"
+    monkeypatch.setenv(precision.PRECISION_ENV, "fp8")
+    with pytest.raises(ValueError, match="HYDRA_PRECISION"):
+        resolve_precision("auto")
+
+
+def test_explicit_emulated_bf16_warns_but_obeys(monkeypatch):
+    monkeypatch.setenv(precision.CPU_BF16_ENV, "emulated")
+    with pytest.warns(UserWarning, match="much slower than fp32"):
+        chosen = resolve_precision("bf16", "cpu")
+    assert chosen.name == "bf16" and chosen.reason.startswith("requested;")
+    monkeypatch.setenv(precision.CPU_BF16_ENV, "native")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_precision("bf16", "cpu") == Precision("bf16", "requested")
+
+
+def test_cuda_rules(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_precision("auto", "cuda").name == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    chosen = resolve_precision("auto", "cuda:0")
+    assert chosen.name == "fp16" and "no bf16" in chosen.reason
+    assert resolve_precision("auto", "meta").name == "fp32"
+
+
+@pytest.mark.parametrize("bad", ["fp8", "float32", "", "BF16"])
+def test_unknown_precisions_are_refused(bad):
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision(bad)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        FineTuneConfig(precision=bad).validate()
+
+
+def test_autocast_and_casting():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with Precision("fp32", "test").autocast("cpu"):
+        assert (a @ b).dtype == torch.float32
+    with Precision("bf16", "test").autocast("cpu"):
+        assert (a @ b).dtype == torch.bfloat16
+    model = torch.nn.Linear(4, 4)
+    assert in_precision(model, Precision("fp32", "test")) is model
+    cast = in_precision(model, Precision("bf16", "test"))
+    assert cast is not model and cast.weight.dtype == torch.bfloat16 and model.weight.dtype == torch.float32
