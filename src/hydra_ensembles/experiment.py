@@ -7,7 +7,9 @@ temperature scaling, MC dropout, Deep Ensembles, LoRA-Ensemble, single pruned mo
 cost benchmark -> report.
 
 Every method gets the same training budget: the same training data, epochs, learning rate,
-schedule, batch size and token length (`TrainingBudget`); members start from the fine-tuned base
+schedule, batch size and token length (`TrainingBudget`), with no early stopping (so no
+per-epoch validation pass either: the validation split serves temperature scaling and
+selection scripts only); members start from the fine-tuned base
 (as in the paper's post-pruning fine-tuning), the other methods from the pretrained model. With
 no pretrained ViT offline, the image task trains Single and every Deep-Ensemble member from
 scratch (seeds 0..M-1), and LoRA-Ensemble members adapt the trained Single model (seeds 0..M-1)
@@ -68,6 +70,10 @@ class TrainingBudget:
     weight_decay: float = 0.01
     label_smoothing: float = 0.0
     precision: str = "auto"
+    trainable: tuple[str, ...] = ("attention", "mlp", "norm", "head")
+    """The paper's fine-tuned parts (D.2); the word embeddings stay frozen, which also saves a
+    third of every training step (their dense gradient and optimizer state are half of MiniLM's
+    parameters). Training from scratch (the image task) trains the embeddings too."""
 
     def config(self, seed: int, member: bool = False, lora: bool = False) -> FineTuneConfig:
         return FineTuneConfig(
@@ -78,12 +84,18 @@ class TrainingBudget:
             label_smoothing=self.label_smoothing,
             precision=self.precision,
             seed=seed,
-            trainable=("attention", "mlp", "norm", "head", "embeddings"),
+            trainable=self.trainable,
         )
 
 
 IMAGE_BUDGET = TrainingBudget(
-    epochs=5, member_epochs=2, lr=1e-3, lora_lr_scale=1.0, batch_size=64, weight_decay=0.05
+    epochs=5,
+    member_epochs=2,
+    lr=1e-3,
+    lora_lr_scale=1.0,
+    batch_size=64,
+    weight_decay=0.05,
+    trainable=("attention", "mlp", "norm", "head", "embeddings"),
 )
 """Training from scratch needs more epochs and a larger step than fine-tuning. LoRA adapters on
 the trained image model use the same learning rate: on the ID validation split, 1x / 3x / 10x
@@ -101,19 +113,21 @@ class DemoConfig:
     model: str = DEFAULT_TEXT_MODEL
     full: bool = False
     max_length: int = 32
-    train_limit: int | None = 320
+    train_limit: int | None = 256
     val_limit: int | None = None
     test_limit: int | None = None
-    ood_limit: int | None = 120
-    shift_limit: int | None = 40
+    ood_limit: int | None = 60
+    shift_limit: int | None = 20
     members: int = 3
     heads_per_layer: int = 8
     pruned_per_member: int = 24
     pool_size: int = 48
     circuit_budget: int = 48
-    circuit_id_items: int = 16
-    circuit_ood_items: int = 16
-    circuit_length: int = 32
+    circuit_id_items: int = 12
+    circuit_ood_items: int = 12
+    circuit_length: int = 24
+    curve_step: int = 16
+    """The zero-shot pruning curves measure every ``curve_step`` heads up to the pool size."""
     precision: str = "auto"
     """Compute precision of training, head scoring, circuit extraction, evaluation and the cost
     table: ``auto`` (bf16 only where this machine computes it natively and faster, else fp32;
@@ -162,6 +176,7 @@ class DemoConfig:
                     circuit_id_items=48,
                     circuit_ood_items=48,
                     circuit_length=64,
+                    curve_step=8,
                     eval_precision="fp32",
                     mc_samples=8,
                     budget=TrainingBudget(epochs=3, member_epochs=1),
@@ -227,6 +242,7 @@ class DemoConfig:
             notes.append(f"at most {self.ood_limit} {items} per OOD test set")
         if self.shift_limit:
             notes.append(f"shift measured on {self.shift_limit} ID test {items}")
+        notes.append(f"zero-shot pruning curves every {self.curve_step} heads")
         return notes
 
 
@@ -305,7 +321,7 @@ def model_key(bench: Benchmark, settings: FineTuneConfig, **extra) -> dict[str, 
 def train_model(bench: Benchmark, settings: FineTuneConfig) -> torch.nn.Module:
     """``bench.initial(settings.seed)`` fine-tuned (or trained from scratch) on ``bench``."""
     model = bench.initial(settings.seed)
-    fine_tune(model, bench.train, bench.val, settings, progress=True)
+    fine_tune(model, bench.train, None, settings, progress=True)
     return model
 
 
@@ -320,7 +336,7 @@ def train_lora(
     """A merged LoRA member: adapters on the pretrained model (text) or, with nothing pretrained
     (image), on the trained Single model ``base``."""
     start = base if bench.from_scratch else bench.initial(seed)
-    merged, _ = lora_fine_tune(start, bench.train, bench.val, lora_settings(bench, budget, seed), rank=rank)
+    merged, _ = lora_fine_tune(start, bench.train, None, lora_settings(bench, budget, seed), rank=rank)
     return merged
 
 
@@ -336,7 +352,7 @@ def train_batch_ensemble(
     fine-tuned with every member on the training data."""
     start = base if bench.from_scratch else bench.initial(0)
     model = batch_ensemble(start, members, init_std=init_std, seed=0)
-    fine_tune(model, bench.train, bench.val, batch_ensemble_settings(bench, budget), progress=True)
+    fine_tune(model, bench.train, None, batch_ensemble_settings(bench, budget), progress=True)
     return model
 
 
@@ -561,7 +577,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
 
         def build() -> torch.nn.Module:
             member = prune(base, heads)
-            fine_tune(member, train, val, settings, progress=True)
+            fine_tune(member, train, None, settings, progress=True)
             return member
 
         key = model_key(bench, settings, base=base_settings, heads=heads.to_dict(), trunk=trunk)
@@ -784,7 +800,7 @@ def _pruning_curves(
 ) -> dict[str, Any]:
     """Zero-shot: prune the first n heads of each ranking, measure accuracy, ECE, AUROC and FPR95
     (MSP, near/far average) on the test sets (the paper's Figure 5)."""
-    steps = sorted({0, *range(8, config.pool_size + 1, 8)})
+    steps = sorted({0, *range(config.curve_step, config.pool_size + 1, config.curve_step), config.pool_size})
     curves: dict[str, dict[str, list]] = {m: {} for m in ("accuracy", "ECE", "AUROC", "FPR95")}
     for method, ranking in rankings.items():
         order, counts = least_useful_first(ranking)

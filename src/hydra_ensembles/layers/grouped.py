@@ -138,10 +138,9 @@ class GroupedLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         normed = _split_members(F.layer_norm(x, (self.normalized_shape,), eps=self.eps), self.num_members)
-        out = normed * self.weight.unsqueeze(1)
-        if self.bias is not None:
-            out = out + self.bias.unsqueeze(1)
-        return out.reshape(x.shape)
+        if self.bias is None:
+            return (normed * self.weight.unsqueeze(1)).reshape(x.shape)
+        return torch.addcmul(self.bias.unsqueeze(1), normed, self.weight.unsqueeze(1)).reshape(x.shape)
 
     def extra_repr(self) -> str:
         return f"num_members={self.num_members}, normalized_shape={self.normalized_shape}, eps={self.eps}"
