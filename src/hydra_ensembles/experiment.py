@@ -36,7 +36,7 @@ from . import reporting
 from .batching import model_inputs
 from .cost import count_parameters, interleaved_latency, median, multiply_adds
 from .data import to_batches as data_batches
-from .evaluation import evaluate_predictions, fit_temperature, predict
+from .evaluation import Predictions, evaluate_predictions, fit_temperature, predict
 from .evaluation.evaluate import ood_scores
 from .fusion import fuse
 from .heads import HeadSet
@@ -113,7 +113,7 @@ class DemoConfig:
     model: str = DEFAULT_TEXT_MODEL
     full: bool = False
     max_length: int = 32
-    train_limit: int | None = 256
+    train_limit: int | None = 192
     val_limit: int | None = None
     test_limit: int | None = None
     ood_limit: int | None = 60
@@ -123,9 +123,9 @@ class DemoConfig:
     pruned_per_member: int = 24
     pool_size: int = 48
     circuit_budget: int = 48
-    circuit_id_items: int = 12
-    circuit_ood_items: int = 12
-    circuit_length: int = 24
+    circuit_id_items: int = 10
+    circuit_ood_items: int = 10
+    circuit_length: int = 20
     curve_step: int = 16
     """The zero-shot pruning curves measure every ``curve_step`` heads up to the pool size."""
     precision: str = "auto"
@@ -387,6 +387,32 @@ def load_demo_task(config: DemoConfig) -> Task:
     return load_text_task(**limits)
 
 
+class PredictionCache:
+    """`predict` that computes each (model, split, precision) once: the deep ensemble's first member
+    is the Single model, and the pruning curves start from the unpruned base. An explicit ensemble
+    is predicted member by member, so shared members are shared. MC dropout (random) is never
+    reused. Models are held, so their ids cannot be reused while the cache lives."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, tuple[torch.nn.Module, Predictions]] = {}
+
+    def predict(
+        self, model, batches, split: str, mc_samples: int = 0, precision: str = "auto", progress=True
+    ):
+        if isinstance(model, list):
+            parts = [self.predict(m, batches, split, mc_samples, precision, progress) for m in model]
+            return Predictions(np.concatenate([p.member_logits for p in parts]), parts[0].labels)
+        key = (id(model), split, precision)
+        if mc_samples or key not in self._known:
+            found = predict(
+                model, batches, split, progress=progress, mc_samples=mc_samples, precision=precision
+            )
+            if mc_samples:
+                return found
+            self._known[key] = (model, found)
+        return self._known[key][1]
+
+
 class Stage:
     """Prints what runs and how long it took."""
 
@@ -626,9 +652,11 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         **{name: (model, 0) for name, model in hydras.items()},
     }
 
+    known = PredictionCache()
+
     def predictions(name: str, model, mc: int, precision: str = evaluation.name) -> dict[str, Any]:
         torch.manual_seed(config.seed)  # MC dropout masks
-        run = partial(predict, model, mc_samples=mc, precision=precision)
+        run = partial(known.predict, model, mc_samples=mc, precision=precision)
         out = {"test": run(test, "test")}
         if name in ("Single", "Hydra (Circ)"):  # validation predictions serve temperature scaling
             out["val"] = run(val, "val")
@@ -691,7 +719,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     # ---------------------------------------------------------------- metrics vs heads pruned (Fig. 5)
     curves = stage.run(
         "zero-shot pruning curves",
-        lambda: _pruning_curves(base, {"Taylor": taylor, "CircAvg": order}, test, oods, config, evaluation),
+        lambda: _pruning_curves(
+            base, {"Taylor": taylor, "CircAvg": order}, test, oods, config, evaluation, known
+        ),
     )
 
     # ---------------------------------------------------------------- cost
@@ -796,7 +826,13 @@ def _cost(
 
 
 def _pruning_curves(
-    base, rankings: dict[str, Any], test, oods, config: DemoConfig, evaluation: Precision
+    base,
+    rankings: dict[str, Any],
+    test,
+    oods,
+    config: DemoConfig,
+    evaluation: Precision,
+    known: PredictionCache,
 ) -> dict[str, Any]:
     """Zero-shot: prune the first n heads of each ranking, measure accuracy, ECE, AUROC and FPR95
     (MSP, near/far average) on the test sets (the paper's Figure 5)."""
@@ -809,10 +845,10 @@ def _pruning_curves(
             heads = HeadSet(
                 {lay: [h for h in range(c) if (lay, h) not in gone] for lay, c in enumerate(counts)}
             )
-            model = prune(base, heads)
-            run = partial(predict, model, progress=False, precision=evaluation.name)
-            p_test = run(test)
-            p_ood = {name: (kind, run(b)) for name, (kind, b) in oods.items()}
+            model = prune(base, heads) if n else base  # nothing pruned: the base, already predicted
+            run = partial(known.predict, model, progress=False, precision=evaluation.name)
+            p_test = run(test, "test")
+            p_ood = {name: (kind, run(b, name)) for name, (kind, b) in oods.items()}
             result = evaluate_predictions(p_test, p_ood, scores=("msp",))
             average = result["ood_summary"]["msp"]["average"]
             for metric, value in (
