@@ -112,12 +112,12 @@ class DemoConfig:
     task: str = "text"
     model: str = DEFAULT_TEXT_MODEL
     full: bool = False
-    max_length: int = 32
-    train_limit: int | None = 192
-    val_limit: int | None = None
+    max_length: int = 24
+    train_limit: int | None = 256
+    val_limit: int | None = 200
     test_limit: int | None = None
     ood_limit: int | None = 60
-    shift_limit: int | None = 20
+    shift_limit: int | None = 10
     members: int = 3
     heads_per_layer: int = 8
     pruned_per_member: int = 24
@@ -125,7 +125,7 @@ class DemoConfig:
     circuit_budget: int = 48
     circuit_id_items: int = 10
     circuit_ood_items: int = 10
-    circuit_length: int = 20
+    circuit_length: int = 16
     curve_step: int = 16
     """The zero-shot pruning curves measure every ``curve_step`` heads up to the pool size."""
     precision: str = "auto"
@@ -171,6 +171,7 @@ class DemoConfig:
                     base,
                     max_length=96,
                     train_limit=None,
+                    val_limit=None,
                     ood_limit=None,
                     shift_limit=100,
                     circuit_id_items=48,
@@ -236,6 +237,8 @@ class DemoConfig:
         ]
         if self.train_limit:
             notes.append(f"training on {self.train_limit} of the training {items}")
+        if self.val_limit:
+            notes.append(f"temperatures fit on {self.val_limit} ID validation {items}")
         if self.test_limit:
             notes.append(f"testing on {self.test_limit} of the ID test {items}")
         if self.ood_limit:
@@ -377,13 +380,14 @@ def validation_scores(model: torch.nn.Module, bench: Benchmark) -> dict[str, flo
 def load_demo_task(config: DemoConfig) -> Task:
     limits = {
         "train_limit": config.train_limit,
+        "val_limit": config.val_limit,
         "test_limit": config.test_limit,
         "ood_limit": config.ood_limit,
         "shift_limit": config.shift_limit,
         "seed": config.seed,
     }
     if config.task == "image":
-        return load_image_task(val_limit=config.val_limit, **limits)
+        return load_image_task(**limits)
     return load_text_task(**limits)
 
 

@@ -99,6 +99,7 @@ def _sample(dataset: Dataset, limit: int | None, salt: str) -> Dataset:
 def load_text_task(
     train_limit: int | None = None,
     test_limit: int | None = None,
+    val_limit: int | None = None,
     ood_limit: int | None = 300,
     ood_val_limit: int = 200,
     shift_limit: int | None = 200,
@@ -115,7 +116,7 @@ def load_text_task(
         subset = data.subset(stable_sample(chosen, data.ids, limit, salt=name))
         return TextDataset(subset.texts, subset.labels, subset.ids, list(ID_TOPICS))
 
-    train, val, test = id_part("train", train_limit), id_part("val", None), id_part("test", test_limit)
+    train, val, test = id_part("train", train_limit), id_part("val", val_limit), id_part("test", test_limit)
     # "tech" never trains or validates anything, so its val and test parts both serve as near-OOD
     tech = data.subset([i for name in ("val", "test") for i in parts[name] if data.labels[i] == near])
     ood_test = {
