@@ -89,7 +89,8 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         ids = torch.randint(1000, config.vocab_size, (batch, args.tokens), generator=generator)
         x = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        per = hydra.inputs_per_chunk(x, batch) if rows else batch
+        with torch.inference_mode():  # chunking applies to inference only
+            per = hydra.inputs_per_chunk(x, batch)
         runs = {
             "Single": partial(base, **x),
             "Deep Ensemble": partial(run_all, ensemble, x),

@@ -94,10 +94,12 @@ def last_level_cache_bytes() -> int | None:
     return max(sizes) if sizes else None
 
 
-CHUNK_CACHE_SHARE = 0.375
+CHUNK_CACHE_SHARE = 0.75
 """Share of the last-level cache one inference chunk's widest activation may fill. Measured on
-MiniLM-L6 (MLP width 1536, fp32, 32 MiB L3): 2,048 rows per chunk was fastest of 512-4,096 for
-the fused model and for the single model at batch 64 (``benchmarks/chunk_rows.py``)."""
+MiniLM-L6 (MLP width 1536, fp32, 32 MiB L3, batch 64 x 128 tokens, ``benchmarks/chunk_rows.py``):
+with the allocator setting the library applies, 4,096 rows per chunk (3/4 of the cache) ran the
+fused model in 3,797 ms against 3,912 at 2,048 rows and 3,996 unchunked; without it, chunks of
+2,048 rows were the fastest of 512-4,096 and saved far more (page faults grow with the chunk)."""
 
 DEFAULT_CACHE_BYTES = 32 << 20
 
