@@ -1,12 +1,13 @@
 """Does torch.compile speed up the fused model, or change its cost relative to a deep ensemble?
 
-MiniLM-L6 fused from 3 members x 8/12 random heads, ``--batch`` x 128 tokens, in the given dtype.
+MiniLM-L6 fused from 3 members x 8/12 random heads, ``--batch`` x 128 tokens, in ``--precision``
+(default auto: bf16 only where this machine computes it natively and faster, else fp32).
 Eager and compiled models are timed interleaved in one group; prints compile time, medians,
 ratios and the largest logit difference. With ``--ensemble`` the Single model and the Deep
 Ensemble (3 copies run one after another) are timed too, eager and compiled, so the Hydra /
 Deep Ensemble ratio can be compared with and without compilation.
 
-    python benchmarks/compile_speed.py [--dtype bfloat16] [--batch 64] [--repeats 5] [--ensemble]
+    python benchmarks/compile_speed.py [--precision auto] [--batch 64] [--repeats 5] [--ensemble]
                                        [--freezing]
 
 ``--freezing`` turns on inductor's freezing (weights treated as constants: prepacked for oneDNN,
@@ -25,14 +26,15 @@ import hydra_ensembles as he
 from hydra_ensembles.bench import random_head_sets
 from hydra_ensembles.cost import interleaved_latency, median
 from hydra_ensembles.models import load_classifier
-from hydra_ensembles.runtime import describe_machine, tune_cpu_allocator
+from hydra_ensembles.precision import PRECISIONS, resolve_precision
+from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ensemble", action="store_true", help="also time Single and Deep Ensemble")
@@ -42,8 +44,9 @@ def main() -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.freezing = True
-    tune_cpu_allocator()
-    model = load_classifier(num_labels=4).eval().to(getattr(torch, args.dtype))
+    ensure_cpu_allocator_tuned()
+    compute = resolve_precision(args.precision)
+    model = load_classifier(num_labels=4).eval().to(compute.dtype)
     hydra = he.fuse(model, random_head_sets(3, 6, 12, 8)).eval()
     ids = torch.randint(1000, 30000, (args.batch, 128), generator=torch.Generator().manual_seed(0))
     raw = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -70,7 +73,7 @@ def main() -> None:
         times = {name: median(values) for name, values in interleaved_latency(runs, args.repeats).items()}
         diff = (hydra.model(**stacked).logits.float() - compiled(**stacked).logits.float()).abs().max().item()
     print(
-        f"machine: {describe_machine()}; {args.dtype}, batch {args.batch} x 128 tokens, M=3, 8/12 heads, "
+        f"machine: {describe_machine()}; {compute}, batch {args.batch} x 128 tokens, M=3, 8/12 heads, "
         f"freezing {'on' if args.freezing else 'off'}"
     )
     print(f"compile + first calls {compile_s:.1f} s; max |Hydra logit diff| compiled vs eager {diff:.1e}")

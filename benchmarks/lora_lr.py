@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from hydra_ensembles.experiment import demo_starting_point, train_lora, validation_scores
 from hydra_ensembles.models import offline_by_default
-from hydra_ensembles.runtime import tune_cpu_allocator
+from hydra_ensembles.runtime import ensure_cpu_allocator_tuned
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     offline_by_default()
-    tune_cpu_allocator()
+    ensure_cpu_allocator_tuned()
     config, bench, base = demo_starting_point(args.task)
     for scale in args.scales:
         budget = replace(config.budget, lora_lr_scale=scale)
