@@ -13,6 +13,7 @@ from torchmetrics.functional.classification import (
 )
 
 import hydra_ensembles as he
+from hydra_ensembles import metrics
 from hydra_ensembles import metrics as M
 
 
@@ -140,3 +141,52 @@ def test_single_class_present_in_labels_is_fine():
     probs = np.array([[0.6, 0.4], [0.9, 0.1]])
     got = M.classification(probs, [0, 0])
     assert got["acc"] == 1.0 and got["ece"] == pytest.approx(abs(1 - 0.75))
+
+
+# --------------------------------------------------------------------------- guards (issue 16)
+@pytest.mark.parametrize("n_bins", [0, -3, 2.5, True, None])
+def test_bin_counts_must_be_positive_integers(n_bins):
+    probs, labels = np.array([[0.9, 0.1], [0.4, 0.6]]), np.array([0, 0])
+    for metric in (metrics.ece, metrics.adaptive_ece):
+        with pytest.raises(ValueError, match="n_bins must be an integer >= 1"):
+            metric(probs, labels, n_bins=n_bins)
+
+
+@pytest.mark.parametrize("tpr", [0, -0.1, 1.5, float("nan"), float("inf")])
+def test_fpr_at_tpr_refuses_impossible_rates(tpr):
+    with pytest.raises(ValueError, match="tpr must lie in"):
+        metrics.fpr_at_tpr([0.1, 0.2, 0.3], [0.5, 0.6], tpr=tpr)
+    assert metrics.fpr_at_tpr([0.1, 0.2, 0.3], [0.5, 0.6], tpr=1.0) == 0.0
+
+
+def test_probability_scores_refuse_logits():
+    logits = np.array([[2.0, -1.0], [0.5, 3.0]])
+    for score in (metrics.msp_score, metrics.entropy_score):
+        with pytest.raises(ValueError, match="must be probabilities"):
+            score(logits)
+    with pytest.raises(ValueError, match="must be probabilities"):
+        metrics.mutual_information_score(logits[None])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"n_resamples": 0}, "n_resamples"), ({"level": 1.0}, "level")]
+)
+def test_bootstrap_refuses_empty_or_degenerate_requests(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        metrics.bootstrap_ci(np.array([[0.9, 0.1], [0.4, 0.6]]), np.array([0, 1]), **kwargs)
+
+
+def test_ece_binning_differs_from_torchmetrics_only_at_confidence_one():
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    def both(probs, labels):
+        ours = metrics.ece(np.array(probs), np.array(labels))
+        theirs = multiclass_calibration_error(
+            torch.tensor(probs), torch.tensor(labels), num_classes=2, n_bins=15, norm="l1"
+        ).item()
+        return ours, theirs
+
+    ours, theirs = both([[1.0, 0.0], [0.95, 0.05]], [1, 0])
+    assert ours == pytest.approx(0.475) and theirs == pytest.approx(0.525, abs=1e-6)
+    ours, theirs = both([[0.2, 0.8], [0.6, 0.4], [0.7, 0.3]], [1, 1, 0])
+    assert ours == pytest.approx(theirs, abs=1e-6)

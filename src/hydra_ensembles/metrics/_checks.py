@@ -38,3 +38,20 @@ def check_labels(labels: Any, num_samples: int, num_classes: int) -> np.ndarray:
     if array.min() < 0 or array.max() >= num_classes:
         raise ValueError(f"labels must lie in [0, {num_classes - 1}], got {array.min()}..{array.max()}")
     return array
+
+
+def check_count(value: Any, name: str, minimum: int = 1) -> int:
+    """``value`` if it is an integer of at least ``minimum`` (bins, resamples), else a ValueError:
+    a count of 0 must not quietly give an empty metric such as ECE 0.0."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_fraction(value: Any, name: str, low_open: bool = True) -> float:
+    """``value`` if it is a finite number in (0, 1] (or [0, 1] with ``low_open=False``)."""
+    number = float(value)
+    if not np.isfinite(number) or number > 1 or number < 0 or (low_open and number == 0):
+        interval = "(0, 1]" if low_open else "[0, 1]"
+        raise ValueError(f"{name} must lie in {interval}, got {value!r}")
+    return number

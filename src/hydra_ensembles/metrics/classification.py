@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_labels, check_probs
+from ._checks import check_count, check_fraction, check_labels, check_probs
 
 EPS = 1e-12
 
@@ -39,10 +39,14 @@ def _calibration_gap(confidence: np.ndarray, correct: np.ndarray, bins: list[np.
 
 
 def ece(probs: Any, labels: Any, n_bins: int = 15) -> float:
-    """Expected calibration error: equal-width bins [k/n, (k+1)/n) on top-label confidence, L1.
+    """Expected calibration error: equal-width bins [k/n, (k+1)/n) on top-label confidence, L1;
+    a confidence of exactly 1.0 goes into the last bin.
 
-    Same binning as torchmetrics' ``multiclass_calibration_error`` (confidence 1.0 in the last bin).
+    torchmetrics' ``multiclass_calibration_error`` agrees except for confidences of exactly 1.0,
+    which it bins apart: ``ece([[1, 0], [.95, .05]], [1, 0])`` is 0.475 here, 0.525 there
+    (torchmetrics 1.9; a test pins both).
     """
+    n_bins = check_count(n_bins, "n_bins")
     p = check_probs(probs)
     y = check_labels(labels, *p.shape)
     confidence, correct = p.max(-1), (p.argmax(-1) == y).astype(np.float64)
@@ -52,6 +56,7 @@ def ece(probs: Any, labels: Any, n_bins: int = 15) -> float:
 
 def adaptive_ece(probs: Any, labels: Any, n_bins: int = 15) -> float:
     """ECE with equal-mass bins: samples sorted by confidence, split into ``n_bins`` equal parts."""
+    n_bins = check_count(n_bins, "n_bins")
     p = check_probs(probs)
     y = check_labels(labels, *p.shape)
     confidence, correct = p.max(-1), (p.argmax(-1) == y).astype(np.float64)
@@ -78,6 +83,10 @@ def bootstrap_ci(
     Samples are resampled with replacement ``n_resamples`` times (seeded); returns, per metric,
     the (lower, upper) bounds of the central ``level`` interval.
     """
+    n_resamples = check_count(n_resamples, "n_resamples")
+    if check_fraction(level, "level") == 1:
+        raise ValueError("level must lie in (0, 1), got 1")
+    n_bins = check_count(n_bins, "n_bins")
     p = check_probs(probs)
     y = check_labels(labels, *p.shape)
     rng = np.random.default_rng(seed)

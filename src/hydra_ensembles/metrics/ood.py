@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-from ._checks import as_array
+from ._checks import as_array, check_fraction, check_probs
 
 POSITIVE_CLASS = "OOD"
 
@@ -31,7 +31,9 @@ def auroc(id_scores: Any, ood_scores: Any) -> float:
 
 
 def fpr_at_tpr(id_scores: Any, ood_scores: Any, tpr: float = 0.95) -> float:
-    """Share of ID samples scored as OOD at the first threshold catching ``tpr`` of the OOD."""
+    """Share of ID samples scored as OOD at the first threshold catching ``tpr`` of the OOD
+    (``tpr`` in (0, 1]; no interpolation between thresholds)."""
+    tpr = check_fraction(tpr, "tpr")
     scores, labels = _scores_and_labels(id_scores, ood_scores)
     fprs, tprs, _ = roc_curve(labels, scores, drop_intermediate=False)
     return float(fprs[np.argmax(tprs >= tpr)])
@@ -50,8 +52,9 @@ def ood(id_scores: Any, ood_scores: Any) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- scores
 def msp_score(probs: Any) -> np.ndarray:
-    """1 - maximum softmax probability (higher = more OOD); ``probs`` is (N, C)."""
-    return 1.0 - as_array(probs, "probs", ndim=2).max(-1)
+    """1 - maximum softmax probability (higher = more OOD); ``probs`` is (N, C) probabilities
+    (logits are refused: their maximum is no probability)."""
+    return 1.0 - check_probs(probs).max(-1)
 
 
 def max_logit_score(logits: Any) -> np.ndarray:
@@ -67,13 +70,14 @@ def energy_score(logits: Any, temperature: float = 1.0) -> np.ndarray:
 
 
 def entropy_score(probs: Any) -> np.ndarray:
-    """Predictive entropy (nats) of probabilities (N, C)."""
-    p = as_array(probs, "probs", ndim=2)
+    """Predictive entropy (nats) of probabilities (N, C); logits are refused."""
+    p = check_probs(probs)
     return -(p * np.log(np.clip(p, 1e-12, None))).sum(-1)
 
 
 def mutual_information_score(member_probs: Any) -> np.ndarray:
     """Entropy of the mean minus mean entropy, per sample, for member probabilities (M, N, C)."""
     p = as_array(member_probs, "member_probs", ndim=3)
+    check_probs(p.reshape(-1, p.shape[-1]), "member_probs")
     mean_entropy = np.mean([entropy_score(m) for m in p], axis=0)
     return entropy_score(p.mean(0)) - mean_entropy
