@@ -116,7 +116,7 @@ def run_bench(
     device = torch.device(device)
     if dtypes is None:
         auto = resolve_precision("auto", device)
-        dtypes = ["float32"] + ([str(auto.dtype).removeprefix("torch.")] if auto.reduced else [])
+        dtypes = ["float32"] + ([auto.dtype_name] if auto.reduced else [])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda requested, but torch sees no CUDA GPU")
     results: dict[str, Any] = {"batch_sizes": list(batch_sizes), "dtypes": {}, "device": str(device)}

@@ -447,7 +447,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         heads,
         make_inputs,
         [int(b) for b in args.batch_sizes.split(",")],
-        [str(p.dtype).removeprefix("torch.") for p in chosen],
+        [p.dtype_name for p in chosen],
         repeats=args.repeats,
         test_set=args.test_set,
         device=args.device,

@@ -47,6 +47,11 @@ class Precision:
         return DTYPES[self.name]
 
     @property
+    def dtype_name(self) -> str:
+        """The torch dtype's name: ``float32``, ``bfloat16`` or ``float16``."""
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
     def reduced(self) -> bool:
         """True for bf16 and fp16 (autocast on), False for fp32."""
         return self.name != "fp32"
