@@ -286,8 +286,7 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
     def initial(seed: int) -> torch.nn.Module:
         if from_scratch:
             return small_vit(config.model, num_labels=classes, seed=seed)
-        torch.manual_seed(seed)
-        return load_classifier(config.model, num_labels=classes)
+        return load_classifier(config.model, num_labels=classes, seed=seed)
 
     def head(data: Dataset, count: int) -> Dataset:
         return data.subset(range(min(count, len(data))))

@@ -49,6 +49,10 @@ class MissingModelError(RuntimeError):
     """The embedded default model's package is not installed."""
 
 
+class ModelNotFoundError(ValueError):
+    """A model path or id names nothing that can be loaded."""
+
+
 def default_model_path() -> Path:
     """Directory of the embedded all-MiniLM-L6-v2 weights."""
     try:
@@ -70,13 +74,27 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(default_model_path()) if name_or_path == DEFAULT_TEXT_MODEL else name_or_path
 
 
+UNTRAINED_ATTR = "hydra_untrained_weights"
+"""Attribute `load_classifier` sets on a model: the names of weights it initialised randomly."""
+
+
+def untrained_weights(model: nn.Module) -> list[str]:
+    """Weights of ``model`` that `load_classifier` initialised randomly (usually the classifier
+    head of a base model): empty where everything came from the checkpoint."""
+    return list(getattr(model, UNTRAINED_ATTR, ()))
+
+
 def load_classifier(
-    name_or_path: str = DEFAULT_TEXT_MODEL, num_labels: int | None = 2, **kwargs
+    name_or_path: str = DEFAULT_TEXT_MODEL, num_labels: int | None = 2, seed: int = 0, **kwargs
 ) -> nn.Module:
     """A sequence- or image-classification model with a ``num_labels``-way head.
 
     Text models load with ``AutoModelForSequenceClassification``, vision models with
     ``AutoModelForImageClassification`` (chosen from the config). No remote code is executed.
+    Weights the checkpoint lacks (the head of a base model) are initialised from ``seed``, so two
+    loads give the same model, and listed by `untrained_weights`. Raises `ModelNotFoundError`
+    for a path that is neither a model directory nor a cached hub id, and ValueError for a
+    ``num_labels`` that contradicts a saved head.
     """
     from transformers import (
         AutoConfig,
@@ -86,17 +104,38 @@ def load_classifier(
     from transformers.utils import logging as hf_logging
 
     path = resolve_model_path(name_or_path)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"no model at {name_or_path!r}: give a model directory (with config.json), a saved member "
+            f"or Hydra model, a hub id in the local cache, or {DEFAULT_TEXT_MODEL}"
+        ) from exc
     vision = config.model_type in VISION_MODEL_TYPES
     auto = AutoModelForImageClassification if vision else AutoModelForSequenceClassification
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a freshly initialised head is expected, not news
+    if num_labels is not None:
+        kwargs["num_labels"] = num_labels
     try:
-        if num_labels is not None:
-            kwargs["num_labels"] = num_labels
-        return auto.from_pretrained(path, trust_remote_code=False, **kwargs)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model, info = auto.from_pretrained(
+                path, trust_remote_code=False, output_loading_info=True, **kwargs
+            )
+    except RuntimeError as exc:
+        if "mismatch" not in str(exc):
+            raise
+        raise ValueError(
+            f"{name_or_path} has a trained head of {config.num_labels} classes; num_labels={num_labels} "
+            "contradicts it: leave --num-labels out to use it"
+        ) from exc
+    except OSError as exc:  # a truncated or unreadable weights file
+        raise ValueError(f"cannot read the weights of {name_or_path}: {exc}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
+    setattr(model, UNTRAINED_ATTR, sorted(info["missing_keys"]))
+    return model
 
 
 def load_image_processor(name_or_path: str):

@@ -20,14 +20,15 @@ for every method, run and machine.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import (
+    BBC_ID_TOPICS,
     ImageDataset,
     TextDataset,
-    load_bbc_news,
+    bbc_news_splits,
+    data_dir,
     load_drug_reviews,
     load_elpv,
     load_fashion_mnist,
@@ -40,24 +41,11 @@ from .data import (
 )
 from .evaluation.shift import IMAGE_CORRUPTIONS, TEXT_CORRUPTIONS, corrupt_images, corrupt_texts
 
-ID_TOPICS = ("business", "entertainment", "politics", "sports")
-NEAR_TOPIC = "tech"
-SPLITS = {"train": 0.6, "val": 0.2, "test": 0.2}
-SPLIT_SALT = "bbc-news"
-
 NEAR_CLASSES = ("ankle boot", "bag")
 IMAGE_SPLITS = {"train": 0.9, "val": 0.1}
 IMAGE_SPLIT_SALT = "fashion-mnist"
 
 Dataset = TextDataset | ImageDataset
-
-
-def data_dir() -> Path:
-    """Where downloaded corpora live: $HYDRA_DATA_DIR, else ./.data, else the repository's .data."""
-    if os.environ.get("HYDRA_DATA_DIR"):
-        return Path(os.environ["HYDRA_DATA_DIR"])
-    local = Path.cwd() / ".data"
-    return local if local.is_dir() else Path(__file__).resolve().parents[2] / ".data"
 
 
 @dataclass
@@ -107,18 +95,9 @@ def load_text_task(
     seed: int = 0,
 ) -> Task:
     """The text benchmark; limits subsample deterministically (by hash) for quick runs."""
-    data = load_bbc_news((*ID_TOPICS, NEAR_TOPIC))
-    parts = split_indices(data.ids, SPLITS, salt=SPLIT_SALT)
-    near = data.classes.index(NEAR_TOPIC)
-
-    def id_part(name: str, limit: int | None) -> TextDataset:
-        chosen = [i for i in parts[name] if data.labels[i] != near]
-        subset = data.subset(stable_sample(chosen, data.ids, limit, salt=name))
-        return TextDataset(subset.texts, subset.labels, subset.ids, list(ID_TOPICS))
-
-    train, val, test = id_part("train", train_limit), id_part("val", val_limit), id_part("test", test_limit)
-    # "tech" never trains or validates anything, so its val and test parts both serve as near-OOD
-    tech = data.subset([i for name in ("val", "test") for i in parts[name] if data.labels[i] == near])
+    limits = {"train": train_limit, "val": val_limit, "test": test_limit}
+    parts, tech = bbc_news_splits(limits)
+    train, val, test = parts["train"], parts["val"], parts["test"]
     ood_test = {
         "bbc-tech": ("near", _sample(tech, ood_limit, "near")),
         "drug-reviews": ("far", _sample(load_drug_reviews(), ood_limit, "drugs")),
@@ -132,7 +111,7 @@ def load_text_task(
         for name in TEXT_CORRUPTIONS
         for severity in range(1, 6)
     }
-    sources = {"ID": f"BBC News {list(ID_TOPICS)}", "OOD validation": "SpamAssassin easy-ham"}
+    sources = {"ID": f"BBC News {list(BBC_ID_TOPICS)}", "OOD validation": "SpamAssassin easy-ham"}
     return Task(train, val, test, ood_val, ood_test, shift, sources)
 
 

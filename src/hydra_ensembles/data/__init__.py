@@ -13,9 +13,13 @@ from .images import (
 from .registry import BUILTIN, load_spec, to_batches
 from .splits import split_indices, split_of, stable_sample, stable_unit
 from .text import (
+    BBC_ID_TOPICS,
+    BBC_NEAR_TOPIC,
     MissingDataError,
     TextDataset,
     batches,
+    bbc_news_splits,
+    data_dir,
     load_bbc_news,
     load_drug_reviews,
     load_fortunes,
@@ -24,11 +28,15 @@ from .text import (
 )
 
 __all__ = [
+    "BBC_ID_TOPICS",
+    "BBC_NEAR_TOPIC",
     "BUILTIN",
     "ImageDataset",
     "MissingDataError",
     "TextDataset",
     "batches",
+    "bbc_news_splits",
+    "data_dir",
     "image_batches",
     "load_bbc_news",
     "load_drug_reviews",

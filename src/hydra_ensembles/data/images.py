@@ -38,6 +38,16 @@ class ImageDataset:
     ids: list[str]
     classes: list[str]
 
+    def __post_init__(self) -> None:
+        if self.images.ndim != 4 or len(self.images) != len(self.labels) or len(self.ids) != len(self.labels):
+            raise ValueError(
+                f"images must be (N, C, H, W) with one label and id each, got {self.images.shape}, "
+                f"{len(self.labels)} labels and {len(self.ids)} ids"
+            )
+        if not np.isfinite(self.images).all():
+            bad = np.flatnonzero(~np.isfinite(self.images.reshape(len(self.images), -1)).all(1))
+            raise ValueError(f"{len(bad)} images hold NaN or Inf pixels (first: {self.ids[bad[0]]})")
+
     def __len__(self) -> int:
         return len(self.labels)
 

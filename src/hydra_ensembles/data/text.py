@@ -64,6 +64,46 @@ def load_bbc_news(topics: Sequence[str] | None = None) -> TextDataset:
     return TextDataset(texts, labels, ids, topics)
 
 
+BBC_ID_TOPICS = ("business", "entertainment", "politics", "sports")
+"""The text benchmark's in-distribution classes, in label order."""
+BBC_NEAR_TOPIC = "tech"
+"""Its held-out topic: near-OOD (same source, unseen topic)."""
+BBC_SPLITS = {"train": 0.6, "val": 0.2, "test": 0.2}
+BBC_SPLIT_SALT = "bbc-news"
+
+
+def bbc_news_splits(
+    limits: dict[str, int | None] | None = None,
+) -> tuple[dict[str, TextDataset], TextDataset]:
+    """The text benchmark's ID parts (train/val/test: 4 topics, labels in ``BBC_ID_TOPICS``
+    order) and its near-OOD "tech" texts (the tech items of the val and test parts, which never
+    train or validate anything). Every split is fixed by a hash of each article's id; ``limits``
+    subsample a part deterministically."""
+    from .splits import split_indices, stable_sample
+
+    limits = limits or {}
+    data = load_bbc_news((*BBC_ID_TOPICS, BBC_NEAR_TOPIC))
+    parts = split_indices(data.ids, BBC_SPLITS, salt=BBC_SPLIT_SALT)
+    near = data.classes.index(BBC_NEAR_TOPIC)
+    out = {}
+    for name in BBC_SPLITS:
+        chosen = [i for i in parts[name] if data.labels[i] != near]
+        subset = data.subset(stable_sample(chosen, data.ids, limits.get(name), salt=name))
+        out[name] = TextDataset(subset.texts, subset.labels, subset.ids, list(BBC_ID_TOPICS))
+    tech = data.subset([i for name in ("val", "test") for i in parts[name] if data.labels[i] == near])
+    return out, tech
+
+
+def data_dir() -> Path:
+    """Where downloaded corpora live: $HYDRA_DATA_DIR, else ./.data, else the repository's .data."""
+    import os
+
+    if os.environ.get("HYDRA_DATA_DIR"):
+        return Path(os.environ["HYDRA_DATA_DIR"])
+    local = Path.cwd() / ".data"
+    return local if local.is_dir() else Path(__file__).resolve().parents[3] / ".data"
+
+
 def batches(
     dataset: TextDataset, tokenizer, batch_size: int = 32, max_length: int = 128
 ) -> Iterator[dict[str, torch.Tensor]]:
@@ -93,24 +133,44 @@ def load_text_table(
 
     path = Path(path)
     rows: list[dict] = []
-    if path.suffix in (".jsonl", ".json"):
-        with path.open(encoding="utf-8") as handle:
-            rows = [json.loads(line) for line in handle if line.strip()]
-    else:
+    csv.field_size_limit(1 << 30)  # long documents are data, not an error
+    try:
         with path.open(encoding="utf-8", newline="") as handle:
-            rows = list(csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ","))
+            if path.suffix in (".jsonl", ".json"):
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as exc:
+                            raise ValueError(f"{path}, line {number}: not JSON ({exc.msg})") from None
+                if any(not isinstance(r, dict) for r in rows):
+                    raise ValueError(f"{path}: every line must be a JSON object")
+            else:
+                rows = list(csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ","))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
+    except csv.Error as exc:
+        raise ValueError(f"{path}: malformed {path.suffix[1:].upper()} ({exc})") from None
     if not rows:
         raise ValueError(f"{path} holds no rows")
     missing = [c for c in (text_column, label_column) if c and c not in rows[0]]
     if missing:
         raise ValueError(f"{path} has no column(s) {missing}; columns: {sorted(rows[0])}")
-    texts = [str(r[text_column]) for r in rows]
+    texts = [str(r[text_column]) if r.get(text_column) is not None else "" for r in rows]
+    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ValueError(f"{path}: {len(empty)} rows have an empty {text_column!r} (first: row {empty[0]})")
     ids = [f"{path.name}/{i}" for i in range(len(rows))]
     if not label_column:
         return TextDataset(texts, [0] * len(texts), ids, [])
-    raw = [r[label_column] for r in rows]
+    raw = [r.get(label_column) for r in rows]
+    blank = [i + 1 for i, v in enumerate(raw) if v is None or str(v).strip() == ""]
+    if blank:
+        raise ValueError(f"{path}: {len(blank)} rows have no {label_column!r} (first: row {blank[0]})")
     if all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit()) for v in raw):
         labels = [int(v) for v in raw]
+        if min(labels) < 0:
+            raise ValueError(f"{path}: integer labels are class ids and must be >= 0, found {min(labels)}")
         classes = [str(c) for c in range(max(labels) + 1)]
     else:
         classes = sorted({str(v) for v in raw})

@@ -200,9 +200,10 @@ def fine_tune(
     result = FineTuneResult()
     start_epoch, best_nll, best_state = 0, math.inf, None
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    inputs = _inputs_digest(accelerator.unwrap_model(model), train_batches, val_batches) if ckpt else ""
     if ckpt is not None and (ckpt / "state.json").is_file():
         start_epoch, result, best_nll = _load_checkpoint(
-            ckpt, accelerator.unwrap_model(model), optimizer, config
+            ckpt, accelerator.unwrap_model(model), optimizer, config, inputs
         )
         if (ckpt / "best.safetensors").is_file():
             best_state = load_file(str(ckpt / "best.safetensors"))
@@ -275,6 +276,7 @@ def fine_tune(
                 result,
                 best_nll,
                 best_state,
+                inputs,
             )
         if config.patience is not None and waited >= config.patience:
             result.stopped_early = True
@@ -302,7 +304,31 @@ def _optimizer_tensors(optimizer) -> tuple[dict[str, torch.Tensor], dict[str, An
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _save_checkpoint(ckpt: Path, model, optimizer, config, epochs_done, result, best_nll, best_state) -> None:
+def _inputs_digest(model: nn.Module, train: list[dict], val: list[dict]) -> str:
+    """SHA-256 of everything besides the configuration that shapes a fine-tuning run: the starting
+    weights and every train and validation batch. A checkpoint resumes only the same run."""
+    import hashlib
+
+    digest = hashlib.sha256()
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+
+    for name, tensor in sorted(model.state_dict().items()):
+        add(name, tensor)
+    for part, batches in (("train", train), ("val", val)):
+        for i, batch in enumerate(batches):
+            for key in sorted(batch):
+                if isinstance(batch[key], torch.Tensor):
+                    add(f"{part}{i}.{key}", batch[key])
+    return digest.hexdigest()
+
+
+def _save_checkpoint(
+    ckpt: Path, model, optimizer, config, epochs_done, result, best_nll, best_state, inputs: str
+) -> None:
     ckpt.mkdir(parents=True, exist_ok=True)
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_write(ckpt / "model.safetensors", lambda tmp: save_file(weights, str(tmp)))
@@ -317,18 +343,42 @@ def _save_checkpoint(ckpt: Path, model, optimizer, config, epochs_done, result, 
         "best_epoch": result.best_epoch,
         "best_nll": best_nll if math.isfinite(best_nll) else None,
         "optimizer": meta,
+        "inputs_sha256": inputs,
     }
     atomic_write_json(ckpt / "state.json", state)  # last: its presence means the epoch is complete
 
 
-def _load_checkpoint(ckpt: Path, model, optimizer, config) -> tuple[int, FineTuneResult, float]:
-    state = json.loads((ckpt / "state.json").read_text())
+class CheckpointError(ValueError):
+    """A fine-tuning checkpoint cannot resume this run (another run's, or damaged)."""
+
+
+def _load_checkpoint(ckpt: Path, model, optimizer, config, inputs: str) -> tuple[int, FineTuneResult, float]:
+    try:
+        return _restore(ckpt, model, optimizer, config, inputs)
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:  # a damaged checkpoint
+        raise CheckpointError(
+            f"the fine-tuning checkpoint in {ckpt} cannot be read ({type(exc).__name__}: {exc}); "
+            "delete it to start over"
+        ) from exc
+
+
+def _restore(ckpt: Path, model, optimizer, config, inputs: str) -> tuple[int, FineTuneResult, float]:
+    state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
     saved = state["config"]
     current = _config_json(config)
     if {k: v for k, v in saved.items() if k != "epochs"} != {
         k: v for k, v in current.items() if k != "epochs"
     }:
-        raise ValueError(f"checkpoint in {ckpt} was made with another configuration; delete it to start over")
+        raise CheckpointError(
+            f"checkpoint in {ckpt} was made with another configuration; delete it to start over"
+        )
+    if state.get("inputs_sha256") != inputs:
+        raise CheckpointError(
+            f"checkpoint in {ckpt} was made from other data or another starting model; "
+            "delete it to start over"
+        )
     model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
     tensors = load_file(str(ckpt / "optimizer.safetensors"))
     per_param: dict[int, dict[str, Any]] = {}

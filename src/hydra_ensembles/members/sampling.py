@@ -37,6 +37,14 @@ def least_useful_first(
     return [(lay, h) for _, lay, h in sorted(entries)], heads
 
 
+def ranked_count(ranking: CircuitOrder | torch.Tensor | np.ndarray) -> int:
+    """How many heads ``ranking`` actually ranks: the heads a circuit order removed, or every
+    head with a Taylor score. The rest of `least_useful_first` is index order, not a ranking."""
+    if isinstance(ranking, CircuitOrder):
+        return len(ranking.removed)
+    return len(least_useful_first(ranking)[0])
+
+
 def sample_members(
     ranking: CircuitOrder | torch.Tensor | np.ndarray,
     num_members: int = 3,
@@ -50,7 +58,9 @@ def sample_members(
 
     Give exactly one of ``heads_per_layer`` (heads each layer keeps) or ``num_pruned`` (heads
     pruned in total). ``pool_size`` defaults to twice the heads pruned (per layer or in total),
-    capped by what exists. ``pool_size`` equal to the number pruned gives identical members.
+    capped by the heads the ranking ranks; a pool (or a pruning) reaching beyond them raises
+    `HeadSetError` (unranked heads are never pruned as if they were least useful).
+    ``pool_size`` equal to the number pruned gives identical members.
     ``shared_layers=k`` gives every member member 0's heads in the first k layers, so that `fuse`
     can run those layers once as a shared trunk (diversity only in the later layers).
     """
@@ -59,6 +69,7 @@ def sample_members(
     if (heads_per_layer is None) == (num_pruned is None):
         raise ValueError("give exactly one of heads_per_layer or num_pruned")
     order, heads = least_useful_first(ranking)
+    ranked = order[: ranked_count(ranking)]
     members = []
     for m in range(num_members):
         rng = random.Random(f"hydra-members:{seed}:{m}")
@@ -68,14 +79,15 @@ def sample_members(
             kept = {}
             for layer, count in enumerate(heads):
                 drop = count - heads_per_layer
-                pool = [h for lay, h in order if lay == layer][: _pool(pool_size, drop, count)]
+                layer_ranked = [h for lay, h in ranked if lay == layer]
+                pool = layer_ranked[: _pool(pool_size, drop, len(layer_ranked), count, f"layer {layer}")]
                 gone = set(rng.sample(pool, drop))
                 kept[layer] = [h for h in range(count) if h not in gone]
         else:
             total = sum(heads)
             if not 0 <= num_pruned <= total:
                 raise HeadSetError(f"num_pruned must be in [0, {total}], got {num_pruned}")
-            pool = order[: _pool(pool_size, num_pruned, total)]
+            pool = ranked[: _pool(pool_size, num_pruned, len(ranked), total, "the model")]
             gone = set(rng.sample(pool, num_pruned))
             kept = {layer: [h for h in range(n) if (layer, h) not in gone] for layer, n in enumerate(heads)}
         members.append(HeadSet(kept))
@@ -95,12 +107,16 @@ def sample_members(
     return members
 
 
-def _pool(pool_size: int | None, drop: int, available: int) -> int:
-    size = min(available, 2 * drop) if pool_size is None else pool_size
-    if not drop <= size <= available:
+def _pool(pool_size: int | None, drop: int, ranked: int, available: int, where: str) -> int:
+    size = min(ranked, 2 * drop) if pool_size is None else pool_size
+    if drop > ranked or size > ranked:
         raise HeadSetError(
-            f"pool_size must be between the heads pruned ({drop}) and those available ({available})"
+            f"the ranking ranks {ranked} of the {available} heads of {where}, but "
+            f"{'the pool' if size > ranked else 'each member'} needs {max(size, drop)}: rank more heads "
+            "(a larger circuit --budget) or prune fewer (--pool-size is per layer with --heads-per-layer)"
         )
+    if size < drop:
+        raise HeadSetError(f"pool_size ({size}) must be at least the heads pruned ({drop}) in {where}")
     return size
 
 

@@ -61,6 +61,11 @@ def taylor_scores(
             with compute.autocast(device):
                 logits = model(**model_inputs(batch)).logits
             loss = F.cross_entropy(logits.float(), labels.to(logits.device)) / len(batches)
+            if not torch.isfinite(loss):
+                raise ValueError(
+                    "the loss on the calibration data is NaN or Inf (non-finite inputs, or a model "
+                    "with non-finite weights): Taylor scores would be meaningless"
+                )
             for acc, g in zip(grads, torch.autograd.grad(loss, weights, allow_unused=True), strict=True):
                 if g is not None:
                     acc += g.float()
