@@ -13,6 +13,6 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$PY" -m pip install --quiet --upgrade pip
     "$PY" -m pip install --quiet "torch==2.13.0"
-    "$PY" -m pip install --quiet -e ".[models,test]"
+    "$PY" -m pip install --quiet -e ".[models,test,hf]"
     echo "$want" > "$stamp"
 fi

@@ -144,18 +144,33 @@ def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool
         for file in sorted((root / name).iterdir()):
             if not file.is_file():
                 continue
-            with Image.open(file) as image:
-                image = image.convert("L" if grayscale else "RGB")
-                if size is not None:
-                    image = image.resize((size, size))
-                array = np.asarray(image, dtype=np.float32) / 255.0
-            images.append(array[None] if grayscale else array.transpose(2, 0, 1))
+            try:
+                with Image.open(file) as image:
+                    images.append(pil_array(image, grayscale, size))
+            except OSError as exc:  # not an image Pillow can read
+                raise ValueError(f"{file} is not a readable image ({exc})") from None
             labels.append(label)
             ids.append(f"{name}/{file.name}")
+    if not images:
+        raise ValueError(f"{root} has class sub-folders but no images")
+    return ImageDataset(stack_images(images, str(root)), labels, ids, classes)
+
+
+def pil_array(image: Any, grayscale: bool = False, size: int | None = None) -> np.ndarray:
+    """A Pillow image as float32 (C, H, W) in [0, 1]: one channel (``grayscale``) or RGB."""
+    image = image.convert("L" if grayscale else "RGB")
+    if size is not None:
+        image = image.resize((size, size))
+    array = np.asarray(image, dtype=np.float32) / 255.0
+    return array[None] if grayscale else array.transpose(2, 0, 1)
+
+
+def stack_images(images: list[np.ndarray], source: str) -> np.ndarray:
+    """(N, C, H, W) from equally sized (C, H, W) arrays; a clear error where sizes differ."""
     shapes = {a.shape for a in images}
     if len(shapes) != 1:
-        raise ValueError(f"images in {root} differ in size {sorted(shapes)}; pass size=")
-    return ImageDataset(np.stack(images), labels, ids, classes)
+        raise ValueError(f"images in {source} differ in size {sorted(shapes)[:3]}: resize them to one size")
+    return np.stack(images)
 
 
 def _package_dir(package: str, install: str) -> Path:

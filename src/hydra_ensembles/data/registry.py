@@ -4,7 +4,9 @@ Built-in: ``bbc-news[:train|val|test]`` (the text benchmark's 4 ID topics and it
 ``bbc-tech`` (its near-OOD topic), ``drug-reviews``, ``fortunes``, ``spam-assassin``,
 ``fashion-mnist[:train|test]``, ``mnist`` (5,000 digits), ``textures`` (600 crops of brick, grass
 and gravel), ``elpv`` (solar cells). Files: ``.csv``/``.tsv``/``.jsonl`` (text), ``.npz`` (images),
-or a directory of ``<class>/<image>`` files.
+or a directory of ``<class>/<image>`` files. Hugging Face datasets (`data.hf`): a
+``save_to_disk`` folder (``FOLDER[:SPLIT]``), a ``.parquet``/``.arrow`` file, or
+``hf:ID[@CONFIG][:SPLIT]`` for a hub dataset in the local cache.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .hf import ARROW_SUFFIXES, is_saved_dataset, load_hf
 from .images import (
     ImageDataset,
     image_batches,
@@ -53,6 +56,12 @@ def load_spec(
     spec: str, text_column: str = "text", label_column: str | None = "label"
 ) -> TextDataset | ImageDataset:
     """The dataset a command-line spec names (see the module docstring)."""
+    if spec.startswith("hf:"):
+        source, _, split = spec[3:].rpartition(":") if ":" in spec[3:] else (spec[3:], "", "")
+        return load_hf(source, split or None, text_column, label_column)
+    folder, _, split = spec.rpartition(":")
+    if folder and is_saved_dataset(Path(folder)):
+        return load_hf(folder, split, text_column, label_column)
     name, _, part = spec.partition(":")
     if name == "bbc-news" or name == "bbc-tech":  # only BBC News is read, no other corpus
         parts, tech = bbc_news_splits()
@@ -72,6 +81,8 @@ def load_spec(
     if name in IMAGE_SOURCES:
         return IMAGE_SOURCES[name]()
     path = Path(spec)
+    if is_saved_dataset(path) or path.suffix in ARROW_SUFFIXES:
+        return load_hf(spec, None, text_column, label_column)
     if path.is_dir():
         return load_image_folder(path)
     if path.suffix in (".npz", ".csv", ".tsv", ".jsonl", ".json") and not path.is_file():
@@ -81,7 +92,8 @@ def load_spec(
     if path.suffix in (".csv", ".tsv", ".jsonl", ".json"):
         return load_text_table(path, text_column, label_column)
     raise ValueError(
-        f"unknown data {spec!r}: use one of {list(BUILTIN)} or a .csv/.tsv/.jsonl/.npz file or image folder"
+        f"unknown data {spec!r}: use one of {list(BUILTIN)}, a .csv/.tsv/.jsonl/.npz/.parquet file, an "
+        "image folder, a Hugging Face save_to_disk folder, or hf:ID[@CONFIG][:SPLIT]"
     )
 
 

@@ -1,0 +1,134 @@
+"""Hugging Face ``datasets`` as data: a ``save_to_disk`` folder, parquet/arrow files, or a hub id
+already in the local cache (nothing is downloaded behind the user's back: set up the cache first).
+
+Columns are chosen by option or guessed from the features: the text column is the only string
+feature (or one named text/sentence/content/review/document), the image column the ``Image``
+feature, the label column the ``ClassLabel`` feature, whose names become the class names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .images import ImageDataset, pil_array, stack_images
+from .text import TextDataset
+
+TEXT_NAMES = ("text", "sentence", "content", "review", "document")
+ARROW_SUFFIXES = (".parquet", ".arrow")
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ValueError(
+            "Hugging Face datasets need the package datasets: pip install 'hydra-ensembles[hf]'"
+        ) from exc
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """A folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
+    return path.is_dir() and any(
+        (path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")
+    )
+
+
+def load_hf(
+    source: str,
+    split: str | None = None,
+    text_column: str | None = "text",
+    label_column: str | None = "label",
+) -> TextDataset | ImageDataset:
+    """One split of a Hugging Face dataset as a `TextDataset` or `ImageDataset`.
+
+    ``source``: a ``save_to_disk`` folder, a ``.parquet``/``.arrow`` file, or a hub id (with an
+    optional ``@config``) in the local cache. ``split`` defaults to ``test`` where there are
+    several, else the only one. ``label_column=None`` loads unlabelled data (e.g. OOD).
+    """
+    datasets = _datasets()
+    path = Path(source)
+    try:
+        if is_saved_dataset(path):
+            data = datasets.load_from_disk(str(path))
+        elif path.suffix in ARROW_SUFFIXES:
+            if not path.is_file():
+                raise ValueError(f"data file {source!r} does not exist")
+            kind = "parquet" if path.suffix == ".parquet" else "arrow"
+            data = datasets.load_dataset(kind, data_files=str(path), split="train")
+        else:
+            name, _, config = source.partition("@")
+            data = datasets.load_dataset(name, config or None)
+    except (FileNotFoundError, ConnectionError) as exc:
+        raise ValueError(
+            f"Hugging Face dataset {source!r} is neither a saved folder nor in the local cache "
+            f"({type(exc).__name__}); save it with Dataset.save_to_disk, or download it once with "
+            "datasets.load_dataset where a network is available"
+        ) from None
+    except (OSError, datasets.exceptions.DatasetNotFoundError) as exc:
+        raise ValueError(f"cannot read the Hugging Face dataset {source!r}: {exc}") from None
+    if isinstance(data, datasets.DatasetDict):
+        names = sorted(data)
+        if split is None:
+            split = "test" if "test" in data else names[0] if len(names) == 1 else None
+        if split not in data:
+            raise ValueError(f"{source} has splits {names}; name one as {source}:SPLIT")
+        data = data[split]
+    elif split not in (None, "train"):
+        raise ValueError(f"{source} is a single split; drop ':{split}'")
+    return _convert(data, f"{path.name or source}:{split or 'all'}", text_column, label_column)
+
+
+def _convert(data: Any, name: str, text_column: str | None, label_column: str | None):
+    features = data.features
+    if len(data) == 0:
+        raise ValueError(f"{name} holds no rows")
+    image_column = next((c for c, f in features.items() if type(f).__name__ == "Image"), None)
+    labels, classes = _labels(data, name, label_column)
+    ids = [f"{name}/{i}" for i in range(len(data))]
+    if image_column is not None:
+        grey = ("L", "1", "I", "F")
+        arrays = [pil_array(image, grayscale=image.mode in grey) for image in data[image_column]]
+        return ImageDataset(stack_images(arrays, name), labels, ids, classes)
+    column = _text_column(features, name, text_column)
+    texts = [str(t) if t is not None else "" for t in data[column]]
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ValueError(f"{name}: {len(empty)} rows have an empty {column!r} (first: row {empty[0]})")
+    return TextDataset(texts, labels, ids, classes)
+
+
+def _text_column(features: dict, name: str, wanted: str | None) -> str:
+    strings = [c for c, f in features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+    if wanted in strings:
+        return wanted
+    named = [c for c in TEXT_NAMES if c in strings]
+    if len(strings) == 1 or named:
+        return strings[0] if len(strings) == 1 else named[0]
+    raise ValueError(f"{name}: cannot tell which column holds the text among {strings}: pass --text-column")
+
+
+def _labels(data: Any, name: str, wanted: str | None) -> tuple[list[int], list[str]]:
+    if wanted is None:  # unlabelled use
+        return [0] * len(data), []
+    features = data.features
+    class_labels = [c for c, f in features.items() if type(f).__name__ == "ClassLabel"]
+    column = wanted if wanted in features else (class_labels[0] if len(class_labels) == 1 else None)
+    if column is None:
+        raise ValueError(f"{name}: no label column {wanted!r} (--label-column) among {sorted(features)}")
+    values = np.asarray(data[column])
+    if values.dtype.kind not in "iu":
+        found = sorted({str(v) for v in values.tolist()})
+        return [found.index(str(v)) for v in values.tolist()], found
+    if (values < 0).all():
+        raise ValueError(f"{name} has no labels (every {column!r} is {int(values[0])}): use a labelled split")
+    if (values < 0).any():
+        raise ValueError(f"{name}: {int((values < 0).sum())} rows have a negative label in {column!r}")
+    feature = features[column]
+    names = list(feature.names) if type(feature).__name__ == "ClassLabel" else None
+    classes = names or [str(c) for c in range(int(values.max()) + 1)]
+    return values.astype(int).tolist(), classes
