@@ -58,19 +58,47 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_fuse(args: argparse.Namespace) -> int:
     from .fusion import fuse
-    from .heads import HeadSet
-    from .models import load_classifier
+    from .fusion.serialization import CONFIG_NAME
+    from .heads import HeadSet, HeadSetError
+    from .io import check_output_dir, read_json
 
+    check_output_dir(args.out, finished=CONFIG_NAME, resumable=(), overwrite=args.overwrite)
     head_sets = []
     for file in args.heads:
-        data = json.loads(Path(file).read_text())
+        data = read_json(file, "head-set file")
         items = data if isinstance(data, list) else [data]
-        head_sets += [HeadSet.from_dict(item) for item in items]
-    model = load_classifier(args.model, num_labels=args.num_labels)
+        if not items or not all(isinstance(item, dict) for item in items):
+            raise HeadSetError(f"{file}: a head set {{layer: [heads]}} or a non-empty list of them is due")
+        try:
+            head_sets += [HeadSet.from_dict(item) for item in items]
+        except (HeadSetError, TypeError, ValueError) as exc:
+            raise HeadSetError(f"{file}: {exc}") from None
+    model = _load_model(args.model, args)
     hydra = fuse(model, head_sets)
     hydra.save_pretrained(args.out)
     print(f"fused {hydra.num_members} members into {args.out}")
     return 0
+
+
+def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = None):
+    """A model for a command that predicts with its head: refused where the head was initialised
+    randomly (a base model) unless ``--allow-random-head`` says that is intended."""
+    from .models import load_any, untrained_weights
+
+    model = load_any(path, num_labels or getattr(args, "num_labels", None))
+    untrained = untrained_weights(model)
+    if untrained and not getattr(args, "allow_random_head", False):
+        raise ValueError(
+            f"{path} has no trained classifier head ({', '.join(untrained[:2])} would be random): "
+            f"fine-tune it first (hydra-ens finetune {path} --data TRAIN --out DIR), or pass "
+            "--allow-random-head where a random head is what you want"
+        )
+    if untrained:
+        print(
+            f"hydra-ens: warning: {path}: {', '.join(untrained)} initialised randomly (seeded)",
+            file=sys.stderr,
+        )
+    return model
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -112,14 +140,31 @@ def _preprocessor_for(model_path: str):
 
 
 def _data_batches(
-    spec: str, args: argparse.Namespace, preprocessor, limit: int | None = None, labels: bool = True
+    spec: str,
+    args: argparse.Namespace,
+    preprocessor,
+    limit: int | None = None,
+    labels: bool = True,
+    model=None,
 ):
+    """A named dataset and its batches; with ``model``, checked against it (text or images) and
+    its labels mapped onto the model's classes (`data.labels.align_labels`)."""
     from .batching import model_inputs
     from .data import ImageDataset, load_spec, stable_sample, to_batches
+    from .data.labels import align_labels, model_class_names, num_model_labels
+    from .models import VISION_MODEL_TYPES
 
     dataset = load_spec(spec, args.text_column, args.label_column if labels else None)
     if labels and not dataset.classes:
         raise ValueError(f"{spec} has no labels; this option needs labelled data")
+    if model is not None:
+        first = model[0] if isinstance(model, list) else model
+        vision = first.config.model_type in VISION_MODEL_TYPES
+        if vision != isinstance(dataset, ImageDataset):
+            kind = "images" if isinstance(dataset, ImageDataset) else "texts"
+            raise ValueError(f"{spec} holds {kind}, but the model takes {'images' if vision else 'text'}")
+        if labels:
+            dataset = align_labels(dataset, model_class_names(model), num_model_labels(model), spec)
     if preprocessor is None and not isinstance(dataset, ImageDataset):
         raise ValueError(
             "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
@@ -134,13 +179,15 @@ def _data_batches(
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from .io import atomic_write_json
-    from .models import load_any
+    from .io import atomic_write_json, check_output_file
     from .scoring import extract_circuit, taylor_head_set, taylor_scores
 
-    model = load_any(args.model, args.num_labels)
-    preprocessor = _preprocessor_for(args.model)
-    _, data = _data_batches(args.data, args, preprocessor, args.limit)
+    check_output_file(args.out, (".json",))
+    if args.checkpoint:
+        check_output_file(args.checkpoint, (".json",))
+    model = _load_model(args.model, args)
+    preprocessor = _preprocessor_for(args.preprocessor or args.model)
+    _, data = _data_batches(args.data, args, preprocessor, args.limit, model=model)
     if args.method == "taylor":
         scores = taylor_scores(model, data, progress=True, precision=args.precision)
         heads = taylor_head_set(model, data, args.heads_per_layer, scope=args.scope, precision=args.precision)
@@ -153,7 +200,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
         }
     else:
         ood = (
-            _data_batches(args.ood_data, args, preprocessor, args.limit, labels=False)[1]
+            _data_batches(args.ood_data, args, preprocessor, args.limit, labels=False, model=model)[1]
             if args.ood_data
             else None
         )
@@ -173,32 +220,67 @@ def _cmd_score(args: argparse.Namespace) -> int:
         )
         out = {"method": "circuit", **order.to_dict()}
     atomic_write_json(args.out, out)
+    if args.checkpoint and not args.keep_checkpoint:
+        Path(args.checkpoint).unlink(missing_ok=True)
     print(f"wrote {args.out}")
     return 0
 
 
-def _ranking(scores_file: str):
+def _ranking(scores_file: str, model):
+    """The head ranking a ``hydra-ens score`` file holds, checked against ``model``'s heads."""
     import torch
 
+    from .adapters import get_adapter
+    from .io import read_json
     from .scoring import CircuitOrder
 
-    data = json.loads(Path(scores_file).read_text())
-    if data.get("method") == "taylor":
-        return torch.tensor(data["scores"])
-    if data.get("method") == "circuit":
-        return CircuitOrder.from_dict(data)
-    raise ValueError(f"{scores_file} is not a file written by hydra-ens score")
+    data = read_json(scores_file, "scores file")
+    method = data.get("method") if isinstance(data, dict) else None
+    if method not in ("taylor", "circuit"):
+        raise ValueError(f"{scores_file} is not a file written by hydra-ens score")
+    heads = list(get_adapter(model).original_heads_per_layer(model))
+    try:
+        if method == "taylor":
+            ranking = torch.tensor(data["scores"], dtype=torch.float64)
+            ranked = [int((~torch.isnan(row)).sum()) for row in ranking] if ranking.dim() == 2 else None
+            if ranking.dim() != 2 or ranked != heads:
+                raise ValueError(f"its scores do not fit the model's heads per layer {heads}")
+            return ranking
+        ranking = CircuitOrder.from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{scores_file} is damaged or does not fit {type(model).__name__}: {exc}") from None
+    if list(ranking.heads_per_layer) != heads:
+        raise ValueError(
+            f"{scores_file} ranks a model with heads per layer {ranking.heads_per_layer}; "
+            f"this one has {heads}"
+        )
+    seen = set()
+    for layer, head in ranking.removed:
+        if not (0 <= layer < len(heads) and 0 <= head < heads[layer]) or (layer, head) in seen:
+            raise ValueError(f"{scores_file} names head ({layer}, {head}) out of range or twice")
+        seen.add((layer, head))
+    return ranking
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
+    import shutil
+
     from .fusion import fuse
+    from .io import check_output_dir
     from .members import FineTuneConfig, fine_tune, member_overlap, sample_members, save_member
-    from .models import load_any
     from .surgery import heads_per_layer, prune
 
-    model = load_any(args.model, args.num_labels)
+    out = check_output_dir(
+        args.out,
+        finished="hydra/hydra_config.json",
+        resumable=("checkpoints", "members", "hydra"),
+        overwrite=args.overwrite,
+    )
+    if args.fine_tune and not args.data:
+        raise ValueError("--fine-tune needs --data (labelled training data)")
+    model = _load_model(args.model, args)
     heads = sample_members(
-        _ranking(args.scores),
+        _ranking(args.scores, model),
         args.members,
         heads_per_layer=args.heads_per_layer,
         num_pruned=args.num_pruned,
@@ -210,11 +292,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     print(f"{len(heads)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
     members = [prune(model, hs) for hs in heads]
     if args.fine_tune:
-        if not args.data:
-            raise ValueError("--fine-tune needs --data (labelled training data)")
-        preprocessor = _preprocessor_for(args.model)
-        dataset, train = _data_batches(args.data, args, preprocessor)
-        val = _data_batches(args.val_data, args, preprocessor)[1] if args.val_data else None
+        preprocessor = _preprocessor_for(args.preprocessor or args.model)
+        dataset, train = _data_batches(args.data, args, preprocessor, model=model)
+        val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
         for member in members:  # saved models name their classes (hydra-ens predict reads them)
             _name_classes(member, dataset.classes)
         for m, member in enumerate(members):
@@ -225,12 +305,70 @@ def _cmd_build(args: argparse.Namespace) -> int:
                 patience=args.patience,
                 precision=args.precision,
             )
-            ckpt = Path(args.out) / "checkpoints" / f"member-{m}"
-            fine_tune(member, train, val, config, checkpoint_dir=ckpt)
-            save_member(member, Path(args.out) / "members" / f"member-{m}")
+            print(f"member {m + 1} of {len(members)}", file=sys.stderr)
+            result = fine_tune(member, train, val, config, checkpoint_dir=out / "checkpoints" / f"member-{m}")
+            _print_history(result.history)
+            save_member(member, out / "members" / f"member-{m}")
     hydra = fuse(members, mlp=args.mlp)
-    hydra.save_pretrained(Path(args.out) / "hydra")
-    print(f"saved the fused model to {Path(args.out) / 'hydra'}")
+    hydra.save_pretrained(out / "hydra")
+    if not args.keep_checkpoints:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    print(f"saved the fused model to {out / 'hydra'}")
+    return 0
+
+
+def _print_history(history: list[dict]) -> None:
+    """One line per fine-tuning epoch: training loss, and validation NLL/accuracy where measured."""
+    for record in history:
+        line = f"  epoch {record['epoch'] + 1}: train loss {record['train_loss']:.4f}"
+        if "val_nll" in record:
+            line += f", val NLL {record['val_nll']:.4f}, val accuracy {record['val_acc']:.4f}"
+        print(line)
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    """Fine-tune a classifier (e.g. a base model's fresh head) and save it as a Hugging Face model
+    directory with its preprocessor and class names: what score and build start from."""
+    import shutil
+
+    from .data import load_spec
+    from .io import atomic_dir, check_output_dir
+    from .members import FineTuneConfig, fine_tune
+    from .models import untrained_weights
+
+    out = check_output_dir(args.out, finished="config.json", resumable=(), overwrite=args.overwrite)
+    classes = load_spec(args.data, args.text_column, args.label_column).classes
+    if not classes:
+        raise ValueError(f"{args.data} has no labels; fine-tuning needs labelled data")
+    model = _load_model(args.model, args, num_labels=args.num_labels)
+    if untrained_weights(model) and args.num_labels is None and model.config.num_labels != len(classes):
+        model = _load_model(args.model, args, num_labels=len(classes))  # a fresh head for the data
+    preprocessor = _preprocessor_for(args.preprocessor or args.model)
+    dataset, train = _data_batches(args.data, args, preprocessor, model=model)
+    val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    _name_classes(model, dataset.classes)
+    config = FineTuneConfig(
+        epochs=args.epochs,
+        lr=args.lr,
+        seed=args.seed,
+        patience=args.patience,
+        precision=args.precision,
+        trainable=tuple(args.train.split(",")),
+    )
+    checkpoint = out.with_name(out.name + ".checkpoint")
+    result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
+    _print_history(result.history)
+    model.config.num_labels = len(model.config.id2label)
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)  # safetensors + config.json (with the class names)
+        if preprocessor is not None:
+            preprocessor.save_pretrained(folder)
+
+    atomic_dir(out, write)
+    if not args.keep_checkpoints:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    print(f"saved the fine-tuned classifier ({len(dataset.classes)} classes) to {out}")
     return 0
 
 
@@ -262,30 +400,43 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from functools import partial
 
     from . import reporting
+    from .data.labels import model_class_names, num_model_labels
     from .evaluation import evaluate_predictions, fit_temperature, ood_scores
     from .evaluation import predict as predict_any
+    from .io import check_output_dir
 
-    methods: dict[str, list] = {}
-    preprocessor = None
-    for item in args.method:
-        name, sep, paths = item.partition("=")
-        if not sep or not paths:
-            raise ValueError(f"--method wants NAME=PATH[,PATH...], got {item!r}")
-        methods[name], found = _load_methods(paths)
-        if preprocessor is None:
-            preprocessor = found
-    if args.preprocessor:
-        preprocessor = _preprocessor_for(args.preprocessor)
-    id_dataset, id_test = _data_batches(args.id_data, args, preprocessor, args.limit)
-    shifted = _shifted(id_dataset, args, preprocessor) if args.shift else {}
-    oods = {}
+    out = check_output_dir(args.out)
+    items = [item.partition("=") for item in args.method]
+    bad = [f"{n}{sep}{paths}" for n, sep, paths in items if not (n and sep and paths)]
+    if bad:
+        raise ValueError(f"--method wants NAME=PATH[,PATH...], got {bad[0]!r}")
+    oods_named = []  # (name, spec, near|far)
     for item in args.ood or []:
         name, _, rest = item.partition("=")
         spec, _, kind = rest.rpartition(":")
-        if kind not in ("near", "far") or not spec:
+        if kind not in ("near", "far") or not spec or not name:
             raise ValueError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
-        oods[name] = (kind, _data_batches(spec, args, preprocessor, args.limit, labels=False)[1])
-    val = _data_batches(args.val_data, args, preprocessor, args.limit)[1] if args.val_data else None
+        oods_named.append((name, spec, kind))
+    methods: dict[str, list] = {}
+    preprocessor = None
+    for name, _, paths in items:
+        methods[name], found = _load_methods(paths, args)
+        if preprocessor is None:
+            preprocessor = found
+    models = [m for group in methods.values() for m in group]
+    model_class_names(models), num_model_labels(models)  # every method predicts the same classes
+    if args.preprocessor:
+        preprocessor = _preprocessor_for(args.preprocessor)
+    first = models[0]
+    id_dataset, id_test = _data_batches(args.id_data, args, preprocessor, args.limit, model=models)
+    shifted = _shifted(id_dataset, args, preprocessor) if args.shift else {}
+    oods = {
+        name: (kind, _data_batches(spec, args, preprocessor, args.limit, labels=False, model=first)[1])
+        for name, spec, kind in oods_named
+    }
+    val = None
+    if args.val_data:
+        val = _data_batches(args.val_data, args, preprocessor, args.limit, model=models)[1]
     predict = partial(predict_any, precision=args.precision)
     results, preds = {}, {}
     for name, models in methods.items():
@@ -300,7 +451,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             results[f"{name} + TS"] = evaluate_predictions(
                 p_test, p_ood, p_shift, temperature=t, bootstrap=args.bootstrap
             )
-    out = Path(args.out)
     meta = {"command": "hydra-ens eval", "ID": args.id_data, "OOD": ", ".join(args.ood or []) or "none"}
     reporting.write_results(out, results, meta=meta)
     labels = next(iter(preds.values()))[0].labels
@@ -322,16 +472,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_methods(spec: str) -> tuple[list, object]:
+def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
     """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and, where the first
     path has one, its tokenizer or image processor (a saved Hydra model or member keeps none:
     pass ``--tokenizer``)."""
-    from .models import load_any
-
     paths = [p for p in spec.split(",") if p]
     if not paths:
         raise ValueError(f"no model path in {spec!r}")
-    return [load_any(p) for p in paths], _preprocessor_for(paths[0])
+    return [_load_model(p, args) for p in paths], _preprocessor_for(paths[0])
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -342,26 +490,27 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from . import reporting
     from .evaluation import fit_temperature, flag_threshold, ood_scores, per_example
     from .evaluation import predict as predict_any
-    from .io import atomic_write_text
+    from .io import atomic_write_text, check_output_file
 
+    out = check_output_file(args.out, (".csv", ".jsonl"))
     predict = partial(predict_any, precision=args.precision)
-    models, preprocessor = _load_methods(args.model)
+    models, preprocessor = _load_methods(args.model, args)
     if args.preprocessor:
         preprocessor = _preprocessor_for(args.preprocessor)
     model = models[0] if len(models) == 1 else models
-    dataset, batches = _data_batches(args.data, args, preprocessor, labels=args.labelled)
+    dataset, batches = _data_batches(args.data, args, preprocessor, labels=args.labelled, model=models)
     classes = dataset.classes if args.labelled and dataset.classes else None
     if classes is None:
         id2label = getattr(models[0].config, "id2label", None) or {}
         classes = [str(id2label.get(i, i)) for i in range(len(id2label))] or None
     temperature, threshold, val = 1.0, None, None
     if args.val_data:
-        val = predict(model, _data_batches(args.val_data, args, preprocessor)[1], "validation")
+        val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1]
+        val = predict(model, val_batches, "validation")
         temperature = fit_temperature(val)
         threshold = flag_threshold(val, args.flag_score, args.keep, temperature)
     preds = predict(model, batches, "predict")
     records = per_example(preds, classes, temperature, args.flag_score, threshold)
-    out = Path(args.out)
     if val is not None:  # where the data's scores fall against ID validation, and the threshold
         scores = {
             f"ID validation ({args.val_data})": ood_scores(val, args.flag_score, temperature),
@@ -402,11 +551,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from .adapters import get_adapter
     from .bench import markdown_table, random_head_sets, run_bench
-    from .io import atomic_write_json, atomic_write_text
+    from .io import atomic_write_json, atomic_write_text, check_output_dir
     from .models import VISION_MODEL_TYPES, load_any
     from .precision import resolve_precision
     from .runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
 
+    out = check_output_dir(args.out)
     if args.default_allocator:
         os.environ[ALLOCATOR_ENV] = "0"
     ensure_cpu_allocator_tuned()
@@ -452,7 +602,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         test_set=args.test_set,
         device=args.device,
     )
-    out = Path(args.out)
     atomic_write_json(
         out / "bench.json",
         {"machine": describe_machine(), "setting": setting, "precision": precision, **results},
@@ -469,8 +618,65 @@ def precision_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="auto", help=PRECISION_HELP)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (what is wrong, and where the help is)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+POSITIVE, COUNT = _at_least(1), _at_least(0)
+RANDOM_HEAD_HELP = (
+    "accept a model whose classifier head is not trained (a base model: its head is initialised "
+    "randomly from a fixed seed); without this, such a model is refused: fine-tune it first with "
+    "hydra-ens finetune"
+)
+
+
+def _random_head_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-random-head", action="store_true", help=RANDOM_HEAD_HELP)
+
+
+def _overwrite_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--overwrite", action="store_true", help="replace a finished result already in --out")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hydra-ens",
         description="Hydra Ensembles: prune attention heads M ways, fuse the members into one model.",
     )
@@ -480,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument(
         "model", nargs="?", default=DEFAULT_TEXT_MODEL, help="HF id, local directory or minilm-l6"
     )
-    info.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
+    info.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
     info.set_defaults(func=_cmd_info)
 
     fuse = sub.add_parser("fuse", help="fuse zero-shot members given as head-set JSON files")
@@ -491,16 +697,18 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="JSON files, each a head set {layer: [heads]} or a list of them",
     )
-    fuse.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
+    fuse.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
     fuse.add_argument("--out", required=True, help="output directory")
+    _random_head_option(fuse)
+    _overwrite_option(fuse)
     fuse.set_defaults(func=_cmd_fuse)
 
     def data_options(p: argparse.ArgumentParser) -> None:
         precision_option(p)
         p.add_argument("--text-column", default="text", help="text column of CSV/JSONL data")
         p.add_argument("--label-column", default="label", help="label column of CSV/JSONL data")
-        p.add_argument("--batch-size", type=int, default=32)
-        p.add_argument("--max-length", type=int, default=128, help="tokens per text")
+        p.add_argument("--batch-size", type=POSITIVE, default=32)
+        p.add_argument("--max-length", type=_at_least(2), default=128, help="tokens per text")
 
     score = sub.add_parser("score", help="rank heads: Taylor importance or greedy circuit extraction (JSON)")
     score.add_argument("model", help="a fine-tuned classifier: HF id or directory, or a saved member")
@@ -512,27 +720,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     score.add_argument("--ood-data", help="OOD *validation* data for --objective ood|avg (never a test set)")
     score.add_argument("--objective", choices=["acc", "ood", "avg"], default="avg")
-    score.add_argument("--budget", type=int, default=24, help="heads to remove (circuit)")
-    score.add_argument("--min-heads-per-layer", type=int, default=0)
-    score.add_argument("--heads-per-layer", type=int, default=8, help="heads kept per layer (taylor)")
+    score.add_argument("--budget", type=POSITIVE, default=24, help="heads to remove (circuit)")
+    score.add_argument("--min-heads-per-layer", type=COUNT, default=0)
+    score.add_argument("--heads-per-layer", type=COUNT, default=8, help="heads kept per layer (taylor)")
     score.add_argument("--scope", choices=["layer", "global"], default="layer", help="taylor budget scope")
-    score.add_argument("--limit", type=int, help="use at most this many examples per dataset")
-    score.add_argument("--checkpoint", help="JSON file to resume an interrupted extraction")
+    score.add_argument("--limit", type=POSITIVE, help="use at most this many examples per dataset")
+    score.add_argument(
+        "--checkpoint", help="JSON file to resume an interrupted extraction (removed after success)"
+    )
+    score.add_argument("--keep-checkpoint", action="store_true", help="keep --checkpoint after success")
+    score.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    _random_head_option(score)
     score.add_argument(
         "--lazy",
-        type=int,
+        type=POSITIVE,
         metavar="K",
         help="approximate (lazy greedy) circuit extraction: score only the K best-known candidates "
         "per step between full refreshes (see benchmarks/circuit_speed.py for its agreement)",
     )
-    score.add_argument("--refresh-every", type=int, default=8, help="--lazy: steps between full refreshes")
+    score.add_argument(
+        "--refresh-every", type=POSITIVE, default=8, help="--lazy: steps between full refreshes"
+    )
     score.add_argument(
         "--cache-gb",
         type=float,
         default=2.0,
         help="memory cap for reusing hidden states across circuit steps (0: off; same result either way)",
     )
-    score.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
+    score.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
     score.add_argument("--out", required=True, help="output JSON file")
     data_options(score)
     score.set_defaults(func=_cmd_score)
@@ -542,23 +757,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("model", help="the model the ranking was computed on")
     build.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
-    build.add_argument("--members", type=int, default=3)
+    build.add_argument("--members", type=POSITIVE, default=3)
     group = build.add_mutually_exclusive_group(required=True)
-    group.add_argument("--heads-per-layer", type=int, help="heads each member keeps per layer")
-    group.add_argument("--num-pruned", type=int, help="heads each member prunes in total")
-    build.add_argument("--pool-size", type=int, help="pool of least useful heads to sample from")
+    group.add_argument("--heads-per-layer", type=COUNT, help="heads each member keeps per layer")
+    group.add_argument("--num-pruned", type=COUNT, help="heads each member prunes in total")
+    build.add_argument(
+        "--pool-size",
+        type=POSITIVE,
+        help="the least useful heads each member samples its pruned heads from: per layer with "
+        "--heads-per-layer, in the whole model with --num-pruned (default: twice the heads pruned, "
+        "at most the heads the ranking ranks)",
+    )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
     build.add_argument("--data", help="labelled training data for --fine-tune")
     build.add_argument("--val-data", help="labelled validation data (early stopping)")
-    build.add_argument("--epochs", type=int, default=3)
-    build.add_argument("--lr", type=float, default=5e-5)
-    build.add_argument("--patience", type=int)
+    build.add_argument("--epochs", type=POSITIVE, default=3)
+    build.add_argument("--lr", type=_positive_float, default=5e-5)
+    build.add_argument("--patience", type=POSITIVE)
     build.add_argument("--mlp", choices=["merge", "exact"], default="merge")
-    build.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
+    build.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
     build.add_argument("--out", required=True, help="output directory (hydra/, members/, checkpoints/)")
+    build.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep the fine-tuning checkpoints after success"
+    )
+    build.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    _random_head_option(build)
+    _overwrite_option(build)
     data_options(build)
     build.set_defaults(func=_cmd_build)
+
+    tune = sub.add_parser(
+        "finetune",
+        help="fine-tune a classifier (e.g. a base model's new head) on labelled data; save it with its "
+        "preprocessor and class names (what score and build start from)",
+    )
+    tune.add_argument("model", help="HF id or directory (a base model gets a new head), or minilm-l6")
+    tune.add_argument("--data", required=True, help="labelled training data")
+    tune.add_argument(
+        "--val-data", help="labelled validation data (reported; early stopping with --patience)"
+    )
+    tune.add_argument("--epochs", type=POSITIVE, default=3)
+    tune.add_argument("--lr", type=_positive_float, default=5e-5)
+    tune.add_argument("--patience", type=POSITIVE)
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument(
+        "--train",
+        default="attention,mlp,norm,head,embeddings",
+        help="comma-separated parts to train: attention, mlp, norm, head, embeddings",
+    )
+    tune.add_argument("--num-labels", type=POSITIVE, help="classes (default: those of --data)")
+    tune.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    tune.add_argument("--out", required=True, help="output model directory (a Hugging Face model)")
+    tune.add_argument("--keep-checkpoints", action="store_true", help="keep OUT.checkpoint/ after success")
+    _overwrite_option(tune)
+    data_options(tune)
+    tune.set_defaults(func=_cmd_finetune, allow_random_head=True)
 
     evaluate = sub.add_parser("eval", help="evaluate methods on ID, OOD (near/far) data; write a report")
     evaluate.add_argument(
@@ -571,14 +825,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ood", action="append", help="NAME=SPEC:near|far (repeatable)")
     evaluate.add_argument("--val-data", help="labelled ID validation data: also report temperature scaling")
     evaluate.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
-    evaluate.add_argument("--limit", type=int, help="at most this many examples per dataset")
+    evaluate.add_argument("--limit", type=POSITIVE, help="at most this many examples per dataset")
     evaluate.add_argument(
         "--shift",
         action="store_true",
         help="also measure accuracy and Brier under corruptions at severities 1-5",
     )
-    evaluate.add_argument("--shift-limit", type=int, default=100, help="ID test examples corrupted")
-    evaluate.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for ID intervals")
+    evaluate.add_argument("--shift-limit", type=POSITIVE, default=100, help="ID test examples corrupted")
+    evaluate.add_argument("--bootstrap", type=COUNT, default=0, help="bootstrap resamples for ID intervals")
+    _random_head_option(evaluate)
     evaluate.add_argument("--out", required=True, help="report folder")
     data_options(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
@@ -600,7 +855,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="msp",
         help="OOD score to flag on: msp, max_logit, energy, entropy or mutual_information",
     )
-    pred.add_argument("--keep", type=float, default=0.95, help="share of ID validation inputs left unflagged")
+    pred.add_argument(
+        "--keep", type=_fraction, default=0.95, help="share of ID validation inputs left unflagged"
+    )
+    _random_head_option(pred)
     pred.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     pred.add_argument("--out", required=True, help="output file: .csv or .jsonl")
     data_options(pred)
@@ -608,9 +866,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="latency, parameters, multiply-adds and memory of every method")
     bench.add_argument("model", nargs="?", default=DEFAULT_TEXT_MODEL)
-    bench.add_argument("--members", type=int, default=3)
-    bench.add_argument("--heads-per-layer", type=int, default=8)
-    bench.add_argument("--tokens", type=int, default=128)
+    bench.add_argument("--members", type=POSITIVE, default=3)
+    bench.add_argument("--heads-per-layer", type=COUNT, default=8)
+    bench.add_argument("--tokens", type=POSITIVE, default=128)
     bench.add_argument("--batch-sizes", default="1,8,64")
     bench.add_argument(
         "--precision",
@@ -618,19 +876,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="precisions to time, comma-separated (fp32,bf16,fp16); auto: fp32, plus bf16/fp16 where "
         "auto picks it (see --precision of the other commands)",
     )
-    bench.add_argument("--repeats", type=int, default=10)
+    bench.add_argument("--repeats", type=POSITIVE, default=10)
     bench.add_argument(
-        "--test-set", type=int, default=351, help="inputs in the whole-test-set timing (0: skip)"
+        "--test-set", type=COUNT, default=351, help="inputs in the whole-test-set timing (0: skip)"
     )
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (timed with CUDA synchronisation)")
     bench.add_argument(
         "--shared-layers",
-        type=int,
+        type=COUNT,
         default=0,
         help="members share their first K layers' heads, which then run once (a shared trunk)",
     )
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--num-labels", type=int, help=NUM_LABELS_HELP)
+    bench.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
     bench.add_argument(
         "--default-allocator",
         action="store_true",
@@ -677,16 +935,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+RESUME_HINTS = {
+    "score": "rerun the same command with the same --checkpoint to resume",
+    "build": "rerun the same command to resume (finished members and epochs are kept)",
+    "finetune": "rerun the same command to resume from the last finished epoch",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .models import ModelNotFoundError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        if args.command == "score" and not getattr(args, "checkpoint", None):
+            hint = "nothing was written; pass --checkpoint FILE to make a rerun resumable"
+        else:
+            hint = RESUME_HINTS.get(args.command, "nothing was written; rerun the command")
+        print(f"hydra-ens: interrupted; {hint}", file=sys.stderr)
+        return 130
     except (MissingDataError, MissingModelError) as exc:
         print(f"hydra-ens: {exc}", file=sys.stderr)
         return 3
-    except (ValueError, TypeError) as exc:
+    except ModelNotFoundError as exc:
         print(f"hydra-ens: error: {exc}", file=sys.stderr)
         return 2
+    except (ValueError, TypeError) as exc:
+        print(f"hydra-ens: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file that cannot be read or written
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"hydra-ens: error:{where} {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 600 else text[:597] + "..."
 
 
 if __name__ == "__main__":

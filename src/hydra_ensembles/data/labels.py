@@ -25,13 +25,14 @@ D = TypeVar("D")
 
 def model_class_names(model: nn.Module | Sequence[nn.Module]) -> list[str] | None:
     """The class names a classifier's head predicts (``config.id2label``), or None where the
-    config holds only Hugging Face's placeholders (``LABEL_0``, ...). An explicit ensemble (a list
-    of models) must name the same classes in every member."""
+    config holds only Hugging Face's placeholders (``LABEL_0``, ...). Several models (an explicit
+    ensemble, or the methods of one evaluation) must not name different classes; models naming
+    none take class ids and follow the others' names."""
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
-        names = [model_class_names(m) for m in model]
-        if any(n != names[0] for n in names):
-            raise ValueError(f"the ensemble's models name different classes: {names}")
-        return names[0]
+        named = [n for n in (model_class_names(m) for m in model) if n is not None]
+        if any(n != named[0] for n in named):
+            raise ValueError(f"the models name different classes: {named}")
+        return named[0] if named else None
     id2label = getattr(model.config, "id2label", None) or {}
     names = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
     if not names or all(_GENERIC.fullmatch(n) for n in names):

@@ -8,7 +8,6 @@ weights' SHA-256, so a truncated or tampered weights file is refused with a clea
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,7 +21,7 @@ from torch import nn
 from .._version import __version__
 from ..adapters import get_adapter
 from ..heads import HeadSet
-from ..io import atomic_write, atomic_write_json, sha256_file
+from ..io import atomic_write, atomic_write_json, config_digest, sha256_file
 from ..layers import FusedMultiHeadAttention, GroupedLayerNorm, GroupedLinear, PerMemberModule
 from ..models import build_model
 from .model import FusionPolicy, HydraModel
@@ -136,12 +135,6 @@ def _read_config(path: Path) -> dict[str, Any]:
     if config_digest(config) != config["config_sha256"]:
         raise HydraLoadError(f"{file} does not match its own checksum: it was modified after saving")
     return config
-
-
-def config_digest(config: dict[str, Any]) -> str:
-    """SHA-256 of the canonical JSON of every field but ``config_sha256`` itself."""
-    body = {k: v for k, v in config.items() if k != "config_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _build_base(config: dict[str, Any]) -> nn.Module:
