@@ -144,10 +144,10 @@ def _probe_writable(folder: Path) -> None:
 def check_output_file(path: str | os.PathLike, suffixes: tuple[str, ...] = ()) -> Path:
     """Check, before any work, that ``path`` can be written as a file (an existing file is replaced)."""
     path = Path(path)
-    if suffixes and path.suffix not in suffixes:
-        raise OutputError(f"output {path} must end in {' or '.join(suffixes)}")
     if path.is_dir():
         raise OutputError(f"output {path} is a directory; name a file")
+    if suffixes and path.suffix not in suffixes:
+        raise OutputError(f"output {path} must end in {' or '.join(suffixes)}")
     _probe_writable(path.parent)
     return path
 

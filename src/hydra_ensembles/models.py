@@ -96,6 +96,7 @@ def load_classifier(
     for a path that is neither a model directory nor a cached hub id, and ValueError for a
     ``num_labels`` that contradicts a saved head.
     """
+    from safetensors import SafetensorError
     from transformers import (
         AutoConfig,
         AutoModelForImageClassification,
@@ -120,8 +121,8 @@ def load_classifier(
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model, info = auto.from_pretrained(
-                path, trust_remote_code=False, output_loading_info=True, **kwargs
+            model, info = auto.from_pretrained(  # safetensors only: a pickle is never opened
+                path, trust_remote_code=False, use_safetensors=True, output_loading_info=True, **kwargs
             )
     except RuntimeError as exc:
         if "mismatch" not in str(exc):
@@ -130,8 +131,8 @@ def load_classifier(
             f"{name_or_path} has a trained head of {config.num_labels} classes; num_labels={num_labels} "
             "contradicts it: leave --num-labels out to use it"
         ) from exc
-    except OSError as exc:  # a truncated or unreadable weights file
-        raise ValueError(f"cannot read the weights of {name_or_path}: {exc}") from exc
+    except (OSError, SafetensorError) as exc:  # no safetensors weights, or a damaged file
+        raise ValueError(f"cannot read the weights of {name_or_path}: {' '.join(str(exc).split())}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
     setattr(model, UNTRAINED_ATTR, sorted(info["missing_keys"]))

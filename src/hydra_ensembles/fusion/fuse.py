@@ -167,8 +167,18 @@ def _check_same_base(members: list[nn.Module]) -> None:
 
 def _structural_config(model: nn.Module) -> dict[str, Any]:
     config = model.config.to_dict()
-    for key in (KEPT_HEADS_KEY, FINGERPRINT_KEY, "transformers_version", "_name_or_path"):
+    # where it was loaded from, and what saving adds ("architectures", the dtype's name), are not
+    # structure; the weights' dtype is compared on the weights themselves
+    for key in (
+        KEPT_HEADS_KEY,
+        FINGERPRINT_KEY,
+        "transformers_version",
+        "_name_or_path",
+        "architectures",
+        "dtype",
+    ):
         config.pop(key, None)
+    config["weights_dtype"] = str(next(model.parameters()).dtype)
     return config
 
 

@@ -1,0 +1,336 @@
+"""The bad-input catalogue: every command refuses bad input with one line on stderr naming what
+is wrong, a non-zero exit code, and nothing written at its output path. A pickle where
+safetensors are expected is never opened."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    ViTConfig,
+    ViTForImageClassification,
+)
+
+import hydra_ensembles as he
+from hydra_ensembles.cli import main
+from hydra_ensembles.members import load_member, save_member
+from hydra_ensembles.models import load_any, load_tokenizer
+
+TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
+
+
+class Evil:
+    """Unpickling this runs a shell command that creates a marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    """A workspace of small models, saved models, rankings and data files, good and bad."""
+    root = tmp_path_factory.mktemp("errors")
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer()
+    model = BertForSequenceClassification(BertConfig(**TINY, num_labels=2))
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    BertModel(BertConfig(**TINY)).save_pretrained(root / "base")  # no classifier head
+    tokenizer.save_pretrained(root / "base")
+    vit = ViTForImageClassification(
+        ViTConfig(**TINY, image_size=8, patch_size=4, num_channels=1, num_labels=2)
+    )
+    vit.save_pretrained(root / "vit")
+
+    shutil.copytree(root / "model", root / "truncated")
+    weights = root / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    shutil.copytree(root / "model", root / "pickled")
+    (root / "pickled" / "model.safetensors").unlink()
+    torch.save({"weights": Evil(root / "MARKER")}, root / "pickled" / "pytorch_model.bin")
+    shutil.copytree(root / "model", root / "bad-config")
+    config = json.loads((root / "bad-config" / "config.json").read_text())
+    (root / "bad-config" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 5}))
+
+    loaded = load_any(str(root / "model"))
+    loaded.config.id2label, loaded.config.label2id = {0: "money", 1: "sport"}, {"money": 0, "sport": 1}
+    he.fuse(loaded, [he.HeadSet({0: [0, 1]}), he.HeadSet({1: [2, 3]})]).save_pretrained(root / "hydra")
+    shutil.copytree(root / "hydra", root / "hydra-tampered")
+    weights = root / "hydra-tampered" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    save_member(he.prune(loaded, he.HeadSet({0: [0, 1, 2]})), root / "member")
+    pets = he.prune(loaded, he.HeadSet({0: [0, 1]}))
+    pets.config.id2label, pets.config.label2id = {0: "cat", 1: "dog"}, {"cat": 0, "dog": 1}
+    save_member(pets, root / "member-pets")
+    shutil.copytree(root / "member", root / "member-edited")
+    file = root / "member-edited" / "member_config.json"
+    meta = json.loads(file.read_text())
+    meta["config"]["num_attention_heads"] = 3
+    file.write_text(json.dumps(meta))
+    shutil.copytree(root / "member", root / "member-broken")
+    (root / "member-broken" / "member_config.json").write_text('{"format": "hydra-ensembles/mem')
+
+    circuit = {
+        "method": "circuit",
+        "objective": "acc",
+        "heads_per_layer": [4, 4],
+        "base_score": 1.0,
+        "removed": [[0, 1], [1, 2], [0, 3]],
+        "scores": [1.0, 1.0, 1.0],
+    }
+    (root / "circuit.json").write_text(json.dumps(circuit))
+    (root / "circuit-3heads.json").write_text(json.dumps({**circuit, "heads_per_layer": [3, 3]}))
+    (root / "circuit-out-of-range.json").write_text(json.dumps({**circuit, "removed": [[0, 9]]}))
+    (root / "circuit-twice.json").write_text(json.dumps({**circuit, "removed": [[0, 1], [0, 1]]}))
+    (root / "truncated.json").write_text('{"method": "circ')
+    (root / "not-scores.json").write_text('{"method": "magic"}')
+    heads = {
+        "heads-truncated.json": '{"0": [0, 1',
+        "heads-layer.json": '{"9": [0]}',
+        "heads-head.json": '{"0": [7]}',
+        "heads-negative.json": '{"0": [-1]}',
+        "heads-duplicate.json": '{"0": [1, 1]}',
+        "heads-empty-list.json": "[]",
+        "heads-numbers.json": "[1, 2]",
+    }
+    for name, text in heads.items():
+        (root / name).write_text(text)
+
+    rows = [f"goal match team score {i},sport" for i in range(6)] + [
+        f"bank profit {i},money" for i in range(6)
+    ]
+    (root / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    (root / "header-only.csv").write_text("text,label\n")
+    (root / "no-label-column.csv").write_text("text\nhello\n")
+    (root / "ids-outside.csv").write_text("text,label\na,0\nb,4\n")
+    (root / "unknown-class.csv").write_text("text,label\na,sport\nb,weather\n")
+    (root / "latin1.csv").write_bytes("text,label\ncaf\xe9,sport\n".encode("latin-1"))
+    (root / "empty-text.csv").write_text('text,label\n"",sport\nb,money\n')
+    (root / "negative.csv").write_text("text,label\na,-1\nb,0\n")
+    (root / "bad.jsonl").write_text('{"text": "a", "label": 0}\n{"text": "b", "label"\n')
+    (root / "unlabelled.csv").write_text("text\nrecipe with flour\nanother recipe\n")
+    nan = np.random.default_rng(0).random((4, 1, 8, 8)).astype(np.float32)
+    nan[1, 0, 2, 2] = np.nan
+    np.savez(root / "nan.npz", x=nan, y=np.array([0, 1, 0, 1]))
+    np.savez(root / "flat.npz", x=np.zeros((4, 8), np.float32), y=np.array([0, 1, 0, 1]))
+    np.savez(root / "images.npz", x=np.zeros((4, 8, 8), np.float32), y=np.array([0, 1, 0, 1]))
+    (root / "a-file").write_text("not a directory")
+    (root / "used").mkdir()
+    (root / "used" / "notes.txt").write_text("someone else's file")
+    (root / "an-output-dir").mkdir()
+    return root
+
+
+def score(w, *extra, data="train.csv", out="out.json", model="model"):
+    return ["score", str(w / model), "--data", str(w / data), "--out", str(w / out), *extra]
+
+
+def build(w, *extra, scores="circuit.json", out="built", model="model"):
+    return ["build", str(w / model), "--scores", str(w / scores), "--out", str(w / out), *extra]
+
+
+def fuse(w, heads, out="fused", model="model"):
+    return ["fuse", str(w / model), "--heads", str(w / heads), "--out", str(w / out)]
+
+
+def evaluate(w, *extra, method="model", data="train.csv", out="report"):
+    return ["eval", "--method", f"m={w / method}", "--id-data", str(w / data), "--out", str(w / out), *extra]
+
+
+def predict(w, *extra, model="model", data="train.csv", out="p.csv"):
+    return ["predict", str(w / model), "--data", str(w / data), "--out", str(w / out), *extra]
+
+
+HEADS_PER_LAYER = ("--heads-per-layer", "2")
+
+# (id, argv builder, message fragment, output path that must not appear)
+CASES = [
+    # models: missing, damaged, tampered, unsupported, contradicting
+    ("info-missing-model", lambda w: ["info", "/nonexistent/model"], "no model at", None),
+    ("score-missing-model", lambda w: score(w, model="no-such-model"), "no model at", "out.json"),
+    ("truncated-safetensors", lambda w: score(w, model="truncated"), "cannot read the weights", "out.json"),
+    ("pickle-instead-of-safetensors", lambda w: score(w, model="pickled"), "model.safetensors", "out.json"),
+    ("config-wrong-head-count", lambda w: score(w, model="bad-config"), "heads", "out.json"),
+    ("tampered-hydra-weights", lambda w: evaluate(w, method="hydra-tampered"), "checksum", "report"),
+    ("edited-member-config", lambda w: evaluate(w, method="member-edited"), "modified", "report"),
+    ("broken-member-json", lambda w: evaluate(w, method="member-broken"), "not valid JSON", "report"),
+    ("num-labels-contradicts-head", lambda w: score(w, "--num-labels", "5"), "contradicts", "out.json"),
+    ("base-model-random-head", lambda w: score(w, model="base"), "no trained classifier head", "out.json"),
+    ("build-on-random-head", lambda w: build(w, *HEADS_PER_LAYER, model="base"), "finetune", "built"),
+    ("images-to-text-model", lambda w: score(w, data="images.npz"), "holds images", "out.json"),
+    ("text-to-image-model", lambda w: score(w, model="vit"), "holds texts", "out.json"),
+    ("hydra-without-tokenizer", lambda w: predict(w, model="hydra"), "--tokenizer", "p.csv"),
+    # head-set files
+    ("heads-file-missing", lambda w: fuse(w, "no-heads.json"), "does not exist", "fused"),
+    ("heads-truncated-json", lambda w: fuse(w, "heads-truncated.json"), "not valid JSON", "fused"),
+    ("heads-layer-out-of-range", lambda w: fuse(w, "heads-layer.json"), "layer", "fused"),
+    ("heads-head-out-of-range", lambda w: fuse(w, "heads-head.json"), "head", "fused"),
+    ("heads-negative", lambda w: fuse(w, "heads-negative.json"), "heads-negative.json", "fused"),
+    ("heads-duplicate", lambda w: fuse(w, "heads-duplicate.json"), "heads-duplicate.json", "fused"),
+    ("heads-empty-list", lambda w: fuse(w, "heads-empty-list.json"), "head set", "fused"),
+    ("heads-not-objects", lambda w: fuse(w, "heads-numbers.json"), "head set", "fused"),
+    # ranking files
+    ("scores-missing", lambda w: build(w, *HEADS_PER_LAYER, scores="none.json"), "does not exist", "built"),
+    ("scores-truncated", lambda w: build(w, *HEADS_PER_LAYER, scores="truncated.json"), "JSON", "built"),
+    ("scores-not-ours", lambda w: build(w, *HEADS_PER_LAYER, scores="not-scores.json"), "score", "built"),
+    (
+        "scores-other-model",
+        lambda w: build(w, *HEADS_PER_LAYER, scores="circuit-3heads.json"),
+        "[3, 3]",
+        "built",
+    ),
+    (
+        "scores-head-out-of-range",
+        lambda w: build(w, *HEADS_PER_LAYER, scores="circuit-out-of-range.json"),
+        "(0, 9)",
+        "built",
+    ),
+    (
+        "scores-head-twice",
+        lambda w: build(w, *HEADS_PER_LAYER, scores="circuit-twice.json"),
+        "twice",
+        "built",
+    ),
+    # counts
+    ("members-zero", lambda w: build(w, *HEADS_PER_LAYER, "--members", "0"), "--members", "built"),
+    (
+        "pool-smaller-than-pruned",
+        lambda w: build(w, "--num-pruned", "3", "--pool-size", "2"),
+        "at least",
+        "built",
+    ),
+    ("pool-beyond-ranking", lambda w: build(w, "--num-pruned", "2", "--pool-size", "7"), "ranks 3", "built"),
+    ("prune-beyond-ranking", lambda w: build(w, "--heads-per-layer", "1"), "ranks", "built"),
+    ("budget-beyond-heads", lambda w: score(w, "--objective", "acc", "--budget", "99"), "budget", "out.json"),
+    (
+        "taylor-keeps-too-many",
+        lambda w: score(w, "--method", "taylor", "--heads-per-layer", "9"),
+        "heads",
+        "out.json",
+    ),
+    ("batch-size-zero", lambda w: score(w, "--batch-size", "0"), "--batch-size", "out.json"),
+    ("keep-outside-0-1", lambda w: predict(w, "--keep", "1.5"), "--keep", "p.csv"),
+    ("lr-negative", lambda w: build(w, *HEADS_PER_LAYER, "--lr", "-1"), "--lr", "built"),
+    # data
+    ("data-empty", lambda w: score(w, data="header-only.csv"), "no rows", "out.json"),
+    ("data-missing-column", lambda w: score(w, data="no-label-column.csv"), "no column", "out.json"),
+    ("labels-outside-num-labels", lambda w: score(w, data="ids-outside.csv"), "outside", "out.json"),
+    (
+        "class-unknown-to-model",
+        lambda w: evaluate(w, method="hydra", data="unknown-class.csv"),
+        "weather",
+        "report",
+    ),
+    ("data-not-utf8", lambda w: score(w, data="latin1.csv"), "UTF-8", "out.json"),
+    ("data-empty-string", lambda w: score(w, data="empty-text.csv"), "empty", "out.json"),
+    ("data-negative-label", lambda w: score(w, data="negative.csv"), ">= 0", "out.json"),
+    ("data-bad-jsonl-line", lambda w: score(w, data="bad.jsonl"), "line 2", "out.json"),
+    ("data-missing-file", lambda w: score(w, data="missing.csv"), "does not exist", "out.json"),
+    (
+        "data-unknown-name",
+        lambda w: ["score", str(w / "model"), "--data", "no-such-set", "--out", str(w / "o.json")],
+        "unknown data",
+        "o.json",
+    ),
+    ("data-nan-images", lambda w: score(w, model="vit", data="nan.npz"), "NaN", "out.json"),
+    ("data-wrongly-shaped-images", lambda w: score(w, model="vit", data="flat.npz"), "(N, H, W)", "out.json"),
+    (
+        "val-data-unlabelled",
+        lambda w: predict(w, "--val-data", str(w / "unlabelled.csv")),
+        "no column",
+        "p.csv",
+    ),
+    ("ood-without-kind", lambda w: evaluate(w, "--ood", f"x={w / 'unlabelled.csv'}"), "near|far", "report"),
+    # paths
+    ("out-under-a-file", lambda w: score(w, out="a-file/out.json"), "is a file", None),
+    (
+        "out-unwritable",
+        lambda w: ["score", str(w / "model"), "--data", str(w / "train.csv"), "--out", "/proc/hydra/o.json"],
+        "cannot write",
+        None,
+    ),
+    ("out-is-a-directory", lambda w: score(w, out="an-output-dir"), "directory", None),
+    ("out-bad-suffix", lambda w: predict(w, out="p.txt"), ".csv or .jsonl", "p.txt"),
+    ("build-into-foreign-dir", lambda w: build(w, *HEADS_PER_LAYER, out="used"), "not empty", "used/hydra"),
+    ("eval-report-is-a-file", lambda w: evaluate(w, out="a-file"), "is a file", None),
+    (
+        "models-name-other-classes",
+        lambda w: [*evaluate(w, method="hydra"), "--method", f"pets={w / 'member-pets'}"],
+        "different classes",
+        "report",
+    ),
+]
+
+
+def run(argv: list[str]) -> int:
+    """``hydra-ens ARGV``'s exit code (argparse exits by SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_line_and_writes_nothing(w, case, capsys):
+    _, argv, fragment, out = case
+    code = run(argv(w))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hydra-ens")]
+    assert code not in (0, None), err
+    assert "Traceback" not in err and len(lines) == 1, err
+    if fragment:
+        assert fragment in lines[0], lines[0]
+    if out:
+        assert not (w / out).exists()
+    assert not (w / "MARKER").exists()  # no pickle was ever opened
+
+
+def test_the_catalogue_is_large():
+    assert len(CASES) >= 40
+
+
+def test_finished_model_outputs_are_not_replaced_without_overwrite(w, capsys):
+    out = w / "fused-once"
+    good = w / "heads-good.json"
+    good.write_text('[{"0": [0, 1]}, {"1": [1, 2]}]')
+    assert main(["fuse", str(w / "model"), "--heads", str(good), "--out", str(out)]) == 0
+    stamp = (out / "hydra_config.json").stat().st_mtime_ns
+    assert main(["fuse", str(w / "model"), "--heads", str(good), "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (out / "hydra_config.json").stat().st_mtime_ns == stamp
+    assert main(["fuse", str(w / "model"), "--heads", str(good), "--out", str(out), "--overwrite"]) == 0
+
+
+def test_python_api_errors_are_typed(w):
+    from hydra_ensembles.fusion import HydraLoadError
+    from hydra_ensembles.heads import HeadSetError
+    from hydra_ensembles.members.storage import MemberLoadError
+    from hydra_ensembles.models import ModelNotFoundError, load_classifier
+
+    with pytest.raises(ModelNotFoundError):
+        load_classifier(str(w / "nowhere"))
+    with pytest.raises(MemberLoadError, match="modified"):
+        load_member(w / "member-edited")
+    with pytest.raises(HydraLoadError, match="checksum"):
+        he.load_hydra(w / "hydra-tampered")
+    order = he.CircuitOrder("acc", [4, 4], 1.0, [(0, 1), (1, 2)], [1.0, 1.0])
+    with pytest.raises(HeadSetError, match="ranks 2"):
+        he.sample_members(order, 2, num_pruned=2, pool_size=4)
+    torch.manual_seed(1)  # the same architecture with other weights: another base model
+    other = he.prune(BertForSequenceClassification(BertConfig(**TINY, num_labels=2)), he.HeadSet({0: [0]}))
+    mine = he.prune(load_any(str(w / "model")), he.HeadSet({1: [0]}))  # same configuration
+    with pytest.raises(ValueError, match="base model"):
+        he.fuse([mine, other])
