@@ -1,0 +1,178 @@
+"""No silent wrong results: labels follow the model's classes, base models get a trained head
+first (``hydra-ens finetune``), Hugging Face datasets work as data, one built-in split loads
+alone, and atomic writes clean what a killed writer left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+from hydra_ensembles.cli import main
+from hydra_ensembles.io import atomic_write_text
+from hydra_ensembles.models import load_any, load_tokenizer, untrained_weights
+
+TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
+COMMON = ["--batch-size", "8", "--max-length", "12"]
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reliable")
+    torch.manual_seed(0)
+    BertModel(BertConfig(**TINY)).save_pretrained(root / "base")  # no classifier head
+    load_tokenizer().save_pretrained(root / "base")
+    words = {
+        "sport": "goal match team score",
+        "money": "bank shares market profit",
+        "food": "flour bread oven",
+    }
+    rows = [(f"{text} {i}", label) for label, text in words.items() for i in range(8)]
+    (root / "train.csv").write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in rows) + "\n")
+    (root / "sport-only.csv").write_text("text,label\n" + "\n".join(f"{t},sport" for t, _ in rows[:8]) + "\n")
+    return root
+
+
+def test_finetune_gives_a_named_trained_head_that_score_accepts(w, capsys):
+    assert main(["score", str(w / "base"), "--data", str(w / "train.csv"), "--out", str(w / "s.json")]) == 2
+    assert "hydra-ens finetune" in capsys.readouterr().err and not (w / "s.json").exists()
+    tuned = w / "tuned"
+    argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "2", "--lr", "1e-3"]
+    assert main([*argv, *COMMON, "--out", str(tuned)]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 2: train loss" in out and "3 classes" in out
+    assert not (w / "tuned.checkpoint").exists()  # removed after success
+    model = load_any(str(tuned))
+    assert untrained_weights(model) == [] and model.config.id2label == {0: "food", 1: "money", 2: "sport"}
+    assert (tuned / "tokenizer.json").is_file()
+    assert main([*argv, *COMMON, "--out", str(tuned)]) == 2  # a finished model is not replaced
+    assert "--overwrite" in capsys.readouterr().err
+    args = ["--method", "taylor", "--heads-per-layer", "2", "--data", str(w / "train.csv"), *COMMON]
+    assert main(["score", str(tuned), *args, "--out", str(w / "s.json")]) == 0
+
+
+def test_a_random_head_is_accepted_only_when_asked_and_is_reproducible(w, capsys):
+    args = ["--method", "taylor", "--heads-per-layer", "2", "--data", str(w / "train.csv"), *COMMON]
+    base = str(w / "base")
+    assert (
+        main(["score", base, *args, "--num-labels", "3", "--allow-random-head", "--out", str(w / "a.json")])
+        == 0
+    )
+    assert "initialised randomly" in capsys.readouterr().err
+    assert (
+        main(["score", base, *args, "--num-labels", "3", "--allow-random-head", "--out", str(w / "b.json")])
+        == 0
+    )
+    assert json.loads((w / "a.json").read_text()) == json.loads((w / "b.json").read_text())
+
+
+def test_eval_maps_a_file_lacking_a_class_onto_the_models_classes(w, capsys):
+    tuned = w / "tuned"
+    if not tuned.is_dir():
+        argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "2", "--lr", "1e-3"]
+        assert main([*argv, *COMMON, "--out", str(tuned)]) == 0
+    report = w / "report"
+    argv = ["eval", "--method", f"m={tuned}", "--id-data", str(w / "sport-only.csv"), "--out", str(report)]
+    assert main([*argv, *COMMON]) == 0
+    reported = json.loads((report / "results.json").read_text())["results"]["m"]["classification"]["acc"]
+    model, tokenizer = load_any(str(tuned)), load_tokenizer(str(tuned))
+    texts = (w / "sport-only.csv").read_text().splitlines()[1:]
+    batch = tokenizer(
+        [t.rsplit(",", 1)[0] for t in texts],
+        padding=True,
+        truncation=True,
+        max_length=12,
+        return_tensors="pt",
+    )
+    with torch.no_grad():
+        predicted = model(**batch).logits.argmax(-1)
+    truth = (predicted == model.config.label2id["sport"]).float().mean().item()  # not label 0
+    assert reported == pytest.approx(truth)
+
+
+def test_eval_on_a_hugging_face_dataset_saved_to_disk(w, capsys):
+    tuned = w / "tuned"
+    if not tuned.is_dir():
+        argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "2", "--lr", "1e-3"]
+        assert main([*argv, *COMMON, "--out", str(tuned)]) == 0
+    features = datasets.Features(
+        {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["sport", "money"])}
+    )
+    texts = ["goal match team score 1", "bank shares market profit 2", "team score 3"]
+    split = datasets.Dataset.from_dict({"sentence": texts, "label": [0, 1, 0]}, features=features)
+    datasets.DatasetDict({"validation": split, "test": split}).save_to_disk(str(w / "hf"))
+    split.to_parquet(str(w / "hf.parquet"))
+    for spec in (f"{w / 'hf'}", f"{w / 'hf'}:validation", f"{w / 'hf.parquet'}"):
+        out = w / "hf-report"
+        argv = ["eval", "--method", f"m={tuned}", "--id-data", spec, "--out", str(out), *COMMON]
+        assert main(argv) == 0, capsys.readouterr().err
+        acc = json.loads((out / "results.json").read_text())["results"]["m"]["classification"]["acc"]
+        model = load_any(str(tuned))
+        batch = load_tokenizer(str(tuned))(
+            texts, padding=True, truncation=True, max_length=12, return_tensors="pt"
+        )
+        with torch.no_grad():
+            predicted = model(**batch).logits.argmax(-1).tolist()
+        names = [model.config.id2label[i] for i in predicted]  # ClassLabel names, not ids, decide
+        truth = ["sport", "money", "sport"]
+        assert acc == pytest.approx(np.mean([n == y for n, y in zip(names, truth, strict=True)]))
+
+
+def test_hugging_face_images_and_unknown_hub_ids():
+    from PIL import Image
+
+    from hydra_ensembles.data import load_spec
+
+    images = [Image.fromarray(np.full((8, 8), 40 * i, np.uint8)) for i in range(3)]
+    features = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    data = datasets.Dataset.from_dict({"img": images, "label": [0, 1, 1]}, features=features)
+    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hydra-hf-images-{os.getpid()}")
+    data.save_to_disk(folder)
+    loaded = load_spec(folder)
+    assert loaded.images.shape == (3, 1, 8, 8) and loaded.classes == ["a", "b"] and loaded.labels == [0, 1, 1]
+    assert np.allclose(loaded.images[2], 80 / 255)
+    with pytest.raises(ValueError, match="local cache"):
+        load_spec("hf:no-such-user/no-such-dataset:test")
+
+
+def test_one_builtin_split_loads_without_the_other_corpora(tmp_path):
+    code = (
+        "import sys, os\n"
+        "from hydra_ensembles.data import load_spec\n"
+        "data = load_spec('bbc-news:test')\n"
+        "assert 'hydra_ensembles.tasks' not in sys.modules, 'the data layer imported the protocols'\n"
+        "print(len(data), data.classes)\n"
+    )
+    env = {**os.environ, "HYDRA_DATA_DIR": str(tmp_path)}  # no SpamAssassin there
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "['business', 'entertainment', 'politics', 'sports']" in result.stdout
+
+
+def test_atomic_writes_remove_what_a_killed_writer_left(tmp_path):
+    target = tmp_path / "report.md"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = tmp_path / f".report.md.{dead.stdout.strip()}.abc123.tmp"
+    stale.write_text("half")
+    live = tmp_path / f".report.md.{os.getppid()}.def456.tmp"  # a live process's: kept
+    live.write_text("in progress")
+    atomic_write_text(target, "done")
+    assert target.read_text() == "done" and not stale.exists() and live.exists()
+    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
