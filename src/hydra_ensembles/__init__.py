@@ -17,7 +17,7 @@ from .fusion import (
     load_hydra,
 )
 from .heads import HeadSet, HeadSetError
-from .members import member_overlap, sample_members
+from .members import MemberLoadError, load_member, member_overlap, sample_members, save_member
 from .scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
 from .surgery import HeadAblation, ablate, kept_heads, prune
 
@@ -31,6 +31,7 @@ __all__ = [
     "HydraLoadError",
     "HydraModel",
     "HydraOutput",
+    "MemberLoadError",
     "UnsupportedModelError",
     "__version__",
     "ablate",
@@ -40,11 +41,13 @@ __all__ = [
     "kept_heads",
     "layers",
     "load_hydra",
+    "load_member",
     "member_overlap",
     "metrics",
     "prune",
     "register_adapter",
     "sample_members",
+    "save_member",
     "taylor_head_set",
     "taylor_scores",
 ]

@@ -1,14 +1,23 @@
 """Building members: diverse head sets from a ranking, fine-tuning, saving and loading."""
 
 from .batch_ensemble import batch_ensemble, batch_ensemble_members
-from .finetune import FineTuneConfig, FineTuneResult, evaluate_nll, fine_tune, trainable_parameters
+from .finetune import (
+    CheckpointError,
+    FineTuneConfig,
+    FineTuneResult,
+    evaluate_nll,
+    fine_tune,
+    trainable_parameters,
+)
 from .lora import lora_fine_tune
-from .sampling import least_useful_first, member_overlap, sample_members
-from .storage import load_member, save_member
+from .sampling import least_useful_first, member_overlap, ranked_count, sample_members
+from .storage import MemberLoadError, load_member, save_member
 
 __all__ = [
+    "CheckpointError",
     "FineTuneConfig",
     "FineTuneResult",
+    "MemberLoadError",
     "batch_ensemble",
     "batch_ensemble_members",
     "evaluate_nll",
@@ -17,6 +26,7 @@ __all__ = [
     "load_member",
     "lora_fine_tune",
     "member_overlap",
+    "ranked_count",
     "sample_members",
     "save_member",
     "trainable_parameters",
