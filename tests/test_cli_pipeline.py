@@ -164,7 +164,7 @@ def test_score_build_eval(workspace, capsys):
     assert (w / "report" / "plots" / "roc_hydra.png").is_file()
     capsys.readouterr()
 
-    hydra_dir, tokenizer = str(w / "built" / "hydra"), ["--tokenizer", str(w / "model")]
+    hydra_dir, tokenizer = str(w / "built" / "hydra"), []  # build saved the tokenizer beside it
     labelled = ["--data", str(w / "train.csv"), "--labelled", "--val-data", str(w / "train.csv")]
     out = w / "predictions.csv"
     assert main(["predict", hydra_dir, *tokenizer, *labelled, "--out", str(out), *common]) == 0

@@ -124,12 +124,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _preprocessor_for(model_path: str):
     """What a model's inputs are made with: the tokenizer saved with a text model, the image
-    processor saved with a vision model, or None (a saved member or Hydra model, or a vision
-    model without one)."""
+    processor saved with a vision model (``build`` saves them beside members and the fused model
+    too), or None (a model saved without one)."""
     from transformers import AutoConfig
 
     from .models import VISION_MODEL_TYPES, load_image_processor, load_tokenizer, resolve_model_path
 
+    folder = Path(model_path)
+    if (folder / "tokenizer_config.json").is_file():
+        return load_tokenizer(model_path)
+    if (folder / "preprocessor_config.json").is_file():
+        return load_image_processor(model_path)
     try:
         config = AutoConfig.from_pretrained(resolve_model_path(model_path))
     except (OSError, ValueError):
@@ -308,13 +313,23 @@ def _cmd_build(args: argparse.Namespace) -> int:
             print(f"member {m + 1} of {len(members)}", file=sys.stderr)
             result = fine_tune(member, train, val, config, checkpoint_dir=out / "checkpoints" / f"member-{m}")
             _print_history(result.history)
+            _save_preprocessor(preprocessor, out / "members" / f"member-{m}")
             save_member(member, out / "members" / f"member-{m}")
     hydra = fuse(members, mlp=args.mlp)
-    hydra.save_pretrained(out / "hydra")
+    _save_preprocessor(_preprocessor_for(args.preprocessor or args.model), out / "hydra")
+    hydra.save_pretrained(out / "hydra")  # its config last: the marker of a finished build
     if not args.keep_checkpoints:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
     print(f"saved the fused model to {out / 'hydra'}")
     return 0
+
+
+def _save_preprocessor(preprocessor, folder: Path) -> None:
+    """Save the tokenizer or image processor beside a saved model, so that eval and predict
+    find it there (no --tokenizer needed)."""
+    if preprocessor is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        preprocessor.save_pretrained(folder)
 
 
 def _print_history(history: list[dict]) -> None:
@@ -943,9 +958,19 @@ RESUME_HINTS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .models import ModelNotFoundError
+    import warnings
 
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning  # one line each, like the errors
+        return _run(args)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"hydra-ens: warning: {_one_line(message)}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -958,10 +983,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MissingDataError, MissingModelError) as exc:
         print(f"hydra-ens: {exc}", file=sys.stderr)
         return 3
-    except ModelNotFoundError as exc:
-        print(f"hydra-ens: error: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:  # typed errors of bad input (ModelNotFoundError, ...)
         print(f"hydra-ens: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file that cannot be read or written
@@ -970,7 +992,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException | Warning | str) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= 600 else text[:597] + "..."
 
