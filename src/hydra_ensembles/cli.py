@@ -654,26 +654,23 @@ def _at_least(minimum: int):
     return parse
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {value}")
-    return value
+def _between(low: float, high: float):
+    """An argparse type: a finite number strictly between ``low`` and ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low < value < high:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be in ({low}, {high}), got {text}")
+        return value
+
+    parse.__name__ = f"number in ({low}, {high})"
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
+_fraction, _positive_float = _between(0, 1), _between(0, float("inf"))
 POSITIVE, COUNT = _at_least(1), _at_least(0)
 RANDOM_HEAD_HELP = (
     "accept a model whose classifier head is not trained (a base model: its head is initialised "
