@@ -151,15 +151,18 @@ def _data_batches(
     limit: int | None = None,
     labels: bool = True,
     model=None,
+    dataset=None,
 ):
     """A named dataset and its batches; with ``model``, checked against it (text or images) and
-    its labels mapped onto the model's classes (`data.labels.align_labels`)."""
+    its labels mapped onto the model's classes (`data.labels.align_labels`). ``dataset``: the
+    one ``spec`` names, where the caller has loaded it already."""
     from .batching import model_inputs
     from .data import ImageDataset, load_spec, stable_sample, to_batches
     from .data.labels import align_labels, model_class_names, num_model_labels
     from .models import VISION_MODEL_TYPES
 
-    dataset = load_spec(spec, args.text_column, args.label_column if labels else None)
+    if dataset is None:
+        dataset = load_spec(spec, args.text_column, args.label_column if labels else None)
     if labels and not dataset.classes:
         raise ValueError(f"{spec} has no labels; this option needs labelled data")
     if model is not None:
@@ -237,6 +240,7 @@ def _ranking(scores_file: str, model):
 
     from .adapters import get_adapter
     from .io import read_json
+    from .members import least_useful_first
     from .scoring import CircuitOrder
 
     data = read_json(scores_file, "scores file")
@@ -245,25 +249,18 @@ def _ranking(scores_file: str, model):
         raise ValueError(f"{scores_file} is not a file written by hydra-ens score")
     heads = list(get_adapter(model).original_heads_per_layer(model))
     try:
-        if method == "taylor":
-            ranking = torch.tensor(data["scores"], dtype=torch.float64)
-            ranked = [int((~torch.isnan(row)).sum()) for row in ranking] if ranking.dim() == 2 else None
-            if ranking.dim() != 2 or ranked != heads:
-                raise ValueError(f"its scores do not fit the model's heads per layer {heads}")
-            return ranking
-        ranking = CircuitOrder.from_dict(data)
+        ranking = (
+            torch.tensor(data["scores"], dtype=torch.float64)
+            if method == "taylor"
+            else CircuitOrder.from_dict(data)
+        )
+        ranked_heads = least_useful_first(ranking)[1]  # heads per layer the ranking covers
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{scores_file} is damaged or does not fit {type(model).__name__}: {exc}") from None
-    if list(ranking.heads_per_layer) != heads:
+    if ranked_heads != heads:
         raise ValueError(
-            f"{scores_file} ranks a model with heads per layer {ranking.heads_per_layer}; "
-            f"this one has {heads}"
+            f"{scores_file} ranks a model with heads per layer {ranked_heads}; this one has {heads}"
         )
-    seen = set()
-    for layer, head in ranking.removed:
-        if not (0 <= layer < len(heads) and 0 <= head < heads[layer]) or (layer, head) in seen:
-            raise ValueError(f"{scores_file} names head ({layer}, {head}) out of range or twice")
-        seen.add((layer, head))
     return ranking
 
 
@@ -296,8 +293,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     overlap = member_overlap(heads, counts)
     print(f"{len(heads)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
     members = [prune(model, hs) for hs in heads]
+    preprocessor = _preprocessor_for(args.preprocessor or args.model)
     if args.fine_tune:
-        preprocessor = _preprocessor_for(args.preprocessor or args.model)
         dataset, train = _data_batches(args.data, args, preprocessor, model=model)
         val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
         for member in members:  # saved models name their classes (hydra-ens predict reads them)
@@ -316,7 +313,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             _save_preprocessor(preprocessor, out / "members" / f"member-{m}")
             save_member(member, out / "members" / f"member-{m}")
     hydra = fuse(members, mlp=args.mlp)
-    _save_preprocessor(_preprocessor_for(args.preprocessor or args.model), out / "hydra")
+    _save_preprocessor(preprocessor, out / "hydra")
     hydra.save_pretrained(out / "hydra")  # its config last: the marker of a finished build
     if not args.keep_checkpoints:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
@@ -352,14 +349,15 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from .models import untrained_weights
 
     out = check_output_dir(args.out, finished="config.json", resumable=(), overwrite=args.overwrite)
-    classes = load_spec(args.data, args.text_column, args.label_column).classes
+    dataset = load_spec(args.data, args.text_column, args.label_column)
+    classes = len(dataset.classes)
     if not classes:
         raise ValueError(f"{args.data} has no labels; fine-tuning needs labelled data")
     model = _load_model(args.model, args, num_labels=args.num_labels)
-    if untrained_weights(model) and args.num_labels is None and model.config.num_labels != len(classes):
-        model = _load_model(args.model, args, num_labels=len(classes))  # a fresh head for the data
+    if untrained_weights(model) and args.num_labels is None and model.config.num_labels != classes:
+        model = _load_model(args.model, args, num_labels=classes)  # a fresh head for the data
     preprocessor = _preprocessor_for(args.preprocessor or args.model)
-    dataset, train = _data_batches(args.data, args, preprocessor, model=model)
+    dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
     _name_classes(model, dataset.classes)
     config = FineTuneConfig(
@@ -373,7 +371,6 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     checkpoint = out.with_name(out.name + ".checkpoint")
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
     _print_history(result.history)
-    model.config.num_labels = len(model.config.id2label)
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)  # safetensors + config.json (with the class names)
@@ -415,7 +412,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from functools import partial
 
     from . import reporting
-    from .data.labels import model_class_names, num_model_labels
     from .evaluation import evaluate_predictions, fit_temperature, ood_scores
     from .evaluation import predict as predict_any
     from .io import check_output_dir
@@ -438,8 +434,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         methods[name], found = _load_methods(paths, args)
         if preprocessor is None:
             preprocessor = found
-    models = [m for group in methods.values() for m in group]
-    model_class_names(models), num_model_labels(models)  # every method predicts the same classes
+    models = [m for group in methods.values() for m in group]  # mapping labels checks they agree
     if args.preprocessor:
         preprocessor = _preprocessor_for(args.preprocessor)
     first = models[0]

@@ -11,10 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .images import ImageDataset, pil_array, stack_images
-from .text import TextDataset
+from .text import TextDataset, checked_texts, labels_from_values
 
 TEXT_NAMES = ("text", "sentence", "content", "review", "document")
 ARROW_SUFFIXES = (".parquet", ".arrow")
@@ -95,11 +93,7 @@ def _convert(data: Any, name: str, text_column: str | None, label_column: str | 
         arrays = [pil_array(image, grayscale=image.mode in grey) for image in data[image_column]]
         return ImageDataset(stack_images(arrays, name), labels, ids, classes)
     column = _text_column(features, name, text_column)
-    texts = [str(t) if t is not None else "" for t in data[column]]
-    empty = [i for i, t in enumerate(texts) if not t.strip()]
-    if empty:
-        raise ValueError(f"{name}: {len(empty)} rows have an empty {column!r} (first: row {empty[0]})")
-    return TextDataset(texts, labels, ids, classes)
+    return TextDataset(checked_texts(data[column], name, column), labels, ids, classes)
 
 
 def _text_column(features: dict, name: str, wanted: str | None) -> str:
@@ -120,15 +114,9 @@ def _labels(data: Any, name: str, wanted: str | None) -> tuple[list[int], list[s
     column = wanted if wanted in features else (class_labels[0] if len(class_labels) == 1 else None)
     if column is None:
         raise ValueError(f"{name}: no label column {wanted!r} (--label-column) among {sorted(features)}")
-    values = np.asarray(data[column])
-    if values.dtype.kind not in "iu":
-        found = sorted({str(v) for v in values.tolist()})
-        return [found.index(str(v)) for v in values.tolist()], found
-    if (values < 0).all():
-        raise ValueError(f"{name} has no labels (every {column!r} is {int(values[0])}): use a labelled split")
-    if (values < 0).any():
-        raise ValueError(f"{name}: {int((values < 0).sum())} rows have a negative label in {column!r}")
+    values = list(data[column])
+    if all(isinstance(v, int) and v < 0 for v in values):  # e.g. GLUE's test splits: all -1
+        raise ValueError(f"{name} has no labels (every {column!r} is {values[0]}): use a labelled split")
+    labels, classes = labels_from_values(values, name, column)
     feature = features[column]
-    names = list(feature.names) if type(feature).__name__ == "ClassLabel" else None
-    classes = names or [str(c) for c in range(int(values.max()) + 1)]
-    return values.astype(int).tolist(), classes
+    return labels, list(feature.names) if type(feature).__name__ == "ClassLabel" else classes

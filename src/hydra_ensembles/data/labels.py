@@ -18,6 +18,8 @@ from typing import TypeVar
 
 from torch import nn
 
+from .text import is_class_id
+
 _GENERIC = re.compile(r"LABEL_\d+")
 
 D = TypeVar("D")
@@ -50,10 +52,6 @@ def num_model_labels(model: nn.Module | Sequence[nn.Module]) -> int:
     return int(model.config.num_labels)
 
 
-def _is_int(name: str) -> bool:
-    return name.lstrip("-").isdigit()
-
-
 def align_labels(dataset: D, model_names: list[str] | None, num_labels: int, source: str) -> D:
     """``dataset`` (a ``TextDataset`` or ``ImageDataset``) with labels numbered as the model's
     classes, and ``classes`` the model's names (or the file's, where the model names none).
@@ -66,7 +64,7 @@ def align_labels(dataset: D, model_names: list[str] | None, num_labels: int, sou
         return dataset
     if model_names is not None and all(n in model_names for n in names):
         ids = [model_names.index(n) for n in names]
-    elif all(_is_int(n) for n in names):  # integer labels are class ids
+    elif all(is_class_id(n) for n in names):  # integer labels are class ids
         ids = [int(n) for n in names]
     elif model_names is not None:
         unknown = [n for n in names if n not in model_names]
@@ -84,6 +82,6 @@ def align_labels(dataset: D, model_names: list[str] | None, num_labels: int, sou
     if outside:
         raise ValueError(f"{source}: class ids {outside} are outside the model's {num_labels} classes")
     classes = model_names or (
-        [str(i) for i in range(num_labels)] if all(_is_int(n) for n in names) else names
+        [str(i) for i in range(num_labels)] if all(is_class_id(n) for n in names) else names
     )
     return dataclasses.replace(dataset, labels=[ids[y] for y in dataset.labels], classes=list(classes))

@@ -156,26 +156,42 @@ def load_text_table(
     missing = [c for c in (text_column, label_column) if c and c not in rows[0]]
     if missing:
         raise ValueError(f"{path} has no column(s) {missing}; columns: {sorted(rows[0])}")
-    texts = [str(r[text_column]) if r.get(text_column) is not None else "" for r in rows]
-    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
-    if empty:
-        raise ValueError(f"{path}: {len(empty)} rows have an empty {text_column!r} (first: row {empty[0]})")
+    texts = checked_texts([r.get(text_column) for r in rows], str(path), text_column)
     ids = [f"{path.name}/{i}" for i in range(len(rows))]
     if not label_column:
         return TextDataset(texts, [0] * len(texts), ids, [])
-    raw = [r.get(label_column) for r in rows]
-    blank = [i + 1 for i, v in enumerate(raw) if v is None or str(v).strip() == ""]
-    if blank:
-        raise ValueError(f"{path}: {len(blank)} rows have no {label_column!r} (first: row {blank[0]})")
-    if all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit()) for v in raw):
-        labels = [int(v) for v in raw]
-        if min(labels) < 0:
-            raise ValueError(f"{path}: integer labels are class ids and must be >= 0, found {min(labels)}")
-        classes = [str(c) for c in range(max(labels) + 1)]
-    else:
-        classes = sorted({str(v) for v in raw})
-        labels = [classes.index(str(v)) for v in raw]
+    labels, classes = labels_from_values([r.get(label_column) for r in rows], str(path), label_column)
     return TextDataset(texts, labels, ids, classes)
+
+
+def checked_texts(values: Sequence, source: str, column: str) -> list[str]:
+    """A column's values as texts; ValueError naming ``source`` where one is missing or empty."""
+    texts = ["" if v is None else str(v) for v in values]
+    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ValueError(f"{source}: {len(empty)} rows have an empty {column!r} (first: row {empty[0]})")
+    return texts
+
+
+def is_class_id(value: object) -> bool:
+    """An integer label (or its text): a class id rather than a class name."""
+    return isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
+
+
+def labels_from_values(values: Sequence, source: str, column: str) -> tuple[list[int], list[str]]:
+    """Integer labels and class names from a label column: integers are class ids (classes
+    ``"0"`` to the largest), anything else a class name (classes sorted). ValueError naming
+    ``source`` for a missing label or a negative id."""
+    blank = [i + 1 for i, v in enumerate(values) if v is None or str(v).strip() == ""]
+    if blank:
+        raise ValueError(f"{source}: {len(blank)} rows have no {column!r} (first: row {blank[0]})")
+    if all(is_class_id(v) for v in values):
+        labels = [int(v) for v in values]
+        if min(labels) < 0:
+            raise ValueError(f"{source}: integer labels are class ids and must be >= 0, found {min(labels)}")
+        return labels, [str(c) for c in range(max(labels) + 1)]
+    classes = sorted({str(v) for v in values})
+    return [classes.index(str(v)) for v in values], classes
 
 
 def _unlabelled(texts: list[str], prefix: str) -> TextDataset:

@@ -10,7 +10,7 @@ from .finetune import (
     trainable_parameters,
 )
 from .lora import lora_fine_tune
-from .sampling import least_useful_first, member_overlap, ranked_count, sample_members
+from .sampling import least_useful_first, member_overlap, sample_members
 from .storage import MemberLoadError, load_member, save_member
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "load_member",
     "lora_fine_tune",
     "member_overlap",
-    "ranked_count",
     "sample_members",
     "save_member",
     "trainable_parameters",

@@ -37,14 +37,6 @@ def least_useful_first(
     return [(lay, h) for _, lay, h in sorted(entries)], heads
 
 
-def ranked_count(ranking: CircuitOrder | torch.Tensor | np.ndarray) -> int:
-    """How many heads ``ranking`` actually ranks: the heads a circuit order removed, or every
-    head with a Taylor score. The rest of `least_useful_first` is index order, not a ranking."""
-    if isinstance(ranking, CircuitOrder):
-        return len(ranking.removed)
-    return len(least_useful_first(ranking)[0])
-
-
 def sample_members(
     ranking: CircuitOrder | torch.Tensor | np.ndarray,
     num_members: int = 3,
@@ -69,7 +61,8 @@ def sample_members(
     if (heads_per_layer is None) == (num_pruned is None):
         raise ValueError("give exactly one of heads_per_layer or num_pruned")
     order, heads = least_useful_first(ranking)
-    ranked = order[: ranked_count(ranking)]
+    # a circuit ranks only the heads it removed; the rest of ``order`` is index order
+    ranked = order[: len(ranking.removed)] if isinstance(ranking, CircuitOrder) else order
     members = []
     for m in range(num_members):
         rng = random.Random(f"hydra-members:{seed}:{m}")

@@ -98,14 +98,24 @@ class CircuitOrder:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CircuitOrder:
-        return cls(
+        """An order read back from JSON; CircuitError where it names a head outside
+        ``heads_per_layer`` or one head twice (a damaged or edited file)."""
+        order = cls(
             objective=data["objective"],
-            heads_per_layer=list(data["heads_per_layer"]),
+            heads_per_layer=[int(n) for n in data["heads_per_layer"]],
             base_score=float(data["base_score"]),
             removed=[(int(a), int(b)) for a, b in data["removed"]],
             scores=[float(s) for s in data["scores"]],
             approximation=data.get("approximation"),
         )
+        heads, seen = order.heads_per_layer, set()
+        for layer, head in order.removed:
+            if not (0 <= layer < len(heads) and 0 <= head < heads[layer]) or (layer, head) in seen:
+                raise CircuitError(
+                    f"the order names head ({layer}, {head}) twice or outside its heads per layer {heads}"
+                )
+            seen.add((layer, head))
+        return order
 
     def save(self, path: str | Path) -> Path:
         return atomic_write_json(path, self.to_dict())
