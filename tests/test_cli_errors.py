@@ -21,8 +21,9 @@ from transformers import (
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import load_member, save_member
-from hydra_ensembles.models import load_any, load_tokenizer
+from hydra_ensembles.models import load_tokenizer
 
 TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
 

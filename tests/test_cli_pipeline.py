@@ -14,7 +14,8 @@ from transformers import (
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
-from hydra_ensembles.models import load_any, load_tokenizer
+from hydra_ensembles.loading import load_any
+from hydra_ensembles.models import load_tokenizer
 
 
 def _model_and_tokenizer(family: str, folder):

@@ -17,7 +17,8 @@ from transformers import BertConfig, BertModel
 
 from hydra_ensembles.cli import main
 from hydra_ensembles.io import atomic_write_text
-from hydra_ensembles.models import load_any, load_tokenizer, untrained_weights
+from hydra_ensembles.loading import load_any
+from hydra_ensembles.models import load_tokenizer, untrained_weights
 
 TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
 COMMON = ["--batch-size", "8", "--max-length", "12"]

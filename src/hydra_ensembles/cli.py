@@ -30,8 +30,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .adapters import get_adapter
     from .cost import count_parameters
     from .fusion import HydraModel
+    from .loading import load_any
     from .members import batch_ensemble_members
-    from .models import load_any
     from .surgery import kept_heads
 
     model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model
@@ -58,7 +58,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_fuse(args: argparse.Namespace) -> int:
     from .fusion import fuse
-    from .fusion.serialization import CONFIG_NAME
+    from .fusion.model import CONFIG_NAME
     from .heads import HeadSet, HeadSetError
     from .io import check_output_dir, read_json
 
@@ -83,7 +83,8 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
 def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = None):
     """A model for a command that predicts with its head: refused where the head was initialised
     randomly (a base model) unless ``--allow-random-head`` says that is intended."""
-    from .models import load_any, untrained_weights
+    from .loading import load_any
+    from .models import untrained_weights
 
     model = load_any(path, num_labels or getattr(args, "num_labels", None))
     untrained = untrained_weights(model)
@@ -562,7 +563,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .adapters import get_adapter
     from .bench import markdown_table, random_head_sets, run_bench
     from .io import atomic_write_json, atomic_write_text, check_output_dir
-    from .models import VISION_MODEL_TYPES, load_any
+    from .loading import load_any
+    from .models import VISION_MODEL_TYPES
     from .precision import resolve_precision
     from .runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
 

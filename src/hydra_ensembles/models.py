@@ -188,19 +188,3 @@ def build_model(model_class: str, config: dict, attn_implementation: str | None 
     if attn_implementation:
         model_config._attn_implementation = attn_implementation
     return cls(model_config)
-
-
-def load_any(path: str, num_labels: int | None = None) -> nn.Module:
-    """A saved Hydra model, a saved member, or a Hugging Face classifier (hub id or directory)."""
-    from pathlib import Path as _Path
-
-    folder = _Path(path)
-    if (folder / "hydra_config.json").is_file():
-        from .fusion import load_hydra
-
-        return load_hydra(folder)
-    if (folder / "member_config.json").is_file():
-        from .members import load_member
-
-        return load_member(folder)
-    return load_classifier(path, num_labels=num_labels)  # None keeps the saved head

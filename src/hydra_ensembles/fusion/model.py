@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..adapters import ArchitectureAdapter
+from .._version import __version__
+from ..adapters import ArchitectureAdapter, get_adapter
 from ..batching import batch_rows, repeat_call, repeat_rows, slice_rows
 from ..heads import HeadSet
-from ..layers import FusedMultiHeadAttention
+from ..layers import FusedMultiHeadAttention, GroupedLayerNorm, GroupedLinear, PerMemberModule
+from ..models import build_model
 from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
+from ..serialization import WEIGHTS_NAME, read_saved, write_saved
+
+CONFIG_NAME = "hydra_config.json"
+FORMAT = "hydra-ensembles/fused"
+FORMAT_VERSION = 1
+REQUIRED = ("model_class", "base_config", "head_sets", "policy", "layout")
+__all__ = [
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "FusionPolicy",
+    "HydraLoadError",
+    "HydraModel",
+    "HydraOutput",
+    "load_hydra",
+    "save_hydra",
+]
+
+
+class HydraLoadError(ValueError):
+    """A saved Hydra model is missing, incomplete, tampered with, or from an unknown format."""
+
 
 Mode = Literal["merge", "exact"]
 MODES = ("merge", "exact")
@@ -211,18 +236,94 @@ class HydraModel(nn.Module):
             loss = F.nll_loss(probs.clamp_min(torch.finfo(probs.dtype).tiny).log(), labels.to(probs.device))
         return HydraOutput(member_logits=member_logits, probs=probs, loss=loss, members=members)
 
-    def save_pretrained(self, path) -> None:
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Write ``hydra_config.json`` and ``model.safetensors`` (atomically) to ``path``."""
-        from .serialization import save_hydra
-
-        save_hydra(self, path)
+        dtypes = {str(p.dtype).removeprefix("torch.") for p in self.model.parameters()}
+        config = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "library_version": __version__,
+            "model_class": type(self.model).__name__,
+            "base_config": self.model.config.to_dict(),
+            "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
+            "dtype": dtypes.pop() if len(dtypes) == 1 else None,
+            "head_sets": [hs.to_dict() for hs in self.head_sets],
+            "policy": self.policy.to_dict(),
+            "layout": list(self.layout),
+            "trunk_layers": self.trunk_layers,
+        }
+        return write_saved(path, CONFIG_NAME, config, self.model.state_dict())
 
     @classmethod
-    def from_pretrained(cls, path) -> HydraModel:
-        from .serialization import load_hydra
-
-        return load_hydra(path)
+    def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device | None = None) -> HydraModel:
+        """Load a model written by `save_pretrained`: the architecture is rebuilt from the JSON
+        config (a transformers class of a supported family, the members' head sets, the grouped
+        layout) and filled from safetensors; outputs are bitwise identical."""
+        config, state = read_saved(
+            path, CONFIG_NAME, FORMAT, (FORMAT_VERSION,), REQUIRED, HydraLoadError, "Hydra model", device
+        )
+        try:
+            model = build_model(
+                config["model_class"], config["base_config"], config.get("attn_implementation")
+            )
+        except ValueError as exc:
+            raise HydraLoadError(str(exc)) from exc
+        adapter = get_adapter(model)
+        head_sets = [HeadSet.from_dict(hs) for hs in config["head_sets"]]
+        trunk = int(config.get("trunk_layers", 0))
+        _install_empty_fused(model, adapter, head_sets, config["layout"], trunk)
+        if config.get("dtype"):
+            model.to(getattr(torch, config["dtype"]))
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            raise HydraLoadError(f"weights in {path} do not fit {CONFIG_NAME}: {exc}") from exc
+        model.to(device or "cpu").eval()
+        policy = FusionPolicy(**config["policy"])
+        return cls(model, adapter, head_sets, policy, config["layout"], trunk_layers=trunk)
 
     def extra_repr(self) -> str:
         policy = self.policy.to_dict()
         return f"num_members={self.num_members}, trunk_layers={self.trunk_layers}, policy={policy}"
+
+
+def load_hydra(path: str | os.PathLike, device: str | torch.device | None = None) -> HydraModel:
+    """`HydraModel.from_pretrained` as a function."""
+    return HydraModel.from_pretrained(path, device)
+
+
+def save_hydra(hydra: HydraModel, path: str | os.PathLike) -> Path:
+    """`HydraModel.save_pretrained` as a function."""
+    return hydra.save_pretrained(path)
+
+
+def _install_empty_fused(
+    model: nn.Module, adapter: ArchitectureAdapter, head_sets: list[HeadSet], layout, trunk: int
+) -> None:
+    """Give ``model`` the fused architecture a saved Hydra model describes (weights unset)."""
+    original = adapter.original_heads_per_layer(model)
+    resolved = [hs.resolve(original) for hs in head_sets]
+    dropout = adapter.attention_dropout(model)
+    for layer in range(len(original)):
+        block = adapter.attention_block(model, layer)
+        counts = [len(r[layer]) for r in resolved]
+        fused = FusedMultiHeadAttention(
+            block.hidden_size, block.head_dim, counts[:1] if layer < trunk else counts, dropout
+        )
+        adapter.install_fused_attention(model, layer, fused)
+    for entry in layout:
+        model.set_submodule(entry["path"], _empty_grouped(model, entry, len(head_sets)))
+
+
+def _empty_grouped(model: nn.Module, entry: dict[str, Any], num_members: int) -> nn.Module:
+    module = model.get_submodule(entry["path"])
+    kind = entry["kind"]
+    if kind == "grouped_linear":
+        return GroupedLinear(num_members, module.in_features, module.out_features, module.bias is not None)
+    if kind == "grouped_layer_norm":
+        return GroupedLayerNorm(
+            num_members, module.normalized_shape[0], module.eps, bias=module.bias is not None
+        )
+    if kind == "per_member":
+        return PerMemberModule.empty_like(module, num_members)
+    raise HydraLoadError(f"unknown layout kind {kind!r} at {entry['path']!r}")

@@ -1,0 +1,24 @@
+"""Load whatever a path holds: a saved Hydra model, a saved member, or a Hugging Face classifier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from .fusion.model import CONFIG_NAME as HYDRA_CONFIG
+from .fusion.model import HydraModel
+from .members.storage import CONFIG_NAME as MEMBER_CONFIG
+from .members.storage import load_member
+from .models import load_classifier
+
+
+def load_any(path: str, num_labels: int | None = None) -> nn.Module:
+    """A saved Hydra model, a saved member, or a Hugging Face classifier (hub id or directory;
+    ``num_labels=None`` keeps its saved head)."""
+    folder = Path(path)
+    if (folder / HYDRA_CONFIG).is_file():
+        return HydraModel.from_pretrained(folder)
+    if (folder / MEMBER_CONFIG).is_file():
+        return load_member(folder)
+    return load_classifier(path, num_labels=num_labels)

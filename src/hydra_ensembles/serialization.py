@@ -1,0 +1,86 @@
+"""One reader and writer for saved models (members and fused Hydra models).
+
+A saved model is a folder with ``model.safetensors`` and a JSON config that names its format and
+version, records the weights' SHA-256 and its own digest, and is written last (its presence
+means the save finished). Reading checks all of it before any tensor is built, so a truncated,
+tampered or half-written folder is refused with a clear error. No code is loaded from files and
+nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .io import atomic_write, atomic_write_json, config_digest, read_json, sha256_file
+
+WEIGHTS_NAME = "model.safetensors"
+
+
+def write_saved(
+    path: str | os.PathLike, config_name: str, config: dict[str, Any], state: dict[str, torch.Tensor]
+) -> Path:
+    """Write ``state`` as safetensors, then ``config`` (with both checksums) as ``config_name``."""
+    path = Path(path)
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    weights = atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp)))
+    config = {**config, "weights_sha256": sha256_file(weights)}
+    config["config_sha256"] = config_digest(config)
+    atomic_write_json(path / config_name, config)  # written last: its presence means complete
+    return path
+
+
+def read_saved(
+    path: str | os.PathLike,
+    config_name: str,
+    fmt: str,
+    versions: Collection[int],
+    required: Collection[str],
+    error: type[ValueError],
+    what: str,
+    device: str | torch.device | None = None,
+    unsigned_versions: Collection[int] = (),
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The checked config and weights of a folder written by `write_saved`; ``error`` (naming the
+    file and what is wrong) where anything is missing, unknown or does not match its checksum.
+    ``unsigned_versions``: old format versions written before configs carried their digest."""
+    path = Path(path)
+    file = path / config_name
+    if not file.is_file():
+        raise error(f"{file} not found: not a saved {what} (or the save did not finish)")
+    try:
+        config = read_json(file, f"{what} config")
+    except ValueError as exc:
+        raise error(str(exc)) from None
+    if not isinstance(config, dict) or config.get("format") != fmt:
+        raise error(f"{file} is not a {fmt} file")
+    if config.get("format_version", 1) not in versions:
+        raise error(
+            f"{file} has format version {config.get('format_version')}, this library reads {sorted(versions)}"
+        )
+    version = config.get("format_version", 1)
+    signed = set() if version in unsigned_versions else {"config_sha256"}
+    missing = {*required, *signed, "weights_sha256"} - set(config)
+    if missing:
+        raise error(f"{file} lacks {sorted(missing)}")
+    if "config_sha256" in config and config_digest(config) != config["config_sha256"]:
+        raise error(f"{file} does not match its own checksum: it was modified after saving")
+    weights = path / WEIGHTS_NAME
+    if not weights.is_file():
+        raise error(f"{weights} is missing")
+    if sha256_file(weights) != config["weights_sha256"]:
+        raise error(
+            f"{weights} does not match the checksum in {config_name}: the file is truncated, "
+            "corrupted or was modified after saving"
+        )
+    try:
+        state = load_file(str(weights), device=str(device) if device else "cpu")
+    except (SafetensorError, OSError) as exc:
+        raise error(f"cannot read {weights}: {exc}") from exc
+    return config, state
