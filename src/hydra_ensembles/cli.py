@@ -392,29 +392,9 @@ def _name_classes(model, classes: list[str]) -> None:
         model.config.label2id = {name: i for i, name in enumerate(classes)}
 
 
-def _shifted(dataset, args: argparse.Namespace, preprocessor) -> dict:
-    """The ID test data under every corruption of its modality at severities 1-5 (seeded)."""
-    from .data import ImageDataset, stable_sample, to_batches
-    from .evaluation import IMAGE_CORRUPTIONS, SEVERITIES, TEXT_CORRUPTIONS, corrupt_images, corrupt_texts
-
-    base = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, args.shift_limit, salt="shift"))
-    image = isinstance(base, ImageDataset)
-    names, corrupt = (IMAGE_CORRUPTIONS, corrupt_images) if image else (TEXT_CORRUPTIONS, corrupt_texts)
-    return {
-        (name, severity): list(
-            to_batches(corrupt(base, name, severity, seed=0), preprocessor, args.batch_size, args.max_length)
-        )
-        for name in names
-        for severity in SEVERITIES
-    }
-
-
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from functools import partial
-
     from . import reporting
-    from .evaluation import evaluate_predictions, fit_temperature, ood_scores
-    from .evaluation import predict as predict_any
+    from .evaluation import evaluate_method, predict, predict_method
     from .io import check_output_dir
 
     out = check_output_dir(args.out)
@@ -422,65 +402,61 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     bad = [f"{n}{sep}{paths}" for n, sep, paths in items if not (n and sep and paths)]
     if bad:
         raise ValueError(f"--method wants NAME=PATH[,PATH...], got {bad[0]!r}")
-    oods_named = []  # (name, spec, near|far)
-    for item in args.ood or []:
-        name, _, rest = item.partition("=")
-        spec, _, kind = rest.rpartition(":")
-        if kind not in ("near", "far") or not spec or not name:
-            raise ValueError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
-        oods_named.append((name, spec, kind))
+    oods_named = [_ood_option(item) for item in args.ood or []]
     methods: dict[str, list] = {}
     preprocessor = None
     for name, _, paths in items:
         methods[name], found = _load_methods(paths, args)
-        if preprocessor is None:
-            preprocessor = found
+        preprocessor = preprocessor or found
     models = [m for group in methods.values() for m in group]  # mapping labels checks they agree
     if args.preprocessor:
         preprocessor = _preprocessor_for(args.preprocessor)
-    first = models[0]
-    id_dataset, id_test = _data_batches(args.id_data, args, preprocessor, args.limit, model=models)
-    shifted = _shifted(id_dataset, args, preprocessor) if args.shift else {}
-    oods = {
-        name: (kind, _data_batches(spec, args, preprocessor, args.limit, labels=False, model=first)[1])
-        for name, spec, kind in oods_named
-    }
-    val = None
-    if args.val_data:
-        val = _data_batches(args.val_data, args, preprocessor, args.limit, model=models)[1]
-    predict = partial(predict_any, precision=args.precision)
+    data = _eval_data(args, preprocessor, models, oods_named)
     results, preds = {}, {}
-    for name, models in methods.items():
-        model = models[0] if len(models) == 1 else models
-        p_test = predict(model, id_test, f"{name}: ID")
-        p_ood = {n: (k, predict(model, b, f"{name}: {n}")) for n, (k, b) in oods.items()}
-        p_shift = {key: predict(model, b, f"{name}: {key[0]}@{key[1]}") for key, b in shifted.items()}
-        results[name] = evaluate_predictions(p_test, p_ood, p_shift, bootstrap=args.bootstrap)
-        preds[name] = (p_test, p_ood)
-        if val is not None:
-            t = fit_temperature(predict(model, val, f"{name}: val"))
-            results[f"{name} + TS"] = evaluate_predictions(
-                p_test, p_ood, p_shift, temperature=t, bootstrap=args.bootstrap
-            )
+    for name, group in methods.items():
+
+        def predict_fn(model, batches, split, name=name):
+            return predict(model, batches, f"{name}: {split}", precision=args.precision)
+
+        model = group[0] if len(group) == 1 else group
+        preds[name] = predict_method(model, data, predict_fn, calibrate=data.val is not None)
+        results.update(evaluate_method(name, preds[name], bootstrap=args.bootstrap)[0])
     meta = {"command": "hydra-ens eval", "ID": args.id_data, "OOD": ", ".join(args.ood or []) or "none"}
     reporting.write_results(out, results, meta=meta)
-    labels = next(iter(preds.values()))[0].labels
-    reporting.reliability_diagram(
-        {n: p[0].probs() for n, p in preds.items()}, labels, out / "plots" / "reliability.png"
-    )
-    for name, (p_test, p_ood) in preds.items():
-        if p_ood:
-            slug = "".join(c if c.isalnum() else "_" for c in name)
-            reporting.roc_curves(
-                ood_scores(p_test),
-                {n: ood_scores(p) for n, (_, p) in p_ood.items()},
-                out / "plots" / f"roc_{slug}.png",
-                f"{name}, MSP",
-            )
-            conf = {"ID": p_test.probs().max(-1), **{n: p.probs().max(-1) for n, (_, p) in p_ood.items()}}
-            reporting.confidence_histograms(conf, out / "plots" / f"confidence_{slug}.png", name)
+    reporting.method_plots(out / "plots", preds, list(preds), list(preds))
     print((out / "report.md").read_text())
     return 0
+
+
+def _ood_option(item: str) -> tuple[str, str, str]:
+    """``NAME=SPEC:near|far`` -> (name, spec, kind)."""
+    name, _, rest = item.partition("=")
+    spec, _, kind = rest.rpartition(":")
+    if kind not in ("near", "far") or not spec or not name:
+        raise ValueError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
+    return name, spec, kind
+
+
+def _eval_data(args: argparse.Namespace, preprocessor, models: list, oods_named: list):
+    """The ID test (and shifted, validation) and OOD batches ``hydra-ens eval`` measures on."""
+    from .data import to_batches
+    from .evaluation import EvalData, shifted_sets
+
+    id_dataset, id_test = _data_batches(args.id_data, args, preprocessor, args.limit, model=models)
+    shift = {
+        key: list(to_batches(data, preprocessor, args.batch_size, args.max_length))
+        for key, data in (shifted_sets(id_dataset, args.shift_limit) if args.shift else {}).items()
+    }
+    oods = {
+        name: (kind, _data_batches(spec, args, preprocessor, args.limit, labels=False, model=models[0])[1])
+        for name, spec, kind in oods_named
+    }
+    val = (
+        _data_batches(args.val_data, args, preprocessor, args.limit, model=models)[1]
+        if args.val_data
+        else None
+    )
+    return EvalData(id_test, oods, shift, val)
 
 
 def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:

@@ -36,13 +36,21 @@ from . import reporting
 from .batching import model_inputs
 from .cost import count_parameters, interleaved_latency, median, multiply_adds
 from .data import to_batches as data_batches
-from .evaluation import Predictions, evaluate_predictions, fit_temperature, predict
-from .evaluation.evaluate import ood_scores
+from .evaluation import (
+    EvalData,
+    MethodPredictions,
+    Predictions,
+    evaluate_method,
+    evaluate_predictions,
+    predict,
+    predict_method,
+)
 from .fusion import fuse
 from .heads import HeadSet
 from .io import atomic_write_json
 from .members import FineTuneConfig, load_member, member_overlap, sample_members, save_member
 from .members.batch_ensemble import batch_ensemble
+from .members.ensemble import DeepEnsemble
 from .members.finetune import fine_tune
 from .members.lora import lora_fine_tune
 from .members.sampling import least_useful_first
@@ -51,6 +59,7 @@ from .models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, load_classifier, lo
 from .precision import Precision, in_precision, resolve_precision
 from .runtime import describe_machine
 from .scoring import CircuitOrder, extract_circuit, removal_ranking, taylor_head_set, taylor_scores
+from .surgery import heads_per_layer as heads_per_layer_of
 from .surgery import prune
 from .tasks import Dataset, Task, load_image_task, load_text_task
 
@@ -393,15 +402,18 @@ def load_demo_task(config: DemoConfig) -> Task:
 class PredictionCache:
     """`predict` that computes each (model, split, precision) once: the deep ensemble's first member
     is the Single model, and the pruning curves start from the unpruned base. An explicit ensemble
-    is predicted member by member, so shared members are shared. MC dropout (random) is never
-    reused. Models are held, so their ids cannot be reused while the cache lives."""
+    (a list or a `DeepEnsemble`) is predicted member by member, so shared members are shared. MC
+    dropout (random) is never reused. Models are held, so their ids cannot be reused while the
+    cache lives."""
 
     def __init__(self) -> None:
         self._known: dict[tuple, tuple[torch.nn.Module, Predictions]] = {}
 
     def predict(
         self, model, batches, split: str, mc_samples: int = 0, precision: str = "auto", progress=True
-    ):
+    ) -> Predictions:
+        if isinstance(model, DeepEnsemble):
+            model = list(model.members)
         if isinstance(model, list):
             parts = [self.predict(m, batches, split, mc_samples, precision, progress) for m in model]
             return Predictions(np.concatenate([p.member_logits for p in parts]), parts[0].labels)
@@ -429,6 +441,10 @@ class Stage:
         value = fn()
         self.timings[name] = time.perf_counter() - t
         return value
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
 
 
 class Cache:
@@ -458,8 +474,99 @@ class Cache:
         return value
 
 
+@dataclass
+class Method:
+    """One method of the demo: its model and how it is predicted, calibrated and reported.
+    Its result rows follow the order of the method list; temperature-scaled rows follow it."""
+
+    name: str
+    model: Any
+    """A model, a list of models (an explicit ensemble), or a fused `HydraModel`."""
+    heads: str
+    """The table's Heads column (e.g. ``12/12`` or ``avg 10/12``)."""
+    mc_samples: int = 0
+    calibrate: bool = False
+    """Also report temperature scaling fit on the ID validation split."""
+    cost_name: str | None = None
+    """Its name in the cost table (None: not timed)."""
+    reliability: bool = False
+    """Drawn in the reliability diagram."""
+    detail: bool = False
+    """Confidence histograms and ROC curves of its own."""
+    precision: str | None = None
+    """Evaluation precision (None: the run's)."""
+
+
+@dataclass
+class DemoRun:
+    """What every stage of a demo run shares."""
+
+    config: DemoConfig
+    task: Task
+    bench: Benchmark
+    cache: Cache
+    stage: Stage
+    compute: Precision
+    evaluation: Precision
+
+    @property
+    def base_settings(self) -> dict[str, Any]:
+        return asdict(self.config.budget.config(0))
+
+    def cached_model(self, label: str, kind: str, key: dict[str, Any], build: Callable[[], Any]) -> Any:
+        return self.stage.run(label, lambda: self.cache.model(kind, key, build))
+
+    def cached_json(self, label: str, kind: str, key: dict[str, Any], build: Callable[[], Any]) -> Any:
+        return self.stage.run(label, lambda: self.cache.json(kind, key, build))
+
+
+@dataclass
+class Baselines:
+    singles: list[torch.nn.Module]
+    """Single models of seeds 0..M-1: the first is "Single", all of them the deep ensemble."""
+    loras: list[torch.nn.Module]
+    batch_ensembles: dict[str, torch.nn.Module]
+
+
+@dataclass
+class Rankings:
+    taylor: torch.Tensor
+    taylor_single: HeadSet
+    circuit: CircuitOrder
+
+
+@dataclass
+class PrunedModels:
+    singles: dict[str, torch.nn.Module]
+    """"Taylor" and "CircAvg": one pruned model each."""
+    member_heads: dict[str, list[HeadSet]]
+    hydras: dict[str, Any]
+    """Fused Hydra models by method name (Taylor, Circ, and shared-trunk variants)."""
+
+
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the whole experiment; returns the results and writes the report folder."""
+    run = _start(config)
+    baselines = _train_baselines(run)
+    base = baselines.singles[0]
+    rankings = _rank_heads(run, base)
+    pruned = _build_pruned(run, base, rankings)
+    methods = _methods(run, baselines, pruned)
+    known = PredictionCache()
+    preds, results, temperatures = _evaluate_all(run, methods, known)
+    curves = run.stage.run(
+        "zero-shot pruning curves",
+        lambda: _pruning_curves(base, {"Taylor": rankings.taylor, "CircAvg": rankings.circuit}, run, known),
+    )
+    timed = {m.cost_name: m.model for m in methods if m.cost_name}
+    cost = run.stage.run("cost benchmark", lambda: _cost(timed, run.bench.test[0], config, run.compute))
+    meta = _report_meta(run, base, temperatures, pruned.member_heads)
+    _write_report(run, methods, results, preds, meta, cost, curves, rankings, pruned)
+    return {"results": results, "cost": cost, "meta": {**meta, "wall_s": run.stage.elapsed}}
+
+
+def _start(config: DemoConfig) -> DemoRun:
+    """Resolve the precisions, load the data and make its batches."""
     stage = Stage()
     torch.manual_seed(config.seed)
     compute = resolve_precision(config.precision)
@@ -472,90 +579,75 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     for note in config.scaled_down():
         print(f"  scaled down: {note}")
     bench = stage.run("prepare batches", lambda: prepare_benchmark(config, task))
-    train, val = bench.train, bench.val
-    cache = Cache(config.cache_dir, config.use_cache)
     # each cached artefact is keyed by the data, the starting model and its own training settings
     # (so that, e.g., a new LoRA learning rate retrains the LoRA members and nothing else)
+    return DemoRun(config, task, bench, Cache(config.cache_dir, config.use_cache), stage, compute, evaluation)
 
-    # ---------------------------------------------------------------- single model and ensembles
+
+def _train_baselines(run: DemoRun) -> Baselines:
+    """Single models (seeds 0..M-1), LoRA members, and optionally a BatchEnsemble."""
+    config, bench = run.config, run.bench
     verb = "train from scratch" if bench.from_scratch else "fine-tune"
-    singles = [
-        stage.run(
-            f"{verb}: model (seed {s})",
-            lambda s=s: cache.model(
+    singles = []
+    for s in range(config.members):
+        settings = config.budget.config(s)
+        singles.append(
+            run.cached_model(
+                f"{verb}: model (seed {s})",
                 "finetuned",
-                model_key(bench, config.budget.config(s)),
-                lambda: train_model(bench, config.budget.config(s)),
-            ),
+                model_key(bench, settings),
+                partial(train_model, bench, settings),
+            )
         )
-        for s in range(config.members)
-    ]
-    base = singles[0]
-    base_settings = asdict(config.budget.config(0))
+    start = run.base_settings if bench.from_scratch else "pretrained"
     loras = [
-        stage.run(
+        run.cached_model(
             f"LoRA fine-tune (seed {s})",
-            lambda s=s: cache.model(
-                "lora",
-                model_key(
-                    bench,
-                    lora_settings(bench, config.budget, s),
-                    rank=config.lora_rank,
-                    start=base_settings if bench.from_scratch else "pretrained",
-                ),
-                lambda: train_lora(bench, config.budget, base, s, config.lora_rank),
-            ),
+            "lora",
+            model_key(bench, lora_settings(bench, config.budget, s), rank=config.lora_rank, start=start),
+            partial(train_lora, bench, config.budget, singles[0], s, config.lora_rank),
         )
         for s in range(config.members)
     ]
-
     batch_ensembles = {}
     if config.batch_ensemble:
-        be_name = f"BatchEnsemble (M={config.members})"
-        be_key = model_key(
+        name = f"BatchEnsemble (M={config.members})"
+        key = model_key(
             bench,
             batch_ensemble_settings(bench, config.budget),
             members=config.members,
             init_std=config.batch_ensemble_init_std,
-            start=base_settings if bench.from_scratch else "pretrained",
+            start=start,
         )
-        batch_ensembles[be_name] = stage.run(
-            f"fine-tune: {be_name}",
-            lambda: cache.model(
-                "batch-ensemble",
-                be_key,
-                lambda: train_batch_ensemble(
-                    bench, config.budget, base, config.members, config.batch_ensemble_init_std
-                ),
-            ),
+        build = partial(
+            train_batch_ensemble,
+            bench,
+            config.budget,
+            singles[0],
+            config.members,
+            config.batch_ensemble_init_std,
         )
+        batch_ensembles[name] = run.cached_model(f"fine-tune: {name}", "batch-ensemble", key, build)
+    return Baselines(singles, loras, batch_ensembles)
 
-    # ---------------------------------------------------------------- choosing heads
-    heads_per_layer = [base.config.num_attention_heads] * base.config.num_hidden_layers
-    calib = train[: max(1, 64 // config.budget.batch_size)]
-    rank_key = {**bench.key, "base": base_settings, "precision": compute.name}
-    taylor = torch.tensor(
-        stage.run(
-            "Taylor scores",
-            lambda: cache.json(
-                "taylor-scores", rank_key, lambda: taylor_scores(base, calib, precision=compute.name).tolist()
-            ),
-        )
-    )
-    taylor_single = HeadSet.from_dict(
-        stage.run(
-            "Taylor pruning (prune -> recompute)",
-            lambda: cache.json(
-                "taylor-heads",
-                {**rank_key, "keep": config.heads_per_layer},
-                lambda: taylor_head_set(
-                    base, calib, config.heads_per_layer, precision=compute.name
-                ).to_dict(),
-            ),
-        )
-    )
 
-    circuit_id, circuit_ood = bench.circuit_id, bench.circuit_ood
+def _rank_heads(run: DemoRun, base: torch.nn.Module) -> Rankings:
+    """Taylor scores, Taylor's one-shot head set, and the CircAvg circuit (resumable)."""
+    config, compute = run.config, run.compute.name
+    calib = run.bench.train[: max(1, 64 // config.budget.batch_size)]
+    rank_key = {**run.bench.key, "base": run.base_settings, "precision": compute}
+    scores = run.cached_json(
+        "Taylor scores",
+        "taylor-scores",
+        rank_key,
+        lambda: taylor_scores(base, calib, precision=compute).tolist(),
+    )
+    single = run.cached_json(
+        "Taylor pruning (prune -> recompute)",
+        "taylor-heads",
+        {**rank_key, "keep": config.heads_per_layer},
+        lambda: taylor_head_set(base, calib, config.heads_per_layer, precision=compute).to_dict(),
+    )
     circuit_key = {
         **rank_key,
         "budget": config.circuit_budget,
@@ -564,183 +656,154 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "objective": "avg",
         "length": config.circuit_length,
     }
-    checkpoint = cache.path("circuit-progress", circuit_key) / "checkpoint.json"
+    checkpoint = run.cache.path("circuit-progress", circuit_key) / "checkpoint.json"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     if not config.use_cache:
         checkpoint.unlink(missing_ok=True)
-    order = CircuitOrder.from_dict(
-        stage.run(
-            "circuit extraction (CircAvg)",
-            lambda: cache.json(
-                "circuit",
-                circuit_key,
-                lambda: extract_circuit(
-                    base,
-                    circuit_id,
-                    circuit_ood,
-                    "avg",
-                    config.circuit_budget,
-                    checkpoint=checkpoint,
-                    precision=compute.name,
-                ).to_dict(),
-            ),
-        )
+    order = run.cached_json(
+        "circuit extraction (CircAvg)",
+        "circuit",
+        circuit_key,
+        lambda: extract_circuit(
+            base,
+            run.bench.circuit_id,
+            run.bench.circuit_ood,
+            "avg",
+            config.circuit_budget,
+            checkpoint=checkpoint,
+            precision=compute,
+        ).to_dict(),
     )
+    return Rankings(torch.tensor(scores), HeadSet.from_dict(single), CircuitOrder.from_dict(order))
 
-    # ---------------------------------------------------------------- members
-    members_heads = {
-        kind: sample_members(
+
+def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> PrunedModels:
+    """Single pruned models, members sampled from each ranking (fine-tuned), fused Hydras, and
+    with ``trunk_study`` Hydra (Circ) with a shared trunk of L/3 and L/2 layers."""
+    config = run.config
+    layers = base.config.num_hidden_layers
+
+    def sample(ranking, shared_layers: int = 0) -> list[HeadSet]:
+        return sample_members(
             ranking,
             config.members,
             num_pruned=config.pruned_per_member,
             pool_size=config.pool_size,
             seed=config.seed,
+            shared_layers=shared_layers,
         )
-        for kind, ranking in (("taylor", taylor), ("circ", order))
-    }
 
-    def pruned_member(name: str, heads: HeadSet, seed: int, trunk: int = 0) -> torch.nn.Module:
+    def member(name: str, heads: HeadSet, seed: int, trunk: int = 0) -> torch.nn.Module:
         settings = config.budget.config(seed, member=True)
         if trunk:  # the shared trunk stays as in the base: train only the later blocks
-            settings = replace(settings, last_k_blocks=len(heads_per_layer) - trunk)
+            settings = replace(settings, last_k_blocks=layers - trunk)
+        key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk)
+        return run.cached_model(
+            f"fine-tune {name}", "member", key, partial(_pruned_member, base, heads, run, settings)
+        )
 
-        def build() -> torch.nn.Module:
-            member = prune(base, heads)
-            fine_tune(member, train, None, settings, progress=True)
-            return member
-
-        key = model_key(bench, settings, base=base_settings, heads=heads.to_dict(), trunk=trunk)
-        return stage.run(f"fine-tune {name}", lambda: cache.model("member", key, build))
-
-    circ_single = order.head_set(config.pruned_per_member)
-    pruned_singles = {
-        "Taylor": pruned_member("Taylor (single pruned)", taylor_single, 0),
-        "CircAvg": pruned_member("CircAvg (single pruned)", circ_single, 0),
+    member_heads = {"taylor": sample(rankings.taylor), "circ": sample(rankings.circuit)}
+    singles = {
+        "Taylor": member("Taylor (single pruned)", rankings.taylor_single, 0),
+        "CircAvg": member("CircAvg (single pruned)", rankings.circuit.head_set(config.pruned_per_member), 0),
     }
-    member_models = {
-        kind: [pruned_member(f"{kind} member {m}", hs, m) for m, hs in enumerate(sets)]
-        for kind, sets in members_heads.items()
+    members = {
+        kind: [member(f"{kind} member {m}", hs, m) for m, hs in enumerate(sets)]
+        for kind, sets in member_heads.items()
     }
     hydras = {
-        "Hydra (Taylor)": fuse(member_models["taylor"], mlp="merge").eval(),
-        "Hydra (Circ)": fuse(member_models["circ"], mlp="merge").eval(),
+        "Hydra (Taylor)": fuse(members["taylor"], mlp="merge").eval(),
+        "Hydra (Circ)": fuse(members["circ"], mlp="merge").eval(),
     }
-    trunk_names = []
-    for trunk in sorted({len(heads_per_layer) // 3, len(heads_per_layer) // 2}) if config.trunk_study else []:
-        heads = sample_members(
-            order,
-            config.members,
-            num_pruned=config.pruned_per_member,
-            pool_size=config.pool_size,
-            seed=config.seed,
-            shared_layers=trunk,
-        )
+    for trunk in sorted({layers // 3, layers // 2}) if config.trunk_study else []:
         models = [
-            pruned_member(f"circ member {m} (trunk {trunk})", hs, m, trunk) for m, hs in enumerate(heads)
+            member(f"circ member {m} (trunk {trunk})", hs, m, trunk)
+            for m, hs in enumerate(sample(rankings.circuit, trunk))
         ]
-        name = f"Hydra (Circ, shared trunk {trunk}/{len(heads_per_layer)})"
-        hydras[name] = fuse(models, mlp="merge").eval()
-        trunk_names.append(name)
+        hydras[f"Hydra (Circ, shared trunk {trunk}/{layers})"] = fuse(models, mlp="merge").eval()
+    return PrunedModels(singles, member_heads, hydras)
 
-    # ---------------------------------------------------------------- predictions
-    test, oods, shifted = bench.test, bench.oods, bench.shifted
-    methods: dict[str, Any] = {
-        "Single": (base, 0),
-        "MC Dropout": (base, config.mc_samples),
-        f"Deep Ensemble (M={config.members})": (singles, 0),
-        f"LoRA-Ensemble (M={config.members})": (loras, 0),
-        **{name: (model, 0) for name, model in batch_ensembles.items()},
-        "Taylor (single pruned)": (pruned_singles["Taylor"], 0),
-        "CircAvg (single pruned)": (pruned_singles["CircAvg"], 0),
-        **{name: (model, 0) for name, model in hydras.items()},
-    }
 
-    known = PredictionCache()
+def _pruned_member(base, heads: HeadSet, run: DemoRun, settings: FineTuneConfig) -> torch.nn.Module:
+    member = prune(base, heads)
+    fine_tune(member, run.bench.train, None, settings, progress=True)
+    return member
 
-    def predictions(name: str, model, mc: int, precision: str = evaluation.name) -> dict[str, Any]:
-        torch.manual_seed(config.seed)  # MC dropout masks
-        run = partial(known.predict, model, mc_samples=mc, precision=precision)
-        out = {"test": run(test, "test")}
-        if name in ("Single", "Hydra (Circ)"):  # validation predictions serve temperature scaling
-            out["val"] = run(val, "val")
-        out["ood"] = {n: (k, run(b, n)) for n, (k, b) in oods.items()}
-        out["shift"] = {key: run(b, f"{key[0]}@{key[1]}") for key, b in shifted.items()}
-        return out
 
-    preds = {
-        name: stage.run(f"predict: {name}", lambda n=name, m=model, mc=mc: predictions(n, m, mc))
-        for name, (model, mc) in methods.items()
-    }
-    if evaluation.reduced:  # how much does reduced precision move Hydra's numbers? (fp32 reference row)
-        fp32_name = "Hydra (Circ), fp32 evaluation"
-        preds[fp32_name] = stage.run(
-            f"predict: {fp32_name}", lambda: predictions("fp32", hydras["Hydra (Circ)"], 0, precision="fp32")
-        )
-
-    # ---------------------------------------------------------------- metrics
-    results: dict[str, Any] = {}
-    temperatures: dict[str, float] = {}
-    for name, p in preds.items():
-        results[name] = evaluate_predictions(p["test"], p["ood"], p["shift"])
-        if "val" in p:  # temperature scaling: fit on the ID validation split only
-            shared = float(fit_temperature(p["val"]))
-            temperatures[f"{name} + TS"] = shared
-            results[f"{name} + TS"] = evaluate_predictions(
-                p["test"], p["ood"], p["shift"], temperature=shared
-            )
-            if p["val"].num_members > 1:  # one temperature per member, each fit on its own NLL
-                per_member = fit_temperature(p["val"], per_member=True)
-                temperatures[f"{name} + TS per member"] = per_member.tolist()
-                results[f"{name} + TS per member"] = evaluate_predictions(
-                    p["test"], p["ood"], p["shift"], temperature=per_member
-                )
-    order_names = [
-        "Single",
-        "Single + TS",
-        "MC Dropout",
-        f"Deep Ensemble (M={config.members})",
-        f"LoRA-Ensemble (M={config.members})",
-        *batch_ensembles,
-        "Taylor (single pruned)",
-        "CircAvg (single pruned)",
-        "Hydra (Taylor)",
-        "Hydra (Circ)",
-        "Hydra (Circ) + TS",
-        "Hydra (Circ) + TS per member",
-        *(["Hydra (Circ), fp32 evaluation"] if evaluation.reduced else []),
-        *trunk_names,
+def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[Method]:
+    """Every method of the table, in its order: adding a method is one record here."""
+    config, base = run.config, baselines.singles[0]
+    full_heads, layers = base.config.num_attention_heads, base.config.num_hidden_layers
+    full = f"{full_heads}/{full_heads}"
+    pruned_avg = f"avg {(full_heads * layers - config.pruned_per_member) / layers:.0f}/{full_heads}"
+    deep = f"Deep Ensemble (M={config.members})"
+    methods = [
+        Method("Single", base, full, calibrate=True, cost_name="Single", reliability=True),
+        Method("MC Dropout", base, full, mc_samples=config.mc_samples),
+        Method(deep, DeepEnsemble(baselines.singles), full, cost_name="Deep Ensemble", reliability=True),
+        Method(f"LoRA-Ensemble (M={config.members})", DeepEnsemble(baselines.loras), full),
+        *(Method(n, m, full, cost_name=n) for n, m in baselines.batch_ensembles.items()),
+        Method("Taylor (single pruned)", pruned.singles["Taylor"], f"{config.heads_per_layer}/{full_heads}"),
+        Method("CircAvg (single pruned)", pruned.singles["CircAvg"], pruned_avg),
+        Method("Hydra (Taylor)", pruned.hydras["Hydra (Taylor)"], pruned_avg),
     ]
-    results = {n: results[n] for n in order_names}
-    full_heads, layers = heads_per_layer[0], len(heads_per_layer)
-    kept_avg = (sum(heads_per_layer) - config.pruned_per_member) / layers
-    heads_label = {n: f"{full_heads}/{full_heads}" for n in order_names}
-    heads_label["Taylor (single pruned)"] = f"{config.heads_per_layer}/{full_heads}"
-    for n in order_names:
-        if n.startswith(("Hydra", "CircAvg")):
-            heads_label[n] = f"avg {kept_avg:.0f}/{full_heads}"
-
-    # ---------------------------------------------------------------- metrics vs heads pruned (Fig. 5)
-    curves = stage.run(
-        "zero-shot pruning curves",
-        lambda: _pruning_curves(
-            base, {"Taylor": taylor, "CircAvg": order}, test, oods, config, evaluation, known
-        ),
+    circ = pruned.hydras["Hydra (Circ)"]
+    methods.append(
+        Method(
+            "Hydra (Circ)",
+            circ,
+            pruned_avg,
+            calibrate=True,
+            cost_name="Hydra (Circ)",
+            reliability=True,
+            detail=True,
+        )
     )
+    if run.evaluation.reduced:  # how much does reduced precision move Hydra's numbers?
+        methods.append(Method("Hydra (Circ), fp32 evaluation", circ, pruned_avg, precision="fp32"))
+    for name, hydra in pruned.hydras.items():
+        if name.startswith("Hydra (Circ, shared trunk"):
+            methods.append(Method(name, hydra, pruned_avg, cost_name=name))
+    return methods
 
-    # ---------------------------------------------------------------- cost
-    cost = stage.run(
-        "cost benchmark", lambda: _cost(base, singles, hydras, test[0], config, compute, batch_ensembles)
-    )
 
-    # ---------------------------------------------------------------- report
-    out = Path(config.out_dir)
-    meta = {
+def _evaluate_all(
+    run: DemoRun, methods: list[Method], known: PredictionCache
+) -> tuple[dict[str, MethodPredictions], dict[str, Any], dict[str, Any]]:
+    """Every method through the one evaluation path (`evaluation.run`): predictions, result rows
+    (temperature-scaled rows after their method) and the fitted temperatures."""
+    bench = run.bench
+    data = EvalData(bench.test, bench.oods, bench.shifted, bench.val)
+    preds, results, temperatures = {}, {}, {}
+    for method in methods:
+        precision = method.precision or run.evaluation.name
+
+        def predict_fn(model, batches, split, mc=method.mc_samples, precision=precision):
+            return known.predict(model, batches, split, mc_samples=mc, precision=precision)
+
+        torch.manual_seed(run.config.seed)  # MC dropout masks
+        preds[method.name] = run.stage.run(
+            f"predict: {method.name}",
+            lambda m=method, fn=predict_fn: predict_method(m.model, data, fn, calibrate=m.calibrate),
+        )
+    for method in methods:
+        rows, fitted = evaluate_method(method.name, preds[method.name])
+        results.update(rows)
+        temperatures.update(fitted)
+    return preds, results, temperatures
+
+
+def _report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads) -> dict[str, str]:
+    config, bench = run.config, run.bench
+    heads_per_layer = heads_per_layer_of(base)
+    evaluation = "" if run.evaluation == run.compute else f"; evaluation in {run.evaluation}"
+    return {
         "command": config.command,
         "machine": describe_machine(),
-        "precision": str(compute) + ("" if evaluation == compute else f"; evaluation in {evaluation}"),
+        "precision": str(run.compute) + evaluation,
         "model": f"{config.model} ({type(base).__name__}, {len(heads_per_layer)} layers x "
         f"{heads_per_layer[0]} heads{', trained from scratch' if bench.from_scratch else ''})",
-        **{f"data: {k}": v for k, v in task.describe().items()},
+        **{f"data: {k}": v for k, v in run.task.describe().items()},
         "training budget (all methods)": json.dumps(asdict(config.budget)),
         "seeds": f"members/ensembles use seeds 0..{config.members - 1}; base seed {config.seed}",
         "temperatures (fit on ID val)": json.dumps(
@@ -750,21 +813,43 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             }
         ),
         "member overlap (Jaccard, mean off-diagonal)": ", ".join(
-            f"{k}: {_mean_offdiag(member_overlap(v, heads_per_layer)):.2f}" for k, v in members_heads.items()
+            f"{k}: {_mean_offdiag(member_overlap(v, heads_per_layer)):.2f}" for k, v in member_heads.items()
         ),
         "scaled down": "; ".join(config.scaled_down()),
-        "wall time (s)": f"{time.perf_counter() - stage.start:.0f}",
+        "wall time (s)": f"{run.stage.elapsed:.0f}",
     }
+
+
+def _write_report(run: DemoRun, methods, results, preds, meta, cost, curves, rankings, pruned) -> None:
+    """report.md (+ cost section), results.json/csv, cost.json, curves, timings and plots."""
+    config, out = run.config, Path(run.config.out_dir)
+    heads = {m.name: m.heads for m in methods}
+    heads.update({row: heads[row.split(" + TS")[0]] for row in results if " + TS" in row})
     reporting.write_results(
-        out, results, heads_label, meta, title=f"Hydra Ensembles: {config.task} benchmark (demo)"
+        out, results, heads, meta, title=f"Hydra Ensembles: {config.task} benchmark (demo)"
     )
     _write_cost(out, cost)
-    _plots(out, preds, members_heads, heads_per_layer, taylor, order, config.members)
-    reporting.metrics_vs_pruned(curves, out / "plots" / "metrics_vs_pruned.png")
+    plots = out / "plots"
+    reporting.method_plots(
+        plots, preds, [m.name for m in methods if m.reliability], [m.name for m in methods if m.detail]
+    )
+    heads_per_layer = heads_per_layer_of(methods[0].model)
+    for kind, sets in pruned.member_heads.items():
+        reporting.heads_map(sets, heads_per_layer, plots / f"heads_{kind}.png")
+    reporting.score_heatmap(
+        rankings.taylor.numpy(), plots / "taylor_scores.png", "Taylor importance", "score"
+    )
+    reporting.score_heatmap(
+        removal_ranking(rankings.circuit),
+        plots / "circuit_order.png",
+        "CircAvg removal step (blank = kept)",
+        "step",
+    )
+    reporting.metrics_vs_pruned(curves, plots / "metrics_vs_pruned.png")
     atomic_write_json(out / "pruning_curves.json", curves)
-    atomic_write_json(out / "timings.json", stage.timings)
+    atomic_write_json(out / "timings.json", run.stage.timings)
     print()
-    print(_console_table(results, heads_label))
+    print(reporting.console_table(results, heads))
     print(
         f"\ncost ({cost['precision']}, batch of {cost['input']}): "
         + ", ".join(
@@ -773,8 +858,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         )
     )
     print(f"report: {out / 'report.md'} (+ results.json, results.csv, cost.json, plots/)")
-    print(f"done in {time.perf_counter() - stage.start:.0f} s")
-    return {"results": results, "cost": cost, "meta": {**meta, "wall_s": time.perf_counter() - stage.start}}
+    print(f"done in {run.stage.elapsed:.0f} s")
 
 
 def _mean_offdiag(matrix: np.ndarray) -> float:
@@ -783,40 +867,20 @@ def _mean_offdiag(matrix: np.ndarray) -> float:
 
 
 def _cost(
-    base,
-    singles,
-    hydras: dict[str, Any],
-    batch,
-    config: DemoConfig,
-    compute: Precision,
-    others: dict[str, Any] | None = None,
+    models: dict[str, Any], batch: dict[str, torch.Tensor], config: DemoConfig, compute: Precision
 ) -> dict[str, Any]:
     """Latency (interleaved, in ``compute``: what the user runs), parameters and multiply-adds of
-    Single, Deep Ensemble, the Circ Hydra models (including shared-trunk variants when built) and
-    ``others`` (e.g. a BatchEnsemble). Models are timed as copies in ``compute``'s dtype."""
+    ``models`` (name -> model or explicit ensemble), timed as copies in ``compute``'s dtype."""
     inputs = model_inputs(batch)
-    chosen = {name: h for name, h in hydras.items() if name.startswith("Hydra (Circ")}
-    models: dict[str, Any] = {"Single": base, "Deep Ensemble": singles, **(others or {}), **chosen}
-    models = {
-        k: [in_precision(x, compute) for x in m] if isinstance(m, list) else in_precision(m, compute)
-        for k, m in models.items()
-    }
-
-    def runner(model):
-        return (
-            partial(_run_all, model, inputs) if isinstance(model, list) else partial(_run_one, model, inputs)
-        )
-
-    runs = {k: runner(m) for k, m in models.items()}
+    members = {k: list(m.members) if isinstance(m, DeepEnsemble) else [m] for k, m in models.items()}
+    members = {k: [in_precision(x, compute) for x in ms] for k, ms in members.items()}
+    runs = {k: partial(_run_all, ms, inputs) for k, ms in members.items()}
     with torch.inference_mode():
         times = {
             k: median(v) for k, v in interleaved_latency(runs, repeats=config.bench_repeats, warmup=1).items()
         }
         macs = {k: multiply_adds(r) for k, r in runs.items()}
-    params = {
-        k: sum(count_parameters(x) for x in m) if isinstance(m, list) else count_parameters(m)
-        for k, m in models.items()
-    }
+    params = {k: sum(count_parameters(x) for x in ms) for k, ms in members.items()}
     return {
         "batch": int(batch["labels"].shape[0]),
         "input": _describe_input(inputs),
@@ -828,30 +892,19 @@ def _cost(
     }
 
 
-def _pruning_curves(
-    base,
-    rankings: dict[str, Any],
-    test,
-    oods,
-    config: DemoConfig,
-    evaluation: Precision,
-    known: PredictionCache,
-) -> dict[str, Any]:
+def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: PredictionCache) -> dict[str, Any]:
     """Zero-shot: prune the first n heads of each ranking, measure accuracy, ECE, AUROC and FPR95
     (MSP, near/far average) on the test sets (the paper's Figure 5)."""
+    config, test, oods = run.config, run.bench.test, run.bench.oods
     steps = sorted({0, *range(config.curve_step, config.pool_size + 1, config.curve_step), config.pool_size})
     curves: dict[str, dict[str, list]] = {m: {} for m in ("accuracy", "ECE", "AUROC", "FPR95")}
     for method, ranking in rankings.items():
         order, counts = least_useful_first(ranking)
         for n in steps:
-            gone = set(order[:n])
-            heads = HeadSet(
-                {lay: [h for h in range(c) if (lay, h) not in gone] for lay, c in enumerate(counts)}
-            )
-            model = prune(base, heads) if n else base  # nothing pruned: the base, already predicted
-            run = partial(known.predict, model, progress=False, precision=evaluation.name)
-            p_test = run(test, "test")
-            p_ood = {name: (kind, run(b, name)) for name, (kind, b) in oods.items()}
+            model = prune(base, HeadSet.without(order[:n], counts)) if n else base  # n = 0: already predicted
+            run_on = partial(known.predict, model, progress=False, precision=run.evaluation.name)
+            p_test = run_on(test, "test")
+            p_ood = {name: (kind, run_on(b, name)) for name, (kind, b) in oods.items()}
             result = evaluate_predictions(p_test, p_ood, scores=("msp",))
             average = result["ood_summary"]["msp"]["average"]
             for metric, value in (
@@ -873,11 +926,8 @@ def _describe_input(inputs: dict[str, torch.Tensor]) -> str:
     return f"{pixels.shape[0]} images of {'x'.join(str(d) for d in pixels.shape[1:])}"
 
 
-def _run_one(model, inputs):
-    return model(**inputs)
-
-
 def _run_all(models, inputs):
+    """One forward pass of every model (an explicit ensemble runs its members one by one)."""
     return [m(**inputs) for m in models]
 
 
@@ -901,48 +951,3 @@ def _write_cost(out: Path, cost: dict[str, Any]) -> None:
     from .io import atomic_write_text
 
     atomic_write_text(report, report.read_text() + "\n".join(lines) + "\n")
-
-
-def _plots(out: Path, preds, members_heads, heads_per_layer, taylor, order, members: int) -> None:
-    plots = out / "plots"
-    labels = preds["Single"]["test"].labels
-    chosen = ["Single", f"Deep Ensemble (M={members})", "Hydra (Circ)"]
-    chosen = [c for c in chosen if c in preds]
-    reporting.reliability_diagram(
-        {m: preds[m]["test"].probs() for m in chosen}, labels, plots / "reliability.png"
-    )
-    hydra = preds["Hydra (Circ)"]
-    conf = {"ID test": hydra["test"].probs().max(-1)}
-    conf.update({n: p.probs().max(-1) for n, (_, p) in hydra["ood"].items()})
-    reporting.confidence_histograms(conf, plots / "confidence_hydra_circ.png", "Hydra (Circ): confidence")
-    reporting.roc_curves(
-        ood_scores(hydra["test"], "msp"),
-        {n: ood_scores(p, "msp") for n, (_, p) in hydra["ood"].items()},
-        plots / "roc_hydra_circ.png",
-        "Hydra (Circ), MSP",
-    )
-    for kind, sets in members_heads.items():
-        reporting.heads_map(sets, heads_per_layer, plots / f"heads_{kind}.png")
-    reporting.score_heatmap(np.asarray(taylor), plots / "taylor_scores.png", "Taylor importance", "score")
-    reporting.score_heatmap(
-        removal_ranking(order), plots / "circuit_order.png", "CircAvg removal step (blank = kept)", "step"
-    )
-
-
-def _console_table(results: dict[str, Any], heads: dict[str, str]) -> str:
-    cols = [
-        ("acc", "Acc"),
-        ("brier", "Brier"),
-        ("nll", "NLL"),
-        ("ece", "ECE"),
-        ("aece", "aECE"),
-        ("auroc", "AUROC"),
-        ("fpr95", "FPR95"),
-        ("aupr_in", "AUPR-In"),
-    ]
-    lines = [f"{'Method':30s} {'Heads':>7s} " + " ".join(f"{h:>7s}" for _, h in cols)]
-    for name, result in results.items():
-        row = reporting.main_row(result)
-        cells = [f"{100 * row[k]:7.2f}" if k not in ("brier", "nll") else f"{row[k]:7.3f}" for k, _ in cols]
-        lines.append(f"{name:30s} {heads[name]:>7s} " + " ".join(cells))
-    return "\n".join(lines)

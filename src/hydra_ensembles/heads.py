@@ -48,6 +48,18 @@ class HeadSet:
         return cls({layer: range(h) for layer, h in enumerate(heads_per_layer)})
 
     @classmethod
+    def without(cls, removed: Iterable[tuple[int, int]], heads_per_layer: Sequence[int]) -> HeadSet:
+        """Every head of a model with ``heads_per_layer`` heads but the ``(layer, head)`` pairs
+        in ``removed``."""
+        gone = set(removed)
+        return cls(
+            {
+                layer: [h for h in range(n) if (layer, h) not in gone]
+                for layer, n in enumerate(heads_per_layer)
+            }
+        )
+
+    @classmethod
     def from_mask(cls, mask: Sequence[Sequence[bool | int | float]]) -> HeadSet:
         """From a (layers, heads) 0/1 mask: nonzero means kept."""
         return cls({layer: [h for h, v in enumerate(row) if v] for layer, row in enumerate(mask)})

@@ -39,7 +39,7 @@ from .data import (
     split_indices,
     stable_sample,
 )
-from .evaluation.shift import IMAGE_CORRUPTIONS, TEXT_CORRUPTIONS, corrupt_images, corrupt_texts
+from .evaluation.shift import shifted_sets
 
 NEAR_CLASSES = ("ankle boot", "bag")
 IMAGE_SPLITS = {"train": 0.9, "val": 0.1}
@@ -105,12 +105,7 @@ def load_text_task(
     }
     spam = load_spam_assassin(spam_dir or data_dir() / "spam-assassin")
     ood_val = _sample(spam, ood_val_limit, "spam")
-    shift_base = _sample(test, shift_limit, "shift")
-    shift = {
-        (name, severity): corrupt_texts(shift_base, name, severity, seed=seed)
-        for name in TEXT_CORRUPTIONS
-        for severity in range(1, 6)
-    }
+    shift = shifted_sets(test, shift_limit, seed)
     sources = {"ID": f"BBC News {list(BBC_ID_TOPICS)}", "OOD validation": "SpamAssassin easy-ham"}
     return Task(train, val, test, ood_val, ood_test, shift, sources)
 
@@ -148,12 +143,7 @@ def load_image_task(
         "textures": ("far", load_texture_crops(ood_limit or 1000, seed=seed)),
     }
     ood_val = _sample(load_elpv(), ood_val_limit, "elpv")
-    shift_base = _sample(test, shift_limit, "shift")
-    shift = {
-        (name, severity): corrupt_images(shift_base, name, severity, seed=seed)
-        for name in IMAGE_CORRUPTIONS
-        for severity in range(1, 6)
-    }
+    shift = shifted_sets(test, shift_limit, seed)
     sources = {
         "ID": f"Fashion-MNIST without {list(NEAR_CLASSES)} ({len(id_classes)} classes)",
         "OOD validation": "ELPV solar-cell images",

@@ -2,7 +2,15 @@
 
 from .evaluate import OOD_SCORES, evaluate_predictions, ood_scores, summarise_ood
 from .predict import Predictions, predict
-from .shift import IMAGE_CORRUPTIONS, SEVERITIES, TEXT_CORRUPTIONS, corrupt_images, corrupt_texts
+from .run import EvalData, MethodPredictions, evaluate_method, predict_method
+from .shift import (
+    IMAGE_CORRUPTIONS,
+    SEVERITIES,
+    TEXT_CORRUPTIONS,
+    corrupt_images,
+    corrupt_texts,
+    shifted_sets,
+)
 from .temperature import fit_temperature
 from .uncertainty import flag_threshold, per_example
 
@@ -11,14 +19,19 @@ __all__ = [
     "OOD_SCORES",
     "SEVERITIES",
     "TEXT_CORRUPTIONS",
+    "EvalData",
+    "MethodPredictions",
     "Predictions",
     "corrupt_images",
     "corrupt_texts",
+    "evaluate_method",
     "evaluate_predictions",
     "fit_temperature",
     "flag_threshold",
     "ood_scores",
     "per_example",
     "predict",
+    "predict_method",
+    "shifted_sets",
     "summarise_ood",
 ]

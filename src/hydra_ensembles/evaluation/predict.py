@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..batching import batch_rows, member_stacked, model_inputs
-from ..fusion import HydraModel
+from ..batching import model_inputs
+from ..members.ensemble import as_ensemble
 from ..precision import model_device, resolve_precision
 
 
@@ -55,38 +55,20 @@ def predict(
     mc_samples: int = 0,
     precision: str = "auto",
 ) -> Predictions:
-    """Run a model (or a list of models: an explicit ensemble) over batches.
+    """Run any model or ensemble over batches (`members.as_ensemble`: a list of models is a deep
+    ensemble, ``mc_samples > 0`` samples one model that many times with dropout on).
 
-    ``mc_samples > 0`` runs a single model that many times in train mode (MC dropout) and treats
-    the samples as members. Forward passes run under ``precision``'s autocast
-    (`precision.resolve_precision`: ``auto`` is bf16 only where the device computes it natively
-    and faster); logits are returned in float32 either way.
+    Forward passes run under ``precision``'s autocast (`precision.resolve_precision`: ``auto`` is
+    bf16 only where the device computes it natively and faster); logits are returned in float32.
     """
-    models = list(model) if isinstance(model, Sequence) else [model]
-    if not models:
-        raise ValueError("predict needs a model or a non-empty list of models")
-    device = model_device(models)
-    with resolve_precision(precision, device).autocast(device):
-        return _predict(models, batches, desc, progress, mc_samples)
-
-
-def _predict(models: list[nn.Module], batches, desc: str, progress: bool, mc_samples: int) -> Predictions:
+    ensemble = as_ensemble(model, mc_samples).eval()
+    device = model_device(list(model) if isinstance(model, Sequence) else [model])
     parts: list[np.ndarray] = []
     labels: list[np.ndarray] = []
-    for batch in tqdm(list(batches), desc=desc, leave=False, disable=not progress or None):
-        inputs = model_inputs(batch)
-        if "labels" in batch:
-            labels.append(batch["labels"].cpu().numpy())
-        members = []
-        for m in models:
-            if isinstance(m, HydraModel):
-                members.append(m.eval()(**inputs).member_logits.float())
-            elif mc_samples:
-                m.train()
-                members += [m(**inputs).logits.float() for _ in range(mc_samples)]
-                m.eval()
-            else:  # (B, C), or (M*B, C) from a model answering for M members (a BatchEnsemble)
-                members.append(member_stacked(m.eval()(**inputs).logits.float(), batch_rows(inputs)))
-        parts.append(torch.cat([x if x.dim() == 3 else x.unsqueeze(0) for x in members]).cpu().numpy())
+    with resolve_precision(precision, device).autocast(device):
+        for batch in tqdm(list(batches), desc=desc, leave=False, disable=not progress or None):
+            if "labels" in batch:
+                labels.append(batch["labels"].cpu().numpy())
+            parts.append(ensemble(**model_inputs(batch)).member_logits.float().cpu().numpy())
     logits = np.concatenate(parts, axis=1)
     return Predictions(logits, np.concatenate(labels) if labels else None)

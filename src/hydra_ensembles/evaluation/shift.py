@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import ImageDataset, TextDataset, stable_unit
+from ..data import ImageDataset, TextDataset, stable_sample, stable_unit
 
 SEVERITIES = (1, 2, 3, 4, 5)
 
@@ -148,3 +148,20 @@ def corrupt_texts(data: TextDataset, name: str, severity: int, seed: int = 0) ->
         for text, item in zip(data.texts, data.ids, strict=True)
     ]
     return TextDataset(texts, list(data.labels), list(data.ids), data.classes)
+
+
+def shifted_sets(
+    dataset: ImageDataset | TextDataset, limit: int | None = None, seed: int = 0
+) -> dict[tuple[str, int], ImageDataset | TextDataset]:
+    """A fixed sample of at most ``limit`` items of ``dataset`` (the same for every method and
+    run: `data.stable_sample`) under every corruption of its modality at severities 1-5."""
+    base = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="shift"))
+    if isinstance(base, ImageDataset):
+        names, corrupt = IMAGE_CORRUPTIONS, corrupt_images
+    else:
+        names, corrupt = TEXT_CORRUPTIONS, corrupt_texts
+    return {
+        (name, severity): corrupt(base, name, severity, seed=seed)
+        for name in names
+        for severity in SEVERITIES
+    }

@@ -11,24 +11,22 @@ import warnings
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from ..outputs import ensemble_nll
 from .predict import Predictions
 
 MIN_CALIBRATION_SIZE = 50
 """Below this many validation inputs a fitted temperature is mostly noise (9 texts gave T=0.06)."""
 
 
-def _fit(logits: torch.Tensor, labels: torch.Tensor, ensemble: bool) -> float:
+def _fit(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The temperature minimising the NLL of the mean softmax of ``logits`` (M, N, C)."""
     log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
 
     def nll() -> torch.Tensor:
         optimizer.zero_grad()
-        probs = (logits / log_t.exp()).softmax(-1)
-        if ensemble:
-            probs = probs.mean(0)
-        loss = F.nll_loss(probs.clamp_min(1e-12).log(), labels)
+        loss = ensemble_nll(logits / log_t.exp(), labels)
         loss.backward()
         return loss
 
@@ -49,5 +47,5 @@ def fit_temperature(predictions: Predictions, per_member: bool = False) -> float
             stacklevel=2,
         )
     if per_member:
-        return np.array([_fit(logits[m : m + 1], labels, ensemble=True) for m in range(logits.shape[0])])
-    return _fit(logits, labels, ensemble=True)
+        return np.array([_fit(logits[m : m + 1], labels) for m in range(logits.shape[0])])
+    return _fit(logits, labels)

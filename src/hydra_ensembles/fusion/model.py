@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._version import __version__
@@ -18,6 +17,7 @@ from ..batching import batch_rows, repeat_call, repeat_rows, slice_rows
 from ..heads import HeadSet
 from ..layers import FusedMultiHeadAttention, GroupedLayerNorm, GroupedLinear, PerMemberModule
 from ..models import build_model
+from ..outputs import EnsembleOutput
 from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
 
@@ -81,24 +81,8 @@ class FusionPolicy:
         return asdict(self)
 
 
-@dataclass
-class HydraOutput:
-    """Outputs of a fused model.
-
-    ``member_logits`` is (M, B, C); ``probs`` is the ensemble prediction (B, C): the mean of the
-    members' softmax probabilities (never of their logits). ``members`` holds every batch-shaped
-    output of the underlying model, reshaped to (M, B, ...). ``loss`` is the ensemble's NLL when
-    ``labels`` were given.
-    """
-
-    member_logits: torch.Tensor | None = None
-    probs: torch.Tensor | None = None
-    loss: torch.Tensor | None = None
-    members: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def member_probs(self) -> torch.Tensor | None:
-        return None if self.member_logits is None else self.member_logits.float().softmax(-1)
+HydraOutput = EnsembleOutput
+"""A fused model's output: the library's one ensemble output (`outputs.EnsembleOutput`)."""
 
 
 class HydraModel(nn.Module):
@@ -227,14 +211,12 @@ class HydraModel(nn.Module):
                 for start in range(0, batch, per)
             ]
             members = {name: torch.cat([part[name] for part in parts], 1) for name in parts[0]}
-        member_logits = members.get("logits")
-        probs = None if member_logits is None else member_logits.float().softmax(-1).mean(0)
-        loss = None
-        if labels is not None:
-            if probs is None:
+        member_logits = members.pop("logits", None)
+        if member_logits is None:
+            if labels is not None:
                 raise ValueError("labels were given but the model produces no logits")
-            loss = F.nll_loss(probs.clamp_min(torch.finfo(probs.dtype).tiny).log(), labels.to(probs.device))
-        return HydraOutput(member_logits=member_logits, probs=probs, loss=loss, members=members)
+            return EnsembleOutput(members=members)
+        return EnsembleOutput.from_member_logits(member_logits, labels, logits=member_logits, **members)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Write ``hydra_config.json`` and ``model.safetensors`` (atomically) to ``path``."""

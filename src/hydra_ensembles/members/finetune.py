@@ -29,6 +29,7 @@ from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..batching import member_stacked, model_inputs
 from ..io import atomic_write, atomic_write_json
+from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import check_precision, resolve_precision
 
 PARTS = ("attention", "mlp", "norm", "head", "embeddings")
@@ -115,17 +116,24 @@ def evaluate_nll(model: nn.Module, batches: Iterable[dict[str, Any]], accelerato
     model.eval()
     losses, correct, count = 0.0, 0, 0
     for batch in batches:
-        logits = model(**model_inputs(batch)).logits.float()
-        labels = batch["labels"].to(logits.device)
-        if logits.shape[0] != labels.shape[0]:  # members at once: score the ensemble's mean
-            probs = member_stacked(logits, labels.shape[0]).softmax(-1).mean(0)
-            logits = probs.clamp_min(1e-12).log()  # log-probabilities: cross-entropy is the NLL
+        labels = batch["labels"]
+        member_logits = _member_logits(model(**model_inputs(batch)), labels.shape[0])
+        log_probs = ensemble_log_probs(member_logits)  # members at once: the ensemble's mean
+        labels = labels.to(log_probs.device)
         if accelerator is not None:
-            logits, labels = accelerator.gather_for_metrics((logits, labels))
-        losses += F.cross_entropy(logits, labels, reduction="sum").item()
-        correct += (logits.argmax(-1) == labels).sum().item()
+            log_probs, labels = accelerator.gather_for_metrics((log_probs, labels))
+        losses += F.nll_loss(log_probs, labels, reduction="sum").item()
+        correct += (log_probs.argmax(-1) == labels).sum().item()
         count += len(labels)
     return {"nll": losses / count, "acc": correct / count}
+
+
+def _member_logits(output: Any, batch: int) -> torch.Tensor:
+    """(M, B, C) logits of a forward pass: an ensemble's members, a BatchEnsemble's stacked rows,
+    or one model's logits as an ensemble of one (works through DDP-style wrappers too)."""
+    if isinstance(output, EnsembleOutput):
+        return output.member_logits
+    return member_stacked(output.logits, batch)
 
 
 def fine_tune(

@@ -69,21 +69,19 @@ def sample_members(
         if heads_per_layer is not None:
             if not 0 <= heads_per_layer <= min(heads):
                 raise HeadSetError(f"heads_per_layer must be in [0, {min(heads)}], got {heads_per_layer}")
-            kept = {}
+            removed = []
             for layer, count in enumerate(heads):
                 drop = count - heads_per_layer
                 layer_ranked = [h for lay, h in ranked if lay == layer]
                 pool = layer_ranked[: _pool(pool_size, drop, len(layer_ranked), count, f"layer {layer}")]
-                gone = set(rng.sample(pool, drop))
-                kept[layer] = [h for h in range(count) if h not in gone]
+                removed += [(layer, h) for h in rng.sample(pool, drop)]
         else:
             total = sum(heads)
             if not 0 <= num_pruned <= total:
                 raise HeadSetError(f"num_pruned must be in [0, {total}], got {num_pruned}")
             pool = ranked[: _pool(pool_size, num_pruned, len(ranked), total, "the model")]
-            gone = set(rng.sample(pool, num_pruned))
-            kept = {layer: [h for h in range(n) if (layer, h) not in gone] for layer, n in enumerate(heads)}
-        members.append(HeadSet(kept))
+            removed = rng.sample(pool, num_pruned)
+        members.append(HeadSet.without(removed, heads))
     if shared_layers:
         if not 0 <= shared_layers <= len(heads):
             raise ValueError(f"shared_layers must be in [0, {len(heads)}], got {shared_layers}")

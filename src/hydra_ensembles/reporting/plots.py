@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -15,6 +16,9 @@ from sklearn.metrics import roc_curve
 
 from ..heads import HeadSet
 from ..io import atomic_write
+
+if TYPE_CHECKING:
+    from ..evaluation.run import MethodPredictions
 
 
 def _save(fig, path: str | os.PathLike) -> Path:
@@ -132,3 +136,45 @@ def metrics_vs_pruned(curves: Mapping[str, Mapping[str, Sequence[tuple[int, floa
         ax.set(title=metric, xlabel="heads pruned")
     axes[0][0].legend(fontsize=7)
     return _save(fig, path)
+
+
+def slug(name: str) -> str:
+    """A file-name part for a method name: ``"Hydra (Circ)"`` -> ``"hydra_circ"``."""
+    return "_".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
+def method_plots(
+    folder: str | os.PathLike,
+    preds: Mapping[str, MethodPredictions],
+    reliability: Sequence[str],
+    detail: Sequence[str],
+) -> list[Path]:
+    """A method report's figures in ``folder``: one reliability diagram of the ``reliability``
+    methods, and, for each ``detail`` method with OOD sets, MSP confidence histograms and ROC
+    curves (ID test against each OOD set)."""
+    from ..evaluation.evaluate import ood_scores
+
+    folder = Path(folder)
+    labels = preds[reliability[0]].test.labels
+    written = [
+        reliability_diagram(
+            {name: preds[name].test.probs() for name in reliability}, labels, folder / "reliability.png"
+        )
+    ]
+    for name in detail:
+        p = preds[name]
+        if not p.ood:
+            continue
+        conf = {"ID test": p.test.probs().max(-1), **{n: q.probs().max(-1) for n, (_, q) in p.ood.items()}}
+        written.append(
+            confidence_histograms(conf, folder / f"confidence_{slug(name)}.png", f"{name}: confidence")
+        )
+        written.append(
+            roc_curves(
+                ood_scores(p.test, "msp"),
+                {n: ood_scores(q, "msp") for n, (_, q) in p.ood.items()},
+                folder / f"roc_{slug(name)}.png",
+                f"{name}, MSP",
+            )
+        )
+    return written

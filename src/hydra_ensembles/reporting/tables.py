@@ -171,3 +171,28 @@ def write_results(
     atomic_write_text(files["csv"], buffer.getvalue())
     atomic_write_text(files["markdown"], markdown_report(results, heads, meta, score, title))
     return files
+
+
+CONSOLE_COLUMNS = [
+    ("acc", "Acc"),
+    ("brier", "Brier"),
+    ("nll", "NLL"),
+    ("ece", "ECE"),
+    ("aece", "aECE"),
+    ("auroc", "AUROC"),
+    ("fpr95", "FPR95"),
+    ("aupr_in", "AUPR-In"),
+]
+
+
+def console_table(results: Mapping[str, Any], heads: Mapping[str, str]) -> str:
+    """The main table as fixed-width text for a terminal (percentages, Brier and NLL as is)."""
+    lines = [f"{'Method':30s} {'Heads':>7s} " + " ".join(f"{h:>7s}" for _, h in CONSOLE_COLUMNS)]
+    for name, result in results.items():
+        row = main_row(result)
+        cells = [
+            f"{100 * row[k]:7.2f}" if k not in ("brier", "nll") else f"{row[k]:7.3f}"
+            for k, _ in CONSOLE_COLUMNS
+        ]
+        lines.append(f"{name:30s} {heads[name]:>7s} " + " ".join(cells))
+    return "\n".join(lines)

@@ -78,13 +78,7 @@ class CircuitOrder:
         n = len(self.removed) if num_removed is None else num_removed
         if not 0 <= n <= len(self.removed):
             raise CircuitError(f"num_removed must be in [0, {len(self.removed)}], got {n}")
-        gone = set(self.removed[:n])
-        return HeadSet(
-            {
-                layer: [h for h in range(count) if (layer, h) not in gone]
-                for layer, count in enumerate(self.heads_per_layer)
-            }
-        )
+        return HeadSet.without(self.removed[:n], self.heads_per_layer)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -115,10 +115,7 @@ def taylor_head_set(
             ((scores[layer, h].item(), layer, h) for layer, n in enumerate(original) for h in range(n)),
             key=lambda t: (-t[0], t[1], t[2]),
         )
-        keep = {(layer, h) for _, layer, h in flat[: sum(budget)]}
-        return HeadSet(
-            {layer: [h for h in range(n) if (layer, h) in keep] for layer, n in enumerate(original)}
-        )
+        return HeadSet.without(((layer, h) for _, layer, h in flat[sum(budget) :]), original)
     if scope != "layer":
         raise ValueError(f"scope must be 'layer' or 'global', got {scope!r}")
     kept: dict[int, list[int]] = {}

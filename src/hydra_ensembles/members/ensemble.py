@@ -1,0 +1,132 @@
+"""Every kind of ensemble as one module with one output (`outputs.EnsembleOutput`).
+
+`DeepEnsemble` runs independent models one after another (deep ensembles, LoRA-Ensembles,
+single pruned models, a single model as an ensemble of one), `MCDropout` samples one model with
+dropout on, `StackedMembers` reads a model that answers for M members at once (BatchEnsemble).
+A fused `HydraModel` already answers this way. `as_ensemble` picks the wrapper, so prediction,
+evaluation and calibration have one code path for all of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..batching import batch_rows, member_stacked
+from ..io import atomic_write_json, read_json
+from ..outputs import EnsembleOutput
+from .batch_ensemble import batch_ensemble_members
+from .storage import MemberLoadError, load_member, save_member
+
+CONFIG_NAME = "ensemble_config.json"
+FORMAT = "hydra-ensembles/ensemble"
+
+
+class DeepEnsemble(nn.Module):
+    """Independent models whose softmaxes are averaged; each runs on the whole batch."""
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        self.members = nn.ModuleList(models)
+
+    @property
+    def num_members(self) -> int:
+        return len(self.members)
+
+    def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
+        logits = torch.stack([member(**inputs).logits for member in self.members])
+        return EnsembleOutput.from_member_logits(logits, labels)
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """Each member as a saved member (``member-<m>/``), then ``ensemble_config.json``."""
+        path = Path(path)
+        names = [f"member-{m}" for m in range(self.num_members)]
+        for name, member in zip(names, self.members, strict=True):
+            save_member(member, path / name)
+        atomic_write_json(path / CONFIG_NAME, {"format": FORMAT, "members": names})  # last: complete
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:
+        """An ensemble written by `save_pretrained` (every member checked by its checksums)."""
+        path = Path(path)
+        try:
+            config = read_json(path / CONFIG_NAME, "ensemble config")
+        except ValueError as exc:
+            raise MemberLoadError(f"{exc}: not a saved ensemble (or the save did not finish)") from None
+        names = config.get("members") if isinstance(config, dict) and config.get("format") == FORMAT else None
+        if not names or not all(isinstance(n, str) and "/" not in n and n not in (".", "..") for n in names):
+            raise MemberLoadError(f"{path / CONFIG_NAME} is not a {FORMAT} file")
+        return cls([load_member(path / name) for name in names])
+
+
+class MCDropout(nn.Module):
+    """MC dropout: ``samples`` forward passes of one model with dropout on, as members."""
+
+    def __init__(self, model: nn.Module, samples: int) -> None:
+        super().__init__()
+        if samples < 1:
+            raise ValueError(f"MC dropout needs at least one sample, got {samples}")
+        self.model, self.samples = model, int(samples)
+
+    @property
+    def num_members(self) -> int:
+        return self.samples
+
+    def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
+        was_training = self.model.training
+        self.model.train()
+        try:
+            logits = torch.stack([self.model(**inputs).logits for _ in range(self.samples)])
+        finally:
+            self.model.train(was_training)
+        return EnsembleOutput.from_member_logits(logits, labels)
+
+
+class StackedMembers(nn.Module):
+    """A model that answers for M members at once with (M*B, C) logits (a BatchEnsemble)."""
+
+    def __init__(self, model: nn.Module, num_members: int) -> None:
+        super().__init__()
+        self.model, self._members = model, int(num_members)
+
+    @property
+    def num_members(self) -> int:
+        return self._members
+
+    def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
+        logits = member_stacked(self.model(**inputs).logits, batch_rows(inputs))
+        if logits.shape[0] != self._members:
+            raise ValueError(f"the model answered for {logits.shape[0]} members, not {self._members}")
+        return EnsembleOutput.from_member_logits(logits, labels)
+
+
+Ensemble = nn.Module
+"""Anything `as_ensemble` returns: a module with ``num_members`` whose forward gives an
+`EnsembleOutput`."""
+
+
+def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> Ensemble:
+    """``model`` as an ensemble: itself where it is one already (a `HydraModel`, `DeepEnsemble`,
+    ...), a list of models as a `DeepEnsemble`, a BatchEnsemble as `StackedMembers`, one model
+    as an ensemble of one, or, with ``mc_samples``, as `MCDropout`."""
+    if isinstance(model, Sequence) and not isinstance(model, nn.Module):
+        if mc_samples:
+            raise ValueError("MC dropout samples one model, not a list of models")
+        return DeepEnsemble(list(model))
+    if hasattr(model, "num_members"):
+        if mc_samples:
+            raise ValueError(f"MC dropout samples a plain model, not a {type(model).__name__}")
+        return model
+    if mc_samples:
+        return MCDropout(model, mc_samples)
+    if (members := batch_ensemble_members(model)) > 1:
+        return StackedMembers(model, members)
+    return DeepEnsemble([model])
