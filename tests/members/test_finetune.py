@@ -46,6 +46,16 @@ def test_fine_tuning_learns_and_trains_only_the_chosen_parts():
     assert all(p.requires_grad for p in model.parameters()) and not model.training
 
 
+def test_fine_tuning_gives_the_callers_requires_grad_flags_back():
+    model = he.prune(tiny_bert(layers=2, heads=4, init_range=0.1), he.HeadSet({0: [0, 1], 1: [3]}))
+    frozen = {n for n, _ in model.named_parameters() if "embeddings" in n}
+    for name, param in model.named_parameters():
+        param.requires_grad_(name not in frozen)
+    config = FineTuneConfig(epochs=1, lr=1e-3, trainable=("mlp",), precision="fp32")
+    fine_tune(model, _data(), config=config, progress=False)
+    assert {n for n, p in model.named_parameters() if not p.requires_grad} == frozen
+
+
 def test_sgd_label_smoothing_and_bf16_run():
     model = tiny_bert(layers=1, heads=2)
     config = FineTuneConfig(epochs=1, lr=1e-2, optimizer="sgd", label_smoothing=0.1, precision="bf16")

@@ -149,11 +149,24 @@ def fine_tune(
     With ``val``, each epoch ends with validation NLL/accuracy; with ``patience`` too, training
     stops after that many epochs without a better NLL and the best weights are restored. With
     ``checkpoint_dir``, each epoch is saved and a rerun resumes after the last finished epoch.
+    The parameters' ``requires_grad`` flags are the caller's again when it returns.
     """
-    from accelerate import Accelerator
-
     config = config or FineTuneConfig()
     config.validate()
+    train_batches, val_batches = _checked_batches(model, train, val, config)
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    try:
+        run = _Run.start(model, train_batches, val_batches, config, checkpoint_dir, progress)
+        run.train()
+    finally:
+        for name, param in model.named_parameters():
+            param.requires_grad_(flags[name])
+    model.eval()
+    return run.result
+
+
+def _checked_batches(model: nn.Module, train, val, config: FineTuneConfig) -> tuple[list[dict], list[dict]]:
+    """Train and validation batches as lists, each labelled within the model's classes."""
     train_batches = list(train)
     val_batches = list(val) if val is not None else []
     if not train_batches:
@@ -166,7 +179,12 @@ def fine_tune(
             raise ValueError(f"labels out of range: the model has {num_labels} classes")
     if config.patience is not None and not val_batches:
         raise ValueError("early stopping (patience) needs validation data")
+    return train_batches, val_batches
 
+
+def _optimizer(model: nn.Module, config: FineTuneConfig) -> tuple[torch.optim.Optimizer, list[nn.Parameter]]:
+    """The optimizer over the parameters ``config`` trains (flags set accordingly); no weight
+    decay on biases and LayerNorm weights."""
     if config.trainable is None:
         names = {n for n, p in model.named_parameters() if p.requires_grad}
     else:
@@ -176,128 +194,164 @@ def fine_tune(
     params = [p for n, p in model.named_parameters() if n in names]
     if not params:
         raise ValueError(f"nothing to train: no parameters in parts {config.trainable}")
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm weights
     groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     if config.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(groups, lr=config.lr)
-    else:
-        optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
+        return torch.optim.AdamW(groups, lr=config.lr), params
+    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum), params
 
-    # Autocast is applied per step below rather than through Accelerate's process-wide
-    # mixed-precision setting, so members with different settings can train in one process.
-    accelerator = Accelerator()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    precision = resolve_precision(config.precision, accelerator.device)
-    scaler = torch.amp.GradScaler(accelerator.device.type) if precision.name == "fp16" else None
-    # An optimizer step consumes ``per_step`` batches, split across processes; a remainder that
-    # cannot be split evenly is skipped for that epoch (every process must take part in a step).
-    per_step = config.batches_per_step or accelerator.num_processes
-    if per_step % accelerator.num_processes:
-        raise ValueError(
-            f"batches_per_step={per_step} must be a multiple of the {accelerator.num_processes} processes"
+
+@dataclass
+class _Run:
+    """One fine-tuning run under Accelerate: its state between epochs and its checkpoint."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    params: list[nn.Parameter]
+    accelerator: Any
+    precision: Any
+    scaler: Any
+    config: FineTuneConfig
+    train_batches: list[dict]
+    val_batches: list[dict]
+    per_step: int
+    steps_per_epoch: int
+    ckpt: Path | None
+    inputs: str
+    progress: bool
+    result: FineTuneResult = field(default_factory=FineTuneResult)
+    start_epoch: int = 0
+    best_nll: float = math.inf
+    best_state: dict[str, torch.Tensor] | None = None
+
+    @classmethod
+    def start(cls, model, train_batches, val_batches, config, checkpoint_dir, progress) -> _Run:
+        """Prepare model and optimizer, and resume from ``checkpoint_dir`` where it holds a
+        finished epoch of this very run."""
+        from accelerate import Accelerator
+
+        optimizer, params = _optimizer(model, config)
+        # Autocast is applied per step rather than through Accelerate's process-wide
+        # mixed-precision setting, so members with different settings can train in one process.
+        accelerator = Accelerator()
+        model, optimizer = accelerator.prepare(model, optimizer)
+        precision = resolve_precision(config.precision, accelerator.device)
+        scaler = torch.amp.GradScaler(accelerator.device.type) if precision.name == "fp16" else None
+        # A step consumes ``per_step`` batches, split across processes; a remainder that cannot
+        # be split evenly is skipped for that epoch (every process must take part in a step).
+        per_step = config.batches_per_step or accelerator.num_processes
+        if per_step % accelerator.num_processes:
+            raise ValueError(
+                f"batches_per_step={per_step} must be a multiple of the {accelerator.num_processes} processes"
+            )
+        steps_per_epoch = len(train_batches) // per_step
+        if steps_per_epoch == 0:
+            raise ValueError(f"{len(train_batches)} training batches cannot fill one step of {per_step}")
+        ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        unwrapped = accelerator.unwrap_model(model)
+        inputs = _inputs_digest(unwrapped, train_batches, val_batches) if ckpt else ""
+        run = cls(model, optimizer, params, accelerator, precision, scaler, config, train_batches,
+                  val_batches, per_step, steps_per_epoch, ckpt, inputs, progress)  # fmt: skip
+        if ckpt is not None and (ckpt / "state.json").is_file():
+            run.start_epoch, run.result, run.best_nll = _load_checkpoint(
+                ckpt, unwrapped, optimizer, config, inputs
+            )
+            if (ckpt / "best.safetensors").is_file():
+                run.best_state = load_file(str(ckpt / "best.safetensors"))
+        return run
+
+    def train(self) -> None:
+        """Every remaining epoch (with validation, early stopping and checkpoints)."""
+        config, total = self.config, self.config.epochs * self.steps_per_epoch
+        bar = tqdm(
+            total=total * self.per_step,
+            initial=self.start_epoch * self.steps_per_epoch * self.per_step,
+            desc="fine-tune",
+            disable=not self.progress or not self.accelerator.is_main_process or None,
         )
-    steps_per_epoch = len(train_batches) // per_step
-    if steps_per_epoch == 0:
-        raise ValueError(f"{len(train_batches)} training batches cannot fill one step of {per_step}")
-    total = config.epochs * steps_per_epoch
+        result = self.result
+        waited = 0 if result.best_epoch is None else len(result.history) - 1 - result.best_epoch
+        for epoch in range(self.start_epoch, config.epochs):
+            record = {"epoch": epoch, "train_loss": self._epoch(epoch, total, bar)}
+            if self.val_batches:
+                waited = 0 if self._validate(epoch, record) else waited + 1
+            result.history.append(record)
+            if self.ckpt is not None and self.accelerator.is_main_process:
+                _save_checkpoint(self.ckpt, self.unwrapped, self.optimizer, config, epoch + 1, result,
+                                 self.best_nll, self.best_state, self.inputs)  # fmt: skip
+            if config.patience is not None and waited >= config.patience:
+                result.stopped_early = True
+                break
+        bar.close()
+        if self.best_state is not None and config.patience is not None:
+            self.unwrapped.load_state_dict(self.best_state)
 
-    result = FineTuneResult()
-    start_epoch, best_nll, best_state = 0, math.inf, None
-    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    inputs = _inputs_digest(accelerator.unwrap_model(model), train_batches, val_batches) if ckpt else ""
-    if ckpt is not None and (ckpt / "state.json").is_file():
-        start_epoch, result, best_nll = _load_checkpoint(
-            ckpt, accelerator.unwrap_model(model), optimizer, config, inputs
-        )
-        if (ckpt / "best.safetensors").is_file():
-            best_state = load_file(str(ckpt / "best.safetensors"))
+    @property
+    def unwrapped(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model)
 
-    bar = tqdm(
-        total=total * per_step,
-        initial=start_epoch * steps_per_epoch * per_step,
-        desc="fine-tune",
-        disable=not progress or not accelerator.is_main_process or None,
-    )
-    waited = 0 if result.best_epoch is None else len(result.history) - 1 - result.best_epoch
-    for epoch in range(start_epoch, config.epochs):
+    def _epoch(self, epoch: int, total: int, bar) -> float:
+        """One epoch of optimizer steps; returns the mean training loss."""
+        config, accelerator, per_step = self.config, self.accelerator, self.per_step
         torch.manual_seed(config.seed * 1000 + epoch)  # dropout and order depend on (seed, epoch) only
-        order = torch.randperm(len(train_batches)).tolist()
-        model.train()
+        order = torch.randperm(len(self.train_batches)).tolist()
+        self.model.train()
         running, seen = 0.0, 0
-        for step_in_epoch in range(steps_per_epoch):
-            step = epoch * steps_per_epoch + step_in_epoch
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr * _lr_factor(step, total, config)
+        for step_in_epoch in range(self.steps_per_epoch):
+            for group in self.optimizer.param_groups:
+                group["lr"] = config.lr * _lr_factor(
+                    epoch * self.steps_per_epoch + step_in_epoch, total, config
+                )
             chunk = order[step_in_epoch * per_step : (step_in_epoch + 1) * per_step]
             mine = chunk[accelerator.process_index :: accelerator.num_processes]
-            optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             for i in mine:  # gradient of the mean loss over the step's batches (all processes)
-                batch = train_batches[i]
-                with precision.autocast(accelerator.device):
-                    logits = model(
-                        **{k: v.to(accelerator.device) for k, v in model_inputs(batch).items()}
-                    ).logits
-                labels = batch["labels"].to(accelerator.device)
-                members = member_stacked(logits, labels.shape[0]).shape[0]  # a BatchEnsemble: M
-                loss = F.cross_entropy(  # every member on the labels: the mean of member losses
-                    logits.float(), labels.repeat(members), label_smoothing=config.label_smoothing
-                )
+                loss = self._loss(self.train_batches[i])
                 scaled = loss / len(mine)
-                accelerator.backward(scaled if scaler is None else scaler.scale(scaled))
+                accelerator.backward(scaled if self.scaler is None else self.scaler.scale(scaled))
                 running, seen = running + loss.item(), seen + 1
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            if config.grad_clip:
-                accelerator.clip_grad_norm_(params, config.grad_clip)
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
-                scaler.update()
+            self._step()
             bar.update(per_step)
             bar.set_postfix(epoch=epoch, loss=f"{running / max(1, seen):.3f}")
-        record = {"epoch": epoch, "train_loss": running / max(1, seen)}
-        if val_batches:
-            device_val = [{k: v.to(accelerator.device) for k, v in b.items()} for b in val_batches]
-            scores = evaluate_nll(model, device_val)
-            record.update({"val_nll": scores["nll"], "val_acc": scores["acc"]})
-            if scores["nll"] < best_nll:
-                best_nll, result.best_epoch, waited = scores["nll"], epoch, 0
-                best_state = {
-                    k: v.detach().cpu().clone()
-                    for k, v in accelerator.unwrap_model(model).state_dict().items()
-                }
-            else:
-                waited += 1
-        result.history.append(record)
-        if ckpt is not None and accelerator.is_main_process:
-            _save_checkpoint(
-                ckpt,
-                accelerator.unwrap_model(model),
-                optimizer,
-                config,
-                epoch + 1,
-                result,
-                best_nll,
-                best_state,
-                inputs,
-            )
-        if config.patience is not None and waited >= config.patience:
-            result.stopped_early = True
-            break
-    bar.close()
-    model = accelerator.unwrap_model(model)
-    if best_state is not None and config.patience is not None:
-        model.load_state_dict(best_state)
-    if config.trainable is not None:
-        for param in model.parameters():
-            param.requires_grad_(True)
-    model.eval()
-    return result
+        return running / max(1, seen)
+
+    def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Cross-entropy of every member on the labels (one model: its own loss; a BatchEnsemble
+        or fused model: the mean of its members' losses)."""
+        device = self.accelerator.device
+        with self.precision.autocast(device):
+            output = self.model(**{k: v.to(device) for k, v in model_inputs(batch).items()})
+        labels = batch["labels"].to(device)
+        logits = _member_logits(output, labels.shape[0])
+        return F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            labels.repeat(logits.shape[0]),
+            label_smoothing=self.config.label_smoothing,
+        )
+
+    def _step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.config.grad_clip:
+            self.accelerator.clip_grad_norm_(self.params, self.config.grad_clip)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+
+    def _validate(self, epoch: int, record: dict[str, Any]) -> bool:
+        """Validation NLL/accuracy into ``record``; True (and the weights kept) if the best yet."""
+        device = self.accelerator.device
+        scores = evaluate_nll(self.model, [{k: v.to(device) for k, v in b.items()} for b in self.val_batches])
+        record.update({"val_nll": scores["nll"], "val_acc": scores["acc"]})
+        if scores["nll"] >= self.best_nll:
+            return False
+        self.best_nll, self.result.best_epoch = scores["nll"], epoch
+        self.best_state = {k: v.detach().cpu().clone() for k, v in self.unwrapped.state_dict().items()}
+        return True
 
 
 def _optimizer_tensors(optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

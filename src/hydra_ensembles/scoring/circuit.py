@@ -256,28 +256,63 @@ def extract_circuit(
     In bf16, near-ties between candidates are decided by rounding, so the order can differ from
     fp32's; fp32 gives the same order on every path (fast, reference).
     """
+    lazy = _lazy_settings(objective, method, shortlist, refresh_every)
+    adapter = get_adapter(model)
+    heads_per_layer = adapter.original_heads_per_layer(model)
+    id_batches, ood_batches = _checked_inputs(model, heads_per_layer, id_val, ood_val, objective)
+    _check_budget(heads_per_layer, budget, min_heads_per_layer)
+    compute = resolve_precision(precision, model_device(model))
+    model = in_precision(model, compute)
+    settings = [compute.name, objective, min_heads_per_layer, *([lazy] if lazy else [])]
+    key = _run_key(model, settings, id_batches, ood_batches)  # exact methods share checkpoints
+    was_training = model.training
+    model.eval()
+    run = _Extraction(
+        model, adapter, _CandidateMasks(model, adapter, heads_per_layer), heads_per_layer, id_batches,
+        ood_batches, objective, min_heads_per_layer, method, candidate_chunk, lazy,
+        None if method == "reference" else _SuffixCache(len(heads_per_layer), cache_gb * 2**30),
+    )  # fmt: skip
+    try:
+        order = run.extract(budget, checkpoint, key, progress)
+    finally:
+        run.masks.remove()
+        model.train(was_training)
+    order.removed, order.scores = order.removed[:budget], order.scores[:budget]
+    return order
+
+
+def _lazy_settings(objective: str, method: str, shortlist: int, refresh_every: int) -> dict[str, Any] | None:
+    """The lazy method's settings (part of the checkpoint key), None for the exact methods."""
     if objective not in OBJECTIVES:
         raise CircuitError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if method not in ("fast", "reference", "lazy"):
         raise CircuitError(f"method must be 'fast', 'reference' or 'lazy', got {method!r}")
-    lazy = (
-        {"method": "lazy", "shortlist": shortlist, "refresh_every": refresh_every}
-        if method == "lazy"
-        else None
-    )
-    if lazy and (shortlist < 1 or refresh_every < 1):
+    if method != "lazy":
+        return None
+    if shortlist < 1 or refresh_every < 1:
         raise CircuitError("lazy extraction needs shortlist >= 1 and refresh_every >= 1")
-    adapter = get_adapter(model)
-    heads_per_layer = adapter.original_heads_per_layer(model)
+    return {"method": "lazy", "shortlist": shortlist, "refresh_every": refresh_every}
+
+
+def _checked_inputs(model, heads_per_layer, id_val, ood_val, objective) -> tuple[list[dict], list[dict]]:
+    """ID batches (labelled within the model's classes) and OOD batches, for an unpruned model."""
     if kept_heads(model).resolve(heads_per_layer) != HeadSet.full(heads_per_layer).resolve(heads_per_layer):
         raise CircuitError("extract circuits from an unpruned model; prune with the resulting head sets")
     id_batches = _check_batches(id_val, "id_val", need_labels=True)
     ood_batches = _check_batches(ood_val, "ood_val", need_labels=False)
     if objective in ("ood", "avg") and not ood_batches:
         raise CircuitError(f"objective {objective!r} needs OOD validation data (ood_val)")
-    total = sum(heads_per_layer)
-    if min_heads_per_layer < 0 or min_heads_per_layer > min(heads_per_layer):
-        fewest = min(heads_per_layer)
+    num_labels = int(model.config.num_labels)
+    for batch in id_batches:
+        labels = batch["labels"]
+        if labels.min() < 0 or labels.max() >= num_labels:
+            raise CircuitError(f"labels out of range: the model has {num_labels} classes")
+    return id_batches, ood_batches
+
+
+def _check_budget(heads_per_layer: list[int], budget: int, min_heads_per_layer: int) -> None:
+    total, fewest = sum(heads_per_layer), min(heads_per_layer)
+    if min_heads_per_layer < 0 or min_heads_per_layer > fewest:
         raise CircuitError(
             f"min_heads_per_layer={min_heads_per_layer} is impossible: layers have {fewest} heads"
         )
@@ -287,104 +322,107 @@ def extract_circuit(
             f"budget {budget} out of range: at most {removable} of {total} heads can be removed"
             + (f" with min_heads_per_layer={min_heads_per_layer}" if min_heads_per_layer else "")
         )
-    num_labels = int(model.config.num_labels)
-    for batch in id_batches:
-        labels = batch["labels"]
-        if labels.min() < 0 or labels.max() >= num_labels:
-            raise CircuitError(f"labels out of range: the model has {num_labels} classes")
-    id_labels = torch.cat([b["labels"] for b in id_batches])
-    compute = resolve_precision(precision, model_device(model))
-    model = in_precision(model, compute)
 
-    key = hashlib.sha256(
-        json.dumps(
-            [
-                fingerprint(model),
-                compute.name,
-                objective,
-                min_heads_per_layer,
-                _data_digest(id_batches),
-                _data_digest(ood_batches),
-                *([lazy] if lazy else []),  # exact methods share checkpoints: same order
-            ]
-        ).encode()
-    ).hexdigest()
-    was_training = model.training
-    model.eval()
-    masks = _CandidateMasks(model, adapter, heads_per_layer)
-    rank, world = _dist()
-    try:
-        evaluate = _evaluate_reference if method == "reference" else _evaluate_fast
-        cache = None if method == "reference" else _SuffixCache(len(heads_per_layer), cache_gb * 2**30)
-        order, known, since_refresh = _resume(checkpoint, key, objective, heads_per_layer)
-        order.approximation = lazy
+
+def _run_key(model: nn.Module, settings: list, id_batches: list[dict], ood_batches: list[dict]) -> str:
+    """What a checkpoint must match to be resumed: the model, settings and data."""
+    parts = [
+        fingerprint(model),
+        *settings[:3],
+        _data_digest(id_batches),
+        _data_digest(ood_batches),
+        *settings[3:],
+    ]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+@dataclass
+class _Extraction:
+    """The greedy loop's fixed inputs; `extract` runs (or resumes) the steps."""
+
+    model: nn.Module
+    adapter: ArchitectureAdapter
+    masks: _CandidateMasks
+    heads_per_layer: list[int]
+    id_batches: list[dict]
+    ood_batches: list[dict]
+    objective: str
+    min_heads_per_layer: int
+    method: str
+    chunk: int
+    lazy: dict[str, Any] | None
+    cache: _SuffixCache | None
+
+    def extract(self, budget: int, checkpoint, key: str, progress: bool) -> CircuitOrder:
+        id_labels = torch.cat([b["labels"] for b in self.id_batches])
+        rank, world = _dist()
+        order, known, since_refresh = _resume(checkpoint, key, self.objective, self.heads_per_layer)
+        order.approximation = self.lazy
         for layer, head in order.removed:
-            masks.mask[layer, head] = 0.0
+            self.masks.mask[layer, head] = 0.0
         if order.removed == [] and math.isnan(order.base_score):
-            logits = _all_logits(model, id_batches, ood_batches)
-            order.base_score = objective_value(objective, logits[0], id_labels, logits[1])
+            logits = _all_logits(self.model, self.id_batches, self.ood_batches)
+            order.base_score = objective_value(self.objective, logits[0], id_labels, logits[1])
         bar = tqdm(
             total=budget,
             initial=min(len(order.removed), budget),
-            desc=f"circuit ({objective})",
+            desc=f"circuit ({self.objective})",
             disable=not progress or rank != 0 or None,
         )
         while len(order.removed) < budget:
-            candidates = [
-                (layer, h)
-                for layer, count in enumerate(heads_per_layer)
-                for h in range(count)
-                if masks.mask[layer, h] > 0 and masks.mask[layer].sum() > min_heads_per_layer
-            ]
-            if lazy and known and since_refresh < refresh_every:  # best-known first, ties by index
-                candidates = sorted(
-                    candidates, key=lambda c: (*known.get(c, UNKNOWN), -c[0], -c[1]), reverse=True
-                )
-                candidates = sorted(candidates[:shortlist])
-                since_refresh += 1
-            else:
-                since_refresh = 1
-            mine = candidates[rank::world]
-            scores = evaluate(
-                model,
-                adapter,
-                masks,
-                mine,
-                id_batches,
-                ood_batches,
-                objective,
-                id_labels,
-                candidate_chunk,
-                cache,
-            )
-            if world > 1:
-                gathered: list[dict] = [None] * world  # type: ignore[list-item]
-                torch.distributed.all_gather_object(gathered, scores)
-                scores = {h: s for part in gathered for h, s in part.items()}
+            candidates, since_refresh = self._candidates(known, since_refresh)
+            scores = self._scores(candidates, id_labels, rank, world)
             best = max(candidates, key=lambda c: (*scores[c], -candidates.index(c)))
-            masks.mask[best] = 0.0
-            if cache is not None:
-                cache.removed(best)
+            self.masks.mask[best] = 0.0
+            if self.cache is not None:
+                self.cache.removed(best)
             order.removed.append(best)
             order.scores.append(scores[best][0])
-            if lazy:
+            if self.lazy:
                 known = {c: v for c, v in {**known, **scores}.items() if c != best}
             if checkpoint is not None and rank == 0:
-                state = {"key": key, "order": order.to_dict()}
-                if lazy:
-                    state["lazy"] = {
-                        "since_refresh": since_refresh,
-                        "known": [[*c, *v] for c, v in sorted(known.items())],
-                    }
-                atomic_write_json(checkpoint, state)
+                self._save(checkpoint, key, order, known, since_refresh)
             bar.update()
             bar.set_postfix(S=f"{scores[best][0]:.4f}", removed=f"L{best[0]}H{best[1]}")
         bar.close()
-    finally:
-        masks.remove()
-        model.train(was_training)
-    order.removed, order.scores = order.removed[:budget], order.scores[:budget]
-    return order
+        return order
+
+    def _candidates(self, known: dict, since_refresh: int) -> tuple[list[Head], int]:
+        """Heads that may go next (every one, or lazily the best-known few) and the steps since
+        the last full evaluation."""
+        mask, floor = self.masks.mask, self.min_heads_per_layer
+        candidates = [
+            (layer, h)
+            for layer, count in enumerate(self.heads_per_layer)
+            for h in range(count)
+            if mask[layer, h] > 0 and mask[layer].sum() > floor
+        ]
+        if not (self.lazy and known and since_refresh < self.lazy["refresh_every"]):
+            return candidates, 1
+        # best-known first, ties by index
+        candidates = sorted(candidates, key=lambda c: (*known.get(c, UNKNOWN), -c[0], -c[1]), reverse=True)
+        return sorted(candidates[: self.lazy["shortlist"]]), since_refresh + 1
+
+    def _scores(self, candidates: list[Head], id_labels, rank: int, world: int) -> dict:
+        evaluate = _evaluate_reference if self.method == "reference" else _evaluate_fast
+        scores = evaluate(
+            self.model, self.adapter, self.masks, candidates[rank::world], self.id_batches,
+            self.ood_batches, self.objective, id_labels, self.chunk, self.cache,
+        )  # fmt: skip
+        if world > 1:
+            gathered: list[dict] = [None] * world  # type: ignore[list-item]
+            torch.distributed.all_gather_object(gathered, scores)
+            scores = {h: s for part in gathered for h, s in part.items()}
+        return scores
+
+    def _save(self, checkpoint, key: str, order: CircuitOrder, known: dict, since_refresh: int) -> None:
+        state: dict[str, Any] = {"key": key, "order": order.to_dict()}
+        if self.lazy:
+            state["lazy"] = {
+                "since_refresh": since_refresh,
+                "known": [[*c, *v] for c, v in sorted(known.items())],
+            }
+        atomic_write_json(checkpoint, state)
 
 
 def _resume(
