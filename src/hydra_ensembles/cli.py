@@ -656,24 +656,33 @@ def _random_head_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-random-head", action="store_true", help=RANDOM_HEAD_HELP)
 
 
+def _num_labels_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
+
+
 def _overwrite_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace a finished result already in --out")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="hydra-ens",
-        description="Hydra Ensembles: prune attention heads M ways, fuse the members into one model.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def _data_options(p: argparse.ArgumentParser) -> None:
+    """Options of every command that reads data: precision, columns, batch size, length."""
+    precision_option(p)
+    p.add_argument("--text-column", default="text", help="text column of CSV/JSONL data")
+    p.add_argument("--label-column", default="label", help="label column of CSV/JSONL data")
+    p.add_argument("--batch-size", type=POSITIVE, default=32)
+    p.add_argument("--max-length", type=_at_least(2), default=128, help="tokens per text")
 
+
+def _add_info_command(sub) -> None:
     info = sub.add_parser("info", help="show a model's family, layers and heads")
     info.add_argument(
         "model", nargs="?", default=DEFAULT_TEXT_MODEL, help="HF id, local directory or minilm-l6"
     )
-    info.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
+    _num_labels_option(info)
     info.set_defaults(func=_cmd_info)
 
+
+def _add_fuse_command(sub) -> None:
     fuse = sub.add_parser("fuse", help="fuse zero-shot members given as head-set JSON files")
     fuse.add_argument("model", help="HF id, local directory or minilm-l6")
     fuse.add_argument(
@@ -682,19 +691,14 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="JSON files, each a head set {layer: [heads]} or a list of them",
     )
-    fuse.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
+    _num_labels_option(fuse)
     fuse.add_argument("--out", required=True, help="output directory")
     _random_head_option(fuse)
     _overwrite_option(fuse)
     fuse.set_defaults(func=_cmd_fuse)
 
-    def data_options(p: argparse.ArgumentParser) -> None:
-        precision_option(p)
-        p.add_argument("--text-column", default="text", help="text column of CSV/JSONL data")
-        p.add_argument("--label-column", default="label", help="label column of CSV/JSONL data")
-        p.add_argument("--batch-size", type=POSITIVE, default=32)
-        p.add_argument("--max-length", type=_at_least(2), default=128, help="tokens per text")
 
+def _add_score_command(sub) -> None:
     score = sub.add_parser("score", help="rank heads: Taylor importance or greedy circuit extraction (JSON)")
     score.add_argument("model", help="a fine-tuned classifier: HF id or directory, or a saved member")
     score.add_argument("--method", choices=["taylor", "circuit"], default="circuit")
@@ -732,11 +736,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="memory cap for reusing hidden states across circuit steps (0: off; same result either way)",
     )
-    score.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
+    _num_labels_option(score)
     score.add_argument("--out", required=True, help="output JSON file")
-    data_options(score)
+    _data_options(score)
     score.set_defaults(func=_cmd_score)
 
+
+def _add_build_command(sub) -> None:
     build = sub.add_parser(
         "build", help="members from a ranking -> optional fine-tuning -> fused Hydra model"
     )
@@ -761,7 +767,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--lr", type=_positive_float, default=5e-5)
     build.add_argument("--patience", type=POSITIVE)
     build.add_argument("--mlp", choices=["merge", "exact"], default="merge")
-    build.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
+    _num_labels_option(build)
     build.add_argument("--out", required=True, help="output directory (hydra/, members/, checkpoints/)")
     build.add_argument(
         "--keep-checkpoints", action="store_true", help="keep the fine-tuning checkpoints after success"
@@ -769,9 +775,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     _random_head_option(build)
     _overwrite_option(build)
-    data_options(build)
+    _data_options(build)
     build.set_defaults(func=_cmd_build)
 
+
+def _add_finetune_command(sub) -> None:
     tune = sub.add_parser(
         "finetune",
         help="fine-tune a classifier (e.g. a base model's new head) on labelled data; save it with its "
@@ -796,9 +804,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", required=True, help="output model directory (a Hugging Face model)")
     tune.add_argument("--keep-checkpoints", action="store_true", help="keep OUT.checkpoint/ after success")
     _overwrite_option(tune)
-    data_options(tune)
+    _data_options(tune)
     tune.set_defaults(func=_cmd_finetune, allow_random_head=True)
 
+
+def _add_eval_command(sub) -> None:
     evaluate = sub.add_parser("eval", help="evaluate methods on ID, OOD (near/far) data; write a report")
     evaluate.add_argument(
         "--method",
@@ -820,9 +830,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--bootstrap", type=COUNT, default=0, help="bootstrap resamples for ID intervals")
     _random_head_option(evaluate)
     evaluate.add_argument("--out", required=True, help="report folder")
-    data_options(evaluate)
+    _data_options(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
 
+
+def _add_predict_command(sub) -> None:
     pred = sub.add_parser(
         "predict", help="per-input predictions with uncertainty and an OOD flag (CSV or JSON Lines)"
     )
@@ -846,9 +858,11 @@ def build_parser() -> argparse.ArgumentParser:
     _random_head_option(pred)
     pred.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     pred.add_argument("--out", required=True, help="output file: .csv or .jsonl")
-    data_options(pred)
+    _data_options(pred)
     pred.set_defaults(func=_cmd_predict)
 
+
+def _add_bench_command(sub) -> None:
     bench = sub.add_parser("bench", help="latency, parameters, multiply-adds and memory of every method")
     bench.add_argument("model", nargs="?", default=DEFAULT_TEXT_MODEL)
     bench.add_argument("--members", type=POSITIVE, default=3)
@@ -873,7 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="members share their first K layers' heads, which then run once (a shared trunk)",
     )
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
+    _num_labels_option(bench)
     bench.add_argument(
         "--default-allocator",
         action="store_true",
@@ -882,6 +896,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="runs/bench")
     bench.set_defaults(func=_cmd_bench)
 
+
+def _add_demo_command(sub) -> None:
     demo = sub.add_parser(
         "demo",
         help="the paper's experiment on an embedded benchmark (text: MiniLM-L6 on BBC News; "
@@ -917,6 +933,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     precision_option(demo)
     demo.set_defaults(func=_cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hydra-ens",
+        description="Hydra Ensembles: prune attention heads M ways, fuse the members into one model.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_info_command(sub)
+    _add_fuse_command(sub)
+    _add_score_command(sub)
+    _add_build_command(sub)
+    _add_finetune_command(sub)
+    _add_eval_command(sub)
+    _add_predict_command(sub)
+    _add_bench_command(sub)
+    _add_demo_command(sub)
     return parser
 
 

@@ -63,7 +63,7 @@ def test_bad_modes_and_arguments():
         he.fuse(he.prune(model, he.HeadSet({0: [0]})), [he.HeadSet()])
 
 
-def test_nothing_is_written_when_fusion_fails(tmp_path):
+def test_bad_heads_are_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "hydra"
     with pytest.raises(he.HeadSetError):
         he.fuse(tiny_bert(), [he.HeadSet({0: [9]})]).save_pretrained(out)

@@ -1,0 +1,69 @@
+"""Check the package's import graph for cycles, imports inside functions included.
+
+A module-level cycle breaks an import outright; a cycle hidden in function-level imports couples
+modules that should not know each other (e.g. a loader and what it loads). Prints the cycles
+found (exit 1) or "no import cycle" (exit 0). ``python benchmarks/import_graph.py [--top-level]``
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+PACKAGE = "hydra_ensembles"
+ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(top_level_only: bool = False) -> dict[str, set[str]]:
+    """module -> modules of the package it imports (at module level, or anywhere)."""
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        is_package = path.name == "__init__.py"
+        nodes = tree.body if top_level_only else list(ast.walk(tree))
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom):
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                if node.level:
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if not target.startswith(PACKAGE):
+                    continue
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    graph[name].add(full if full in modules else target)
+            elif isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names if a.name.startswith(PACKAGE))
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        return list(exc.args[1])
+    return None
+
+
+def main() -> int:
+    graph = import_graph(top_level_only="--top-level" in sys.argv)
+    cycle = find_cycle(graph)
+    if cycle:
+        print("import cycle: " + " -> ".join(cycle))
+        return 1
+    print(f"no import cycle among {len(graph)} modules (function-level imports included)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
