@@ -15,6 +15,7 @@ from transformers import (
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
 from hydra_ensembles.loading import load_any
+from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
 
 
@@ -129,7 +130,8 @@ def test_score_build_eval(workspace, capsys):
     assert hydra.num_members == 2
     assert hydra.config.id2label == {0: "money", 1: "sport"}  # the training data's class names
     assert all(hs.num_kept([4, 4]) == 6 for hs in hydra.head_sets)
-    assert (w / "built" / "members" / "member-1" / "member_config.json").is_file()
+    explicit = DeepEnsemble.from_pretrained(w / "built" / "members")  # the members, unfused
+    assert explicit.num_members == 2
 
     assert (
         main(

@@ -271,6 +271,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from .fusion import fuse
     from .io import check_output_dir
     from .members import FineTuneConfig, fine_tune, member_overlap, sample_members, save_member
+    from .members.ensemble import write_ensemble_index
     from .surgery import heads_per_layer, prune
 
     out = check_output_dir(
@@ -313,6 +314,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             _print_history(result.history)
             _save_preprocessor(preprocessor, out / "members" / f"member-{m}")
             save_member(member, out / "members" / f"member-{m}")
+        write_ensemble_index(out / "members", [f"member-{m}" for m in range(len(members))])
     hydra = fuse(members, mlp=args.mlp)
     _save_preprocessor(preprocessor, out / "hydra")
     hydra.save_pretrained(out / "hydra")  # its config last: the marker of a finished build

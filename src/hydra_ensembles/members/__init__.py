@@ -1,6 +1,7 @@
 """Building members: diverse head sets from a ranking, fine-tuning, saving and loading."""
 
 from .batch_ensemble import batch_ensemble, batch_ensemble_members
+from .ensemble import DeepEnsemble, MCDropout, StackedMembers, as_ensemble
 from .finetune import (
     CheckpointError,
     FineTuneConfig,
@@ -15,9 +16,13 @@ from .storage import MemberLoadError, load_member, save_member
 
 __all__ = [
     "CheckpointError",
+    "DeepEnsemble",
     "FineTuneConfig",
     "FineTuneResult",
+    "MCDropout",
     "MemberLoadError",
+    "StackedMembers",
+    "as_ensemble",
     "batch_ensemble",
     "batch_ensemble_members",
     "evaluate_nll",

@@ -50,8 +50,7 @@ class DeepEnsemble(nn.Module):
         names = [f"member-{m}" for m in range(self.num_members)]
         for name, member in zip(names, self.members, strict=True):
             save_member(member, path / name)
-        atomic_write_json(path / CONFIG_NAME, {"format": FORMAT, "members": names})  # last: complete
-        return path
+        return write_ensemble_index(path, names)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:
@@ -65,6 +64,13 @@ class DeepEnsemble(nn.Module):
         if not names or not all(isinstance(n, str) and "/" not in n and n not in (".", "..") for n in names):
             raise MemberLoadError(f"{path / CONFIG_NAME} is not a {FORMAT} file")
         return cls([load_member(path / name) for name in names])
+
+
+def write_ensemble_index(path: str | os.PathLike, names: Sequence[str]) -> Path:
+    """Record that the saved members ``path/<name>`` form one ensemble (written after them, so
+    its presence means every member is complete): what `DeepEnsemble.from_pretrained` reads."""
+    atomic_write_json(Path(path) / CONFIG_NAME, {"format": FORMAT, "members": list(names)})
+    return Path(path)
 
 
 class MCDropout(nn.Module):
