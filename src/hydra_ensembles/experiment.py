@@ -541,7 +541,9 @@ class PrunedModels:
     """"Taylor" and "CircAvg": one pruned model each."""
     member_heads: dict[str, list[HeadSet]]
     hydras: dict[str, Any]
-    """Fused Hydra models by method name (Taylor, Circ, and shared-trunk variants)."""
+    """Fused Hydra models by method name: Hydra (Taylor) and Hydra (Circ)."""
+    trunks: dict[str, Any] = field(default_factory=dict)
+    """Hydra (Circ) with a shared trunk, by method name (``trunk_study``)."""
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
@@ -553,7 +555,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     pruned = _build_pruned(run, base, rankings)
     methods = _methods(run, baselines, pruned)
     known = PredictionCache()
-    preds, results, temperatures = _evaluate_all(run, methods, known)
+    preds, results, heads, temperatures = _evaluate_all(run, methods, known)
     curves = run.stage.run(
         "zero-shot pruning curves",
         lambda: _pruning_curves(base, {"Taylor": rankings.taylor, "CircAvg": rankings.circuit}, run, known),
@@ -561,7 +563,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     timed = {m.cost_name: m.model for m in methods if m.cost_name}
     cost = run.stage.run("cost benchmark", lambda: _cost(timed, run.bench.test[0], config, run.compute))
     meta = _report_meta(run, base, temperatures, pruned.member_heads)
-    _write_report(run, methods, results, preds, meta, cost, curves, rankings, pruned)
+    _write_report(run, methods, results, heads, preds, meta, cost, curves, rankings, pruned)
     return {"results": results, "cost": cost, "meta": {**meta, "wall_s": run.stage.elapsed}}
 
 
@@ -715,13 +717,14 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
         "Hydra (Taylor)": fuse(members["taylor"], mlp="merge").eval(),
         "Hydra (Circ)": fuse(members["circ"], mlp="merge").eval(),
     }
+    trunks = {}
     for trunk in sorted({layers // 3, layers // 2}) if config.trunk_study else []:
         models = [
             member(f"circ member {m} (trunk {trunk})", hs, m, trunk)
             for m, hs in enumerate(sample(rankings.circuit, trunk))
         ]
-        hydras[f"Hydra (Circ, shared trunk {trunk}/{layers})"] = fuse(models, mlp="merge").eval()
-    return PrunedModels(singles, member_heads, hydras)
+        trunks[f"Hydra (Circ, shared trunk {trunk}/{layers})"] = fuse(models, mlp="merge").eval()
+    return PrunedModels(singles, member_heads, hydras, trunks)
 
 
 def _pruned_member(base, heads: HeadSet, run: DemoRun, settings: FineTuneConfig) -> torch.nn.Module:
@@ -761,20 +764,19 @@ def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[M
     )
     if run.evaluation.reduced:  # how much does reduced precision move Hydra's numbers?
         methods.append(Method("Hydra (Circ), fp32 evaluation", circ, pruned_avg, precision="fp32"))
-    for name, hydra in pruned.hydras.items():
-        if name.startswith("Hydra (Circ, shared trunk"):
-            methods.append(Method(name, hydra, pruned_avg, cost_name=name))
+    methods += [Method(name, hydra, pruned_avg, cost_name=name) for name, hydra in pruned.trunks.items()]
     return methods
 
 
 def _evaluate_all(
     run: DemoRun, methods: list[Method], known: PredictionCache
-) -> tuple[dict[str, MethodPredictions], dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, MethodPredictions], dict[str, Any], dict[str, str], dict[str, Any]]:
     """Every method through the one evaluation path (`evaluation.run`): predictions, result rows
-    (temperature-scaled rows after their method) and the fitted temperatures."""
+    (temperature-scaled rows after their method), each row's Heads label (its method's) and the
+    fitted temperatures."""
     bench = run.bench
     data = EvalData(bench.test, bench.oods, bench.shifted, bench.val)
-    preds, results, temperatures = {}, {}, {}
+    preds, results, heads, temperatures = {}, {}, {}, {}
     for method in methods:
         precision = method.precision or run.evaluation.name
 
@@ -789,8 +791,9 @@ def _evaluate_all(
     for method in methods:
         rows, fitted = evaluate_method(method.name, preds[method.name])
         results.update(rows)
+        heads.update(dict.fromkeys(rows, method.heads))
         temperatures.update(fitted)
-    return preds, results, temperatures
+    return preds, results, heads, temperatures
 
 
 def _report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads) -> dict[str, str]:
@@ -820,11 +823,9 @@ def _report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads)
     }
 
 
-def _write_report(run: DemoRun, methods, results, preds, meta, cost, curves, rankings, pruned) -> None:
+def _write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curves, rankings, pruned) -> None:
     """report.md (+ cost section), results.json/csv, cost.json, curves, timings and plots."""
     config, out = run.config, Path(run.config.out_dir)
-    heads = {m.name: m.heads for m in methods}
-    heads.update({row: heads[row.split(" + TS")[0]] for row in results if " + TS" in row})
     reporting.write_results(
         out, results, heads, meta, title=f"Hydra Ensembles: {config.task} benchmark (demo)"
     )
@@ -833,9 +834,8 @@ def _write_report(run: DemoRun, methods, results, preds, meta, cost, curves, ran
     reporting.method_plots(
         plots, preds, [m.name for m in methods if m.reliability], [m.name for m in methods if m.detail]
     )
-    heads_per_layer = heads_per_layer_of(methods[0].model)
     for kind, sets in pruned.member_heads.items():
-        reporting.heads_map(sets, heads_per_layer, plots / f"heads_{kind}.png")
+        reporting.heads_map(sets, rankings.circuit.heads_per_layer, plots / f"heads_{kind}.png")
     reporting.score_heatmap(
         rankings.taylor.numpy(), plots / "taylor_scores.png", "Taylor importance", "score"
     )
