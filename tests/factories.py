@@ -173,3 +173,77 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "clip": (tiny_clip, image_inputs),
 }
 """Every supported family: (tiny model factory, input factory); tests parametrize over it."""
+
+
+def tiny_clip_model(
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    text_layers: int = 2,
+    text_heads: int = 2,
+    seed: int = 0,
+):
+    """A full random ``CLIPModel`` (both towers, projections, logit scale) from a config."""
+    from transformers import CLIPModel
+
+    torch.manual_seed(seed)
+    vision = _image(**_encoder(layers, heads, head_dim, 2, 0.02))
+    vision.pop("num_labels")
+    text = {
+        "vocab_size": VOCAB,
+        "hidden_size": text_heads * 4,
+        "intermediate_size": 2 * text_heads * 4 + 1,
+        "num_hidden_layers": text_layers,
+        "num_attention_heads": text_heads,
+        "max_position_embeddings": 16,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 1,
+    }
+    config = CLIPConfig(vision_config=vision, text_config=text, projection_dim=6)
+    return CLIPModel(config).eval()
+
+
+def clip_prompts(classes: int, templates: int, tokens: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Tokenised prompts for a tiny CLIP: random ids ending in the end-of-text id (2), ragged."""
+    g = torch.Generator().manual_seed(seed)
+    rows = classes * templates
+    ids = torch.randint(3, VOCAB, (rows, tokens), generator=g)
+    mask = torch.ones(rows, tokens, dtype=torch.long)
+    for r in range(rows):
+        end = tokens - 1 - (r % 3)
+        ids[r, end] = 2
+        ids[r, end + 1 :] = 1
+        mask[r, end + 1 :] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def tiny_clip_zero_shot(
+    classes: int = 3, templates: int = 2, heads_pool: str = "both", seed: int = 0, **sizes
+):
+    """A zero-shot classifier over a tiny random CLIP."""
+    from hydra_ensembles.zeroshot import from_clip
+
+    names = [f"class {i}" for i in range(classes)]
+    prompts = clip_prompts(classes, templates, seed=seed)
+    return from_clip(
+        tiny_clip_model(seed=seed, **sizes), names, [f"t{i} {{}}" for i in range(templates)],
+        prompt_inputs=prompts, heads=heads_pool,
+    )  # fmt: skip
+
+
+def tiny_sentence_zero_shot(
+    classes: int = 3, templates: int = 2, heads_pool: str = "both", seed: int = 0, **sizes
+):
+    """A zero-shot classifier over a tiny random BERT used as a sentence encoder (two copies)."""
+    from hydra_ensembles.zeroshot import DualEncoderClassifier, DualEncoderConfig, EncoderTower
+
+    base = tiny_bert(seed=seed, dropout=0.0, **sizes).bert
+    config = DualEncoderConfig(
+        [f"class {i}" for i in range(classes)], [f"t{i} {{}}" for i in range(templates)], heads=heads_pool
+    )
+    prompts = text_inputs(classes * templates, tokens=5, seed=seed + 1)
+    import copy
+
+    towers = EncoderTower(base, "mean"), EncoderTower(copy.deepcopy(base), "mean")
+    return DualEncoderClassifier(*towers, prompts, config).eval()

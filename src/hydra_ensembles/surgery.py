@@ -40,7 +40,7 @@ def heads_per_layer(model: nn.Module) -> list[int]:
 _FINGERPRINTS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str]] = weakref.WeakKeyDictionary()
 
 
-def _state_signature(state: dict[str, torch.Tensor]) -> tuple | None:
+def state_signature(state: dict[str, torch.Tensor]) -> tuple | None:
     """Storage address and in-place version counter of every tensor: any write changes it."""
     try:
         return tuple((name, t.data_ptr(), t._version, tuple(t.shape), t.dtype) for name, t in state.items())
@@ -55,7 +55,7 @@ def fingerprint(model: nn.Module) -> str:
     storage address and version counter), so repeated pruning of one base hashes it once.
     """
     state = model.state_dict()
-    signature = _state_signature(state)
+    signature = state_signature(state)
     cached = _FINGERPRINTS.get(model)
     if signature is not None and cached is not None and cached[0] == signature:
         return cached[1]

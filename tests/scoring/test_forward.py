@@ -12,7 +12,7 @@ def test_running_from_any_layer_with_replayed_attention_gives_the_full_logits():
     model = tiny_bert(layers=3, heads=4, head_dim=3, init_range=0.3).eval()
     adapter = get_adapter(model)
     inputs = text_inputs(batch=4, tokens=7, seed=1)
-    hidden, logits, contexts = capture_layer_inputs(model, adapter, inputs)
+    hidden, logits, contexts, _ = capture_layer_inputs(model, adapter, inputs)
     assert len(hidden) == len(contexts) == 3 and all(c.shape == (4, 7, 12) for c in contexts)
     for layer in range(3):
         stacked = hidden[layer].repeat(2, 1, 1)
@@ -38,7 +38,7 @@ def test_running_from_a_layer_skips_the_embeddings():
     model = tiny_bert(layers=2, heads=4, head_dim=3).eval()
     adapter = get_adapter(model)
     inputs = text_inputs(batch=2, tokens=5, seed=3)
-    hidden, logits, _ = capture_layer_inputs(model, adapter, inputs)
+    hidden, logits, _, _ = capture_layer_inputs(model, adapter, inputs)
     calls = []
     probe = model.bert.embeddings.word_embeddings.register_forward_hook(lambda *_: calls.append(1))
     out = run_from_layer(model, adapter, 1, hidden[1], inputs)
@@ -50,7 +50,7 @@ def test_vit_has_no_core_and_still_runs_from_layers():
     model = tiny_vit(layers=2, heads=4).eval()
     adapter = get_adapter(model)
     inputs = image_inputs(batch=3, seed=2)
-    hidden, logits, contexts = capture_layer_inputs(model, adapter, inputs)
+    hidden, logits, contexts, _ = capture_layer_inputs(model, adapter, inputs)
     assert contexts == [None, None] and adapter.attention_core_path(0) is None
     with replaying_core(model, None, None):
         out = run_from_layer(model, adapter, 1, hidden[1].repeat(3, 1, 1), inputs)

@@ -9,8 +9,9 @@ from torch import nn
 
 from .base import ArchitectureAdapter, AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention
 from .bert import BertAdapter
-from .clip import ClipVisionAdapter
+from .clip import ClipTextAdapter, ClipVisionAdapter
 from .distilbert import DistilBertAdapter
+from .dual import DualEncoderAdapter
 from .vit import ViTAdapter
 
 __all__ = [
@@ -18,8 +19,10 @@ __all__ = [
     "ArchitectureAdapter",
     "AttentionBlock",
     "BertAdapter",
+    "ClipTextAdapter",
     "ClipVisionAdapter",
     "DistilBertAdapter",
+    "DualEncoderAdapter",
     "UnsupportedModelError",
     "ViTAdapter",
     "WholeAttentionAdapter",
@@ -29,7 +32,14 @@ __all__ = [
     "supported_families",
 ]
 
-ADAPTERS: list[type[ArchitectureAdapter]] = [BertAdapter, DistilBertAdapter, ViTAdapter, ClipVisionAdapter]
+ADAPTERS: list[type[ArchitectureAdapter]] = [
+    DualEncoderAdapter,
+    BertAdapter,
+    DistilBertAdapter,
+    ViTAdapter,
+    ClipVisionAdapter,
+    ClipTextAdapter,
+]
 
 
 class UnsupportedModelError(TypeError):

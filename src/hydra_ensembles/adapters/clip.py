@@ -30,3 +30,17 @@ class ClipVisionAdapter(WholeAttentionAdapter):
 
     def encoder_config(self, model: nn.Module):
         return getattr(model.config, "vision_config", model.config)
+
+
+class ClipTextAdapter(ClipVisionAdapter):
+    """CLIP's text tower (``CLIPTextModel``, ``CLIPTextModelWithProjection``): the same attention
+    modules as the vision tower under ``text_model``; causal, pooled at the end-of-text token."""
+
+    family = "CLIP (text)"
+    model_types = ("clip_text_model",)
+    towers = ("text_model",)
+    input_modules = ()
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return WholeAttentionAdapter.matches.__func__(cls, model)

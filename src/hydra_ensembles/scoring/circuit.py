@@ -267,10 +267,11 @@ def extract_circuit(
     key = _run_key(model, settings, id_batches, ood_batches)  # exact methods share checkpoints
     was_training = model.training
     model.eval()
+    cache = _SuffixCache(_last_layers(adapter, heads_per_layer), cache_gb * 2**30)
     run = _Extraction(
         model, adapter, _CandidateMasks(model, adapter, heads_per_layer), heads_per_layer, id_batches,
         ood_batches, objective, min_heads_per_layer, method, candidate_chunk, lazy,
-        None if method == "reference" else _SuffixCache(len(heads_per_layer), cache_gb * 2**30),
+        None if method == "reference" else cache,
     )  # fmt: skip
     try:
         order = run.extract(budget, checkpoint, key, progress)
@@ -494,8 +495,9 @@ class _SuffixCache:
     either way, only slower).
     """
 
-    def __init__(self, num_layers: int, limit_bytes: float) -> None:
-        self.num_layers = num_layers
+    def __init__(self, last_layers: list[int], limit_bytes: float) -> None:
+        self.last_layers = last_layers
+        """Per layer, the last layer its candidates' states can reach (the end of its tower)."""
         self.limit_bytes = limit_bytes
         self.enabled = limit_bytes > 0
         self.states: dict[Head, dict[int, dict[int, torch.Tensor]]] = {}  # cand -> batch -> layer
@@ -521,7 +523,7 @@ class _SuffixCache:
     def refreshed(self, candidates: Sequence[Head]) -> None:
         """``candidates`` were just evaluated on every batch: all their stored states are current."""
         if self.enabled:
-            self.valid.update({c: self.num_layers - 1 for c in candidates if c in self.states})
+            self.valid.update({c: self.last_layers[c[0]] for c in candidates if c in self.states})
         else:
             self.states, self.valid, self.bytes = {}, {}, 0
 
@@ -530,6 +532,12 @@ class _SuffixCache:
         self.states.pop(head, None)
         self.valid.pop(head, None)
         self.valid = {c: min(v, head[0]) for c, v in self.valid.items()}
+
+
+def _last_layers(adapter: ArchitectureAdapter, heads_per_layer: list[int]) -> list[int]:
+    """Per layer, the last layer of its stack: the model's, or a dual encoder's tower's."""
+    spans = getattr(adapter, "spans", None) or {"": range(len(heads_per_layer))}
+    return [span[-1] for span in spans.values() for _ in span]
 
 
 def _run_candidates(
@@ -549,7 +557,8 @@ def _run_candidates(
     logits: dict[Head, list[torch.Tensor]] = {c: [] for c in candidates}
     for index, batch in enumerate(batches):
         inputs = model_inputs(batch)
-        layer_inputs, _, contexts = capture_layer_inputs(model, adapter, inputs)
+        capture = capture_layer_inputs(model, adapter, inputs)
+        layer_inputs, contexts = capture.layer_inputs, capture.contexts
         for (start, own), members in sorted(groups.items()):
             for lo in range(0, len(members), chunk):
                 group = members[lo : lo + chunk]
@@ -572,7 +581,9 @@ def _run_candidates(
                         ) as captured,
                         replaying_core(model, adapter.attention_core_path(start), replay),
                     ):
-                        out = run_from_layer(model, adapter, start, hidden, inputs).float()
+                        out = run_from_layer(
+                            model, adapter, start, hidden, inputs, capture.embeddings
+                        ).float()
                 finally:
                     masks.active, masks.shared = None, False
                 states = {k: v.chunk(len(group)) for k, v in captured.items()}

@@ -12,13 +12,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from ..adapters import ArchitectureAdapter
+from ..adapters import ArchitectureAdapter, DualEncoderAdapter
 from ..batching import batch_rows, repeat_rows
+
+
+class LayerCapture(NamedTuple):
+    """What one forward pass records for running the model in pieces."""
+
+    layer_inputs: list[torch.Tensor]
+    """Hidden states entering each layer."""
+    logits: torch.Tensor
+    contexts: list[torch.Tensor | None]
+    """Each layer's attention core output (``None`` where the family has no core module)."""
+    embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
+    """A dual encoder's input and class embeddings (what a run from one tower's layer takes
+    from the other tower); ``None`` for other models."""
 
 
 def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -48,7 +61,7 @@ def capturing_layer_inputs(
 @torch.no_grad()
 def capture_layer_inputs(
     model: nn.Module, adapter: ArchitectureAdapter, inputs: dict[str, Any]
-) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor | None]]:
+) -> LayerCapture:
     """Hidden states entering each layer, the logits, and each layer's attention core output
     (``None`` where the family has no core module), for one batch."""
     num_layers = adapter.num_layers(model)
@@ -62,13 +75,18 @@ def capture_layer_inputs(
                     lambda _m, _a, out, layer=layer: core_outputs.__setitem__(layer, out[0])
                 )
             )
+    embeddings = None
     try:
         with capturing_layer_inputs(model, adapter, range(num_layers)) as captured:
-            logits = model(**inputs).logits
+            if isinstance(adapter, DualEncoderAdapter):  # both towers run; keep their embeddings
+                embeddings = (model.input_tower(**inputs), model.class_embeddings())
+                logits = model.logits_from(*embeddings)
+            else:
+                logits = model(**inputs).logits
     finally:
         for handle in handles:
             handle.remove()
-    return [captured[k] for k in range(num_layers)], logits, core_outputs
+    return LayerCapture([captured[k] for k in range(num_layers)], logits, core_outputs, embeddings)
 
 
 class _Replay(nn.Module):
@@ -131,8 +149,36 @@ def run_from_layer(
     layer: int,
     hidden: torch.Tensor,
     inputs: dict[str, Any],
+    embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Logits of the model run from the input ``hidden`` of ``layer`` (rows: ``inputs`` repeated)."""
+    """Logits of the model run from the input ``hidden`` of ``layer`` (rows: ``inputs`` repeated).
+
+    A dual encoder needs ``embeddings`` (`LayerCapture.embeddings`): only the tower holding
+    ``layer`` runs, the other tower's embeddings are reused."""
+    if isinstance(adapter, DualEncoderAdapter):
+        if embeddings is None:
+            raise ValueError("running a dual encoder from a layer needs the captured embeddings")
+        return _dual_from_layer(model, adapter, layer, hidden, inputs, embeddings)
     times = hidden.shape[0] // batch_rows(inputs)
     with starting_at_layer(model, adapter, layer, hidden):
         return model(**repeat_rows(inputs, times)).logits
+
+
+def _dual_from_layer(model, adapter: DualEncoderAdapter, layer, hidden, inputs, embeddings) -> torch.Tensor:
+    """Input-tower layer: R stacked copies of the batch against the fixed class embeddings.
+    Label-tower layer: R stacked copies of the prompts give R sets of class embeddings, each
+    scored against the fixed input embeddings; rows are candidate-major (R*B, C) either way."""
+    path, tower_adapter, local = adapter.locate(layer)
+    tower = model.get_submodule(path)
+    input_embeddings, class_embeddings = embeddings
+    if path == adapter.parts[0][0]:
+        times = hidden.shape[0] // batch_rows(inputs)
+        with starting_at_layer(tower, tower_adapter, local, hidden):
+            stacked = model.input_tower(**repeat_rows(inputs, times))
+        return model.logits_from(stacked, class_embeddings)
+    prompts = model.prompt_inputs
+    times = hidden.shape[0] // batch_rows(prompts)
+    with starting_at_layer(tower, tower_adapter, local, hidden):
+        prompt_embeddings = model.label_tower(**repeat_rows(prompts, times))
+    classes = model.class_embeddings_from(prompt_embeddings.unflatten(0, (times, -1)))  # (R, C, D)
+    return model.logits_from(input_embeddings, classes).flatten(0, 1)

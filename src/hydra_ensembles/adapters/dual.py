@@ -1,0 +1,92 @@
+"""Dual encoders (`zeroshot.DualEncoderClassifier`): the heads of two towers as one model.
+
+Layers are numbered across the towers whose heads are pruned: the input tower's layers first,
+then the label tower's. Each tower keeps its own family's adapter; this one maps a joint layer
+index to (tower, layer) and forwards, so pruning, ablation, Taylor scores and circuit extraction
+see one list of layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from .base import ArchitectureAdapter, AttentionBlock
+
+
+class DualEncoderAdapter(ArchitectureAdapter):
+    """Joint layer numbering over ``model.tower_paths`` (see the module docstring)."""
+
+    family = "dual encoder (zero-shot)"
+    model_types = ("hydra_dual_encoder",)
+
+    def __init__(self, model: nn.Module) -> None:
+        from . import get_adapter
+
+        self.prefix = ""
+        self.layers_path = ""
+        self.parts: list[tuple[str, ArchitectureAdapter, int]] = []
+        """(tower path, its adapter, its first joint layer) per pruned tower."""
+        self.spans: dict[str, range] = {}
+        """The joint layer indices of each pruned tower."""
+        start = 0
+        for path in model.tower_paths:
+            tower = model.get_submodule(path)
+            adapter = get_adapter(tower)
+            self.parts.append((path, adapter, start))
+            self.spans[path] = range(start, start + adapter.num_layers(tower))
+            start += adapter.num_layers(tower)
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return bool(getattr(model, "is_dual_encoder", False))
+
+    def locate(self, layer: int) -> tuple[str, ArchitectureAdapter, int]:
+        """(tower path, tower adapter, layer within the tower) of joint layer ``layer``."""
+        if layer < 0:
+            raise IndexError(f"layer {layer} out of range")
+        for path, adapter, start in reversed(self.parts):
+            if layer >= start:
+                return path, adapter, layer - start
+        raise IndexError(f"layer {layer} out of range")
+
+    def encoder_config(self, model: nn.Module):
+        path, adapter, _ = self.parts[0]
+        return adapter.encoder_config(model.get_submodule(path))
+
+    def layers(self, model: nn.Module) -> list[nn.Module]:
+        return [
+            layer for path, adapter, _ in self.parts for layer in adapter.layers(model.get_submodule(path))
+        ]
+
+    def original_heads_per_layer(self, model: nn.Module) -> list[int]:
+        return [
+            count
+            for path, adapter, _ in self.parts
+            for count in adapter.original_heads_per_layer(model.get_submodule(path))
+        ]
+
+    def attention_block(self, model: nn.Module, layer: int) -> AttentionBlock:
+        path, adapter, local = self.locate(layer)
+        return dataclasses.replace(adapter.attention_block(model.get_submodule(path), local), layer=layer)
+
+    def set_attention(self, model, layer, query, key, value, output, num_heads) -> None:
+        path, adapter, local = self.locate(layer)
+        adapter.set_attention(model.get_submodule(path), local, query, key, value, output, num_heads)
+
+    def install_fused_attention(self, model, layer, fused) -> None:
+        raise TypeError("a dual encoder is fused per tower: use zeroshot.fuse_dual_encoder")
+
+    def attention_paths(self, layer: int) -> tuple[str, ...]:
+        path, adapter, local = self.locate(layer)
+        return tuple(f"{path}.{p}" for p in adapter.attention_paths(local))
+
+    def attention_core_path(self, layer: int) -> str | None:
+        path, adapter, local = self.locate(layer)
+        core = adapter.attention_core_path(local)
+        return None if core is None else f"{path}.{core}"
+
+    def input_names(self, model: nn.Module) -> tuple[str, ...]:
+        path, adapter, _ = self.parts[0]
+        return adapter.input_names(model.get_submodule(path))

@@ -1,0 +1,206 @@
+"""`DualEncoderClassifier`: zero-shot classification with a dual encoder (paper section 5.3).
+
+An input tower embeds the input (an image for CLIP, a text for a sentence encoder); a label tower
+embeds one prompt per class and template ("A photo of a {}."); class embeddings are the mean of
+the normalised prompt embeddings over templates, normalised again (CLIP's prompt ensembling);
+logits are ``logit_scale`` x cosine similarity. No training is involved.
+
+The classifier is an ordinary module with ``logits`` and ``loss`` (labels = class indices), so
+Taylor scoring, circuit extraction, pruning and evaluation treat it like any classifier. Its heads
+are the heads of both towers as one pool (``heads="both"``: input tower layers first, then label
+tower layers) or of the input tower only (``heads="input"``, paper appendix E.3.2; the class
+embeddings are then computed once and cached).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+from ..surgery import state_signature
+from .towers import EncoderTower, normalize
+
+HeadPool = Literal["both", "input"]
+MODEL_TYPE = "hydra_dual_encoder"
+SENTENCE_LOGIT_SCALE = 20.0
+"""Default scale for sentence encoders: the scale of the contrastive loss
+(MultipleNegativesRankingLoss, scale 20) that all-MiniLM-L6-v2 and all-mpnet-base-v2 were
+trained with. Temperature scaling refits it on ID validation data in the "+ TS" rows."""
+
+
+@dataclass
+class DualEncoderConfig:
+    """What a dual-encoder classifier is: classes, templates, scale, poolings and head pool."""
+
+    classes: list[str]
+    templates: list[str] = field(default_factory=lambda: ["{}"])
+    logit_scale: float = SENTENCE_LOGIT_SCALE
+    input_pooling: str = "mean"
+    label_pooling: str = "mean"
+    heads: HeadPool = "both"
+    model_type: str = MODEL_TYPE
+
+    def __post_init__(self) -> None:
+        if not self.classes:
+            raise ValueError("a zero-shot classifier needs at least one class name")
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"class names must be distinct, got {self.classes}")
+        if not self.templates or any("{}" not in t for t in self.templates):
+            raise ValueError(f"every template needs one '{{}}' for the class name, got {self.templates}")
+        if self.heads not in ("both", "input"):
+            raise ValueError(f"heads must be 'both' or 'input', got {self.heads!r}")
+        if not self.logit_scale > 0:
+            raise ValueError(f"logit_scale must be positive, got {self.logit_scale}")
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.classes)
+
+    def prompts(self) -> list[str]:
+        """Every class's prompts, class-major: row ``c * T + t`` is template t of class c."""
+        return [template.format(name) for name in self.classes for template in self.templates]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, plus what surgery recorded on the config (``hydra_kept_heads``, ...)."""
+        return {**asdict(self), **{k: v for k, v in vars(self).items() if k.startswith("hydra_")}}
+
+
+class DualEncoderClassifier(nn.Module):
+    """Zero-shot classifier over an input tower and a label tower (see the module docstring).
+
+    ``prompt_inputs``: the label tower's inputs for `DualEncoderConfig.prompts` (tokenised).
+    """
+
+    is_dual_encoder = True
+
+    def __init__(
+        self,
+        input_tower: EncoderTower,
+        label_tower: EncoderTower,
+        prompt_inputs: dict[str, torch.Tensor],
+        config: DualEncoderConfig,
+    ) -> None:
+        super().__init__()
+        rows = {int(v.shape[0]) for v in prompt_inputs.values() if isinstance(v, torch.Tensor)}
+        expected = config.num_labels * len(config.templates)
+        if rows != {expected}:
+            raise ValueError(
+                f"prompt inputs must have {expected} rows ({config.num_labels} classes x "
+                f"{len(config.templates)} templates), got {sorted(rows)}"
+            )
+        self.input_tower = input_tower
+        self.label_tower = label_tower
+        self.config = config
+        self.prompt_keys = tuple(prompt_inputs)
+        for name, value in prompt_inputs.items():
+            self.register_buffer(f"prompt_{name}", value)
+        self._cache: tuple[tuple, torch.Tensor] | None = None
+
+    @property
+    def prompt_inputs(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, f"prompt_{name}") for name in self.prompt_keys}
+
+    @property
+    def tower_paths(self) -> tuple[str, ...]:
+        """The towers whose heads are pruned, as paths of their Hugging Face models."""
+        return ("input_tower.model", "label_tower.model")[: 2 if self.config.heads == "both" else 1]
+
+    # ----------------------------------------------------------------- embeddings
+    def class_embeddings_from(self, prompt_embeddings: torch.Tensor) -> torch.Tensor:
+        """(..., C, D) unit class embeddings from prompt embeddings (..., C*T, D)."""
+        per_prompt = normalize(prompt_embeddings).unflatten(-2, (self.config.num_labels, -1))
+        return normalize(per_prompt.mean(-2))
+
+    def class_embeddings(self) -> torch.Tensor:
+        """(C, D) unit class embeddings. With ``heads="input"`` the label tower is fixed: they are
+        computed once and reused until any label-tower weight or prompt changes."""
+        if self.config.heads == "both":
+            return self.class_embeddings_from(self.label_tower(**self.prompt_inputs))
+        signature = state_signature({**self.label_tower.state_dict(), **self.prompt_inputs})
+        if signature is None or self._cache is None or self._cache[0] != signature:
+            with torch.no_grad():
+                embeddings = self.class_embeddings_from(self.label_tower(**self.prompt_inputs))
+            if signature is None:
+                return embeddings
+            self._cache = (signature, embeddings)
+        return self._cache[1]
+
+    def logits_from(self, input_embeddings: torch.Tensor, class_embeddings: torch.Tensor) -> torch.Tensor:
+        """``logit_scale`` x cosine: inputs (..., B, D) against classes (..., C, D) -> (..., B, C)."""
+        return self.config.logit_scale * normalize(input_embeddings) @ class_embeddings.transpose(-1, -2)
+
+    def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> SequenceClassifierOutput:
+        logits = self.logits_from(self.input_tower(**inputs), self.class_embeddings())
+        loss = None if labels is None else F.cross_entropy(logits, labels.to(logits.device))
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        scale = f"logit_scale={c.logit_scale}"
+        return f"classes={c.classes}, templates={len(c.templates)}, {scale}, heads={c.heads!r}"
+
+
+# --------------------------------------------------------------------------- constructors
+def tokenize_prompts(tokenizer, config: DualEncoderConfig, max_length: int = 77) -> dict[str, torch.Tensor]:
+    """The label tower's inputs for every prompt of ``config``."""
+    encoded = tokenizer(
+        config.prompts(), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+    )
+    return dict(encoded)
+
+
+def from_sentence_encoder(
+    model: nn.Module,
+    tokenizer,
+    classes: Sequence[str],
+    templates: Sequence[str] = ("{}",),
+    logit_scale: float = SENTENCE_LOGIT_SCALE,
+    heads: HeadPool = "both",
+    pooling: str = "mean",
+) -> DualEncoderClassifier:
+    """A zero-shot classifier over a sentence encoder (a BERT-family or MPNet base model): the
+    input and label towers start as two copies of ``model`` and are pruned separately."""
+    config = DualEncoderConfig(list(classes), list(templates), float(logit_scale), pooling, pooling, heads)
+    base = copy.deepcopy(model).eval()
+    towers = EncoderTower(base, pooling), EncoderTower(copy.deepcopy(base), pooling)
+    return DualEncoderClassifier(*towers, tokenize_prompts(tokenizer, config), config)
+
+
+def from_clip(
+    clip: nn.Module,
+    classes: Sequence[str],
+    templates: Sequence[str] = ("A photo of a {}.",),
+    tokenizer=None,
+    prompt_inputs: dict[str, torch.Tensor] | None = None,
+    heads: HeadPool = "both",
+) -> DualEncoderClassifier:
+    """A zero-shot classifier over a Hugging Face ``CLIPModel`` (vision tower for inputs, text
+    tower for labels, CLIP's learned logit scale). Give a ``tokenizer`` or the tokenised
+    ``prompt_inputs`` of `DualEncoderConfig.prompts`."""
+    from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
+
+    if type(clip).__name__ != "CLIPModel":
+        raise TypeError(f"from_clip needs a transformers CLIPModel, got {type(clip).__name__}")
+    scale = float(clip.logit_scale.detach().exp())
+    config = DualEncoderConfig(list(classes), list(templates), scale, "image_embeds", "text_embeds", heads)
+    vision = CLIPVisionModelWithProjection(clip.config.vision_config)
+    vision.vision_model = copy.deepcopy(clip.vision_model)
+    vision.visual_projection = copy.deepcopy(clip.visual_projection)
+    text = CLIPTextModelWithProjection(clip.config.text_config)
+    text.text_model = copy.deepcopy(clip.text_model)
+    text.text_projection = copy.deepcopy(clip.text_projection)
+    dtype = clip.logit_scale.dtype
+    vision, text = vision.to(dtype).eval(), text.to(dtype).eval()
+    if prompt_inputs is None:
+        if tokenizer is None:
+            raise ValueError("from_clip needs a tokenizer or prompt_inputs")
+        prompt_inputs = tokenize_prompts(tokenizer, config)
+    towers = EncoderTower(vision, "image_embeds"), EncoderTower(text, "text_embeds")
+    return DualEncoderClassifier(*towers, dict(prompt_inputs), config)
