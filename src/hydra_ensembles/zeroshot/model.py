@@ -190,10 +190,13 @@ def from_clip(
         raise TypeError(f"from_clip needs a transformers CLIPModel, got {type(clip).__name__}")
     scale = float(clip.logit_scale.detach().exp())
     config = DualEncoderConfig(list(classes), list(templates), scale, "image_embeds", "text_embeds", heads)
-    vision = CLIPVisionModelWithProjection(clip.config.vision_config)
+    vision_config = copy.deepcopy(clip.config.vision_config)
+    text_config = copy.deepcopy(clip.config.text_config)
+    vision_config.projection_dim = text_config.projection_dim = clip.config.projection_dim
+    vision = CLIPVisionModelWithProjection(vision_config)
     vision.vision_model = copy.deepcopy(clip.vision_model)
     vision.visual_projection = copy.deepcopy(clip.visual_projection)
-    text = CLIPTextModelWithProjection(clip.config.text_config)
+    text = CLIPTextModelWithProjection(text_config)
     text.text_model = copy.deepcopy(clip.text_model)
     text.text_projection = copy.deepcopy(clip.text_projection)
     dtype = clip.logit_scale.dtype
