@@ -97,6 +97,9 @@ class TrainingBudget:
         )
 
 
+TASKS = ("text", "image", "zero-shot")
+"""The demo's tasks: supervised text and image, and zero-shot text with a dual encoder."""
+
 IMAGE_BUDGET = TrainingBudget(
     epochs=5,
     member_epochs=2,
@@ -220,8 +223,35 @@ class DemoConfig:
                     mc_samples=8,
                     budget=replace(IMAGE_BUDGET, epochs=3, member_epochs=1),
                 )
+        elif task == "zero-shot":  # no training: nothing to fine-tune, only to score and prune
+            base = cls(
+                task="zero-shot",
+                out_dir=Path("runs/demo-zero-shot"),
+                max_length=24,
+                train_limit=64,
+                val_limit=200,
+                ood_limit=100,
+                shift_limit=10,
+                circuit_id_items=16,
+                circuit_ood_items=16,
+                circuit_length=16,
+                curve_step=24,
+            )
+            if full:
+                base = replace(
+                    base,
+                    max_length=128,
+                    val_limit=None,
+                    ood_limit=None,
+                    shift_limit=100,
+                    circuit_id_items=64,
+                    circuit_ood_items=64,
+                    circuit_length=64,
+                    curve_step=8,
+                    eval_precision="fp32",
+                )
         else:
-            raise ValueError(f"unknown task {task!r}; choose 'text' or 'image'")
+            raise ValueError(f"unknown task {task!r}; choose from {list(TASKS)}")
         return replace(base, full=full, **overrides)
 
     @property
@@ -234,17 +264,20 @@ class DemoConfig:
 
     def scaled_down(self) -> list[str]:
         """What this configuration shrinks relative to the paper's protocol, in words."""
-        text = self.task == "text"
+        text = self.task != "image"
         items = "texts" if text else "images"
         start = "fine-tuned" if text else "trained from scratch"
         notes = [f"texts truncated to {self.max_length} tokens"] if text else []
+        if self.task != "zero-shot":
+            notes.append(
+                f"base and deep-ensemble members {start} {self.budget.epochs} epoch(s); pruned members "
+                f"fine-tuned {self.budget.member_epochs} epoch(s) from the base"
+            )
         notes += [
-            f"base and deep-ensemble members {start} {self.budget.epochs} epoch(s); pruned members "
-            f"fine-tuned {self.budget.member_epochs} epoch(s) from the base",
             f"circuit extraction on {self.circuit_id_items} ID + {self.circuit_ood_items} OOD validation "
             f"{items}" + (f" of {self.circuit_length} tokens" if text else ""),
         ]
-        if self.train_limit:
+        if self.train_limit and self.task != "zero-shot":
             notes.append(f"training on {self.train_limit} of the training {items}")
         if self.val_limit:
             notes.append(f"temperatures fit on {self.val_limit} ID validation {items}")
@@ -318,7 +351,7 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
             "model": config.model,
             "train": _data_key(task.train),
             "val": _data_key(task.val),
-            "length": config.max_length if config.task == "text" else None,
+            "length": config.max_length if config.task != "image" else None,
             "classes": classes,
         },
     )
