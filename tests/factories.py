@@ -238,7 +238,7 @@ def tiny_sentence_zero_shot(
     """A zero-shot classifier over a tiny random BERT used as a sentence encoder (two copies)."""
     from hydra_ensembles.zeroshot import DualEncoderClassifier, DualEncoderConfig, EncoderTower
 
-    base = tiny_bert(seed=seed, dropout=0.0, **sizes).bert
+    base = tiny_bert(seed=seed, **{"dropout": 0.0, **sizes}).bert
     config = DualEncoderConfig(
         [f"class {i}" for i in range(classes)], [f"t{i} {{}}" for i in range(templates)], heads=heads_pool
     )

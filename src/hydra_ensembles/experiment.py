@@ -232,10 +232,13 @@ class DemoConfig:
                 val_limit=200,
                 ood_limit=100,
                 shift_limit=10,
-                circuit_id_items=16,
-                circuit_ood_items=16,
+                circuit_id_items=12,
+                circuit_ood_items=12,
                 circuit_length=16,
-                curve_step=24,
+                pruned_per_member=12,  # 12 of 144 heads: the paper's share (24 of CLIP's 288)
+                pool_size=24,
+                circuit_budget=24,
+                curve_step=12,
             )
             if full:
                 base = replace(

@@ -1,4 +1,5 @@
-"""Load whatever a path holds: a saved Hydra model, a saved member, or a Hugging Face classifier."""
+"""Load whatever a path holds: a saved Hydra or zero-shot Hydra model, a saved member, or a
+Hugging Face classifier."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from .fusion.model import HydraModel
 from .members.storage import CONFIG_NAME as MEMBER_CONFIG
 from .members.storage import load_member
 from .models import load_classifier
+from .zeroshot.fused import CONFIG_NAME as ZERO_SHOT_CONFIG
+from .zeroshot.fused import ZeroShotHydra
 
 
 def load_any(path: str, num_labels: int | None = None) -> nn.Module:
-    """A saved Hydra model, a saved member, or a Hugging Face classifier (hub id or directory;
+    """A saved zero-shot Hydra, Hydra model or member, or a Hugging Face classifier (hub id or directory;
     ``num_labels=None`` keeps its saved head)."""
     folder = Path(path)
+    if (folder / ZERO_SHOT_CONFIG).is_file():
+        return ZeroShotHydra.from_pretrained(folder)
     if (folder / HYDRA_CONFIG).is_file():
         return HydraModel.from_pretrained(folder)
     if (folder / MEMBER_CONFIG).is_file():

@@ -69,6 +69,13 @@ VISION_MODEL_TYPES = frozenset({"vit", "deit", "dinov2", "clip", "clip_vision_mo
 """``config.model_type`` values of image models (they take ``pixel_values``, no tokenizer)."""
 
 
+def takes_images(model: nn.Module) -> bool:
+    """Whether ``model`` takes ``pixel_values``: a vision family, or a zero-shot dual encoder whose
+    input tower is CLIP's vision tower."""
+    config = model.config
+    return config.model_type in VISION_MODEL_TYPES or getattr(config, "input_pooling", None) == "image_embeds"
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """``"minilm-l6"`` -> the embedded copy; anything else is a hub id or local directory."""
     return str(default_model_path()) if name_or_path == DEFAULT_TEXT_MODEL else name_or_path

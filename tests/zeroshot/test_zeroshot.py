@@ -191,3 +191,13 @@ def test_bad_configurations_are_refused_with_clear_errors():
         fuse_dual_encoder(he.prune(model, he.HeadSet({0: [0]})), [he.HeadSet({0: [0]})])
     with pytest.raises(TypeError, match="DualEncoderClassifier"):
         fuse_dual_encoder(model.input_tower.model, [he.HeadSet()])
+
+
+def test_class_embeddings_are_computed_without_dropout_whatever_the_mode():
+    model = tiny_sentence_zero_shot(dropout=0.5)
+    head_sets = [he.HeadSet({2: [0, 1]}), he.HeadSet({3: [2]})]
+    expected = fuse_dual_encoder(model, head_sets).class_embeddings
+    model.train()  # e.g. left in training mode by a caller
+    torch.manual_seed(1)
+    assert torch.equal(fuse_dual_encoder(model, head_sets).class_embeddings, expected)
+    assert model.training

@@ -7,6 +7,7 @@ from .model import (
     DualEncoderConfig,
     from_clip,
     from_sentence_encoder,
+    load_dual_encoder,
     tokenize_prompts,
 )
 from .towers import EncoderTower, pool
@@ -21,6 +22,7 @@ __all__ = [
     "from_clip",
     "from_sentence_encoder",
     "fuse_dual_encoder",
+    "load_dual_encoder",
     "pool",
     "split_head_set",
     "tokenize_prompts",

@@ -61,6 +61,11 @@ class ZeroShotHydra(nn.Module):
     def num_members(self) -> int:
         return self.input_hydra.num_members
 
+    def num_parameters(self, effective: bool = True) -> int:
+        """Parameters of the fused input tower (the label tower is not part of the model: its
+        output is the cached class embeddings, a buffer)."""
+        return self.input_hydra.num_parameters(effective)
+
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
         members = self.input_hydra(**inputs).members  # (M, B, ...) per output
         embeddings = pool(members, inputs, self.config.input_pooling)  # (M, B, D)
@@ -128,8 +133,13 @@ def split_head_set(model: DualEncoderClassifier, heads: HeadSet) -> tuple[HeadSe
 def member_class_embeddings(model: DualEncoderClassifier, label_heads: HeadSet | None) -> torch.Tensor:
     """(C, D) class embeddings of a member whose label tower keeps ``label_heads``."""
     if label_heads is None:
-        return model.class_embeddings().detach().clone()
-    tower = EncoderTower(prune(model.label_tower.model, label_heads), model.label_tower.pooling)
+        was_training = model.training
+        try:
+            return model.eval().class_embeddings().detach().clone()
+        finally:
+            model.train(was_training)
+    # eval mode: class embeddings are computed once, without dropout, whatever mode the model is in
+    tower = EncoderTower(prune(model.label_tower.model, label_heads), model.label_tower.pooling).eval()
     return model.class_embeddings_from(tower(**model.prompt_inputs))
 
 

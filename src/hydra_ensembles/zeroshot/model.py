@@ -63,6 +63,11 @@ class DualEncoderConfig:
     def num_labels(self) -> int:
         return len(self.classes)
 
+    @property
+    def id2label(self) -> dict[int, str]:
+        """Class names by index, as Hugging Face configs name them."""
+        return dict(enumerate(self.classes))
+
     def prompts(self) -> list[str]:
         """Every class's prompts, class-major: row ``c * T + t`` is template t of class c."""
         return [template.format(name) for name in self.classes for template in self.templates]
@@ -170,7 +175,7 @@ def from_sentence_encoder(
     config = DualEncoderConfig(list(classes), list(templates), float(logit_scale), pooling, pooling, heads)
     base = copy.deepcopy(model).eval()
     towers = EncoderTower(base, pooling), EncoderTower(copy.deepcopy(base), pooling)
-    return DualEncoderClassifier(*towers, tokenize_prompts(tokenizer, config), config)
+    return DualEncoderClassifier(*towers, tokenize_prompts(tokenizer, config), config).eval()
 
 
 def from_clip(
@@ -206,4 +211,33 @@ def from_clip(
             raise ValueError("from_clip needs a tokenizer or prompt_inputs")
         prompt_inputs = tokenize_prompts(tokenizer, config)
     towers = EncoderTower(vision, "image_embeds"), EncoderTower(text, "text_embeds")
-    return DualEncoderClassifier(*towers, dict(prompt_inputs), config)
+    return DualEncoderClassifier(*towers, dict(prompt_inputs), config).eval()
+
+
+def load_dual_encoder(
+    name_or_path: str,
+    classes: Sequence[str],
+    templates: Sequence[str] | None = None,
+    logit_scale: float | None = None,
+    heads: HeadPool = "both",
+) -> DualEncoderClassifier:
+    """A zero-shot classifier from a Hugging Face checkpoint (hub id or directory): a ``CLIPModel``
+    (templates default to "A photo of a {}.", CLIP's scale) or a sentence encoder in the BERT
+    family (mean pooling; templates default to "{}", scale to `SENTENCE_LOGIT_SCALE`)."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from ..models import resolve_model_path
+
+    path = resolve_model_path(name_or_path)
+    config = AutoConfig.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if config.model_type == "clip":
+        from transformers import CLIPModel
+
+        if logit_scale is not None:
+            raise ValueError("a CLIP model brings its own learned logit scale; do not give one")
+        clip = CLIPModel.from_pretrained(path).eval()
+        return from_clip(clip, classes, templates or ("A photo of a {}.",), tokenizer=tokenizer, heads=heads)
+    encoder = AutoModel.from_pretrained(path).eval()
+    scale = SENTENCE_LOGIT_SCALE if logit_scale is None else logit_scale
+    return from_sentence_encoder(encoder, tokenizer, classes, templates or ("{}",), scale, heads)

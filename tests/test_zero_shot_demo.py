@@ -1,0 +1,67 @@
+"""The zero-shot demo end to end on the real MiniLM-L6, reduced to a few texts."""
+
+from __future__ import annotations
+
+import json
+
+from hydra_ensembles.experiment import DemoConfig
+from hydra_ensembles.zero_shot_demo import run_zero_shot_demo
+
+
+def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsys, monkeypatch):
+    config = DemoConfig.preset(
+        "zero-shot",
+        train_limit=8,
+        val_limit=24,
+        test_limit=24,
+        ood_limit=12,
+        shift_limit=4,
+        members=2,
+        pruned_per_member=12,
+        pool_size=16,
+        circuit_budget=16,
+        circuit_id_items=6,
+        circuit_ood_items=6,
+        circuit_length=12,
+        max_length=16,
+        curve_step=8,
+        out_dir=tmp_path / "report",
+        cache_dir=tmp_path / "cache",
+        bench_repeats=1,
+    )
+    first = run_zero_shot_demo(config)
+    assert "Hydra (Circ, input tower)" in capsys.readouterr().out
+    results = first["results"]
+    assert list(results) == [
+        "Single",
+        "Single + TS",
+        "Taylor (single pruned)",
+        "CircAvg (single pruned)",
+        "Hydra (Taylor)",
+        "Hydra (Circ)",
+        "Hydra (Circ) + TS",
+        "Hydra (Circ) + TS per member",
+        "Hydra (Circ, input tower)",
+    ]
+    for method in results.values():
+        assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}
+        assert 0 <= method["classification"]["acc"] <= 1
+    assert results["Single"]["classification"]["acc"] > 0.5  # zero-shot MiniLM knows news topics
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "zero-shot benchmark" in report and "no training" in report and "## Cost" in report
+    cost = json.loads((tmp_path / "report" / "cost.json").read_text())["methods"]
+    assert set(cost) == {"Single", "Hydra (Circ)", "Hydra (Circ, input tower)"}
+    assert cost["Single"]["params"] == 22_713_216  # the input tower only: MiniLM-L6 with its pooler
+    assert cost["Hydra (Circ)"]["gmacs"] < 2 * cost["Single"]["gmacs"]  # 2 members, 12 of 144 heads pruned
+    curves = json.loads((tmp_path / "report" / "pruning_curves.json").read_text())
+    assert [n for n, _ in curves["accuracy"]["CircAvg"]] == [0, 8, 16]
+
+    import hydra_ensembles.zero_shot_demo as demo
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the cache should have served this")
+
+    for name in ("extract_circuit", "taylor_scores", "taylor_head_set"):
+        monkeypatch.setattr(demo, name, forbidden)
+    second = run_zero_shot_demo(config)
+    assert second["results"]["Hydra (Circ)"] == results["Hydra (Circ)"]

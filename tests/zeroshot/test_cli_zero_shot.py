@@ -1,0 +1,86 @@
+"""``hydra-ens zero-shot`` on a tiny random CLIP saved to disk (tokenizer, image processor) and an
+image file: circuit over both towers, fused model saved, then eval and predict load it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import CLIPImageProcessor, PreTrainedTokenizerFast
+
+from hydra_ensembles.cli import main
+from hydra_ensembles.zeroshot import ZeroShotHydra, load_dual_encoder
+from tests.factories import tiny_clip_model
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    """A 3-channel tiny CLIP with a word-level tokenizer (eos 2) and an 8 x 8 image processor,
+    plus labelled ID images and unlabelled OOD images in .npz files."""
+    root = tmp_path_factory.mktemp("clip")
+    clip = tiny_clip_model()
+    clip.config.vision_config.num_channels = 3
+    torch.manual_seed(0)
+    clip = type(clip)(clip.config).eval()
+    clip.save_pretrained(root / "model")
+    vocab = {
+        "<unk>": 0,
+        "<pad>": 1,
+        "</s>": 2,
+        **{w: i for i, w in enumerate(["a", "photo", "of", "cat", "dog", "car"], 3)},
+    }
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", eos_token="</s>"
+    ).save_pretrained(root / "model")
+    CLIPImageProcessor(size={"shortest_edge": 8}, crop_size={"height": 8, "width": 8}).save_pretrained(
+        root / "model"
+    )
+    rng = np.random.default_rng(0)
+    np.savez(root / "id.npz", x=rng.integers(0, 256, (12, 8, 8), dtype=np.uint8), y=np.arange(12) % 3)
+    np.savez(root / "ood.npz", x=rng.integers(0, 256, (8, 8, 8), dtype=np.uint8), y=np.zeros(8, dtype=int))
+    return root
+
+
+def test_load_dual_encoder_reads_a_clip_checkpoint_with_its_tokenizer(clip_dir):
+    model = load_dual_encoder(str(clip_dir / "model"), ["cat", "dog", "car"])
+    assert model.config.templates == ["A photo of a {}."]
+    assert model.config.input_pooling == "image_embeds"
+    assert tuple(model.prompt_inputs["input_ids"][0, -1:].tolist()) == (2,)  # ends in end-of-text
+    with pytest.raises(ValueError, match="own learned logit scale"):
+        load_dual_encoder(str(clip_dir / "model"), ["cat", "dog"], logit_scale=10.0)
+
+
+def test_zero_shot_command_builds_a_model_that_eval_and_predict_load(clip_dir, tmp_path, capsys):
+    out = tmp_path / "zs"
+    args = [
+        "zero-shot", str(clip_dir / "model"), "--labels", "cat,dog,car", "--template", "a photo of {}",
+        "--template", "{}", "--data", str(clip_dir / "id.npz"), "--ood-data", str(clip_dir / "ood.npz"),
+        "--members", "2", "--num-pruned", "3", "--pool-size", "5", "--out", str(out),
+    ]  # fmt: skip
+    assert main(args) == 0
+    assert "saved the zero-shot Hydra" in capsys.readouterr().out
+    model = ZeroShotHydra.from_pretrained(out / "zero-shot")
+    assert model.num_members == 2 and model.config.classes == ["cat", "dog", "car"]
+    assert len(json.loads((out / "circuit.json").read_text())["removed"]) == 5
+    assert not (out / "circuit-checkpoint.json").exists()
+    report = tmp_path / "eval"
+    code = main(
+        ["eval", "--method", f"Hydra={out / 'zero-shot'}", "--id-data", str(clip_dir / "id.npz"),
+         "--ood", f"noise={clip_dir / 'ood.npz'}:far", "--out", str(report)]
+    )  # fmt: skip
+    assert code == 0
+    results = json.loads((report / "results.json").read_text())["results"]
+    assert 0 <= results["Hydra"]["classification"]["acc"] <= 1
+    preds = tmp_path / "preds.csv"
+    assert (
+        main(["predict", str(out / "zero-shot"), "--data", str(clip_dir / "ood.npz"), "--out", str(preds)])
+        == 0
+    )
+    assert len(preds.read_text().splitlines()) == 1 + 8
+    assert main(args) == 2  # a finished result is not overwritten silently
