@@ -66,3 +66,6 @@ def get_adapter(model: nn.Module) -> ArchitectureAdapter:
         f"unsupported architecture {type(model).__name__} (model_type={model_type!r}); "
         f"supported families: {', '.join(supported_families())}"
     )
+
+
+DualEncoderAdapter.tower_adapter = staticmethod(get_adapter)

@@ -9,6 +9,8 @@ see one list of layers.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import ClassVar
 
 from torch import nn
 
@@ -21,9 +23,11 @@ class DualEncoderAdapter(ArchitectureAdapter):
     family = "dual encoder (zero-shot)"
     model_types = ("hydra_dual_encoder",)
 
-    def __init__(self, model: nn.Module) -> None:
-        from . import get_adapter
+    tower_adapter: ClassVar[Callable[[nn.Module], ArchitectureAdapter]]
+    """How a tower's own adapter is found (`adapters.get_adapter`, set by the package)."""
 
+    def __init__(self, model: nn.Module) -> None:
+        get_adapter = type(self).tower_adapter
         self.prefix = ""
         self.layers_path = ""
         self.parts: list[tuple[str, ArchitectureAdapter, int]] = []
