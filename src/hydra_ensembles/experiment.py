@@ -671,39 +671,56 @@ def _train_baselines(run: DemoRun) -> Baselines:
 
 def _rank_heads(run: DemoRun, base: torch.nn.Module) -> Rankings:
     """Taylor scores, Taylor's one-shot head set, and the CircAvg circuit (resumable)."""
-    config, compute = run.config, run.compute.name
+    config = run.config
     calib = run.bench.train[: max(1, 64 // config.budget.batch_size)]
-    rank_key = {**run.bench.key, "base": run.base_settings, "precision": compute}
+    key = {**run.bench.key, "base": run.base_settings, "precision": run.compute.name}
+    return rank_model(run, base, calib, config.heads_per_layer, key)
+
+
+def rank_model(
+    run: DemoRun,
+    model: torch.nn.Module,
+    calib: list[dict],
+    keep: int,
+    key: dict[str, Any],
+    kind: str = "",
+    label: str = "",
+) -> Rankings:
+    """Taylor scores on ``calib``, Taylor's per-layer head set keeping ``keep`` heads, and the
+    CircAvg circuit on the benchmark's circuit data (resumable), each cached under ``key``.
+    ``kind`` prefixes the cache kinds and ``label`` names the stages (for several models)."""
+    config, compute = run.config, run.compute.name
+    named = f", {label}" if label else ""
     scores = run.cached_json(
-        "Taylor scores",
-        "taylor-scores",
-        rank_key,
-        lambda: taylor_scores(base, calib, precision=compute).tolist(),
+        f"Taylor scores{f' ({label})' if label else ''}",
+        f"{kind}taylor-scores",
+        key,
+        lambda: taylor_scores(model, calib, precision=compute).tolist(),
     )
     single = run.cached_json(
-        "Taylor pruning (prune -> recompute)",
-        "taylor-heads",
-        {**rank_key, "keep": config.heads_per_layer},
-        lambda: taylor_head_set(base, calib, config.heads_per_layer, precision=compute).to_dict(),
+        f"Taylor pruning (prune -> recompute{named})",
+        f"{kind}taylor-heads",
+        {**key, "keep": keep},
+        lambda: taylor_head_set(model, calib, keep, precision=compute).to_dict(),
     )
     circuit_key = {
-        **rank_key,
+        **key,
         "budget": config.circuit_budget,
         "id": config.circuit_id_items,
         "ood": config.circuit_ood_items,
         "objective": "avg",
         "length": config.circuit_length,
     }
-    checkpoint = run.cache.path("circuit-progress", circuit_key) / "checkpoint.json"
+    checkpoint = run.cache.path(f"{kind}circuit-progress", circuit_key) / "checkpoint.json"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     if not config.use_cache:
         checkpoint.unlink(missing_ok=True)
     order = run.cached_json(
-        "circuit extraction (CircAvg)",
-        "circuit",
+        f"circuit extraction (CircAvg{named})",
+        f"{kind}circuit",
         circuit_key,
         lambda: extract_circuit(
-            base,
+            model,
             run.bench.circuit_id,
             run.bench.circuit_ood,
             "avg",

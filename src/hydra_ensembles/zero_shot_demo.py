@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
 from transformers import AutoModel
 
 from .experiment import (
@@ -36,11 +35,12 @@ from .experiment import (
     _report_meta,
     _start,
     _write_report,
+    rank_model,
 )
 from .heads import HeadSet
 from .members import sample_members
 from .models import load_tokenizer, resolve_model_path
-from .scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
+from .scoring import CircuitOrder
 from .surgery import heads_per_layer, prune
 from .zeroshot import DualEncoderClassifier, from_sentence_encoder, fuse_dual_encoder
 
@@ -83,50 +83,12 @@ def run_zero_shot_demo(config: DemoConfig) -> dict[str, Any]:
 
 
 def _rank(run: DemoRun, model: DualEncoderClassifier, pool: str) -> Rankings:
-    """Taylor scores, Taylor's per-layer head set and the CircAvg order over ``pool``'s heads."""
-    config, compute = run.config, run.compute.name
-    calib = run.bench.val[:1]
+    """Taylor scores (zero-shot cross-entropy on ID validation texts), Taylor's per-layer head set
+    pruning as many heads as the members, and the CircAvg order over ``pool``'s heads."""
     counts = heads_per_layer(model)
-    keep = counts[0] - config.pruned_per_member // len(counts)  # Taylor prunes as many heads
-    key = {**run.bench.key, "zero-shot": list(TEMPLATES), "pool": pool, "precision": compute}
-    scores = run.cached_json(
-        f"Taylor scores ({pool})",
-        "zs-taylor",
-        key,
-        lambda: taylor_scores(model, calib, precision=compute).tolist(),
-    )
-    single = run.cached_json(
-        f"Taylor pruning ({pool})",
-        "zs-taylor-heads",
-        {**key, "keep": keep},
-        lambda: taylor_head_set(model, calib, keep, precision=compute).to_dict(),
-    )
-    circuit_key = {
-        **key,
-        "budget": config.circuit_budget,
-        "id": config.circuit_id_items,
-        "ood": config.circuit_ood_items,
-        "length": config.circuit_length,
-    }
-    checkpoint = run.cache.path("zs-circuit-progress", circuit_key) / "checkpoint.json"
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    if not config.use_cache:
-        checkpoint.unlink(missing_ok=True)
-    order = run.cached_json(
-        f"circuit extraction (CircAvg, {pool})",
-        "zs-circuit",
-        circuit_key,
-        lambda: extract_circuit(
-            model,
-            run.bench.circuit_id,
-            run.bench.circuit_ood,
-            "avg",
-            config.circuit_budget,
-            checkpoint=checkpoint,
-            precision=compute,
-        ).to_dict(),
-    )
-    return Rankings(torch.tensor(scores), HeadSet.from_dict(single), CircuitOrder.from_dict(order))
+    keep = counts[0] - run.config.pruned_per_member // len(counts)
+    key = {**run.bench.key, "zero-shot": list(TEMPLATES), "pool": pool, "precision": run.compute.name}
+    return rank_model(run, model, run.bench.val[:1], keep, key, kind="zs-", label=pool)
 
 
 def _prune(run: DemoRun, dual, dual_input, rankings: Rankings, input_circuit: CircuitOrder) -> PrunedModels:

@@ -30,29 +30,30 @@ class DualEncoderAdapter(ArchitectureAdapter):
         get_adapter = type(self).tower_adapter
         self.prefix = ""
         self.layers_path = ""
-        self.parts: list[tuple[str, ArchitectureAdapter, int]] = []
-        """(tower path, its adapter, its first joint layer) per pruned tower."""
-        self.spans: dict[str, range] = {}
-        """The joint layer indices of each pruned tower."""
+        self.parts: list[tuple[str, ArchitectureAdapter, range]] = []
+        """(tower path, its adapter, its joint layer indices) per pruned tower."""
         start = 0
         for path in model.tower_paths:
             tower = model.get_submodule(path)
             adapter = get_adapter(tower)
-            self.parts.append((path, adapter, start))
-            self.spans[path] = range(start, start + adapter.num_layers(tower))
-            start += adapter.num_layers(tower)
+            count = adapter.num_layers(tower)
+            self.parts.append((path, adapter, range(start, start + count)))
+            start += count
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
         return bool(getattr(model, "is_dual_encoder", False))
 
+    @property
+    def spans(self) -> dict[str, range]:
+        """The joint layer indices of each pruned tower."""
+        return {path: span for path, _, span in self.parts}
+
     def locate(self, layer: int) -> tuple[str, ArchitectureAdapter, int]:
         """(tower path, tower adapter, layer within the tower) of joint layer ``layer``."""
-        if layer < 0:
-            raise IndexError(f"layer {layer} out of range")
-        for path, adapter, start in reversed(self.parts):
-            if layer >= start:
-                return path, adapter, layer - start
+        for path, adapter, span in self.parts:
+            if layer in span:
+                return path, adapter, layer - span.start
         raise IndexError(f"layer {layer} out of range")
 
     def encoder_config(self, model: nn.Module):
