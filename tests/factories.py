@@ -12,6 +12,8 @@ from transformers import (
     CLIPForImageClassification,
     DeiTConfig,
     DeiTForImageClassification,
+    Dinov2Config,
+    Dinov2ForImageClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
     ElectraConfig,
@@ -119,6 +121,22 @@ def tiny_deit(
     return DeiTForImageClassification(config).eval()
 
 
+def tiny_dinov2(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
+) -> Dinov2ForImageClassification:
+    """DINOv2: ViT's layout with per-channel layer scales (set away from 1 and distinct per layer,
+    so a test notices one applied twice or dropped) and a head on [CLS] and the mean patch."""
+    torch.manual_seed(seed)
+    fields = _image(**_encoder(layers, heads, head_dim, labels, init_range))
+    fields.pop("intermediate_size")
+    model = Dinov2ForImageClassification(Dinov2Config(**fields, mlp_ratio=2, layerscale_value=0.5))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("lambda1"):
+                param.uniform_(0.2, 1.5)
+    return model.eval()
+
+
 def tiny_clip(
     layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
 ) -> CLIPForImageClassification:
@@ -170,6 +188,7 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "distilbert": (tiny_distilbert, text_inputs),
     "vit": (tiny_vit, image_inputs),
     "deit": (tiny_deit, image_inputs),
+    "dinov2": (tiny_dinov2, image_inputs),
     "clip": (tiny_clip, image_inputs),
 }
 """Every supported family: (tiny model factory, input factory); tests parametrize over it."""

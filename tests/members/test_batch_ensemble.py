@@ -55,7 +55,7 @@ def _member_models(model, converted):
     return members
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert", "vit", "clip"])
+@pytest.mark.parametrize("family", ["bert", "distilbert", "vit", "dinov2", "clip"])
 def test_converted_model_equals_its_members_one_by_one(family):
     factory, inputs = FAMILIES[family]
     model = factory(layers=2, heads=4, head_dim=3, init_range=0.3)

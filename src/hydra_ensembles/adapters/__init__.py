@@ -10,6 +10,7 @@ from torch import nn
 from .base import ArchitectureAdapter, AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention
 from .bert import BertAdapter
 from .clip import ClipTextAdapter, ClipVisionAdapter
+from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
 from .dual import DualEncoderAdapter
 from .vit import ViTAdapter
@@ -21,6 +22,7 @@ __all__ = [
     "BertAdapter",
     "ClipTextAdapter",
     "ClipVisionAdapter",
+    "Dinov2Adapter",
     "DistilBertAdapter",
     "DualEncoderAdapter",
     "UnsupportedModelError",
@@ -37,6 +39,7 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     BertAdapter,
     DistilBertAdapter,
     ViTAdapter,
+    Dinov2Adapter,
     ClipVisionAdapter,
     ClipTextAdapter,
 ]

@@ -1,0 +1,28 @@
+"""DINOv2 family: ``Dinov2Model`` and ``Dinov2ForImageClassification`` (ViT layout plus layer scale)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .base import Part
+from .vit import ViTAdapter
+
+
+class Dinov2Adapter(ViTAdapter):
+    """``encoder.layer[i].attention.{q,k,v,o}_proj`` as in ViT; each layer also scales its
+    attention and MLP outputs per channel (``layer_scale1``/``layer_scale2``), which fusion treats
+    like a LayerNorm's gain: kept per member unless ``norms="merge"``."""
+
+    family = "DINOv2"
+    model_types = ("dinov2",)
+    head_modules = ("classifier",)
+
+    def part_of(self, path: str, module: nn.Module) -> Part:
+        part = super().part_of(path, module)
+        if part == "mlp" and path.rpartition(".")[2].startswith("layer_scale"):
+            return "norm"
+        return part
+
+    def mlp_width(self, model: nn.Module) -> int:
+        config = self.encoder_config(model)
+        return int(config.hidden_size * config.mlp_ratio)
