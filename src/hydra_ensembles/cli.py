@@ -31,7 +31,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .cost import count_parameters
     from .fusion import HydraModel
     from .loading import load_any
-    from .members import batch_ensemble_members
+    from .members import batch_ensemble_members, head_ensemble_members
     from .surgery import kept_heads
 
     model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model
@@ -51,6 +51,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"model: {args.model} ({type(model).__name__}, family {adapter.family})")
     if (members := batch_ensemble_members(model)) > 1:
         print(f"BatchEnsemble of {members} members (rank-1 factors on every linear layer)")
+    if (members := head_ensemble_members(model)) > 1:
+        print(f"Deep Ensemble (D): one backbone, {members} task heads")
     print(f"layers: {len(original)}; heads per layer: {[len(k) for k in kept]} of {original}")
     print(f"parameters: {count_parameters(model):,}")
     return 0

@@ -3,9 +3,9 @@
 Text (default): MiniLM-L6 fine-tuned on BBC News; image: DINOv2-S/14 (pretrained, converted from
 an offline ONNX graph) fine-tuned on Fashion-MNIST at 56 pixels, or with ``--model vit-6x12-p7`` a
 small ViT trained from scratch (``tasks`` describes the data). Fine-tune (or train) the base ->
-Taylor scores and circuit extraction -> members -> fine-tune members -> fuse -> evaluate every method (Single,
-temperature scaling, MC dropout, Deep Ensembles, LoRA-Ensemble, single pruned models, Hydra) ->
-cost benchmark -> report.
+Taylor scores and circuit extraction -> members -> fine-tune members -> fuse -> evaluate every
+method (Single, temperature scaling, MC dropout, Deep Ensembles of M fine-tunes and (D) of M
+heads on one backbone, LoRA-Ensemble, single pruned models, Hydra) -> cost benchmark -> report.
 
 Every method gets the same training budget: the same training data, epochs, learning rate,
 schedule, batch size and token length (`TrainingBudget`), with no early stopping (so no
@@ -49,7 +49,15 @@ from .evaluation import (
 from .fusion import fuse
 from .heads import HeadSet
 from .io import atomic_write_json
-from .members import FineTuneConfig, load_member, member_overlap, sample_members, save_member
+from .members import (
+    FineTuneConfig,
+    head_ensemble,
+    load_member,
+    member_overlap,
+    sample_members,
+    save_member,
+    train_head_ensemble,
+)
 from .members.batch_ensemble import batch_ensemble
 from .members.ensemble import DeepEnsemble, has_dropout
 from .members.finetune import fine_tune
@@ -463,6 +471,16 @@ def train_batch_ensemble(
     return model
 
 
+def train_heads(
+    bench: Benchmark, settings: FineTuneConfig, base: torch.nn.Module, members: int
+) -> torch.nn.Module:
+    """Deep Ensembles (D): ``members`` task heads (seeds 0..M-1) trained with ``settings`` on the
+    frozen backbone of the fine-tuned ``base``."""
+    model = head_ensemble(base, members, seed=0)
+    train_head_ensemble(model, bench.train, settings)
+    return model
+
+
 def demo_starting_point(task: str) -> tuple[DemoConfig, Benchmark, torch.nn.Module]:
     """The demo's default configuration, benchmark and trained Single model (from the cache, or
     trained and cached): what baseline-selection scripts start from."""
@@ -622,6 +640,8 @@ class Baselines:
     """Single models of seeds 0..M-1: the first is "Single", all of them the deep ensemble."""
     loras: list[torch.nn.Module]
     batch_ensembles: dict[str, torch.nn.Module]
+    head_ensemble: torch.nn.Module
+    """Deep Ensembles (D): Single's backbone with M task heads trained from seeds 0..M-1."""
 
 
 @dataclass
@@ -726,7 +746,14 @@ def _train_baselines(run: DemoRun) -> Baselines:
             config.batch_ensemble_init_std,
         )
         batch_ensembles[name] = run.cached_model(f"fine-tune: {name}", "batch-ensemble", key, build)
-    return Baselines(singles, loras, batch_ensembles)
+    settings = config.budget.config(0)
+    heads = run.cached_model(
+        f"train {config.members} heads on Single's backbone (Deep Ensemble (D))",
+        "head-ensemble",
+        model_key(bench, settings, base=run.base_settings, members=config.members),
+        partial(train_heads, bench, settings, singles[0], config.members),
+    )
+    return Baselines(singles, loras, batch_ensembles, heads)
 
 
 def _rank_heads(run: DemoRun, base: torch.nn.Module) -> Rankings:
@@ -855,6 +882,7 @@ def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[M
     deep = f"Deep Ensemble (M={config.members})"
     methods = [
         Method("Single", base, full, calibrate=True, cost_name="Single", reliability=True),
+        Method(f"Deep Ensemble (D, M={config.members})", baselines.head_ensemble, full),
         *([Method("MC Dropout", base, full, mc_samples=config.mc_samples)] if has_dropout(base) else []),
         Method(deep, DeepEnsemble(baselines.singles), full, cost_name="Deep Ensemble", reliability=True),
         Method(f"LoRA-Ensemble (M={config.members})", DeepEnsemble(baselines.loras), full),

@@ -10,6 +10,7 @@ from .finetune import (
     fine_tune,
     trainable_parameters,
 )
+from .head_ensemble import head_ensemble, head_ensemble_members, train_head_ensemble
 from .lora import lora_fine_tune
 from .sampling import least_useful_first, member_overlap, sample_members
 from .storage import MemberLoadError, load_member, save_member
@@ -27,11 +28,14 @@ __all__ = [
     "batch_ensemble_members",
     "evaluate_nll",
     "fine_tune",
+    "head_ensemble",
+    "head_ensemble_members",
     "least_useful_first",
     "load_member",
     "lora_fine_tune",
     "member_overlap",
     "sample_members",
     "save_member",
+    "train_head_ensemble",
     "trainable_parameters",
 ]

@@ -21,6 +21,7 @@ from ..batching import batch_rows, member_stacked
 from ..io import atomic_write_json, read_json
 from ..outputs import EnsembleOutput
 from .batch_ensemble import batch_ensemble_members
+from .head_ensemble import head_ensemble_members
 from .storage import MemberLoadError, load_member, save_member
 
 CONFIG_NAME = "ensemble_config.json"
@@ -140,7 +141,8 @@ Ensemble = nn.Module
 
 def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> Ensemble:
     """``model`` as an ensemble: itself where it is one already (a `HydraModel`, `DeepEnsemble`,
-    ...), a list of models as a `DeepEnsemble`, a BatchEnsemble as `StackedMembers`, one model
+    ...), a list of models as a `DeepEnsemble`, a BatchEnsemble or a model with an ensemble of
+    heads (`head_ensemble`) as `StackedMembers`, one model
     as an ensemble of one, or, with ``mc_samples``, as `MCDropout`."""
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         if mc_samples:
@@ -152,6 +154,6 @@ def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> 
         return model
     if mc_samples:
         return MCDropout(model, mc_samples)
-    if (members := batch_ensemble_members(model)) > 1:
+    if (members := max(batch_ensemble_members(model), head_ensemble_members(model))) > 1:
         return StackedMembers(model, members)
     return DeepEnsemble([model])

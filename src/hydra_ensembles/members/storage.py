@@ -13,6 +13,7 @@ from ..models import build_model
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
 from ..surgery import FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
 from .batch_ensemble import BATCH_ENSEMBLE_KEY, batch_ensemble
+from .head_ensemble import HEAD_ENSEMBLE_KEY, head_ensemble
 
 CONFIG_NAME = "member_config.json"
 FORMAT = "hydra-ensembles/member"
@@ -26,8 +27,8 @@ class MemberLoadError(ValueError):
 
 
 def save_member(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write a (pruned, or BatchEnsemble) model: its config with the kept heads (and members), and
-    its weights."""
+    """Write a (pruned, BatchEnsemble, or head-ensemble) model: its config with the kept heads
+    (and members), and its weights."""
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -61,12 +62,15 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     heads = config.pop(KEPT_HEADS_KEY, None)
     base_print = config.pop(FINGERPRINT_KEY, None)
     members = config.pop(BATCH_ENSEMBLE_KEY, None)
+    heads_members = config.pop(HEAD_ENSEMBLE_KEY, None)
     model = build_model(meta["model_class"], config, meta.get("attn_implementation"))
     if heads is not None:
         model = prune(model, HeadSet.from_dict(heads))
         setattr(model.config, FINGERPRINT_KEY, base_print)
     if members:  # the architecture of a BatchEnsemble; its weights come from the file
         model = batch_ensemble(model, int(members), init_std=0.0)
+    if heads_members:  # likewise for an ensemble of task heads
+        model = head_ensemble(model, int(heads_members))
     dtype = next(iter(state.values())).dtype
     model.to(dtype).load_state_dict(state, strict=True)
     assert kept_heads(model) is not None

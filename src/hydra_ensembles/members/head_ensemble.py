@@ -1,0 +1,122 @@
+"""Deep Ensembles (D), the paper's cheap text baseline (section 5.2): one fine-tuned backbone
+shared by M task heads, each initialised from its own seed and trained on the frozen backbone.
+
+`head_ensemble(model, M)` returns a copy of ``model`` (same class) whose task head is
+`MemberHeads`: M fresh copies of the head reading the same input. The backbone runs once on the
+B input rows and the logits come member-stacked (M*B rows, member m in rows m*B .. (m+1)*B - 1),
+the convention of BatchEnsemble, so `predict` and `fine_tune` treat it as any ensemble.
+`train_head_ensemble` trains only the heads (the backbone stays as fine-tuned).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..adapters import get_adapter
+from ..batching import batch_rows
+from .finetune import FineTuneConfig, FineTuneResult, fine_tune
+
+HEAD_ENSEMBLE_KEY = "hydra_head_ensemble_members"
+"""Config attribute recording the number of task heads (saved with the model)."""
+
+
+class MemberHeads(nn.Module):
+    """M copies of one task-head module. Given the B rows the backbone computed, each head reads
+    them all and the outputs are stacked along the batch (M*B rows); given M*B member-stacked
+    rows (the output of an earlier `MemberHeads`, e.g. DistilBERT's ``pre_classifier`` before its
+    ``classifier``), head m reads member m's rows."""
+
+    def __init__(self, heads: Iterable[nn.Module]) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(heads)
+        self.batch_rows: int | None = None
+        """The model's input rows in the current forward (set by the model's pre-hook)."""
+
+    def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        members = len(self.heads)
+        if self.batch_rows is not None and members > 1 and hidden.shape[0] == members * self.batch_rows:
+            chunks = hidden.chunk(members)
+            return torch.cat([head(x, *args, **kwargs) for head, x in zip(self.heads, chunks, strict=True)])
+        return torch.cat([head(hidden, *args, **kwargs) for head in self.heads])
+
+
+class _RecordRows:
+    """Forward pre-hook: tell every `MemberHeads` how many rows the model's input has."""
+
+    def __init__(self, heads: list[MemberHeads]) -> None:
+        self.heads = heads
+
+    def __call__(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+        rows = batch_rows({**dict(enumerate(args)), **kwargs})
+        for head in self.heads:
+            head.batch_rows = rows
+
+
+def head_ensemble(model: nn.Module, num_members: int = 3, seed: int = 0) -> nn.Module:
+    """A copy of ``model`` with ``num_members`` task heads, head m initialised as the model family
+    initialises a new head, from seed ``seed + m``; ``model`` is not modified."""
+    if num_members < 1:
+        raise ValueError(f"an ensemble needs at least one member, got {num_members}")
+    if head_ensemble_members(model) > 1:
+        raise ValueError("the model has an ensemble of heads already")
+    names = get_adapter(model).task_head_modules(model)
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no task head to ensemble")
+    converted = copy.deepcopy(model)
+    installed = []
+    for name in names:
+        heads = []
+        for m in range(num_members):
+            head = copy.deepcopy(getattr(model, name))
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + m)
+                for module in head.modules():
+                    _initialise(converted, module)
+            heads.append(head)
+        installed.append(MemberHeads(heads))
+        setattr(converted, name, installed[-1])
+    setattr(converted.config, HEAD_ENSEMBLE_KEY, num_members)
+    converted.register_forward_pre_hook(_RecordRows(installed), with_kwargs=True)
+    return converted
+
+
+def _initialise(model: nn.Module, module: nn.Module) -> None:
+    """Initialise ``module`` as ``model``'s family initialises new weights (Hugging Face's
+    ``_init_weights``), or with PyTorch's defaults where the model has none."""
+    init = getattr(model, "_init_weights", None)
+    if init is not None and isinstance(module, nn.Linear):
+        init(module)
+    elif hasattr(module, "reset_parameters"):
+        module.reset_parameters()
+
+
+def head_ensemble_members(model: nn.Module) -> int:
+    """M for a model made by `head_ensemble`, 1 for any other model."""
+    return int(getattr(getattr(model, "config", None), HEAD_ENSEMBLE_KEY, None) or 1)
+
+
+def train_head_ensemble(
+    model: nn.Module, train: Iterable[dict[str, Any]], config: FineTuneConfig, progress: bool = True
+) -> FineTuneResult:
+    """Train only the `MemberHeads` of a `head_ensemble` model (each head on the mean loss of the
+    members, so each head gets its own gradient); the shared backbone stays frozen."""
+    heads = [module for module in model.modules() if isinstance(module, MemberHeads)]
+    if not heads:
+        raise ValueError("the model has no MemberHeads: make it with head_ensemble first")
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for module in heads:
+        for param in module.parameters():
+            param.requires_grad_(True)
+    try:
+        return fine_tune(model, train, None, replace(config, trainable=None), progress=progress)
+    finally:
+        for name, param in model.named_parameters():
+            param.requires_grad_(flags[name])
