@@ -81,6 +81,7 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         bench_repeats=1,
         trunk_study=True,
         batch_ensemble=True,
+        wanda=True,
     )
     first = run_demo(config)
     out = capsys.readouterr().out
@@ -96,7 +97,8 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     ):
         assert section in report
     results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
-    assert set(results) == set(first["results"]) and len(results) == 15
+    assert set(results) == set(first["results"]) and len(results) == 16
+    assert "Wanda (unstructured, single pruned)" in results
     assert "Deep Ensemble (D, M=2)" in results
     assert "Hydra (Circ, shared trunk 3/6)" in results
     # the suite computes in fp32 (HYDRA_PRECISION): no reduced-precision row to compare with fp32

@@ -116,6 +116,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "use_cache": not args.no_cache,
         "trunk_study": args.trunk_study,
         "batch_ensemble": args.batch_ensemble,
+        "wanda": args.wanda,
     }
     if args.model:
         overrides["model"] = args.model
@@ -1035,6 +1036,11 @@ def _add_demo_command(sub) -> None:
     )
     demo.add_argument(
         "--batch-ensemble", action="store_true", help="also report a BatchEnsemble baseline (M members)"
+    )
+    demo.add_argument(
+        "--wanda",
+        action="store_true",
+        help="also report unstructured pruning (Wanda) at Taylor's parameter budget, fine-tuned",
     )
     precision_option(demo)
     demo.set_defaults(func=_cmd_demo)

@@ -63,6 +63,7 @@ from .members.ensemble import DeepEnsemble, has_dropout
 from .members.finetune import fine_tune
 from .members.lora import lora_fine_tune
 from .members.sampling import least_useful_first
+from .members.unstructured import make_permanent, matched_sparsity, wanda_prune
 from .metrics import classification
 from .models import (
     DEFAULT_IMAGE_MODEL,
@@ -187,6 +188,10 @@ class DemoConfig:
     batch_ensemble: bool = False
     """Also report a BatchEnsemble of M members (the paper's baseline), converted from the
     pretrained model (text) or the trained Single model (image) and fine-tuned."""
+    wanda: bool = False
+    """Also report the unstructured baseline: Wanda (the paper's OBA is not implemented; see
+    `members.unstructured`) removing as many weights as Taylor's single pruned model removes,
+    then fine-tuned like it with its zeros kept."""
     batch_ensemble_init_std: float = 0.1
     """Spread of BatchEnsemble's rank-1 factors around 1, chosen on ID validation NLL among
     0.05 / 0.1 / 0.5 (``python benchmarks/batch_ensemble_std.py --task text|image``): 0.1 for
@@ -849,6 +854,8 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
         "Taylor": member("Taylor (single pruned)", rankings.taylor_single, 0),
         "CircAvg": member("CircAvg (single pruned)", rankings.circuit.head_set(config.pruned_per_member), 0),
     }
+    if config.wanda:
+        singles["Wanda"] = _wanda_member(run, base, singles["Taylor"])
     members = {
         kind: [member(f"{kind} member {m}", hs, m) for m, hs in enumerate(sets)]
         for kind, sets in member_heads.items()
@@ -865,6 +872,22 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
         ]
         trunks[f"Hydra (Circ, shared trunk {trunk}/{layers})"] = fuse(models, mlp="merge").eval()
     return PrunedModels(singles, member_heads, hydras, trunks)
+
+
+def _wanda_member(run: DemoRun, base: torch.nn.Module, matched: torch.nn.Module) -> torch.nn.Module:
+    """Wanda at the parameter budget of ``matched`` (calibrated on the Taylor calibration
+    batches), fine-tuned with the members' settings, its zeros kept."""
+    settings = run.config.budget.config(0, member=True)
+    sparsity = matched_sparsity(base, matched)
+    calib = run.bench.train[: max(1, 64 // run.config.budget.batch_size)]
+
+    def build() -> torch.nn.Module:
+        model = wanda_prune(base, calib, sparsity)
+        fine_tune(model, run.bench.train, None, settings, progress=True)
+        return make_permanent(model)
+
+    key = model_key(run.bench, settings, base=run.base_settings, wanda=round(sparsity, 6))
+    return run.cached_model(f"Wanda ({sparsity:.1%} of layer weights) + fine-tune", "wanda", key, build)
 
 
 def _pruned_member(base, heads: HeadSet, run: DemoRun, settings: FineTuneConfig) -> torch.nn.Module:
@@ -889,6 +912,11 @@ def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[M
         *(Method(n, m, full, cost_name=n) for n, m in baselines.batch_ensembles.items()),
         Method("Taylor (single pruned)", pruned.singles["Taylor"], f"{config.heads_per_layer}/{full_heads}"),
         Method("CircAvg (single pruned)", pruned.singles["CircAvg"], pruned_avg),
+        *(
+            [Method("Wanda (unstructured, single pruned)", pruned.singles["Wanda"], full)]
+            if "Wanda" in pruned.singles
+            else []
+        ),
         Method("Hydra (Taylor)", pruned.hydras["Hydra (Taylor)"], pruned_avg),
     ]
     circ = pruned.hydras["Hydra (Circ)"]
