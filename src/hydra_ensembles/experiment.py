@@ -202,7 +202,7 @@ class DemoConfig:
         """The default (about 5 minutes for text here) or ``full`` protocol of a task.
 
         Text full: every training text, 96 tokens, 3 epochs, circuit extraction on 48 + 48 texts
-        of 64 tokens, fp32 evaluation of every test text. Image (DINOv2-S at 56 px): 2,000 training
+        of 64 tokens, fp32 evaluation of every test text. Image (DINOv2-S at 56 px): 1,600 training
         images, one epoch, 12 of 72 heads pruned per member, circuits on 16 + 16 images; image
         full: 10,000 training images, two epochs, 24 of 72 heads pruned per member (the paper's
         share), circuits on 64 + 64 images, all 8,000 ID test images, fp32 evaluation. The small
@@ -232,11 +232,11 @@ class DemoConfig:
                 task="image",
                 model=DEFAULT_IMAGE_MODEL,
                 out_dir=Path("runs/demo-image"),
-                train_limit=2000,
-                val_limit=500,
+                train_limit=1600,
+                val_limit=400,
                 test_limit=1000,
                 ood_limit=200,
-                shift_limit=40,
+                shift_limit=30,
                 heads_per_layer=5,
                 pruned_per_member=12,  # 12 of 72 heads (1/6): Taylor keeps 5 of 6 per layer
                 pool_size=24,
