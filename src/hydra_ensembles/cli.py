@@ -1006,7 +1006,7 @@ def _add_demo_command(sub) -> None:
     demo = sub.add_parser(
         "demo",
         help="the paper's experiment on an embedded benchmark (text: MiniLM-L6 on BBC News; "
-        "image: a small ViT trained from scratch on Fashion-MNIST)",
+        "image: pretrained DINOv2-S fine-tuned on Fashion-MNIST)",
     )
     demo.add_argument(
         "--task",
@@ -1023,7 +1023,8 @@ def _add_demo_command(sub) -> None:
     demo.add_argument(
         "--model",
         help=f"text: a BERT/RoBERTa/DistilBERT hub id or directory (default {DEFAULT_TEXT_MODEL}); "
-        f"image: a small-ViT architecture name (default {DEFAULT_IMAGE_MODEL})",
+        f"image: {DEFAULT_IMAGE_MODEL} (default; dinov2-s-<px> for another input size) or "
+        "vit-6x12-p7 (a small ViT trained from scratch)",
     )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
