@@ -335,6 +335,18 @@ class DemoConfig:
             + (" --full" if self.full else "")
         )
 
+    def sample_member_heads(self, ranking: Any, shared_layers: int = 0) -> list[HeadSet]:
+        """``members`` head sets, each pruning ``pruned_per_member`` heads drawn (from ``seed``)
+        from the ``pool_size`` least useful of ``ranking``."""
+        return sample_members(
+            ranking,
+            self.members,
+            num_pruned=self.pruned_per_member,
+            pool_size=self.pool_size,
+            seed=self.seed,
+            shared_layers=shared_layers,
+        )
+
     def scaled_down(self) -> list[str]:
         """What this configuration shrinks relative to the paper's protocol, in words."""
         text = self.task != "image"
@@ -632,6 +644,11 @@ class DemoRun:
     def base_settings(self) -> dict[str, Any]:
         return asdict(self.config.budget.config(0))
 
+    @property
+    def calibration(self) -> list[dict]:
+        """The first 64 training items: what Taylor scores and Wanda calibrate on."""
+        return self.bench.train[: max(1, 64 // self.config.budget.batch_size)]
+
     def cached_model(self, label: str, kind: str, key: dict[str, Any], build: Callable[[], Any]) -> Any:
         return self.stage.run(label, lambda: self.cache.model(kind, key, build))
 
@@ -764,9 +781,8 @@ def _train_baselines(run: DemoRun) -> Baselines:
 def _rank_heads(run: DemoRun, base: torch.nn.Module) -> Rankings:
     """Taylor scores, Taylor's one-shot head set, and the CircAvg circuit (resumable)."""
     config = run.config
-    calib = run.bench.train[: max(1, 64 // config.budget.batch_size)]
     key = {**run.bench.key, "base": run.base_settings, "precision": run.compute.name}
-    return rank_model(run, base, calib, config.heads_per_layer, key)
+    return rank_model(run, base, run.calibration, config.heads_per_layer, key)
 
 
 def rank_model(
@@ -829,16 +845,7 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
     with ``trunk_study`` Hydra (Circ) with a shared trunk of L/3 and L/2 layers."""
     config = run.config
     layers = base.config.num_hidden_layers
-
-    def sample(ranking, shared_layers: int = 0) -> list[HeadSet]:
-        return sample_members(
-            ranking,
-            config.members,
-            num_pruned=config.pruned_per_member,
-            pool_size=config.pool_size,
-            seed=config.seed,
-            shared_layers=shared_layers,
-        )
+    sample = config.sample_member_heads
 
     def member(name: str, heads: HeadSet, seed: int, trunk: int = 0) -> torch.nn.Module:
         settings = config.budget.config(seed, member=True)
@@ -879,10 +886,9 @@ def _wanda_member(run: DemoRun, base: torch.nn.Module, matched: torch.nn.Module)
     batches), fine-tuned with the members' settings, its zeros kept."""
     settings = run.config.budget.config(0, member=True)
     sparsity = matched_sparsity(base, matched)
-    calib = run.bench.train[: max(1, 64 // run.config.budget.batch_size)]
 
     def build() -> torch.nn.Module:
-        model = wanda_prune(base, calib, sparsity)
+        model = wanda_prune(base, run.calibration, sparsity)
         fine_tune(model, run.bench.train, None, settings, progress=True)
         return make_permanent(model)
 

@@ -38,7 +38,6 @@ from .experiment import (
     rank_model,
 )
 from .heads import HeadSet
-from .members import sample_members
 from .models import load_tokenizer, resolve_model_path
 from .scoring import CircuitOrder
 from .surgery import heads_per_layer, prune
@@ -94,15 +93,7 @@ def _rank(run: DemoRun, model: DualEncoderClassifier, pool: str) -> Rankings:
 def _prune(run: DemoRun, dual, dual_input, rankings: Rankings, input_circuit: CircuitOrder) -> PrunedModels:
     """The single pruned models and the fused zero-shot Hydras (no fine-tuning anywhere)."""
     config = run.config
-
-    def sample(ranking) -> list[HeadSet]:
-        return sample_members(
-            ranking,
-            config.members,
-            num_pruned=config.pruned_per_member,
-            pool_size=config.pool_size,
-            seed=config.seed,
-        )
+    sample = config.sample_member_heads
 
     member_heads = {
         "taylor": sample(rankings.taylor),

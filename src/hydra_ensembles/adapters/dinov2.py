@@ -15,7 +15,6 @@ class Dinov2Adapter(ViTAdapter):
 
     family = "DINOv2"
     model_types = ("dinov2",)
-    head_modules = ("classifier",)
 
     def part_of(self, path: str, module: nn.Module) -> Part:
         part = super().part_of(path, module)
