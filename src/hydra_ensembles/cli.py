@@ -32,6 +32,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .fusion import HydraModel
     from .loading import load_any
     from .members import batch_ensemble_members, head_ensemble_members
+    from .members.packed import PACKED_KEY
     from .surgery import kept_heads
 
     model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model
@@ -53,6 +54,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"BatchEnsemble of {members} members (rank-1 factors on every linear layer)")
     if (members := head_ensemble_members(model)) > 1:
         print(f"Deep Ensemble (D): one backbone, {members} task heads")
+    if packing := getattr(model.config, PACKED_KEY, None):
+        print("Packed-Ensemble: {members} members, alpha {alpha}, gamma {gamma}".format(**packing))
     print(f"layers: {len(original)}; heads per layer: {[len(k) for k in kept]} of {original}")
     print(f"parameters: {count_parameters(model):,}")
     return 0

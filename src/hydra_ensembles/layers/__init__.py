@@ -1,14 +1,17 @@
 """Layers for ensembles in one model: grouped (per-member) layers, fused multi-head attention,
-BatchEnsemble linear layers."""
+BatchEnsemble linear layers, packed (channel-grouped) layers."""
 
 from .attention import FusedMultiHeadAttention
 from .batch_ensemble import BatchEnsembleLinear
 from .grouped import GroupedLayerNorm, GroupedLinear, PerMemberModule
+from .packed import PackedLayerNorm, PackedLinear
 
 __all__ = [
     "BatchEnsembleLinear",
     "FusedMultiHeadAttention",
     "GroupedLayerNorm",
     "GroupedLinear",
+    "PackedLayerNorm",
+    "PackedLinear",
     "PerMemberModule",
 ]

@@ -22,6 +22,7 @@ from ..io import atomic_write_json, read_json
 from ..outputs import EnsembleOutput
 from .batch_ensemble import batch_ensemble_members
 from .head_ensemble import head_ensemble_members
+from .packed import packed_members
 from .storage import MemberLoadError, load_member, save_member
 
 CONFIG_NAME = "ensemble_config.json"
@@ -134,6 +135,12 @@ class StackedMembers(nn.Module):
         return EnsembleOutput.from_member_logits(logits, labels)
 
 
+def stacked_members(model: nn.Module) -> int:
+    """M for a model that answers with member-stacked logits (BatchEnsemble, an ensemble of task
+    heads, a Packed-Ensemble), 1 for any other model."""
+    return max(batch_ensemble_members(model), head_ensemble_members(model), packed_members(model))
+
+
 Ensemble = nn.Module
 """Anything `as_ensemble` returns: a module with ``num_members`` whose forward gives an
 `EnsembleOutput`."""
@@ -142,7 +149,7 @@ Ensemble = nn.Module
 def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> Ensemble:
     """``model`` as an ensemble: itself where it is one already (a `HydraModel`, `DeepEnsemble`,
     ...), a list of models as a `DeepEnsemble`, a BatchEnsemble or a model with an ensemble of
-    heads (`head_ensemble`) as `StackedMembers`, one model
+    heads (`head_ensemble`) or a Packed-Ensemble as `StackedMembers`, one model
     as an ensemble of one, or, with ``mc_samples``, as `MCDropout`."""
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         if mc_samples:
@@ -154,6 +161,6 @@ def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> 
         return model
     if mc_samples:
         return MCDropout(model, mc_samples)
-    if (members := max(batch_ensemble_members(model), head_ensemble_members(model))) > 1:
+    if (members := stacked_members(model)) > 1:
         return StackedMembers(model, members)
     return DeepEnsemble([model])

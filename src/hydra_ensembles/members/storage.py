@@ -14,6 +14,7 @@ from ..serialization import WEIGHTS_NAME, read_saved, write_saved
 from ..surgery import FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
 from .batch_ensemble import BATCH_ENSEMBLE_KEY, batch_ensemble
 from .head_ensemble import HEAD_ENSEMBLE_KEY, head_ensemble
+from .packed import PACKED_KEY, pack_layers
 
 CONFIG_NAME = "member_config.json"
 FORMAT = "hydra-ensembles/member"
@@ -27,7 +28,7 @@ class MemberLoadError(ValueError):
 
 
 def save_member(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write a (pruned, BatchEnsemble, or head-ensemble) model: its config with the kept heads
+    """Write a (pruned, BatchEnsemble, head-ensemble or Packed-Ensemble) model: its config with the kept heads
     (and members), and its weights."""
     meta = {
         "format": FORMAT,
@@ -63,7 +64,10 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     base_print = config.pop(FINGERPRINT_KEY, None)
     members = config.pop(BATCH_ENSEMBLE_KEY, None)
     heads_members = config.pop(HEAD_ENSEMBLE_KEY, None)
+    packing = config.pop(PACKED_KEY, None)
     model = build_model(meta["model_class"], config, meta.get("attn_implementation"))
+    if packing:  # the config holds the packed widths already; the layers are swapped here
+        model = pack_layers(model, int(packing["members"]), int(packing["alpha"]), int(packing["gamma"]))
     if heads is not None:
         model = prune(model, HeadSet.from_dict(heads))
         setattr(model.config, FINGERPRINT_KEY, base_print)
