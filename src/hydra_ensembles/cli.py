@@ -32,6 +32,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .fusion import HydraModel
     from .loading import load_any
     from .members import batch_ensemble_members, head_ensemble_members
+    from .members.mimo import mimo_members
     from .members.packed import PACKED_KEY
     from .surgery import kept_heads
 
@@ -56,6 +57,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"Deep Ensemble (D): one backbone, {members} task heads")
     if packing := getattr(model.config, PACKED_KEY, None):
         print("Packed-Ensemble: {members} members, alpha {alpha}, gamma {gamma}".format(**packing))
+    if (members := mimo_members(model)) > 1:
+        print(f"MIMO: {members} inputs mixed into one pass, {members} task heads")
     print(f"layers: {len(original)}; heads per layer: {[len(k) for k in kept]} of {original}")
     print(f"parameters: {count_parameters(model):,}")
     return 0

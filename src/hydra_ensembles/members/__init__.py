@@ -12,6 +12,7 @@ from .finetune import (
 )
 from .head_ensemble import head_ensemble, head_ensemble_members, train_head_ensemble
 from .lora import lora_fine_tune
+from .mimo import mimo, mimo_members, train_mimo
 from .packed import packed_ensemble, packed_member, packed_members
 from .sampling import least_useful_first, member_overlap, sample_members
 from .storage import MemberLoadError, load_member, save_member
@@ -35,11 +36,14 @@ __all__ = [
     "load_member",
     "lora_fine_tune",
     "member_overlap",
+    "mimo",
+    "mimo_members",
     "packed_ensemble",
     "packed_member",
     "packed_members",
     "sample_members",
     "save_member",
     "train_head_ensemble",
+    "train_mimo",
     "trainable_parameters",
 ]

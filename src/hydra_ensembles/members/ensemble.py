@@ -22,6 +22,7 @@ from ..io import atomic_write_json, read_json
 from ..outputs import EnsembleOutput
 from .batch_ensemble import batch_ensemble_members
 from .head_ensemble import head_ensemble_members
+from .mimo import mimo_members
 from .packed import packed_members
 from .storage import MemberLoadError, load_member, save_member
 
@@ -137,8 +138,9 @@ class StackedMembers(nn.Module):
 
 def stacked_members(model: nn.Module) -> int:
     """M for a model that answers with member-stacked logits (BatchEnsemble, an ensemble of task
-    heads, a Packed-Ensemble), 1 for any other model."""
-    return max(batch_ensemble_members(model), head_ensemble_members(model), packed_members(model))
+    heads, a Packed-Ensemble, a MIMO model), 1 for any other model."""
+    counts = (batch_ensemble_members, head_ensemble_members, packed_members, mimo_members)
+    return max(count(model) for count in counts)
 
 
 Ensemble = nn.Module
@@ -149,7 +151,7 @@ Ensemble = nn.Module
 def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> Ensemble:
     """``model`` as an ensemble: itself where it is one already (a `HydraModel`, `DeepEnsemble`,
     ...), a list of models as a `DeepEnsemble`, a BatchEnsemble or a model with an ensemble of
-    heads (`head_ensemble`) or a Packed-Ensemble as `StackedMembers`, one model
+    heads (`head_ensemble`) a Packed-Ensemble or a MIMO model as `StackedMembers`, one model
     as an ensemble of one, or, with ``mc_samples``, as `MCDropout`."""
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         if mc_samples:

@@ -319,16 +319,17 @@ class _Run:
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Cross-entropy of every member on the labels (one model: its own loss; a BatchEnsemble
-        or fused model: the mean of its members' losses)."""
+        or fused model: the mean of its members' losses; a MIMO model: each member on its own
+        column of (B, M) labels)."""
         device = self.accelerator.device
         with self.precision.autocast(device):
             output = self.model(**{k: v.to(device) for k, v in model_inputs(batch).items()})
         labels = batch["labels"].to(device)
         logits = _member_logits(output, labels.shape[0])
+        # labels (B,): every member's; labels (B, M): member m's in column m (MIMO's mixed rows)
+        targets = labels.T.reshape(-1) if labels.dim() == 2 else labels.repeat(logits.shape[0])
         return F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            labels.repeat(logits.shape[0]),
-            label_smoothing=self.config.label_smoothing,
+            logits.flatten(0, 1).float(), targets, label_smoothing=self.config.label_smoothing
         )
 
     def _step(self) -> None:

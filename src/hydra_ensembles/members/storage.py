@@ -14,6 +14,7 @@ from ..serialization import WEIGHTS_NAME, read_saved, write_saved
 from ..surgery import FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
 from .batch_ensemble import BATCH_ENSEMBLE_KEY, batch_ensemble
 from .head_ensemble import HEAD_ENSEMBLE_KEY, head_ensemble
+from .mimo import MIMO_KEY, install_mimo
 from .packed import PACKED_KEY, pack_layers
 
 CONFIG_NAME = "member_config.json"
@@ -28,8 +29,8 @@ class MemberLoadError(ValueError):
 
 
 def save_member(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write a (pruned, BatchEnsemble, head-ensemble or Packed-Ensemble) model: its config with the kept heads
-    (and members), and its weights."""
+    """Write a (pruned, BatchEnsemble, head-ensemble, Packed-Ensemble or MIMO) model: its config
+    with the kept heads (and members), and its weights."""
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -65,6 +66,7 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     members = config.pop(BATCH_ENSEMBLE_KEY, None)
     heads_members = config.pop(HEAD_ENSEMBLE_KEY, None)
     packing = config.pop(PACKED_KEY, None)
+    mimo_inputs = config.pop(MIMO_KEY, None)
     model = build_model(meta["model_class"], config, meta.get("attn_implementation"))
     if packing:  # the config holds the packed widths already; the layers are swapped here
         model = pack_layers(model, int(packing["members"]), int(packing["alpha"]), int(packing["gamma"]))
@@ -75,6 +77,8 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
         model = batch_ensemble(model, int(members), init_std=0.0)
     if heads_members:  # likewise for an ensemble of task heads
         model = head_ensemble(model, int(heads_members))
+    if mimo_inputs:  # and for MIMO's input layer and heads
+        model = install_mimo(model, int(mimo_inputs))
     dtype = next(iter(state.values())).dtype
     model.to(dtype).load_state_dict(state, strict=True)
     assert kept_heads(model) is not None
