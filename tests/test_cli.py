@@ -82,6 +82,8 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         trunk_study=True,
         batch_ensemble=True,
         wanda=True,
+        packed=True,
+        mimo=True,
     )
     first = run_demo(config)
     out = capsys.readouterr().out
@@ -97,8 +99,13 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     ):
         assert section in report
     results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
-    assert set(results) == set(first["results"]) and len(results) == 16
+    assert set(results) == set(first["results"]) and len(results) == 19, " | ".join(sorted(results))
     assert "Wanda (unstructured, single pruned)" in results
+    assert {
+        "Packed-Ensembles (M=2, α=2, from scratch)",
+        "Packed-Ensembles (M=2, α=2, from pretrained)",
+        "MIMO (M=2, ρ=0.5, batch repeat 4)",
+    } <= set(results)
     assert "Deep Ensemble (D, M=2)" in results
     assert "Hydra (Circ, shared trunk 3/6)" in results
     # the suite computes in fp32 (HYDRA_PRECISION): no reduced-precision row to compare with fp32

@@ -123,6 +123,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "trunk_study": args.trunk_study,
         "batch_ensemble": args.batch_ensemble,
         "wanda": args.wanda,
+        "packed": args.packed,
+        "mimo": args.mimo,
     }
     if args.model:
         overrides["model"] = args.model
@@ -1043,6 +1045,14 @@ def _add_demo_command(sub) -> None:
     )
     demo.add_argument(
         "--batch-ensemble", action="store_true", help="also report a BatchEnsemble baseline (M members)"
+    )
+    demo.add_argument(
+        "--packed",
+        action="store_true",
+        help="also report Packed-Ensembles (alpha=2 from scratch; alpha=M from the pretrained weights)",
+    )
+    demo.add_argument(
+        "--mimo", action="store_true", help="also report MIMO (M inputs in one pass; rho 0.5, batch repeat 4)"
     )
     demo.add_argument(
         "--wanda",

@@ -62,6 +62,8 @@ from .members.batch_ensemble import batch_ensemble
 from .members.ensemble import DeepEnsemble, has_dropout
 from .members.finetune import fine_tune
 from .members.lora import lora_fine_tune
+from .members.mimo import mimo, train_mimo
+from .members.packed import packed_ensemble
 from .members.sampling import least_useful_first
 from .members.unstructured import make_permanent, matched_sparsity, wanda_prune
 from .metrics import classification
@@ -188,6 +190,17 @@ class DemoConfig:
     batch_ensemble: bool = False
     """Also report a BatchEnsemble of M members (the paper's baseline), converted from the
     pretrained model (text) or the trained Single model (image) and fine-tuned."""
+    packed: bool = False
+    """Also report Packed-Ensembles of M members: the paper's setting (alpha=2, trained from
+    scratch: members too narrow for the pretrained weights) and, where a pretrained model exists,
+    alpha=M from the pretrained weights (each member full width: a deep ensemble in one pass)."""
+    mimo: bool = False
+    """Also report MIMO with M members (input repetition ``mimo_rho``, batch repetition
+    ``mimo_batch_repeat``), started from the pretrained model (text, DINOv2) or the trained
+    Single model (the small ViT from scratch)."""
+    mimo_rho: float = 0.5
+    mimo_batch_repeat: int = 4
+    """The paper's MIMO settings (C.1.4): rho=0.5, batch_repeat=4."""
     wanda: bool = False
     """Also report the unstructured baseline: Wanda (the paper's OBA is not implemented; see
     `members.unstructured`) removing as many weights as Taylor's single pruned model removes,
@@ -488,6 +501,44 @@ def train_batch_ensemble(
     return model
 
 
+def packed_settings(bench: Benchmark, budget: TrainingBudget, from_pretrained: bool) -> FineTuneConfig:
+    """Packed-Ensembles from the pretrained weights train like a fine-tuned model; from scratch
+    they train every part (embeddings too) with the from-scratch ViT's step, ``IMAGE_BUDGET.lr``
+    (untuned for this model), for the same number of epochs as every other method."""
+    settings = budget.config(0)
+    if from_pretrained:
+        return settings
+    return replace(settings, lr=IMAGE_BUDGET.lr, trainable=IMAGE_BUDGET.trainable)
+
+
+def train_packed(
+    bench: Benchmark, settings: FineTuneConfig, members: int, alpha: int, from_pretrained: bool
+) -> torch.nn.Module:
+    """A Packed-Ensemble of ``bench``'s model, from the pretrained weights (alpha == M) or from
+    the family's random initialisation."""
+    model = packed_ensemble(bench.initial(0), members, alpha, from_base=from_pretrained, seed=0)
+    fine_tune(model, bench.train, None, settings, progress=True)
+    return model
+
+
+def mimo_settings(bench: Benchmark, budget: TrainingBudget) -> FineTuneConfig:
+    """MIMO trains like BatchEnsemble, its image input layer (the patch projection) too."""
+    settings = batch_ensemble_settings(bench, budget)
+    if "pixel_values" in bench.train[0] and "embeddings" not in settings.trainable:
+        settings = replace(settings, trainable=(*settings.trainable, "embeddings"))
+    return settings
+
+
+def train_mimo_model(
+    bench: Benchmark, budget: TrainingBudget, base: torch.nn.Module, members: int, rho: float, repeat: int
+) -> torch.nn.Module:
+    """MIMO from the pretrained model (or, with nothing pretrained, the trained Single ``base``)."""
+    start = base if bench.from_scratch else bench.initial(0)
+    model = mimo(start, members, seed=0)
+    train_mimo(model, bench.train, mimo_settings(bench, budget), rho=rho, batch_repeat=repeat)
+    return model
+
+
 def train_heads(
     bench: Benchmark, settings: FineTuneConfig, base: torch.nn.Module, members: int
 ) -> torch.nn.Module:
@@ -661,7 +712,8 @@ class Baselines:
     singles: list[torch.nn.Module]
     """Single models of seeds 0..M-1: the first is "Single", all of them the deep ensemble."""
     loras: list[torch.nn.Module]
-    batch_ensembles: dict[str, torch.nn.Module]
+    one_model: dict[str, torch.nn.Module]
+    """Ensembles in one model, opt-in: BatchEnsemble, Packed-Ensembles, MIMO (by method name)."""
     head_ensemble: torch.nn.Module
     """Deep Ensembles (D): Single's backbone with M task heads trained from seeds 0..M-1."""
 
@@ -749,7 +801,7 @@ def _train_baselines(run: DemoRun) -> Baselines:
         )
         for s in range(config.members)
     ]
-    batch_ensembles = {}
+    one_model = {}
     if config.batch_ensemble:
         name = f"BatchEnsemble (M={config.members})"
         key = model_key(
@@ -767,7 +819,8 @@ def _train_baselines(run: DemoRun) -> Baselines:
             config.members,
             config.batch_ensemble_init_std,
         )
-        batch_ensembles[name] = run.cached_model(f"fine-tune: {name}", "batch-ensemble", key, build)
+        one_model[name] = run.cached_model(f"fine-tune: {name}", "batch-ensemble", key, build)
+    one_model.update(_packed_and_mimo(run, singles[0]))
     settings = config.budget.config(0)
     heads = run.cached_model(
         f"train {config.members} heads on Single's backbone (Deep Ensemble (D))",
@@ -775,7 +828,36 @@ def _train_baselines(run: DemoRun) -> Baselines:
         model_key(bench, settings, base=run.base_settings, members=config.members),
         partial(train_heads, bench, settings, singles[0], config.members),
     )
-    return Baselines(singles, loras, batch_ensembles, heads)
+    return Baselines(singles, loras, one_model, heads)
+
+
+def _packed_and_mimo(run: DemoRun, base: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The opt-in Packed-Ensembles and MIMO baselines, by method name."""
+    config, bench, members = run.config, run.bench, run.config.members
+    models = {}
+    packings = [(2, False)] if bench.from_scratch else [(2, False), (members, True)]
+    for alpha, pretrained in packings if config.packed else []:
+        start = "pretrained" if pretrained else "scratch"
+        name = f"Packed-Ensembles (M={members}, α={alpha}, from {start})"
+        settings = packed_settings(bench, config.budget, pretrained)
+        key = model_key(bench, settings, members=members, alpha=alpha, start=start)
+        build = partial(train_packed, bench, settings, members, alpha, pretrained)
+        models[name] = run.cached_model(f"train {name}", "packed", key, build)
+    if config.mimo:
+        name = f"MIMO (M={members}, ρ={config.mimo_rho}, batch repeat {config.mimo_batch_repeat})"
+        key = model_key(
+            bench,
+            mimo_settings(bench, config.budget),
+            members=members,
+            rho=config.mimo_rho,
+            repeat=config.mimo_batch_repeat,
+            start=run.base_settings if bench.from_scratch else "pretrained",
+        )
+        build = partial(
+            train_mimo_model, bench, config.budget, base, members, config.mimo_rho, config.mimo_batch_repeat
+        )
+        models[name] = run.cached_model(f"train {name}", "mimo", key, build)
+    return models
 
 
 def _rank_heads(run: DemoRun, base: torch.nn.Module) -> Rankings:
@@ -915,7 +997,7 @@ def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[M
         *([Method("MC Dropout", base, full, mc_samples=config.mc_samples)] if has_dropout(base) else []),
         Method(deep, DeepEnsemble(baselines.singles), full, cost_name="Deep Ensemble", reliability=True),
         Method(f"LoRA-Ensemble (M={config.members})", DeepEnsemble(baselines.loras), full),
-        *(Method(n, m, full, cost_name=n) for n, m in baselines.batch_ensembles.items()),
+        *(Method(n, m, full, cost_name=n) for n, m in baselines.one_model.items()),
         Method("Taylor (single pruned)", pruned.singles["Taylor"], f"{config.heads_per_layer}/{full_heads}"),
         Method("CircAvg (single pruned)", pruned.singles["CircAvg"], pruned_avg),
         *(
