@@ -57,3 +57,33 @@ def test_training_moves_only_the_heads_and_round_trips(tmp_path):
         assert torch.equal(loaded(**x).logits, ensemble.eval()(**x).logits)
     with pytest.raises(ValueError, match="already"):
         head_ensemble(ensemble, 2)
+
+
+def test_cached_head_training_equals_training_through_the_model():
+    """Heads trained on the backbone's cached output take the same steps as heads trained with
+    the whole model running each step (no dropout, so both see the same features)."""
+    from hydra_ensembles.members import fine_tune
+
+    factory, inputs = FAMILIES["bert"]
+    model = factory(layers=2, heads=4, head_dim=3, dropout=0.0)
+    data = [labelled(inputs(batch=4, seed=s), seed=s) for s in range(3)]
+    config = FineTuneConfig(epochs=2, lr=1e-2, precision="fp32", warmup=0.0, trainable=None)
+    cached, through = head_ensemble(model, 2), head_ensemble(model, 2)
+    train_head_ensemble(cached, data, config, progress=False)
+    for name, param in through.named_parameters():
+        param.requires_grad_(name.startswith("classifier."))
+    fine_tune(through, data, None, config, progress=False)
+    for (name, a), b in zip(cached.named_parameters(), through.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_cached_head_training_stops_at_the_best_validation_nll():
+    factory, inputs = FAMILIES["vit"]
+    ensemble = head_ensemble(factory(layers=2, heads=4, head_dim=3), 2)
+    data = [labelled(inputs(batch=4, seed=s), seed=s) for s in range(3)]
+    val = [labelled(inputs(batch=4, seed=9), seed=9)]
+    config = FineTuneConfig(epochs=40, lr=0.3, precision="fp32", warmup=0.0, patience=2)
+    result = train_head_ensemble(ensemble, data, config, val=val, progress=False)
+    nlls = [record["val_nll"] for record in result.history]
+    assert result.stopped_early and len(nlls) < 40
+    assert result.best_epoch == min(range(len(nlls)), key=nlls.__getitem__)

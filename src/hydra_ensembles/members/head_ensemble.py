@@ -13,13 +13,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..adapters import get_adapter
-from ..batching import batch_rows
+from ..batching import batch_rows, model_inputs
 from .finetune import FineTuneConfig, FineTuneResult, fine_tune
 
 HEAD_ENSEMBLE_KEY = "hydra_head_ensemble_members"
@@ -102,13 +103,33 @@ def head_ensemble_members(model: nn.Module) -> int:
 
 
 def train_head_ensemble(
-    model: nn.Module, train: Iterable[dict[str, Any]], config: FineTuneConfig, progress: bool = True
+    model: nn.Module,
+    train: Iterable[dict[str, Any]],
+    config: FineTuneConfig,
+    val: Iterable[dict[str, Any]] | None = None,
+    progress: bool = True,
 ) -> FineTuneResult:
     """Train only the `MemberHeads` of a `head_ensemble` model (each head on the mean loss of the
-    members, so each head gets its own gradient); the shared backbone stays frozen."""
+    members, so each head gets its own gradient); the shared backbone stays frozen.
+
+    Where the task head is one module (every family but DistilBERT, whose head is two modules
+    with code between them), the frozen backbone runs once per item and the heads train on its
+    cached output, so they can train to convergence for the price of one forward pass: with
+    ``val`` (ID validation) and ``config.patience``, for up to ``config.epochs`` epochs, stopping
+    at the best validation NLL. Otherwise every step runs the whole model.
+    """
     heads = [module for module in model.modules() if isinstance(module, MemberHeads)]
     if not heads:
         raise ValueError("the model has no MemberHeads: make it with head_ensemble first")
+    if len(heads) == 1:
+        head_only = _CachedHeadInputs(heads[0], model.config)
+        return fine_tune(
+            head_only,
+            head_only.cache(model, train),
+            None if val is None else head_only.cache(model, val),
+            replace(config, trainable=None),
+            progress=progress,
+        )
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     for param in model.parameters():
         param.requires_grad_(False)
@@ -116,7 +137,43 @@ def train_head_ensemble(
         for param in module.parameters():
             param.requires_grad_(True)
     try:
-        return fine_tune(model, train, None, replace(config, trainable=None), progress=progress)
+        return fine_tune(model, train, val, replace(config, trainable=None), progress=progress)
     finally:
         for name, param in model.named_parameters():
             param.requires_grad_(flags[name])
+
+
+class _CachedHeadInputs(nn.Module):
+    """The task heads of a head ensemble as a model of their own, fed what the frozen backbone
+    computed for each item (batches ``{"head_input": ..., "labels": ...}``)."""
+
+    def __init__(self, heads: MemberHeads, config: Any) -> None:
+        super().__init__()
+        self.heads, self.config = heads, config
+
+    @torch.no_grad()
+    def cache(self, model: nn.Module, batches: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What the heads read for each batch (the model in eval mode: no dropout)."""
+        seen: list[torch.Tensor] = []
+
+        def keep(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if len(args) != 1 or kwargs:
+                raise ValueError("cached head training needs a head that reads one tensor")
+            seen.append(args[0].detach())
+
+        was_training = model.training
+        model.eval()
+        handle = self.heads.register_forward_pre_hook(keep, with_kwargs=True)
+        cached = []
+        try:
+            for batch in batches:
+                model(**model_inputs(batch))
+                cached.append({"head_input": seen.pop(), "labels": batch["labels"]})
+        finally:
+            handle.remove()
+            model.train(was_training)
+        return cached
+
+    def forward(self, head_input: torch.Tensor) -> SimpleNamespace:
+        self.heads.batch_rows = None  # B rows in: every head reads them all
+        return SimpleNamespace(logits=self.heads(head_input))
