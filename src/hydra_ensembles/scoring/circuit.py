@@ -48,7 +48,7 @@ from ..heads import HeadSet
 from ..io import atomic_write_json
 from ..metrics import auroc
 from ..precision import in_precision, model_device, resolve_precision
-from ..surgery import fingerprint, kept_heads
+from ..surgery import HeadAblation, fingerprint, kept_heads
 from .forward import capture_layer_inputs, capturing_layer_inputs, replaying_core, run_from_layer
 
 Objective = Literal["acc", "ood", "avg"]
@@ -160,43 +160,34 @@ def _both(objective, id_logits, id_labels, ood_logits) -> tuple[float, float]:
     )
 
 
-class _CandidateMasks:
-    """Forward pre-hooks on every W_O: the permanent mask, plus per-candidate masks in one layer.
+class _CandidateMasks(HeadAblation):
+    """`HeadAblation` (the permanent mask, ``mask``) plus per-candidate masks in one layer.
 
-    With candidates active on layer l, the batch is candidate-stacked (R groups of rows) and
-    group r uses ``candidates[r]`` as layer l's mask. With ``shared``, layer l's W_O input is one
-    copy for all candidates (a replayed attention core) and the masks stack it.
+    With candidates active on layer l (``active = (l, masks)``, masks (R, H)), the batch is
+    candidate-stacked (R groups of rows) and group r uses ``masks[r]`` as layer l's mask. With
+    ``shared``, layer l's W_O input is one copy for all candidates (a replayed attention core) and
+    the masks stack it.
     """
 
-    def __init__(self, model: nn.Module, adapter: ArchitectureAdapter, heads_per_layer: list[int]) -> None:
-        self.mask = torch.ones(len(heads_per_layer), max(heads_per_layer))
+    def __init__(self, model: nn.Module) -> None:
         self.active: tuple[int, torch.Tensor] | None = None
         self.shared = False
-        self.handles = []
-        for layer, count in enumerate(heads_per_layer):
-            block = adapter.attention_block(model, layer)
-            self.handles.append(
-                block.output.register_forward_pre_hook(self._hook(layer, count, block.head_dim))
-            )
+        super().__init__(model)
 
-    def _hook(self, layer: int, count: int, head_dim: int):
-        def hook(_module, args):
+    def _make_hook(self, layer: int, index: torch.Tensor, head_dim: int):
+        permanent = super()._make_hook(layer, index, head_dim)
+
+        def hook(module: nn.Module, args: tuple) -> tuple:
+            if self.active is None or self.active[0] != layer:
+                return permanent(module, args)
             x, *rest = args
-            heads = x.unflatten(-1, (count, head_dim))
-            if self.active is not None and self.active[0] == layer:
-                masks = self.active[1].to(x.dtype)  # (R, H)
-                grouped = heads[None] if self.shared else heads.unflatten(0, (masks.shape[0], -1))
-                shape = (masks.shape[0],) + (1,) * (grouped.dim() - 3) + (count, 1)
-                heads = (grouped * masks[:, :count].reshape(shape)).flatten(0, 1)
-            else:
-                heads = heads * self.mask[layer, :count].to(x.dtype)[:, None]
-            return (heads.flatten(-2), *rest)
+            masks = self.active[1][:, index].to(device=x.device, dtype=x.dtype)  # (R, kept heads)
+            heads = x.unflatten(-1, (index.numel(), head_dim))
+            grouped = heads[None] if self.shared else heads.unflatten(0, (masks.shape[0], -1))
+            shape = (masks.shape[0],) + (1,) * (grouped.dim() - 3) + (index.numel(), 1)
+            return ((grouped * masks.reshape(shape)).flatten(0, 1).flatten(-2), *rest)
 
         return hook
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
 
 
 def _check_batches(batches: Iterable[dict] | None, name: str, need_labels: bool) -> list[dict]:
@@ -269,7 +260,7 @@ def extract_circuit(
     model.eval()
     cache = _SuffixCache(_last_layers(adapter, heads_per_layer), cache_gb * 2**30)
     run = _Extraction(
-        model, adapter, _CandidateMasks(model, adapter, heads_per_layer), heads_per_layer, id_batches,
+        model, adapter, _CandidateMasks(model), heads_per_layer, id_batches,
         ood_batches, objective, min_heads_per_layer, method, candidate_chunk, lazy,
         None if method == "reference" else cache,
     )  # fmt: skip
