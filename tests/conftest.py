@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import warnings
 
 import pytest
 import torch
@@ -34,3 +36,13 @@ def minilm_inputs():
         "The new phone ships with a faster chip and a better camera.",
     ]
     return dict(load_tokenizer()(texts, padding=True, truncation=True, max_length=32, return_tensors="pt"))
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handling_restored(request):
+    """A test (or a library it calls) that leaves SIGINT ignored would make every later child
+    process ignore Ctrl-C too: restore Python's handler and say which test did it."""
+    yield
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.warn(f"{request.node.nodeid} left SIGINT changed; restored", stacklevel=1)

@@ -110,6 +110,8 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     assert "## Cost (fp32: set by HYDRA_PRECISION;" in report
     cost = cost_file["methods"]
     assert cost["BatchEnsemble (M=2)"]["gmacs"] >= cost["Deep Ensemble"]["gmacs"] > cost["Single"]["gmacs"]
+    heads = cost["Deep Ensemble (D)"]  # one backbone pass: a single model's compute, plus two heads
+    assert cost["Single"]["params"] < heads["params"] < 1.01 * cost["Single"]["params"]
     assert {"Single + TS", "Hydra (Circ) + TS", "Hydra (Circ) + TS per member"} <= set(results)
     for method in results.values():
         assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}  # no validation OOD here
@@ -146,7 +148,7 @@ def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys, model):
         val_limit=32,
         test_limit=48,
         ood_limit=16,
-        shift_limit=4,
+        shift_limit=2,
         members=2,
         pruned_per_member=4,
         pool_size=6,

@@ -177,6 +177,9 @@ def test_ctrl_c_ends_with_one_line_saying_how_to_resume(w):
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # a child inherits an ignored SIGINT (e.g. from a parent run under nohup): undo that, as
+        # a user's shell would
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 300  # generous: a loaded 2-core machine starts the child slowly
     while not ready.exists() and time.monotonic() < deadline and process.poll() is None:

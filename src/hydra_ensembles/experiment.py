@@ -1001,7 +1001,12 @@ def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[M
     deep = f"Deep Ensemble (M={config.members})"
     methods = [
         Method("Single", base, full, calibrate=True, cost_name="Single", reliability=True),
-        Method(f"Deep Ensemble (D, M={config.members})", baselines.head_ensemble, full),
+        Method(
+            f"Deep Ensemble (D, M={config.members})",
+            baselines.head_ensemble,
+            full,
+            cost_name="Deep Ensemble (D)",
+        ),
         *([Method("MC Dropout", base, full, mc_samples=config.mc_samples)] if has_dropout(base) else []),
         Method(deep, DeepEnsemble(baselines.singles), full, cost_name="Deep Ensemble", reliability=True),
         Method(f"LoRA-Ensemble (M={config.members})", DeepEnsemble(baselines.loras), full),
