@@ -14,6 +14,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # numbers and its time do not depend on the machine; tests of the precision decision unset this.
 os.environ.setdefault("HYDRA_PRECISION", "fp32")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# A background job of a non-interactive shell starts with SIGINT ignored, and so would every
+# child process the tests start: give the suite Python's usual Ctrl-C handling.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
