@@ -51,3 +51,17 @@ def member_stacked(logits: torch.Tensor, batch: int) -> torch.Tensor:
     if logits.shape[0] % batch:
         raise ValueError(f"{logits.shape[0]} rows of logits for a batch of {batch}")
     return logits.reshape(logits.shape[0] // batch, batch, *logits.shape[1:])
+
+
+class StackMemberLogits:
+    """Forward hook for a model whose head answers for M members side by side, (B, M*C) logits:
+    rewrites them member-stacked, (M*B, C), the convention of `member_stacked`."""
+
+    def __init__(self, num_members: int, labels: int) -> None:
+        self.num_members, self.labels = num_members, labels
+
+    def __call__(self, _module: Any, _args: tuple, output: Any) -> Any:
+        logits = output.logits
+        per_member = logits.reshape(logits.shape[0], self.num_members, self.labels).transpose(0, 1)
+        output.logits = per_member.reshape(-1, self.labels)
+        return output

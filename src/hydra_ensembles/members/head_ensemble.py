@@ -78,7 +78,7 @@ def head_ensemble(model: nn.Module, num_members: int = 3, seed: int = 0) -> nn.M
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed + m)
                 for module in head.modules():
-                    _initialise(converted, module)
+                    initialise_like(converted, module)
             heads.append(head)
         installed.append(MemberHeads(heads))
         setattr(converted, name, installed[-1])
@@ -87,7 +87,7 @@ def head_ensemble(model: nn.Module, num_members: int = 3, seed: int = 0) -> nn.M
     return converted
 
 
-def _initialise(model: nn.Module, module: nn.Module) -> None:
+def initialise_like(model: nn.Module, module: nn.Module) -> None:
     """Initialise ``module`` as ``model``'s family initialises new weights (Hugging Face's
     ``_init_weights``), or with PyTorch's defaults where the model has none."""
     init = getattr(model, "_init_weights", None)

@@ -31,7 +31,9 @@ import torch
 from torch import nn
 
 from ..adapters import get_adapter
+from ..batching import StackMemberLogits
 from .finetune import FineTuneConfig, FineTuneResult, fine_tune
+from .head_ensemble import initialise_like
 
 MIMO_KEY = "hydra_mimo_members"
 """Config attribute recording the number of MIMO members (saved with the model)."""
@@ -75,9 +77,7 @@ def install_mimo(model: nn.Module, num_members: int) -> nn.Module:
     head = getattr(model, name)
     final_path, final = _final_linear(head, labels)
     wide = nn.Linear(final.in_features, num_members * labels, bias=final.bias is not None)
-    init = getattr(model, "_init_weights", None)
-    if init is not None:
-        init(wide)
+    initialise_like(model, wide)
     wide = wide.to(final.weight.device, dtype)
     if final_path:
         head.set_submodule(final_path, wide)
@@ -85,7 +85,7 @@ def install_mimo(model: nn.Module, num_members: int) -> nn.Module:
         setattr(model, name, wide)
     setattr(model.config, MIMO_KEY, num_members)
     model.register_forward_pre_hook(_MixInputs(num_members, images), with_kwargs=True)
-    model.register_forward_hook(_StackHeads(num_members, labels))
+    model.register_forward_hook(StackMemberLogits(num_members, labels))
     return model
 
 
@@ -184,19 +184,6 @@ class _MixInputs:
 
 def _per_token(value: Any, ids: torch.Tensor) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[0] == ids.shape[0]
-
-
-class _StackHeads:
-    """Forward hook: the M heads' (B, M*C) logits as member-stacked (M*B, C) rows."""
-
-    def __init__(self, num_members: int, labels: int) -> None:
-        self.num_members, self.labels = num_members, labels
-
-    def __call__(self, _module: nn.Module, _args: tuple, output: Any) -> Any:
-        logits = output.logits
-        per_member = logits.reshape(logits.shape[0], self.num_members, self.labels).transpose(0, 1)
-        output.logits = per_member.reshape(-1, self.labels)
-        return output
 
 
 def _takes_images(model: nn.Module) -> bool:

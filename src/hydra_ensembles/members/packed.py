@@ -22,14 +22,15 @@ deep ensemble, here trained in one pass on shared batches.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
+from ..batching import StackMemberLogits
 from ..layers.packed import PackedLayerNorm, PackedLinear
+from .head_ensemble import initialise_like
 
 PACKED_KEY = "hydra_packed_ensemble"
 """Config attribute recording ``{"members", "alpha", "gamma"}`` (saved with the model)."""
@@ -91,7 +92,7 @@ def pack_layers(model: nn.Module, num_members: int, alpha: int, gamma: int) -> n
             if in_head and module.out_features == labels:  # a member's classifier: C -> M*C outputs
                 dense = nn.Linear(module.in_features, num_members * labels, bias=module.bias is not None)
                 dense.to(module.weight.device, module.weight.dtype)
-                _initialise(model, dense)
+                initialise_like(model, dense)
                 module = dense
             groups = num_members if in_head else num_members * gamma
             chunks = max(1, module.in_features // width) if in_head else 1
@@ -99,7 +100,7 @@ def pack_layers(model: nn.Module, num_members: int, alpha: int, gamma: int) -> n
         elif isinstance(module, nn.LayerNorm):
             model.set_submodule(path, PackedLayerNorm.from_layer_norm(module, num_members))
     setattr(model.config, PACKED_KEY, {"members": num_members, "alpha": alpha, "gamma": gamma})
-    model.register_forward_hook(_StackMemberLogits(num_members, labels))
+    model.register_forward_hook(StackMemberLogits(num_members, labels))
     return model
 
 
@@ -122,7 +123,7 @@ def packed_member(model: nn.Module, member: int) -> nn.Module:
     for name in _width_fields(config):
         setattr(config, name, getattr(config, name) // members)
     single = type(model)(config)
-    packed = dict(model.named_modules())
+    packed, sources = dict(model.named_modules()), model.state_dict()
     state = {}
     for name, target in single.state_dict().items():
         owner, _, leaf = name.rpartition(".")
@@ -130,25 +131,9 @@ def packed_member(model: nn.Module, member: int) -> nn.Module:
         if isinstance(layer, PackedLinear):
             state[name] = _member_block(layer, leaf, member, members)
         else:
-            source = model.state_dict()[name]
-            state[name] = _split(source, target.shape, members)[member]
+            state[name] = _split(sources[name], target.shape, members)[member]
     single.load_state_dict(state)
     return single.to(next(model.parameters()).dtype).eval()
-
-
-class _StackMemberLogits:
-    """Forward hook: the task head's (B, M*C) logits as member-stacked (M*B, C) rows."""
-
-    def __init__(self, num_members: int, labels: int) -> None:
-        self.num_members, self.labels = num_members, labels
-
-    def __call__(self, _module: nn.Module, _args: tuple, output: Any) -> Any:
-        logits = output.logits
-        rows = logits.shape[0]
-        output.logits = (
-            logits.reshape(rows, self.num_members, self.labels).transpose(0, 1).reshape(-1, self.labels)
-        )
-        return output
 
 
 def _width_fields(config) -> tuple[str, ...]:
@@ -174,12 +159,6 @@ def _check_divisible(config, members: int, gamma: int) -> None:
     for width in widths:
         if width % (members * gamma):
             raise ValueError(f"width {width} cannot be split into M*gamma = {members * gamma} groups")
-
-
-def _initialise(model: nn.Module, module: nn.Module) -> None:
-    init = getattr(model, "_init_weights", None)
-    if init is not None:
-        init(module)
 
 
 def _split(tensor: torch.Tensor, member_shape: torch.Size, members: int) -> list[torch.Tensor]:
