@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -10,6 +11,25 @@ import torch
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     """A batch without its ``labels``."""
     return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def checked_batches(
+    batches: Iterable[dict[str, Any]], what: str, num_labels: int | None = None, error: type = ValueError
+) -> list[dict[str, Any]]:
+    """``batches`` as a non-empty list; with ``num_labels``, every batch labelled within the
+    model's classes (labels (B,) or, for MIMO, (B, M)). Raises ``error`` naming ``what``."""
+    batches = list(batches)
+    if not batches:
+        raise error(f"{what} is empty: give at least one {'labelled ' if num_labels else ''}batch")
+    if num_labels is None:
+        return batches
+    for batch in batches:
+        if "labels" not in batch:
+            raise error(f"every batch of {what} needs 'labels'")
+        labels = batch["labels"]
+        if labels.numel() and (labels.min() < 0 or labels.max() >= num_labels):
+            raise error(f"labels out of range in {what}: the model has {num_labels} classes")
+    return batches
 
 
 def batch_rows(inputs: dict[str, Any]) -> int:

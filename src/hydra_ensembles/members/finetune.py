@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
-from ..batching import member_stacked, model_inputs
+from ..batching import checked_batches, member_stacked, model_inputs
 from ..io import atomic_write, atomic_write_json
 from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import check_precision, resolve_precision
@@ -167,16 +167,10 @@ def fine_tune(
 
 def _checked_batches(model: nn.Module, train, val, config: FineTuneConfig) -> tuple[list[dict], list[dict]]:
     """Train and validation batches as lists, each labelled within the model's classes."""
-    train_batches = list(train)
-    val_batches = list(val) if val is not None else []
-    if not train_batches:
-        raise ValueError("train is empty: give at least one labelled batch")
-    if any("labels" not in b for b in train_batches + val_batches):
-        raise ValueError("every train and val batch needs 'labels'")
     num_labels = int(model.config.num_labels)
-    for batch in train_batches + val_batches:
-        if batch["labels"].min() < 0 or batch["labels"].max() >= num_labels:
-            raise ValueError(f"labels out of range: the model has {num_labels} classes")
+    train_batches = checked_batches(train, "train", num_labels)
+    val_batches = list(val) if val is not None else []
+    val_batches = checked_batches(val_batches, "val", num_labels) if val_batches else []
     if config.patience is not None and not val_batches:
         raise ValueError("early stopping (patience) needs validation data")
     return train_batches, val_batches

@@ -43,7 +43,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..adapters import ArchitectureAdapter, get_adapter
-from ..batching import model_inputs
+from ..batching import checked_batches, model_inputs
 from ..heads import HeadSet
 from ..io import atomic_write_json
 from ..metrics import auroc
@@ -190,17 +190,6 @@ class _CandidateMasks(HeadAblation):
         return hook
 
 
-def _check_batches(batches: Iterable[dict] | None, name: str, need_labels: bool) -> list[dict]:
-    if batches is None:
-        return []
-    batches = list(batches)
-    if not batches:
-        raise CircuitError(f"{name} is empty: give at least one batch")
-    if need_labels and any("labels" not in b for b in batches):
-        raise CircuitError(f"every batch of {name} needs 'labels'")
-    return batches
-
-
 def _data_digest(batches: Sequence[dict]) -> str:
     digest = hashlib.sha256()
     for batch in batches:
@@ -290,15 +279,10 @@ def _checked_inputs(model, heads_per_layer, id_val, ood_val, objective) -> tuple
     """ID batches (labelled within the model's classes) and OOD batches, for an unpruned model."""
     if kept_heads(model).resolve(heads_per_layer) != HeadSet.full(heads_per_layer).resolve(heads_per_layer):
         raise CircuitError("extract circuits from an unpruned model; prune with the resulting head sets")
-    id_batches = _check_batches(id_val, "id_val", need_labels=True)
-    ood_batches = _check_batches(ood_val, "ood_val", need_labels=False)
+    id_batches = checked_batches(id_val or [], "id_val", int(model.config.num_labels), CircuitError)
+    ood_batches = [] if ood_val is None else checked_batches(ood_val, "ood_val", error=CircuitError)
     if objective in ("ood", "avg") and not ood_batches:
         raise CircuitError(f"objective {objective!r} needs OOD validation data (ood_val)")
-    num_labels = int(model.config.num_labels)
-    for batch in id_batches:
-        labels = batch["labels"]
-        if labels.min() < 0 or labels.max() >= num_labels:
-            raise CircuitError(f"labels out of range: the model has {num_labels} classes")
     return id_batches, ood_batches
 
 

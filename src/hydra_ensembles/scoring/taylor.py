@@ -16,7 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
-from ..batching import model_inputs
+from ..batching import checked_batches, model_inputs
 from ..heads import HeadSet, HeadSetError
 from ..precision import model_device, resolve_precision
 from ..surgery import kept_heads, prune
@@ -31,17 +31,12 @@ def taylor_scores(
     and ``requires_grad`` flags are left as they were; its gradients are cleared. Forward passes
     run under ``precision``'s autocast (`precision.resolve_precision`); gradients are summed in fp32.
     """
-    batches = list(calib)
-    if not batches:
-        raise ValueError("calib is empty: give at least one batch with labels")
-    if any("labels" not in b for b in batches):
-        raise ValueError("every calibration batch needs 'labels'")
+    batches = checked_batches(calib, "calib", int(model.config.num_labels))
     adapter = get_adapter(model)
     original = adapter.original_heads_per_layer(model)
     current = kept_heads(model).resolve(original)
     blocks = [adapter.attention_block(model, layer) for layer in range(len(original))]
     weights = [lin.weight for b in blocks for lin in (b.query, b.key, b.value)]
-    num_labels = int(model.config.num_labels)
 
     flags = {p: p.requires_grad for p in model.parameters()}
     was_training = model.training
@@ -56,8 +51,6 @@ def taylor_scores(
         model.eval()  # no dropout: scores are deterministic
         for batch in tqdm(batches, desc="taylor", leave=False, disable=not progress or None):
             labels = batch["labels"]
-            if labels.min() < 0 or labels.max() >= num_labels:
-                raise ValueError(f"labels out of range: the model has {num_labels} classes")
             with compute.autocast(device):
                 logits = model(**model_inputs(batch)).logits
             loss = F.cross_entropy(logits.float(), labels.to(logits.device)) / len(batches)
