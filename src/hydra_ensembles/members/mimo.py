@@ -32,6 +32,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..batching import StackMemberLogits
+from ..models import takes_images
 from .finetune import FineTuneConfig, FineTuneResult, fine_tune
 from .head_ensemble import initialise_like
 
@@ -67,7 +68,7 @@ def install_mimo(model: nn.Module, num_members: int) -> nn.Module:
     """Turn ``model`` into a MIMO model in place (its input layer for M inputs, M heads, the
     hooks); `mimo` does it on a copy, `load_member` on the architecture it rebuilds."""
     labels = int(model.config.num_labels)
-    images = _takes_images(model)
+    images = takes_images(model)
     dtype = next(model.parameters()).dtype
     if images:
         _widen_patch_projection(model, num_members)
@@ -168,26 +169,15 @@ class _MixInputs:
                 pixels = pixels.unsqueeze(1).expand(-1, m, *pixels.shape[1:])
             return args, {**kwargs, "pixel_values": pixels.flatten(1, 2)}
         ids = kwargs.pop("input_ids")
-        if ids.dim() == 2:
+        if ids.dim() == 2:  # one text per row: every member reads it
             ids = ids.unsqueeze(1).expand(-1, m, -1)
-            kwargs = {
-                k: v.unsqueeze(1).expand(-1, m, -1) if _per_token(v, ids) else v for k, v in kwargs.items()
-            }
+        else:  # M texts per row: attend where any has a token; one segment (single-text inputs)
+            if (mask := kwargs.get("attention_mask")) is not None:
+                kwargs["attention_mask"] = mask.amax(dim=1)
+            if (segments := kwargs.get("token_type_ids")) is not None:
+                kwargs["token_type_ids"] = segments[:, 0]
         embeddings = model.get_input_embeddings()(ids)  # (B, M, T, d)
-        mask = kwargs.get("attention_mask")
-        if mask is not None:
-            kwargs["attention_mask"] = mask.amax(dim=1)
-        if kwargs.get("token_type_ids") is not None:
-            kwargs["token_type_ids"] = kwargs["token_type_ids"][:, 0]
         return args, {**kwargs, "inputs_embeds": model.mimo_inputs(embeddings)}
-
-
-def _per_token(value: Any, ids: torch.Tensor) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[0] == ids.shape[0]
-
-
-def _takes_images(model: nn.Module) -> bool:
-    return getattr(model, "main_input_name", "input_ids") == "pixel_values"
 
 
 def _widen_patch_projection(model: nn.Module, num_members: int) -> None:
