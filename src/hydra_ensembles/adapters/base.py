@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -147,6 +148,15 @@ class ArchitectureAdapter(ABC):
         """Dotted paths of everything computed before the first layer: embeddings first."""
         return (self.embeddings_path, *(f"{self.prefix}{name}" for name in self.input_modules))
 
+    head_bias_tables: ClassVar[tuple[str, ...]] = ()
+    """Modules of the base model holding per-head attention-score biases shared by all layers
+    (one column per original head: MPNet's ``encoder.relative_attention_bias``). Like attention,
+    fusion keeps them per member where members differ."""
+
+    @property
+    def head_bias_paths(self) -> tuple[str, ...]:
+        return tuple(f"{self.prefix}{name}" for name in self.head_bias_tables)
+
     head_modules: ClassVar[tuple[str, ...]] = ("classifier",)
     """Names of the task head's modules on the task model (paths that do not exist are ignored)."""
 
@@ -170,8 +180,12 @@ class ArchitectureAdapter(ABC):
         value: nn.Linear,
         output: nn.Linear,
         num_heads: int,
+        heads: Sequence[int] | None = None,
     ) -> None:
-        """Install new (sliced) projections with ``num_heads`` heads; 0 heads is allowed."""
+        """Install new (sliced) projections with ``num_heads`` heads; 0 heads is allowed.
+
+        ``heads``: the original indices of the heads kept, for families whose attention takes
+        per-head inputs besides Q/K/V (MPNet's relative position bias); others ignore it."""
 
     @abstractmethod
     def install_fused_attention(self, model: nn.Module, layer: int, fused: nn.Module) -> None:
@@ -259,7 +273,7 @@ class WholeAttentionAdapter(ArchitectureAdapter):
     def _attention_name(self) -> str:
         return self.projection_paths[0].rpartition(".")[0]
 
-    def set_attention(self, model, layer, query, key, value, output, num_heads) -> None:
+    def set_attention(self, model, layer, query, key, value, output, num_heads, heads=None) -> None:
         block = self.layers(model)[layer]
         names = [path.rpartition(".")[2] for path in self.projection_paths]
         projections = dict(zip(names, (query, key, value, output), strict=True))

@@ -55,7 +55,7 @@ class BertAdapter(ArchitectureAdapter):
         "attention.output.dense",
     )
 
-    def set_attention(self, model, layer, query, key, value, output, num_heads) -> None:
+    def set_attention(self, model, layer, query, key, value, output, num_heads, heads=None) -> None:
         attention = self.layers(model)[layer].attention
         attention.output.dense = output
         if num_heads == 0:

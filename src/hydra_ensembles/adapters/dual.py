@@ -76,9 +76,9 @@ class DualEncoderAdapter(ArchitectureAdapter):
         path, adapter, local = self.locate(layer)
         return dataclasses.replace(adapter.attention_block(model.get_submodule(path), local), layer=layer)
 
-    def set_attention(self, model, layer, query, key, value, output, num_heads) -> None:
+    def set_attention(self, model, layer, query, key, value, output, num_heads, heads=None) -> None:
         path, adapter, local = self.locate(layer)
-        adapter.set_attention(model.get_submodule(path), local, query, key, value, output, num_heads)
+        adapter.set_attention(model.get_submodule(path), local, query, key, value, output, num_heads, heads)
 
     def install_fused_attention(self, model, layer, fused) -> None:
         raise TypeError("a dual encoder is fused per tower: use zeroshot.fuse_dual_encoder")

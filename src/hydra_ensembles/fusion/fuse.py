@@ -12,9 +12,15 @@ from torch import nn
 from ..adapters import ArchitectureAdapter, get_adapter
 from ..adapters.base import is_under
 from ..heads import HeadSet
-from ..layers import FusedMultiHeadAttention, GroupedLayerNorm, GroupedLinear, PerMemberModule
+from ..layers import (
+    FusedMultiHeadAttention,
+    GroupedLayerNorm,
+    GroupedLinear,
+    MemberHeadBias,
+    PerMemberModule,
+)
 from ..surgery import FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, slice_projections
-from .model import FusionPolicy, HydraModel
+from .model import FusionPolicy, HydraModel, member_bias_stride
 
 
 class FusionError(ValueError):
@@ -79,9 +85,9 @@ def _fuse_zero_shot(model: nn.Module, head_sets, policy: FusionPolicy, shared_tr
     for layer in range(len(original)):
         block = adapter.attention_block(model, layer)
         projections = [slice_projections(block, list(t[layer])) for t in targets]
-        _install(
-            adapter, fused_model, layer, projections[:1] if layer < trunk else projections, block.head_dim
-        )
+        members = 1 if layer < trunk else len(targets)
+        heads = [t[layer] for t in targets[:members]]
+        _install(adapter, fused_model, layer, projections[:members], block.head_dim, heads)
     resolved = [HeadSet(dict(enumerate(t))) for t in targets]
     return HydraModel(fused_model, adapter, resolved, policy, trunk_layers=trunk)
 
@@ -106,9 +112,12 @@ def _fuse_members(members: list[nn.Module], policy: FusionPolicy, shared_trunk: 
     if shared_trunk:
         trunk = _trunk_depth(targets, len(original))
         trunk = min(trunk, _same_weights_depth(adapter, all_projections, layout, trunk))
+    head_dim = adapter.head_dim(members[0])
+    stride = member_bias_stride(layout, original)
     for layer, projections in enumerate(all_projections):
-        head_dim = adapter.head_dim(members[0])
-        _install(adapter, fused_model, layer, projections[:1] if layer < trunk else projections, head_dim)
+        count = 1 if layer < trunk else len(members)
+        heads = [t[layer] for t in targets[:count]]
+        _install(adapter, fused_model, layer, projections[:count], head_dim, heads, stride)
     head_sets = [HeadSet(dict(enumerate(t))) for t in targets]
     return HydraModel(fused_model, adapter, head_sets, policy, layout, trunk_layers=trunk)
 
@@ -127,7 +136,7 @@ def _same_weights_depth(adapter, projections: list, layout, limit: int) -> int:
     """Of the first ``limit`` layers, how many have identical attention weights across members and
     no per-member module (embeddings included)."""
     grouped = [entry["path"] for entry in layout]
-    if any(is_under(p, adapter.input_paths) for p in grouped):
+    if any(is_under(p, (*adapter.input_paths, *adapter.head_bias_paths)) for p in grouped):
         return 0
     for layer in range(limit):
         root = f"{adapter.layers_path}.{layer}"
@@ -191,8 +200,11 @@ def _clean_copy(model: nn.Module) -> nn.Module:
     return copied
 
 
-def _install(adapter: ArchitectureAdapter, model: nn.Module, layer: int, projections, head_dim: int) -> None:
-    fused = FusedMultiHeadAttention.from_projections(projections, head_dim, adapter.attention_dropout(model))
+def _install(
+    adapter: ArchitectureAdapter, model: nn.Module, layer: int, projections, head_dim: int, heads, stride=0
+) -> None:
+    dropout = adapter.attention_dropout(model)
+    fused = FusedMultiHeadAttention.from_projections(projections, head_dim, dropout, heads, stride)
     fused.train(model.training)
     adapter.install_fused_attention(model, layer, fused)
 
@@ -215,8 +227,10 @@ def _combine_shared(
             continue
         if not list(module.parameters(recurse=False)):
             continue
-        mode = getattr(policy, adapter.part_of(path, module))
-        if _combine_module(fused_model, members, path, mode, layout, as_unit=False):
+        # score-bias tables are per head, like attention: per member whatever the policy
+        bias_table = path in adapter.head_bias_paths
+        mode = "exact" if bias_table else getattr(policy, adapter.part_of(path, module))
+        if _combine_module(fused_model, members, path, mode, layout, as_unit=False, bias_table=bias_table):
             replaced.append(path)
     return layout
 
@@ -228,6 +242,7 @@ def _combine_module(
     mode: str,
     layout: list[dict[str, Any]],
     as_unit: bool,
+    bias_table: bool = False,
 ) -> bool:
     """Merge or group the module at ``path`` if members differ there; True if it was replaced."""
     peers = [m.get_submodule(path) for m in members]
@@ -242,15 +257,17 @@ def _combine_module(
                 mean = torch.stack([n[name].float() for n in named]).mean(0)
                 param.copy_(mean.to(param.dtype))
         return False
-    kind, grouped = _grouped(peers, as_unit)
+    kind, grouped = _grouped(peers, as_unit, bias_table)
     grouped.train(target.training)
     fused_model.set_submodule(path, grouped)
     layout.append({"path": path, "kind": kind})
     return True
 
 
-def _grouped(peers: list[nn.Module], as_unit: bool) -> tuple[str, nn.Module]:
+def _grouped(peers: list[nn.Module], as_unit: bool, bias_table: bool = False) -> tuple[str, nn.Module]:
     first = peers[0]
+    if bias_table:
+        return "member_head_bias", MemberHeadBias.from_embeddings(peers)
     if not as_unit and type(first) is nn.Linear:
         return "grouped_linear", GroupedLinear.from_linears(peers)
     if not as_unit and type(first) is nn.LayerNorm and first.elementwise_affine:

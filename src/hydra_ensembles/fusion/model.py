@@ -15,7 +15,13 @@ from .._version import __version__
 from ..adapters import ArchitectureAdapter, get_adapter
 from ..batching import batch_rows, repeat_call, repeat_rows, slice_rows
 from ..heads import HeadSet
-from ..layers import FusedMultiHeadAttention, GroupedLayerNorm, GroupedLinear, PerMemberModule
+from ..layers import (
+    FusedMultiHeadAttention,
+    GroupedLayerNorm,
+    GroupedLinear,
+    MemberHeadBias,
+    PerMemberModule,
+)
 from ..models import build_model
 from ..outputs import EnsembleOutput
 from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
@@ -279,6 +285,12 @@ def save_hydra(hydra: HydraModel, path: str | os.PathLike) -> Path:
     return hydra.save_pretrained(path)
 
 
+def member_bias_stride(layout: Sequence[dict[str, Any]], original_heads: Sequence[int]) -> int:
+    """Channels per member of the attention-score biases when members keep their own bias tables
+    (`MemberHeadBias` in ``layout``), else 0 (one shared table)."""
+    return max(original_heads) if any(e["kind"] == "member_head_bias" for e in layout) else 0
+
+
 def _install_empty_fused(
     model: nn.Module, adapter: ArchitectureAdapter, head_sets: list[HeadSet], layout, trunk: int
 ) -> None:
@@ -286,11 +298,17 @@ def _install_empty_fused(
     original = adapter.original_heads_per_layer(model)
     resolved = [hs.resolve(original) for hs in head_sets]
     dropout = adapter.attention_dropout(model)
+    stride = member_bias_stride(layout, original)
     for layer in range(len(original)):
         block = adapter.attention_block(model, layer)
-        counts = [len(r[layer]) for r in resolved]
+        heads = [r[layer] for r in resolved[: 1 if layer < trunk else len(resolved)]]
         fused = FusedMultiHeadAttention(
-            block.hidden_size, block.head_dim, counts[:1] if layer < trunk else counts, dropout
+            block.hidden_size,
+            block.head_dim,
+            [len(h) for h in heads],
+            dropout,
+            heads=heads,
+            bias_stride=stride,
         )
         adapter.install_fused_attention(model, layer, fused)
     for entry in layout:
@@ -308,4 +326,6 @@ def _empty_grouped(model: nn.Module, entry: dict[str, Any], num_members: int) ->
         )
     if kind == "per_member":
         return PerMemberModule.empty_like(module, num_members)
+    if kind == "member_head_bias":
+        return MemberHeadBias(num_members, *module.weight.shape)
     raise HydraLoadError(f"unknown layout kind {kind!r} at {entry['path']!r}")

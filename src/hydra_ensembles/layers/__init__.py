@@ -3,7 +3,7 @@ BatchEnsemble linear layers, packed (channel-grouped) layers."""
 
 from .attention import FusedMultiHeadAttention
 from .batch_ensemble import BatchEnsembleLinear
-from .grouped import GroupedLayerNorm, GroupedLinear, PerMemberModule
+from .grouped import GroupedLayerNorm, GroupedLinear, MemberHeadBias, PerMemberModule
 from .packed import PackedLayerNorm, PackedLinear
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "FusedMultiHeadAttention",
     "GroupedLayerNorm",
     "GroupedLinear",
+    "MemberHeadBias",
     "PackedLayerNorm",
     "PackedLinear",
     "PerMemberModule",

@@ -12,6 +12,11 @@ columns are stored padded to the largest member, so that
 Padded heads have zero Q/K/V weights and biases, so their attention output is exactly zero and
 meets zero W_O columns: the result is exact. When all members keep the same number of heads
 (the usual case) there is no padding at all.
+
+Families that add a per-head bias to the attention scores (MPNet's relative position bias,
+``position_bias`` (rows, H, T, T) over the original heads) get each member's kept heads' channels:
+``heads`` records which original heads each member keeps; where members have their own bias
+tables (`MemberHeadBias`, channels ``m * H + h``), ``bias_stride`` is H.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class FusedMultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         device=None,
         dtype=None,
+        heads: Sequence[Sequence[int]] | None = None,
+        bias_stride: int = 0,
     ) -> None:
         super().__init__()
         if not heads_per_member:
@@ -51,6 +58,16 @@ class FusedMultiHeadAttention(nn.Module):
         self.qkv_bias = nn.Parameter(torch.zeros(m, 3 * width, **factory))
         self.o_weight = nn.Parameter(torch.zeros(m, hidden_size, width, **factory))
         self.o_bias = nn.Parameter(torch.zeros(m, hidden_size, **factory))
+        if heads is None:  # a bare module: member m keeps original heads 0 .. h_m - 1
+            heads = [range(h) for h in self.heads_per_member]
+        if [len(h) for h in heads] != list(self.heads_per_member):
+            raise ValueError(f"heads {heads} do not match heads_per_member {list(self.heads_per_member)}")
+        index = torch.zeros(m, self.max_heads, dtype=torch.long, device=device)
+        for member, kept in enumerate(heads):
+            index[member, : len(kept)] = torch.tensor(list(kept), dtype=torch.long) + member * bias_stride
+        self.register_buffer("head_index", index, persistent=False)
+        """(M, H_max) the score-bias channel of each member's head slot (padded slots: any channel,
+        their output is 0)."""
 
     @classmethod
     def from_projections(
@@ -58,13 +75,26 @@ class FusedMultiHeadAttention(nn.Module):
         projections: Sequence[tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]],
         head_dim: int,
         dropout: float = 0.0,
+        heads: Sequence[Sequence[int]] | None = None,
+        bias_stride: int = 0,
     ) -> FusedMultiHeadAttention:
-        """From each member's pruned (query, key, value, output) linears."""
+        """From each member's pruned (query, key, value, output) linears; ``heads``: the original
+        heads each member keeps, ``bias_stride`` (see the module docstring): for families with a
+        per-head score bias."""
         if any(type(lin) is not nn.Linear for group in projections for lin in group):
             raise TypeError("fusion needs plain nn.Linear projections (not e.g. BatchEnsemble layers)")
-        heads = [q.out_features // head_dim for q, _, _, _ in projections]
         ref = projections[0][3].weight
-        fused = cls(ref.shape[0], head_dim, heads, dropout, device=ref.device, dtype=ref.dtype)
+        counts = [q.out_features // head_dim for q, _, _, _ in projections]
+        fused = cls(
+            ref.shape[0],
+            head_dim,
+            counts,
+            dropout,
+            device=ref.device,
+            dtype=ref.dtype,
+            heads=heads,
+            bias_stride=bias_stride,
+        )
         width = fused.max_heads * head_dim
         with torch.no_grad():
             for m, (q, k, v, o) in enumerate(projections):
@@ -84,7 +114,11 @@ class FusedMultiHeadAttention(nn.Module):
         return 4 * kept * self.hidden_size + 3 * kept + self.num_members * self.hidden_size
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_bias: torch.Tensor | None = None,
+        **kwargs,
     ) -> tuple[torch.Tensor, None]:
         rows, tokens, hidden = hidden_states.shape
         m, h, dh = self.num_members, self.max_heads, self.head_dim
@@ -95,6 +129,9 @@ class FusedMultiHeadAttention(nn.Module):
             return bias.expand(m, rows // m * tokens, hidden).reshape(rows, tokens, hidden), None
         qkv = grouped_matmul(hidden_states.reshape(m, -1, hidden), self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.view(rows, tokens, 3, h, dh).unbind(2)
+        if position_bias is not None:
+            bias = self._member_bias(position_bias, rows)
+            attention_mask = bias if attention_mask is None else bias + attention_mask
         z = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -106,6 +143,17 @@ class FusedMultiHeadAttention(nn.Module):
         z = z.transpose(1, 2).reshape(m, -1, h * dh)
         out = grouped_matmul(z, self.o_weight, self.o_bias)
         return out.view(rows, tokens, hidden), None
+
+    def _member_bias(self, position_bias: torch.Tensor, rows: int) -> torch.Tensor:
+        """(rows, H_max, T, T): each member's rows get its kept heads' channels of the bias."""
+        m = self.num_members
+        if position_bias.shape[0] not in (1, rows):
+            raise ValueError(f"position_bias has {position_bias.shape[0]} rows for {rows} hidden-state rows")
+        bias = position_bias.expand(rows, *position_bias.shape[1:]).unflatten(0, (m, rows // m))
+        index = self.head_index.to(bias.device)[:, None, :, None, None].expand(
+            -1, rows // m, -1, *bias.shape[-2:]
+        )
+        return bias.gather(2, index).flatten(0, 1)
 
     def extra_repr(self) -> str:
         return (

@@ -146,6 +146,34 @@ class GroupedLayerNorm(nn.Module):
         return f"num_members={self.num_members}, normalized_shape={self.normalized_shape}, eps={self.eps}"
 
 
+class MemberHeadBias(nn.Module):
+    """M tables of per-head attention-score biases (MPNet's relative position buckets x heads),
+    looked up together: channel ``m * H + h`` of the output is member m's head h. The fused
+    attention reads each member's channels (`FusedMultiHeadAttention`'s ``bias_stride``)."""
+
+    def __init__(self, num_members: int, num_buckets: int, num_heads: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.num_members, self.num_buckets, self.num_heads = num_members, num_buckets, num_heads
+        self.weight = nn.Parameter(
+            torch.zeros(num_members, num_buckets, num_heads, device=device, dtype=dtype)
+        )
+
+    @classmethod
+    def from_embeddings(cls, tables: Sequence[nn.Embedding]) -> MemberHeadBias:
+        first = tables[0].weight
+        layer = cls(len(tables), first.shape[0], first.shape[1], device=first.device, dtype=first.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(torch.stack([t.weight for t in tables]))
+        return layer
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        table = self.weight.transpose(0, 1).reshape(self.num_buckets, -1)  # (buckets, M * H)
+        return F.embedding(index, table)
+
+    def extra_repr(self) -> str:
+        return f"num_members={self.num_members}, num_buckets={self.num_buckets}, num_heads={self.num_heads}"
+
+
 class PerMemberModule(nn.Module):
     """Exact fallback: M copies of a module, each run on its member's rows (a loop over M).
 
