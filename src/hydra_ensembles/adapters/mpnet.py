@@ -14,17 +14,17 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
 
 from .base import WholeAttentionAdapter
 
 
-class KeptHeadsSelfAttention(MPNetSelfAttention):
-    """MPNet self-attention keeping the original heads ``heads``: Hugging Face's forward, given
-    the position bias of those heads only."""
+class KeptHeadsSelfAttention(nn.Module):
+    """MPNet self-attention keeping the original heads ``heads``: Hugging Face's forward
+    (``MPNetSelfAttention.forward``, imported when first run: importing the package stays
+    light), given the position bias of those heads only."""
 
-    def __init__(self, core: MPNetSelfAttention, heads: Sequence[int]) -> None:
-        nn.Module.__init__(self)
+    def __init__(self, core: nn.Module, heads: Sequence[int]) -> None:
+        super().__init__()
         self.q, self.k, self.v, self.o = core.q, core.k, core.v, core.o
         self.dropout = core.dropout
         self.attention_head_size = core.attention_head_size
@@ -35,9 +35,13 @@ class KeptHeadsSelfAttention(MPNetSelfAttention):
     def forward(
         self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs
     ):
+        from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+
         if position_bias is not None:
             position_bias = position_bias.index_select(1, self.heads.to(position_bias.device))
-        return super().forward(hidden_states, attention_mask, position_bias, output_attentions, **kwargs)
+        return MPNetSelfAttention.forward(
+            self, hidden_states, attention_mask, position_bias, output_attentions, **kwargs
+        )
 
     def extra_repr(self) -> str:
         return f"heads={self.heads.tolist()}"
