@@ -164,6 +164,7 @@ def test_score_build_eval(workspace, capsys):
     report = (w / "report" / "report.md").read_text()
     assert "| hydra |" in report and "| single + TS |" in report and "recipes (far) AUROC" in report
     assert "Accuracy under shift" in report and "bootstrap intervals" in report
+    assert "| single − hydra |" in report and "p=" in report  # paired with the first --method
     assert (w / "report" / "plots" / "roc_hydra.png").is_file()
     capsys.readouterr()
 

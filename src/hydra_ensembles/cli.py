@@ -467,7 +467,7 @@ def _name_classes(model, classes: list[str]) -> None:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from . import reporting
-    from .evaluation import evaluate_method, predict, predict_method
+    from .evaluation import add_comparisons, evaluate_method, predict, predict_method
     from .io import check_output_dir
 
     out = check_output_dir(args.out)
@@ -485,7 +485,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.preprocessor:
         preprocessor = _preprocessor_for(args.preprocessor)
     data = _eval_data(args, preprocessor, models, oods_named)
-    results, preds = {}, {}
+    results, preds, draws = {}, {}, {}
     for name, group in methods.items():
 
         def predict_fn(model, batches, split, name=name):
@@ -493,7 +493,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
         model = group[0] if len(group) == 1 else group
         preds[name] = predict_method(model, data, predict_fn, calibrate=data.val is not None)
-        results.update(evaluate_method(name, preds[name], bootstrap=args.bootstrap)[0])
+        rows, _, row_draws = evaluate_method(name, preds[name], bootstrap=args.bootstrap)
+        results.update(rows)
+        draws.update(row_draws)
+    first = next(iter(methods))  # every other method's differences from the first, paired
+    add_comparisons(results, draws, [(name, first) for name in results if name != first])
     meta = {"command": "hydra-ens eval", "ID": args.id_data, "OOD": ", ".join(args.ood or []) or "none"}
     reporting.write_results(out, results, meta=meta)
     reporting.method_plots(out / "plots", preds, list(preds), list(preds))
@@ -900,7 +904,13 @@ def _add_eval_command(sub) -> None:
         help="also measure accuracy and Brier under corruptions at severities 1-5",
     )
     evaluate.add_argument("--shift-limit", type=POSITIVE, default=100, help="ID test examples corrupted")
-    evaluate.add_argument("--bootstrap", type=COUNT, default=0, help="bootstrap resamples for ID intervals")
+    evaluate.add_argument(
+        "--bootstrap",
+        type=COUNT,
+        default=0,
+        help="bootstrap resamples (e.g. 1000) for 95%% intervals of every main metric and paired "
+        "differences (with p-values) of every method from the first --method",
+    )
     _random_head_option(evaluate)
     evaluate.add_argument("--out", required=True, help="report folder")
     _data_options(evaluate)

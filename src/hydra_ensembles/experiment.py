@@ -41,6 +41,7 @@ from .evaluation import (
     EvalData,
     MethodPredictions,
     Predictions,
+    add_comparisons,
     evaluate_method,
     evaluate_predictions,
     predict,
@@ -184,6 +185,9 @@ class DemoConfig:
     out_dir: Path = Path("runs/demo")
     use_cache: bool = True
     bench_repeats: int = 5
+    bootstrap: int = 200
+    """Bootstrap resamples of the test items for every row's 95% intervals and the paired
+    differences of the methods a `Method` is compared with (``compare_with``); 0: none."""
     trunk_study: bool = False
     """Also build Hydra (Circ) with a shared trunk of L/3 and L/2 layers (members diverse and
     fine-tuned only after it) and report its quality and cost beside full Hydra."""
@@ -685,6 +689,9 @@ class Method:
     """Confidence histograms and ROC curves of its own."""
     precision: str | None = None
     """Evaluation precision (None: the run's)."""
+    compare_with: tuple[str, ...] = ()
+    """Methods its rows are compared with, paired on the same bootstrap resamples (row by row:
+    ``+ TS`` with ``+ TS`` where both exist)."""
 
 
 @dataclass
@@ -1030,6 +1037,7 @@ def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[M
             cost_name="Hydra (Circ)",
             reliability=True,
             detail=True,
+            compare_with=("Single", deep),
         )
     )
     if run.evaluation.reduced:  # how much does reduced precision move Hydra's numbers?
@@ -1058,11 +1066,25 @@ def _evaluate_all(
             f"predict: {method.name}",
             lambda m=method, fn=predict_fn: predict_method(m.model, data, fn, calibrate=m.calibrate),
         )
+    draws, row_names = {}, {}
     for method in methods:
-        rows, fitted = evaluate_method(method.name, preds[method.name])
+        rows, fitted, row_draws = run.stage.run(
+            f"evaluate: {method.name}",
+            lambda m=method: evaluate_method(m.name, preds[m.name], run.config.bootstrap, run.config.seed),
+        )
         results.update(rows)
+        draws.update(row_draws)
+        row_names[method.name] = list(rows)
         heads.update(dict.fromkeys(rows, method.heads))
         temperatures.update(fitted)
+    pairs = [
+        (row, other + row[len(method.name) :])
+        for method in methods
+        for other in method.compare_with
+        for row in row_names[method.name]
+        if other in row_names and other + row[len(method.name) :] in results
+    ]
+    add_comparisons(results, draws, pairs)
     return preds, results, heads, temperatures
 
 

@@ -126,7 +126,7 @@ def _methods(run: DemoRun, dual, dual_input, pruned: PrunedModels, single) -> li
     return [
         Method("Single", dual_input, f"{sum(counts)}/{sum(counts)}", calibrate=True, reliability=True),
         Method("Taylor (single pruned)", pruned.singles["Taylor"], both),
-        Method("CircAvg (single pruned)", pruned.singles["CircAvg"], both),
+        Method("CircAvg (single pruned)", pruned.singles["CircAvg"], both, compare_with=("Single",)),
         Method("Hydra (Taylor)", pruned.hydras["Hydra (Taylor)"], both),
         Method(
             "Hydra (Circ)",
@@ -136,12 +136,14 @@ def _methods(run: DemoRun, dual, dual_input, pruned: PrunedModels, single) -> li
             cost_name="Hydra (Circ)",
             reliability=True,
             detail=True,
+            compare_with=("Single",),
         ),
         Method(
             "Hydra (Circ, input tower)",
             pruned.hydras["Hydra (Circ, input tower)"],
             only_input,
             cost_name="Hydra (Circ, input tower)",
+            compare_with=("Single",),
         ),
     ]
 

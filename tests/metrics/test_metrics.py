@@ -55,7 +55,7 @@ def test_perfectly_calibrated_and_confident():
     assert got == pytest.approx({"acc": 1.0, "nll": 0.0, "brier": 0.0, "ece": 0.0, "aece": 0.0}, abs=1e-9)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 80), st.integers(1, 80), st.booleans())
 def test_ood_metrics_match_references(seed, n_id, n_ood, ties):
     rng = np.random.default_rng(seed)

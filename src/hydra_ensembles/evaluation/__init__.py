@@ -1,6 +1,7 @@
 """Evaluation: predictions of any model or ensemble, temperature scaling, metrics, shift."""
 
-from .evaluate import OOD_SCORES, evaluate_predictions, ood_scores, summarise_ood
+from .bootstrap import MAIN_METRICS, add_comparisons, add_intervals, bootstrap_draws
+from .evaluate import OOD_SCORES, evaluate_predictions, main_row, ood_scores, summarise_ood
 from .predict import Predictions, predict
 from .run import EvalData, MethodPredictions, evaluate_method, predict_method
 from .shift import (
@@ -16,18 +17,23 @@ from .uncertainty import flag_threshold, per_example
 
 __all__ = [
     "IMAGE_CORRUPTIONS",
+    "MAIN_METRICS",
     "OOD_SCORES",
     "SEVERITIES",
     "TEXT_CORRUPTIONS",
     "EvalData",
     "MethodPredictions",
     "Predictions",
+    "add_comparisons",
+    "add_intervals",
+    "bootstrap_draws",
     "corrupt_images",
     "corrupt_texts",
     "evaluate_method",
     "evaluate_predictions",
     "fit_temperature",
     "flag_threshold",
+    "main_row",
     "ood_scores",
     "per_example",
     "predict",

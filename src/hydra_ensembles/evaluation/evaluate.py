@@ -39,19 +39,15 @@ def evaluate_predictions(
     shift: Mapping[tuple[str, int], Predictions] | None = None,
     temperature: float | np.ndarray = 1.0,
     scores: tuple[str, ...] = OOD_SCORES,
-    bootstrap: int = 0,
 ) -> dict[str, Any]:
     """All metrics of one method.
 
     ``ood`` maps dataset name -> ("near" | "far", predictions); ``shift`` maps
-    (corruption, severity) -> labelled predictions. ``bootstrap > 0`` adds 95% bootstrap
-    intervals of the ID metrics under ``classification_ci``.
+    (corruption, severity) -> labelled predictions. Intervals: `evaluation.bootstrap`.
     """
     if id_test.labels is None:
         raise ValueError("ID test predictions need labels")
     result: dict[str, Any] = {"classification": M.classification(id_test.probs(temperature), id_test.labels)}
-    if bootstrap:
-        result["classification_ci"] = M.bootstrap_ci(id_test.probs(temperature), id_test.labels, bootstrap)
     result["diversity"] = {"id": M.diversity(id_test.member_probs(temperature))}
     if ood:
         id_scores = {s: ood_scores(id_test, s, temperature) for s in scores if _applicable(s, id_test)}
@@ -83,6 +79,14 @@ def evaluate_predictions(
 
 def _applicable(score: str, predictions: Predictions) -> bool:
     return score != "mutual_information" or predictions.num_members > 1
+
+
+def main_row(result: Mapping[str, Any], score: str = "msp") -> dict[str, float]:
+    """The paper's Table 1 row: ID calibration and the OOD average (near and far) for ``score``."""
+    row = dict(result["classification"])
+    average = result.get("ood_summary", {}).get(score, {}).get("average", {})
+    row.update({k: average[k] for k in ("auroc", "fpr95", "aupr_in", "aupr_out") if k in average})
+    return row
 
 
 def summarise_ood(per_set: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .bootstrap import add_intervals, bootstrap_draws
 from .evaluate import evaluate_predictions
 from .predict import Predictions
 from .temperature import fit_temperature
@@ -54,22 +55,28 @@ def predict_method(
 
 
 def evaluate_method(
-    name: str, preds: MethodPredictions, bootstrap: int = 0
-) -> tuple[dict[str, Any], dict[str, float | list[float]]]:
+    name: str, preds: MethodPredictions, bootstrap: int = 0, seed: int = 0
+) -> tuple[dict[str, Any], dict[str, float | list[float]], dict[str, dict[str, np.ndarray]]]:
     """Result rows of a method: ``name``, and where validation predictions exist, ``name + TS``
     (one temperature) and, for ensembles, ``name + TS per member`` (each member's own
-    temperature, fit on its own NLL). Returns the rows and the fitted temperatures."""
+    temperature, fit on its own NLL). Returns the rows, the fitted temperatures, and with
+    ``bootstrap`` resamples each row's metric draws (`evaluation.bootstrap`; the rows then hold
+    their 95% ``intervals``)."""
+    rows, temperatures, draws = {}, {}, {}
 
-    def row(temperature: float | np.ndarray = 1.0) -> dict[str, Any]:
-        return evaluate_predictions(preds.test, preds.ood, preds.shift, temperature, bootstrap=bootstrap)
+    def add(row_name: str, temperature: float | np.ndarray = 1.0) -> None:
+        rows[row_name] = evaluate_predictions(preds.test, preds.ood, preds.shift, temperature)
+        if bootstrap:
+            draws[row_name] = bootstrap_draws(preds.test, preds.ood, temperature, bootstrap, seed)
 
-    rows, temperatures = {name: row()}, {}
+    add(name)
     if preds.val is not None:
         shared = float(fit_temperature(preds.val))
         temperatures[f"{name} + TS"] = shared
-        rows[f"{name} + TS"] = row(shared)
+        add(f"{name} + TS", shared)
         if preds.val.num_members > 1:
             per_member = fit_temperature(preds.val, per_member=True)
             temperatures[f"{name} + TS per member"] = per_member.tolist()
-            rows[f"{name} + TS per member"] = row(per_member)
-    return rows, temperatures
+            add(f"{name} + TS per member", per_member)
+    add_intervals(rows, draws)
+    return rows, temperatures, draws

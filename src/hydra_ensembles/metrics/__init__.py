@@ -4,6 +4,7 @@ Inputs may be numpy arrays or torch tensors. OOD metrics take scores where highe
 OOD (OOD is the positive class, as in OpenOOD).
 """
 
+from .bootstrap import intervals, paired_difference, percentile_interval, resample_indices
 from .classification import accuracy, adaptive_ece, bootstrap_ci, brier, classification, ece, nll
 from .diversity import disagreement, diversity
 from .ood import (
@@ -32,9 +33,13 @@ __all__ = [
     "energy_score",
     "entropy_score",
     "fpr_at_tpr",
+    "intervals",
     "max_logit_score",
     "msp_score",
     "mutual_information_score",
     "nll",
     "ood",
+    "paired_difference",
+    "percentile_interval",
+    "resample_indices",
 ]

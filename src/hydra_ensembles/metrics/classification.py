@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_count, check_fraction, check_labels, check_probs
+from ._checks import check_count, check_labels, check_probs
+from .bootstrap import percentile_interval, resample_indices
 
 EPS = 1e-12
 
@@ -80,20 +81,16 @@ def bootstrap_ci(
 ) -> dict[str, tuple[float, float]]:
     """Percentile bootstrap confidence intervals of every `classification` metric.
 
-    Samples are resampled with replacement ``n_resamples`` times (seeded); returns, per metric,
-    the (lower, upper) bounds of the central ``level`` interval.
+    Samples are resampled with replacement ``n_resamples`` times (seeded, `resample_indices`);
+    returns, per metric, the (lower, upper) bounds of the central ``level`` interval.
     """
     n_resamples = check_count(n_resamples, "n_resamples")
-    if check_fraction(level, "level") == 1:
-        raise ValueError("level must lie in (0, 1), got 1")
+    percentile_interval(np.zeros(1), level)  # validates the level before any work
     n_bins = check_count(n_bins, "n_bins")
     p = check_probs(probs)
     y = check_labels(labels, *p.shape)
-    rng = np.random.default_rng(seed)
     draws: dict[str, list[float]] = {}
-    for _ in range(n_resamples):
-        index = rng.integers(0, len(y), len(y))
+    for index in resample_indices(len(y), n_resamples, seed):
         for key, value in classification(p[index], y[index], n_bins).items():
             draws.setdefault(key, []).append(value)
-    tail = (1 - level) / 2 * 100
-    return {k: (float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail))) for k, v in draws.items()}
+    return {k: percentile_interval(np.array(v), level) for k, v in draws.items()}

@@ -2,7 +2,10 @@
 
 OOD is the positive class and scores are "higher = more OOD". AUROC, FPR95 (share of ID
 samples flagged at the threshold where 95% of OOD is caught), AUPR-In (ID positive) and
-AUPR-Out (OOD positive). Ranking metrics come from scikit-learn.
+AUPR-Out (OOD positive). All four come from one sorted pass over the scores (`ranked_counts`),
+the way scikit-learn's ``roc_curve`` and ``average_precision_score`` compute them (ties share a
+threshold); the tests hold them equal to scikit-learn's. One pass is some 10x faster than four
+scikit-learn calls, which is what makes bootstrap intervals of every OOD metric affordable.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from ._checks import as_array, check_fraction, check_probs
 
@@ -25,29 +27,48 @@ def _scores_and_labels(id_scores: Any, ood_scores: Any) -> tuple[np.ndarray, np.
     return scores, labels
 
 
+def ranked_counts(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """False and true positives at every distinct threshold, highest first (scikit-learn's
+    ``_binary_clf_curve``): entry k counts the items scored >= the k-th distinct score."""
+    order = np.argsort(-scores, kind="mergesort")
+    ranked, positives = scores[order], labels[order]
+    last = np.r_[np.flatnonzero(np.diff(ranked)), len(ranked) - 1]  # last item of each tie group
+    tps = np.cumsum(positives)[last]
+    return last + 1 - tps, tps
+
+
+def _average_precision(fps: np.ndarray, tps: np.ndarray) -> float:
+    """Sum over thresholds of (recall step) x precision (scikit-learn's definition)."""
+    recall = tps / tps[-1]
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * tps / (tps + fps)))
+
+
+def _ood_metrics(scores: np.ndarray, labels: np.ndarray, tpr: float = 0.95) -> dict[str, float]:
+    fps, tps = ranked_counts(scores, labels)
+    fpr, tpr_curve = np.r_[0.0, fps / fps[-1]], np.r_[0.0, tps / tps[-1]]
+    inverse_fps, inverse_tps = ranked_counts(-scores, 1 - labels)
+    return {
+        "auroc": float(np.sum(np.diff(fpr) * (tpr_curve[1:] + tpr_curve[:-1]) / 2)),
+        "fpr95": float(fpr[np.argmax(tpr_curve >= tpr)]),
+        "aupr_in": _average_precision(inverse_fps, inverse_tps),
+        "aupr_out": _average_precision(fps, tps),
+    }
+
+
 def auroc(id_scores: Any, ood_scores: Any) -> float:
-    scores, labels = _scores_and_labels(id_scores, ood_scores)
-    return float(roc_auc_score(labels, scores))
+    return ood(id_scores, ood_scores)["auroc"]
 
 
 def fpr_at_tpr(id_scores: Any, ood_scores: Any, tpr: float = 0.95) -> float:
     """Share of ID samples scored as OOD at the first threshold catching ``tpr`` of the OOD
     (``tpr`` in (0, 1]; no interpolation between thresholds)."""
     tpr = check_fraction(tpr, "tpr")
-    scores, labels = _scores_and_labels(id_scores, ood_scores)
-    fprs, tprs, _ = roc_curve(labels, scores, drop_intermediate=False)
-    return float(fprs[np.argmax(tprs >= tpr)])
+    return _ood_metrics(*_scores_and_labels(id_scores, ood_scores), tpr)["fpr95"]
 
 
 def ood(id_scores: Any, ood_scores: Any) -> dict[str, float]:
     """auroc, fpr95, aupr_in, aupr_out for OOD-positive scores (higher = more OOD)."""
-    scores, labels = _scores_and_labels(id_scores, ood_scores)
-    return {
-        "auroc": float(roc_auc_score(labels, scores)),
-        "fpr95": fpr_at_tpr(id_scores, ood_scores, 0.95),
-        "aupr_in": float(average_precision_score(1 - labels, -scores)),
-        "aupr_out": float(average_precision_score(labels, scores)),
-    }
+    return _ood_metrics(*_scores_and_labels(id_scores, ood_scores))
 
 
 # ----------------------------------------------------------------------------- scores

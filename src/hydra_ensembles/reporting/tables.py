@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..evaluation.evaluate import main_row
 from ..io import atomic_write_json, atomic_write_text
 from ..metrics import POSITIVE_CLASS
 
@@ -25,14 +26,6 @@ MAIN_COLUMNS = [
     ("aupr_out", "AUPR-Out ↑", True),
 ]
 PERCENT = {"acc", "ece", "aece", "auroc", "fpr95", "aupr_in", "aupr_out"}
-
-
-def main_row(result: Mapping[str, Any], score: str = "msp") -> dict[str, float]:
-    """The paper's Table 1 row: ID calibration and the OOD average (near and far) for ``score``."""
-    row = dict(result["classification"])
-    average = result.get("ood_summary", {}).get(score, {}).get("average", {})
-    row.update({k: average[k] for k in ("auroc", "fpr95", "aupr_in", "aupr_out") if k in average})
-    return row
 
 
 def _fmt(key: str, value: float | None) -> str:
@@ -56,6 +49,55 @@ def _bold_best(values: dict[str, dict[str, float]], columns) -> dict[str, dict[s
             text = _fmt(key, v.get(key))
             out[method][key] = f"**{text}**" if key in v and v[key] == best and len(present) > 1 else text
     return out
+
+
+INTERVAL_COLUMNS = ("acc", "nll", "ece", "auroc", "fpr95")
+"""The columns whose intervals and paired differences the report shows (all are in results.json)."""
+
+
+def _signed(key: str, value: float) -> str:
+    return f"{100 * value:+.2f}" if key in PERCENT else f"{value:+.3f}"
+
+
+def _interval_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Bootstrap intervals of every row that has them, and paired differences between rows."""
+    parts: list[str] = []
+    with_ci = [(m, r) for m, r in results.items() if "intervals" in r]
+    if with_ci:
+        meta = with_ci[0][1].get("intervals_meta", {})
+        keys = [k for k in INTERVAL_COLUMNS if k in with_ci[0][1]["intervals"]]
+        headers = [h for k, h, _ in MAIN_COLUMNS if k in keys]
+        body = [
+            [m] + [f"{_fmt(k, r['intervals'][k][0])} – {_fmt(k, r['intervals'][k][1])}" for k in keys]
+            for m, r in with_ci
+        ]
+        parts += [
+            f"## {100 * meta.get('level', 0.95):.0f}% bootstrap intervals "
+            f"({meta.get('resamples', '?')} resamples of the test items)",
+            "",
+            _table(["Method", *headers], body),
+            "",
+        ]
+    compared = [(m, other, d) for m, r in results.items() for other, d in r.get("differences", {}).items()]
+    if compared:
+        keys = [k for k in INTERVAL_COLUMNS if k in compared[0][2]]
+        headers = [h for k, h, _ in MAIN_COLUMNS if k in keys]
+        body = [
+            [f"{m} − {other}"]
+            + [
+                f"{_signed(k, d[k]['difference'])} [{_signed(k, d[k]['low'])}, {_signed(k, d[k]['high'])}]"
+                f" p={d[k]['p_value']:.2f}{' *' if d[k]['p_value'] < 0.05 else ''}"
+                for k in keys
+            ]
+            for m, other, d in compared
+        ]
+        parts += [
+            "## Paired differences (same bootstrap resamples; * p < 0.05, two-sided)",
+            "",
+            _table(["Comparison", *headers], body),
+            "",
+        ]
+    return parts
 
 
 def markdown_report(
@@ -82,11 +124,7 @@ def markdown_report(
         ),
         "",
     ]
-    with_ci = [(m, r["classification_ci"]) for m, r in results.items() if "classification_ci" in r]
-    if with_ci:
-        keys = [k for k, _, _ in MAIN_COLUMNS if k in with_ci[0][1]]
-        body = [[m] + [f"{_fmt(k, ci[k][0])} – {_fmt(k, ci[k][1])}" for k in keys] for m, ci in with_ci]
-        parts += ["## 95% bootstrap intervals (ID test)", "", _table(["Method", *keys], body), ""]
+    parts += _interval_sections(results)
     breakdown = [(m, r) for m, r in results.items() if "ood" in r]
     if breakdown:
         sets = list(breakdown[0][1]["ood"])
