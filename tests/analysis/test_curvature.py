@@ -127,9 +127,19 @@ def test_proposition1_equals_its_exact_quantities(setup):
     )
 
 
+def test_several_head_sets_share_probes_and_give_each_its_own_result(setup):
+    model, clean, noisy = setup
+    other = he.HeadSet({0: [0, 1], 1: [1]})
+    both = proposition1(model, clean, noisy, {"a": HEADS, "b": other}, probes=4, seed=5)
+    alone = proposition1(model, clean, noisy, other, probes=4, seed=5)
+    assert both["b"] == alone and both["a"] != both["b"]
+
+
 def test_proposition1_refuses_a_head_set_that_removes_nothing(setup):
     model, clean, noisy = setup
     with pytest.raises(ValueError, match="removes no head"):
         proposition1(model, clean, noisy, he.HeadSet.full([2, 2]), probes=2)
+    with pytest.raises(ValueError, match="probes must be at least 2"):
+        proposition1(model, clean, noisy, HEADS, probes=1)
     with pytest.raises(ValueError, match="probes must be at least 2"):
         hutchinson_diagonal(model, clean, list(attention_parameters(model).values()), probes=1)

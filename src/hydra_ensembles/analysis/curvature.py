@@ -25,7 +25,7 @@ second derivative), dropout off; the model is left as it was.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -208,74 +208,96 @@ def proposition1(
     model: nn.Module,
     clean: Iterable[dict[str, Any]],
     noisy: Iterable[dict[str, Any]],
-    heads: HeadSet,
+    heads: HeadSet | Mapping[str, HeadSet],
     probes: int = 8,
     seed: int = 0,
     progress: bool = False,
-) -> Proposition1Result:
+) -> Proposition1Result | dict[str, Proposition1Result]:
     """Measure Proposition 1's conditions for pruning ``model`` to ``heads`` (labelled batches of
-    clean data D^t and noisy data D^n; see the module docstring)."""
+    clean data D^t and noisy data D^n; see the module docstring). Several head sets (a mapping
+    name -> HeadSet) share the gradients and the Hutchinson probes: one result per name."""
+    if isinstance(heads, HeadSet):
+        return proposition1(model, clean, noisy, {"": heads}, probes, seed, progress)[""]
+    if probes < 2:
+        raise ValueError(f"probes must be at least 2 (the standard error needs two), got {probes}")
     num_labels = int(model.config.num_labels)
     clean = checked_batches(clean, "clean", num_labels)
     noisy = checked_batches(noisy, "noisy", num_labels)
-    named = attention_parameters(model)
-    params = list(named.values())
-    delta = list(pruning_perturbation(model, heads).values())
-    support = [d != 0 for d in delta]
-    count = int(sum(int(s.sum()) for s in support))
-    if count == 0:
-        raise ValueError("the head set removes no head: there is no pruning perturbation to study")
-    steps = tqdm(total=6, desc="proposition 1", leave=False, disable=not progress or None)
+    params = list(attention_parameters(model).values())
+    original = get_adapter(model).original_heads_per_layer(model)
+    deltas = {name: list(pruning_perturbation(model, hs).values()) for name, hs in heads.items()}
+    supports = {name: [d != 0 for d in delta] for name, delta in deltas.items()}
+    counts = {name: int(sum(int(s.sum()) for s in support)) for name, support in supports.items()}
+    for name, count in counts.items():
+        if count == 0:
+            raise ValueError(
+                f"the head set {name!r} removes no head: there is no pruning perturbation to study"
+            )
+    bar = tqdm(total=2 + 2 * len(heads) + probes + 1, desc="proposition 1", disable=not progress or None)
 
     def step(fn: Callable[[], Any]) -> Any:
         out = fn()
-        steps.update()
+        bar.update()
         return out
 
     grad_n = step(lambda: gradient(model, noisy, params))
     grad_t = step(lambda: gradient(model, clean, params))
-    (h_n_delta,) = step(lambda: hessian_vector_products(model, noisy, params, [delta]))
-    (h_t_delta,) = step(lambda: hessian_vector_products(model, clean, params, [delta]))
-    curvature = 0.5 * (_dot(delta, h_n_delta) - _dot(delta, h_t_delta))
+    curvature = {}
+    for name, delta in deltas.items():
+        (h_n,) = step(lambda d=delta: hessian_vector_products(model, noisy, params, [d]))
+        (h_t,) = step(lambda d=delta: hessian_vector_products(model, clean, params, [d]))
+        curvature[name] = 0.5 * (_dot(delta, h_n) - _dot(delta, h_t))
 
     generator = torch.Generator().manual_seed(seed)
-    per_probe, positive = [], [torch.zeros_like(d) for d in delta]
+    per_probe: dict[str, list[float]] = {name: [] for name in heads}
+    gap_sum = [torch.zeros_like(p, dtype=torch.float32) for p in params]
     for _ in range(probes):  # the same probe for both datasets: their difference has less noise
         z = rademacher(params, generator)
         (hz_n,) = hessian_vector_products(model, noisy, params, [z])
         (hz_t,) = hessian_vector_products(model, clean, params, [z])
         gap = [zi * (a - b) for zi, a, b in zip(z, hz_n, hz_t, strict=True)]
-        per_probe.append(sum(float(g[s].sum()) for g, s in zip(gap, support, strict=True)) / count)
-        for acc, g in zip(positive, gap, strict=True):
+        for acc, g in zip(gap_sum, gap, strict=True):
             acc += g
-    steps.update()
-    share = sum(int(((p > 0) & s).sum()) for p, s in zip(positive, support, strict=True)) / count
-    values = torch.tensor(per_probe, dtype=torch.float64)
+        for name, support in supports.items():
+            per_probe[name].append(
+                sum(float(g[s].sum()) for g, s in zip(gap, support, strict=True)) / counts[name]
+            )
+        bar.update()
 
-    with torch.no_grad():
-        model_was = model.training
+    losses = {}
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        was_training = model.training
         model.eval()
-        with sdpa_kernel(SDPBackend.MATH):
-            before = float(_mean_loss(model, noisy)), float(_mean_loss(model, clean))
-            with ablate(model, heads):
-                after = float(_mean_loss(model, noisy)), float(_mean_loss(model, clean))
-        model.train(model_was)
-    steps.update()
-    steps.close()
-    alignment_n, alignment_t = _dot(grad_n, delta), _dot(grad_t, delta)
-    original = get_adapter(model).original_heads_per_layer(model)
-    removed = kept_heads(model).num_kept(original) - heads.num_kept(original)
-    return Proposition1Result(
-        heads_removed=removed,
-        alignment_noisy=alignment_n,
-        alignment_clean=alignment_t,
-        curvature_gap=curvature,
-        diagonal_gap=float(values.mean()),
-        diagonal_gap_stderr=float(values.std() / math.sqrt(probes)) if probes > 1 else float("nan"),
-        diagonal_gap_positive=share,
-        probes=probes,
-        predicted_gap_change=alignment_n - alignment_t + curvature,
-        measured_gap_change=(after[0] - after[1]) - (before[0] - before[1]),
-        loss_clean=before[1],
-        loss_noisy=before[0],
-    )
+        losses[None] = float(_mean_loss(model, noisy)), float(_mean_loss(model, clean))
+        for name, hs in heads.items():
+            with ablate(model, hs):
+                losses[name] = float(_mean_loss(model, noisy)), float(_mean_loss(model, clean))
+        model.train(was_training)
+    bar.update()
+    bar.close()
+    before = losses[None]
+    results = {}
+    for name, hs in heads.items():
+        delta, support, values = (
+            deltas[name],
+            supports[name],
+            torch.tensor(per_probe[name], dtype=torch.float64),
+        )
+        alignment_n, alignment_t = _dot(grad_n, delta), _dot(grad_t, delta)
+        positive = sum(int(((g > 0) & s).sum()) for g, s in zip(gap_sum, support, strict=True))
+        after = losses[name]
+        results[name] = Proposition1Result(
+            heads_removed=kept_heads(model).num_kept(original) - hs.num_kept(original),
+            alignment_noisy=alignment_n,
+            alignment_clean=alignment_t,
+            curvature_gap=curvature[name],
+            diagonal_gap=float(values.mean()),
+            diagonal_gap_stderr=float(values.std() / math.sqrt(probes)),
+            diagonal_gap_positive=positive / counts[name],
+            probes=probes,
+            predicted_gap_change=alignment_n - alignment_t + curvature[name],
+            measured_gap_change=(after[0] - after[1]) - (before[0] - before[1]),
+            loss_clean=before[1],
+            loss_noisy=before[0],
+        )
+    return results
