@@ -3,6 +3,7 @@
 import importlib.util
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -135,6 +136,43 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     second = run_demo(config)
     assert second["results"]["Single"] == first["results"]["Single"]
     assert second["results"]["Hydra (Circ)"] == first["results"]["Hydra (Circ)"]
+    # Hydra (Circ) vs Single and the deep ensemble, paired on the same resamples
+    compared = first["results"]["Hydra (Circ)"]["differences"]
+    assert set(compared) == {"Single", "Deep Ensemble (M=2)"} and "p_value" in compared["Single"]["auroc"]
+    assert (
+        "Hydra (Circ) + TS" in first["results"]
+        and "Single + TS" in first["results"]["Hydra (Circ) + TS"]["differences"]
+    )
+    assert "## Paired differences" in report and "| Hydra (Circ) − Single |" in report
+    _analysis_runs_on_the_demos_cached_models(config, tmp_path)
+
+
+def _analysis_runs_on_the_demos_cached_models(config: DemoConfig, tmp_path) -> None:
+    """``hydra-ens analyze`` on the reduced demo's cache (still nothing may be trained)."""
+    from hydra_ensembles.analyze import STUDIES, AnalysisConfig, run_analysis
+
+    out = tmp_path / "analysis"
+    found = run_analysis(
+        AnalysisConfig(
+            studies=STUDIES, out_dir=out, items=6, probes=2, max_members=2, bootstrap=20, demo=config
+        )
+    )
+    prop1 = found["prop1"]["results"]
+    assert set(prop1) == {"Taylor", "CircAvg", "Random"}
+    assert len({r["heads_removed"] for r in prop1.values()}) == 1  # the same number of heads
+    assert all(np.isfinite(list(r.values())).all() for r in prop1.values())
+    summary = found["heads"]["summary"]
+    assert "dense: all heads" in summary and summary["dense: all heads"]["heads"] == 12
+    members = found["members"]["results"]
+    assert {"Single", "Hydra (Circ), M=2", "Deep Ensemble, M=2"} <= set(members)
+    merge = found["merge"]["results"]
+    exact, explicit = merge["Hydra (Circ), exact"], merge["Hydra (Circ), members one by one"]
+    assert exact["classification"] == pytest.approx(explicit["classification"], abs=1e-6)  # exact fusion
+    assert "Hydra (Circ), exact" in merge["Hydra (Circ), merged MLPs"]["differences"]
+    report = (out / "report.md").read_text()
+    for section in ("Proposition 1", "last-layer heads", "Member count", "Merged MLPs"):
+        assert section in report
+    assert {p.name for p in (out / "plots").iterdir()} == {"head_pca.png", "members.png"}
 
 
 @pytest.mark.parametrize("model", ["dinov2-s-56", "vit-6x12-p7"])

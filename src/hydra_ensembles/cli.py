@@ -131,12 +131,39 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.out:
         overrides["out_dir"] = Path(args.out)
     config = DemoConfig.preset(args.task, full=args.full, **overrides)
+    if args.seeds:
+        if args.task == "zero-shot":
+            raise ValueError("--seeds runs the supervised demos (text, image)")
+        from .experiment import run_seeds
+
+        run_seeds(config, [int(s) for s in args.seeds.split(",") if s.strip()])
+        return 0
     if args.task == "zero-shot":
         from .zero_shot_demo import run_zero_shot_demo
 
         run_zero_shot_demo(config)
     else:
         run_demo(config)
+    return 0
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from .analyze import analysis_config, run_analysis
+    from .runtime import ensure_cpu_allocator_tuned
+
+    ensure_cpu_allocator_tuned()
+    config = analysis_config(
+        args.task,
+        studies=tuple(s.strip() for s in args.studies.split(",") if s.strip()),
+        out_dir=Path(args.out or ("runs/analysis" if args.task == "text" else f"runs/analysis-{args.task}")),
+        items=args.items,
+        probes=args.probes,
+        max_members=args.max_members,
+        bootstrap=args.bootstrap,
+        cache_dir=Path(args.cache_dir),
+        precision=args.precision,
+    )
+    run_analysis(config)
     return 0
 
 
@@ -1044,7 +1071,13 @@ def _add_demo_command(sub) -> None:
         f"image: {DEFAULT_IMAGE_MODEL} (default; dinov2-s-<px> for another input size) or "
         "vit-6x12-p7 (a small ViT trained from scratch)",
     )
-    demo.add_argument("--seed", type=int, default=0)
+    seeds = demo.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=0)
+    seeds.add_argument(
+        "--seeds",
+        help="comma-separated seeds, e.g. 0,1,2: the demo once per seed (cached models are reused), "
+        "then mean ± std over the seeds (seeds.md)",
+    )
     demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
     demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")
     demo.add_argument("--no-cache", action="store_true", help="recompute everything")
@@ -1073,6 +1106,30 @@ def _add_demo_command(sub) -> None:
     demo.set_defaults(func=_cmd_demo)
 
 
+def _add_analyze_command(sub) -> None:
+    from .analyze import STUDIES
+
+    analyze = sub.add_parser(
+        "analyze",
+        help="the paper's analysis on the demo's models: Proposition 1's conditions, what heads "
+        "represent, member count, merged vs exact MLPs (about 5 minutes here for text, demo cache warm)",
+    )
+    analyze.add_argument("--task", choices=["text", "image"], default="text")
+    analyze.add_argument(
+        "--studies",
+        default=",".join(STUDIES),
+        help=f"comma-separated, from {', '.join(STUDIES)} (default: all)",
+    )
+    analyze.add_argument("--out", help="report folder (default runs/analysis, image: runs/analysis-image)")
+    analyze.add_argument("--cache-dir", default="runs/cache", help="the demo's cache (models are reused)")
+    analyze.add_argument("--items", type=COUNT, default=64, help="ID validation items for Proposition 1")
+    analyze.add_argument("--probes", type=COUNT, default=8, help="Hutchinson probes (at least 2)")
+    analyze.add_argument("--max-members", type=COUNT, default=5, help="member-count study: M = 2 .. this")
+    analyze.add_argument("--bootstrap", type=COUNT, default=200, help="bootstrap resamples for intervals")
+    precision_option(analyze)
+    analyze.set_defaults(func=_cmd_analyze)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="hydra-ens",
@@ -1089,6 +1146,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_command(sub)
     _add_zero_shot_command(sub)
     _add_demo_command(sub)
+    _add_analyze_command(sub)
     return parser
 
 

@@ -44,12 +44,13 @@ from .evaluation import (
     add_comparisons,
     evaluate_method,
     evaluate_predictions,
+    main_row,
     predict,
     predict_method,
 )
 from .fusion import fuse
 from .heads import HeadSet
-from .io import atomic_write_json
+from .io import atomic_write_json, atomic_write_text
 from .members import (
     FineTuneConfig,
     head_ensemble,
@@ -352,6 +353,12 @@ class DemoConfig:
             + (" --full" if self.full else "")
         )
 
+    def model_seed(self, index: int) -> int:
+        """The training seed of model ``index`` (Single and ensemble members 0..M-1, pruned
+        members, LoRA members) in a run of ``seed``: ``100 * seed + index``, so runs of different
+        seeds share no model and seed 0 keeps seeds 0..M-1."""
+        return 100 * self.seed + index
+
     def sample_member_heads(self, ranking: Any, shared_layers: int = 0) -> list[HeadSet]:
         """``members`` head sets, each pruning ``pruned_per_member`` heads drawn (from ``seed``)
         from the ``pool_size`` least useful of ``ranking``."""
@@ -410,6 +417,12 @@ class Benchmark:
     from_scratch: bool
     key: dict[str, Any]
     """What the data and the starting model are (cache keys hash it)."""
+    preprocessor: Any = None
+    """The tokenizer or image processor the batches were made with (None: raw pixels)."""
+
+    def batches(self, data: Dataset, length: int, batch_size: int = 64) -> list[dict]:
+        """More batches made like the benchmark's (texts cut to ``length`` tokens)."""
+        return list(data_batches(data, self.preprocessor, batch_size, length))
 
 
 def _data_key(dataset: Dataset) -> str:
@@ -452,6 +465,7 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
         ],
         initial=initial,
         from_scratch=from_scratch,
+        preprocessor=preprocessor,
         key={
             "model": config.model,
             "train": _data_key(task.train),
@@ -708,7 +722,7 @@ class DemoRun:
 
     @property
     def base_settings(self) -> dict[str, Any]:
-        return asdict(self.config.budget.config(0))
+        return asdict(self.config.budget.config(self.config.model_seed(0)))
 
     @property
     def calibration(self) -> list[dict]:
@@ -753,10 +767,10 @@ class PrunedModels:
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the whole experiment; returns the results and writes the report folder."""
-    run = _start(config)
+    run = start_run(config)
     baselines = _train_baselines(run)
     base = baselines.singles[0]
-    rankings = _rank_heads(run, base)
+    rankings = rank_heads(run, base)
     pruned = _build_pruned(run, base, rankings)
     methods = _methods(run, baselines, pruned)
     known = PredictionCache()
@@ -766,13 +780,43 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         lambda: _pruning_curves(base, {"Taylor": rankings.taylor, "CircAvg": rankings.circuit}, run, known),
     )
     timed = {m.cost_name: m.model for m in methods if m.cost_name}
-    cost = run.stage.run("cost benchmark", lambda: _cost(timed, run.bench.test[0], config, run.compute))
+    cost = run.stage.run("cost benchmark", lambda: cost_table(timed, run.bench.test[0], config, run.compute))
     meta = _report_meta(run, base, temperatures, pruned.member_heads)
     _write_report(run, methods, results, heads, preds, meta, cost, curves, rankings, pruned)
     return {"results": results, "cost": cost, "meta": {**meta, "wall_s": run.stage.elapsed}}
 
 
-def _start(config: DemoConfig) -> DemoRun:
+def run_seeds(config: DemoConfig, seeds: list[int]) -> dict[str, Any]:
+    """The demo once per seed (reports in ``out_dir/seed-<s>``), then every method's main
+    metrics as mean ± std over the seeds (``out_dir/seeds.md`` and ``seeds.json``): the seeds
+    vary the data sample, every model's training seed and the members' heads."""
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds needs at least two distinct seeds, got {seeds}")
+    out = Path(config.out_dir)
+    per_seed = {s: run_demo(replace(config, seed=s, out_dir=out / f"seed-{s}"))["results"] for s in seeds}
+    summary = seed_summary(per_seed)
+    atomic_write_json(out / "seeds.json", {"seeds": seeds, "summary": summary})
+    text = reporting.seeds_table(summary, seeds, config.command)
+    atomic_write_text(out / "seeds.md", text)
+    print(text)
+    return {"seeds": seeds, "summary": summary, "per_seed": per_seed}
+
+
+def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """method -> metric -> [mean, std (ddof 1), n] of the main metrics over the seeds (methods
+    present in every seed)."""
+    common = [m for m in next(iter(per_seed.values())) if all(m in r for r in per_seed.values())]
+    summary = {}
+    for method in common:
+        rows = [main_row(r[method]) for r in per_seed.values()]
+        summary[method] = {
+            k: [float(np.mean([r[k] for r in rows])), float(np.std([r[k] for r in rows], ddof=1)), len(rows)]
+            for k in rows[0]
+        }
+    return summary
+
+
+def start_run(config: DemoConfig) -> DemoRun:
     """Resolve the precisions, load the data and make its batches."""
     stage = Stage()
     torch.manual_seed(config.seed)
@@ -791,28 +835,48 @@ def _start(config: DemoConfig) -> DemoRun:
     return DemoRun(config, task, bench, Cache(config.cache_dir, config.use_cache), stage, compute, evaluation)
 
 
+def trained_single(run: DemoRun, seed: int) -> torch.nn.Module:
+    """The Single model of ``seed`` (fine-tuned, or trained from scratch), cached."""
+    bench, settings = run.bench, run.config.budget.config(run.config.model_seed(seed))
+    verb = "train from scratch" if bench.from_scratch else "fine-tune"
+    return run.cached_model(
+        f"{verb}: model (seed {seed})",
+        "finetuned",
+        model_key(bench, settings),
+        partial(train_model, bench, settings),
+    )
+
+
+def pruned_member(
+    run: DemoRun, base: torch.nn.Module, name: str, heads: HeadSet, seed: int, trunk: int = 0
+) -> torch.nn.Module:
+    """``base`` pruned to ``heads`` and fine-tuned with the members' settings of ``seed`` (with
+    ``trunk``: only the blocks after the first ``trunk``), cached."""
+    settings = run.config.budget.config(run.config.model_seed(seed), member=True)
+    if trunk:  # the shared trunk stays as in the base: train only the later blocks
+        settings = replace(settings, last_k_blocks=base.config.num_hidden_layers - trunk)
+    key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk)
+    return run.cached_model(
+        f"fine-tune {name}", "member", key, partial(_pruned_member, base, heads, run, settings)
+    )
+
+
 def _train_baselines(run: DemoRun) -> Baselines:
     """Single models (seeds 0..M-1), LoRA members, and optionally a BatchEnsemble."""
     config, bench = run.config, run.bench
-    verb = "train from scratch" if bench.from_scratch else "fine-tune"
-    singles = []
-    for s in range(config.members):
-        settings = config.budget.config(s)
-        singles.append(
-            run.cached_model(
-                f"{verb}: model (seed {s})",
-                "finetuned",
-                model_key(bench, settings),
-                partial(train_model, bench, settings),
-            )
-        )
+    singles = [trained_single(run, s) for s in range(config.members)]
     start = run.base_settings if bench.from_scratch else "pretrained"
     loras = [
         run.cached_model(
             f"LoRA fine-tune (seed {s})",
             "lora",
-            model_key(bench, lora_settings(bench, config.budget, s), rank=config.lora_rank, start=start),
-            partial(train_lora, bench, config.budget, singles[0], s, config.lora_rank),
+            model_key(
+                bench,
+                lora_settings(bench, config.budget, config.model_seed(s)),
+                rank=config.lora_rank,
+                start=start,
+            ),
+            partial(train_lora, bench, config.budget, singles[0], config.model_seed(s), config.lora_rank),
         )
         for s in range(config.members)
     ]
@@ -875,7 +939,7 @@ def _packed_and_mimo(run: DemoRun, base: torch.nn.Module) -> dict[str, torch.nn.
     return models
 
 
-def _rank_heads(run: DemoRun, base: torch.nn.Module) -> Rankings:
+def rank_heads(run: DemoRun, base: torch.nn.Module) -> Rankings:
     """Taylor scores, Taylor's one-shot head set, and the CircAvg circuit (resumable)."""
     config = run.config
     key = {**run.bench.key, "base": run.base_settings, "precision": run.compute.name}
@@ -943,15 +1007,7 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
     config = run.config
     layers = base.config.num_hidden_layers
     sample = config.sample_member_heads
-
-    def member(name: str, heads: HeadSet, seed: int, trunk: int = 0) -> torch.nn.Module:
-        settings = config.budget.config(seed, member=True)
-        if trunk:  # the shared trunk stays as in the base: train only the later blocks
-            settings = replace(settings, last_k_blocks=layers - trunk)
-        key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk)
-        return run.cached_model(
-            f"fine-tune {name}", "member", key, partial(_pruned_member, base, heads, run, settings)
-        )
+    member = partial(pruned_member, run, base)
 
     member_heads = {"taylor": sample(rankings.taylor), "circ": sample(rankings.circuit)}
     singles = {
@@ -1100,7 +1156,8 @@ def _report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads)
         f"{heads_per_layer[0]} heads{', trained from scratch' if bench.from_scratch else ''})",
         **{f"data: {k}": v for k, v in run.task.describe().items()},
         "training budget (all methods)": json.dumps(asdict(config.budget)),
-        "seeds": f"members/ensembles use seeds 0..{config.members - 1}; base seed {config.seed}",
+        "seeds": f"run seed {config.seed}: data sample, member heads, MC masks and bootstrap; models "
+        f"train with seeds {config.model_seed(0)}..{config.model_seed(config.members - 1)}",
         **({} if has_dropout(base) else {"MC Dropout": "omitted: the model has no dropout to sample"}),
         "temperatures (fit on ID val)": json.dumps(
             {
@@ -1159,7 +1216,7 @@ def _mean_offdiag(matrix: np.ndarray) -> float:
     return float((matrix.sum() - np.trace(matrix)) / (m * m - m)) if m > 1 else 1.0
 
 
-def _cost(
+def cost_table(
     models: dict[str, Any], batch: dict[str, torch.Tensor], config: DemoConfig, compute: Precision
 ) -> dict[str, Any]:
     """Latency (interleaved, in ``compute``: what the user runs), parameters and multiply-adds of

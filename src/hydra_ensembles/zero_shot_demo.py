@@ -29,13 +29,13 @@ from .experiment import (
     PredictionCache,
     PrunedModels,
     Rankings,
-    _cost,
     _evaluate_all,
     _pruning_curves,
     _report_meta,
-    _start,
     _write_report,
+    cost_table,
     rank_model,
+    start_run,
 )
 from .heads import HeadSet
 from .models import load_tokenizer, resolve_model_path
@@ -58,7 +58,7 @@ def zero_shot_classifier(
 
 def run_zero_shot_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the zero-shot experiment; returns the results and writes the report folder."""
-    run = _start(config)
+    run = start_run(config)
     classes = run.task.classes
     dual = run.stage.run("load the dual encoder", lambda: zero_shot_classifier(config, classes))
     dual_input = zero_shot_classifier(config, classes, heads="input")
@@ -75,7 +75,7 @@ def run_zero_shot_demo(config: DemoConfig) -> dict[str, Any]:
     )
     # Single as deployed: the input tower and cached class embeddings (the label tower never runs)
     timed = {"Single": single, **{m.cost_name: m.model for m in methods if m.cost_name}}
-    cost = run.stage.run("cost benchmark", lambda: _cost(timed, run.bench.test[0], config, run.compute))
+    cost = run.stage.run("cost benchmark", lambda: cost_table(timed, run.bench.test[0], config, run.compute))
     meta = _meta(run, dual, temperatures, pruned)
     _write_report(run, methods, results, heads, preds, meta, cost, curves, rankings, pruned)
     return {"results": results, "cost": cost, "meta": {**meta, "wall_s": run.stage.elapsed}}

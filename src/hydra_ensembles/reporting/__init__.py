@@ -2,6 +2,7 @@
 
 from .plots import (
     confidence_histograms,
+    head_scatter,
     heads_map,
     method_plots,
     metrics_vs_pruned,
@@ -11,13 +12,26 @@ from .plots import (
     score_histograms,
     slug,
 )
-from .tables import console_table, main_row, markdown_report, write_results
+from .tables import (
+    INTERVAL_COLUMNS,
+    MAIN_COLUMNS,
+    console_table,
+    format_value,
+    interval_sections,
+    markdown_report,
+    seeds_table,
+    write_results,
+)
 
 __all__ = [
+    "INTERVAL_COLUMNS",
+    "MAIN_COLUMNS",
     "confidence_histograms",
     "console_table",
+    "format_value",
+    "head_scatter",
     "heads_map",
-    "main_row",
+    "interval_sections",
     "markdown_report",
     "method_plots",
     "metrics_vs_pruned",
@@ -25,6 +39,7 @@ __all__ = [
     "roc_curves",
     "score_heatmap",
     "score_histograms",
+    "seeds_table",
     "slug",
     "write_results",
 ]

@@ -122,10 +122,13 @@ def score_heatmap(scores: np.ndarray, path, title: str, label: str = "score") ->
     return _save(fig, path)
 
 
-def metrics_vs_pruned(curves: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]], path) -> Path:
-    """The paper's Figure 5: each metric against the number of heads pruned, one line per method.
+def metrics_vs_pruned(
+    curves: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]], path, xlabel: str = "heads pruned"
+) -> Path:
+    """The paper's Figure 5: each metric against the number of heads pruned (or another
+    ``xlabel``, e.g. members), one line per method.
 
-    ``curves[metric][method]`` is a list of (heads pruned, value).
+    ``curves[metric][method]`` is a list of (x, value).
     """
     metrics = list(curves)
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3), squeeze=False)
@@ -133,7 +136,25 @@ def metrics_vs_pruned(curves: Mapping[str, Mapping[str, Sequence[tuple[int, floa
         for method, points in curves[metric].items():
             xs, ys = zip(*sorted(points), strict=True)
             ax.plot(xs, ys, marker="o", label=method)
-        ax.set(title=metric, xlabel="heads pruned")
+        ax.set(title=metric, xlabel=xlabel)
+    axes[0][0].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def head_scatter(
+    panels: Sequence[tuple[str, np.ndarray, np.ndarray]], path, columns: int = 3, labels=("ID", "OOD")
+) -> Path:
+    """One 2-D scatter per panel (title, ID points (N, 2), OOD points (K, 2)): e.g. the PCA of
+    the most and least important heads' [CLS] vectors (the paper's Figure 4)."""
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3 * columns, 2.8 * rows), squeeze=False)
+    for ax, (title, inside, outside) in zip(axes.flat, panels, strict=False):
+        ax.scatter(*inside.T, s=6, alpha=0.6, label=labels[0])
+        ax.scatter(*outside.T, s=6, alpha=0.6, label=labels[1])
+        ax.set_title(title, fontsize=8)
+        ax.set_xticks([]), ax.set_yticks([])
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
     axes[0][0].legend(fontsize=7)
     return _save(fig, path)
 

@@ -28,7 +28,7 @@ MAIN_COLUMNS = [
 PERCENT = {"acc", "ece", "aece", "auroc", "fpr95", "aupr_in", "aupr_out"}
 
 
-def _fmt(key: str, value: float | None) -> str:
+def format_value(key: str, value: float | None) -> str:
     if value is None:
         return "–"
     return f"{100 * value:.2f}" if key in PERCENT else f"{value:.3f}"
@@ -46,7 +46,7 @@ def _bold_best(values: dict[str, dict[str, float]], columns) -> dict[str, dict[s
         present = [v[key] for v in values.values() if key in v]
         best = (max if higher else min)(present) if present else None
         for method, v in values.items():
-            text = _fmt(key, v.get(key))
+            text = format_value(key, v.get(key))
             out[method][key] = f"**{text}**" if key in v and v[key] == best and len(present) > 1 else text
     return out
 
@@ -59,7 +59,7 @@ def _signed(key: str, value: float) -> str:
     return f"{100 * value:+.2f}" if key in PERCENT else f"{value:+.3f}"
 
 
-def _interval_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def interval_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Bootstrap intervals of every row that has them, and paired differences between rows."""
     parts: list[str] = []
     with_ci = [(m, r) for m, r in results.items() if "intervals" in r]
@@ -68,7 +68,11 @@ def _interval_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
         keys = [k for k in INTERVAL_COLUMNS if k in with_ci[0][1]["intervals"]]
         headers = [h for k, h, _ in MAIN_COLUMNS if k in keys]
         body = [
-            [m] + [f"{_fmt(k, r['intervals'][k][0])} – {_fmt(k, r['intervals'][k][1])}" for k in keys]
+            [m]
+            + [
+                f"{format_value(k, r['intervals'][k][0])} – {format_value(k, r['intervals'][k][1])}"
+                for k in keys
+            ]
             for m, r in with_ci
         ]
         parts += [
@@ -100,6 +104,32 @@ def _interval_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return parts
 
 
+def seeds_table(
+    summary: Mapping[str, Mapping[str, Sequence[float]]], seeds: Sequence[int], command: str
+) -> str:
+    """Main metrics as mean ± std over seeds (`experiment.seed_summary`)."""
+    headers = ["Method"] + [h for _, h, _ in MAIN_COLUMNS]
+    body = [
+        [method]
+        + [
+            f"{format_value(k, v[k][0])} ± {format_value(k, v[k][1])}" if k in v else "–"
+            for k, _, _ in MAIN_COLUMNS
+        ]
+        for method, v in summary.items()
+    ]
+    return "\n".join(
+        [
+            f"# Mean ± std over seeds {', '.join(map(str, seeds))}",
+            "",
+            f"`{command} --seeds {','.join(map(str, seeds))}`; each seed's report (with bootstrap "
+            "intervals and paired differences) is in `seed-<s>/`.",
+            "",
+            _table(headers, body),
+            "",
+        ]
+    )
+
+
 def markdown_report(
     results: Mapping[str, Mapping[str, Any]],
     heads: Mapping[str, str] | None = None,
@@ -124,7 +154,7 @@ def markdown_report(
         ),
         "",
     ]
-    parts += _interval_sections(results)
+    parts += interval_sections(results)
     breakdown = [(m, r) for m, r in results.items() if "ood" in r]
     if breakdown:
         sets = list(breakdown[0][1]["ood"])
@@ -137,18 +167,18 @@ def markdown_report(
             body.append(
                 [method]
                 + [
-                    _fmt(k, summary.get(kind, {}).get(k))
+                    format_value(k, summary.get(kind, {}).get(k))
                     for kind in ("near", "far")
                     for k in ("auroc", "fpr95")
                 ]
-                + [_fmt("auroc", r["ood"][s]["scores"][score]["auroc"]) for s in sets]
+                + [format_value("auroc", r["ood"][s]["scores"][score]["auroc"]) for s in sets]
             )
         parts += ["## Near- and far-OOD", "", _table(headers, body), ""]
         score_names = list(dict.fromkeys(s for _, r in breakdown for s in r["ood_summary"]))
         body = [
             [method]
             + [
-                _fmt("auroc", r["ood_summary"].get(s, {}).get("average", {}).get("auroc"))
+                format_value("auroc", r["ood_summary"].get(s, {}).get("average", {}).get("auroc"))
                 for s in score_names
             ]
             for method, r in breakdown
@@ -178,7 +208,11 @@ def markdown_report(
                     / sum(1 for v in shift.values() if v["severity"] == s)
                     for s in severities
                 ]
-                body.append([method] + [_fmt(key, x) for x in means] + [_fmt(key, sum(means) / len(means))])
+                body.append(
+                    [method]
+                    + [format_value(key, x) for x in means]
+                    + [format_value(key, sum(means) / len(means))]
+                )
             headers = ["Method"] + [f"sev {s}" for s in severities] + ["Average"]
             parts += [f"## {label} under shift (mean over corruptions)", "", _table(headers, body), ""]
     return "\n".join(parts)
