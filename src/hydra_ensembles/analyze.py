@@ -198,7 +198,10 @@ def _heads(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: 
                     for metric in ("euclidean", "mahalanobis")
                 } | {"heads": len(chosen)}
     # the paper's Figure 4: most vs least important heads of the last layer (dense model)
-    order = sorted(range(counts[last]), key=lambda h: (-steps[h], h))  # never removed first
+    # importance: removed later = more important; heads the circuit never removed (it ranks only
+    # its budget) come first, ordered among themselves by their Taylor score
+    taylor = rankings.taylor[last]
+    order = sorted(range(counts[last]), key=lambda h: (-steps[h], -float(taylor[h]), h))
     near = next((n for n, (kind, _) in run.bench.oods.items() if kind == "near"), next(iter(run.bench.oods)))
     dense = vectors["dense"]
     panels = []
@@ -207,7 +210,7 @@ def _heads(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: 
         points = np.concatenate([dense["ID test"].vectors[:, head], dense[near].vectors[:, head]])
         projected = pca_2d(points)
         n = len(dense["ID test"].vectors)
-        what = "kept" if head in kept else f"removed at step {int(steps[head])}"
+        what = "never removed" if np.isinf(steps[head]) else f"removed at step {int(steps[head])}"
         title = f"{'most' if rank >= 0 else 'least'} important: head {head} ({what})"
         panels.append((title, projected[:n], projected[n:]))
     reporting.head_scatter(panels, out / "plots" / "head_pca.png", labels=("ID test", near))
