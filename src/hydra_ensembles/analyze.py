@@ -55,7 +55,7 @@ from .experiment import (
 from .fusion import fuse
 from .heads import HeadSet
 from .io import atomic_write_json, atomic_write_text
-from .members import DeepEnsemble, least_useful_first, sample_members
+from .members import DeepEnsemble, least_useful_first
 from .runtime import describe_machine
 from .scoring import removal_ranking
 from .surgery import heads_per_layer, prune
@@ -243,14 +243,7 @@ def _evaluate(
 
 def _circ_members(run: DemoRun, base, rankings: Rankings, count: int) -> list[torch.nn.Module]:
     """The first ``count`` Hydra (Circ) members (nested: member m is the same for any count)."""
-    config = run.config
-    heads = sample_members(
-        rankings.circuit,
-        count,
-        num_pruned=config.pruned_per_member,
-        pool_size=config.pool_size,
-        seed=config.seed,
-    )
+    heads = run.config.sample_member_heads(rankings.circuit, count=count)
     return [pruned_member(run, base, f"circ member {m}", hs, m) for m, hs in enumerate(heads)]
 
 

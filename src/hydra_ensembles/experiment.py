@@ -359,12 +359,15 @@ class DemoConfig:
         seeds share no model and seed 0 keeps seeds 0..M-1."""
         return 100 * self.seed + index
 
-    def sample_member_heads(self, ranking: Any, shared_layers: int = 0) -> list[HeadSet]:
-        """``members`` head sets, each pruning ``pruned_per_member`` heads drawn (from ``seed``)
-        from the ``pool_size`` least useful of ``ranking``."""
+    def sample_member_heads(
+        self, ranking: Any, shared_layers: int = 0, count: int | None = None
+    ) -> list[HeadSet]:
+        """``count`` (default ``members``) head sets, each pruning ``pruned_per_member`` heads
+        drawn (from ``seed``) from the ``pool_size`` least useful of ``ranking``; member m's set
+        does not depend on ``count``."""
         return sample_members(
             ranking,
-            self.members,
+            self.members if count is None else count,
             num_pruned=self.pruned_per_member,
             pool_size=self.pool_size,
             seed=self.seed,
