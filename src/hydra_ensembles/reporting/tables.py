@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..evaluation.evaluate import main_row
 from ..io import atomic_write_json, atomic_write_text
 from ..metrics import POSITIVE_CLASS
@@ -137,13 +139,25 @@ def markdown_report(
     score: str = "msp",
     title: str = "Hydra Ensembles evaluation",
 ) -> str:
-    heads = heads or {}
-    rows = {m: main_row(r, score) for m, r in results.items()}
-    shown = _bold_best(rows, MAIN_COLUMNS)
+    """The report: main table, intervals, near/far OOD, OOD scores, diversity and shift sections
+    (each present when some result has the data)."""
     parts = [f"# {title}", ""]
     if meta:
         parts += [f"- **{k}**: {v}" for k, v in meta.items()] + [""]
-    parts += [
+    parts += _main_section(results, heads or {}, score)
+    parts += interval_sections(results)
+    parts += _ood_sections(results, score)
+    parts += _diversity_section(results)
+    parts += _shift_sections(results)
+    return "\n".join(parts)
+
+
+def _main_section(
+    results: Mapping[str, Mapping[str, Any]], heads: Mapping[str, str], score: str
+) -> list[str]:
+    rows = {m: main_row(r, score) for m, r in results.items()}
+    shown = _bold_best(rows, MAIN_COLUMNS)
+    return [
         f"Percentages except Brier and NLL. OOD columns: average of the near-OOD and far-OOD means, "
         f"score = {score.upper()}, **{POSITIVE_CLASS} is the positive class**; FPR95 is the share of ID "
         "samples flagged at the threshold that catches 95% of OOD samples. Best value in bold.",
@@ -154,68 +168,87 @@ def markdown_report(
         ),
         "",
     ]
-    parts += interval_sections(results)
+
+
+def _ood_sections(results: Mapping[str, Mapping[str, Any]], score: str) -> list[str]:
+    """Near/far means and per-set AUROC for ``score``; average AUROC for every score."""
     breakdown = [(m, r) for m, r in results.items() if "ood" in r]
-    if breakdown:
-        sets = list(breakdown[0][1]["ood"])
-        headers = ["Method", "Near AUROC", "Near FPR95", "Far AUROC", "Far FPR95"] + [
-            f"{s} ({breakdown[0][1]['ood'][s]['kind']}) AUROC" for s in sets
-        ]
-        body = []
-        for method, r in breakdown:
-            summary = r["ood_summary"][score]
-            body.append(
-                [method]
-                + [
-                    format_value(k, summary.get(kind, {}).get(k))
-                    for kind in ("near", "far")
-                    for k in ("auroc", "fpr95")
-                ]
-                + [format_value("auroc", r["ood"][s]["scores"][score]["auroc"]) for s in sets]
-            )
-        parts += ["## Near- and far-OOD", "", _table(headers, body), ""]
-        score_names = list(dict.fromkeys(s for _, r in breakdown for s in r["ood_summary"]))
-        body = [
+    if not breakdown:
+        return []
+    first = breakdown[0][1]["ood"]
+    sets = list(first)
+    headers = ["Method", "Near AUROC", "Near FPR95", "Far AUROC", "Far FPR95"] + [
+        f"{s} ({first[s]['kind']}) AUROC" for s in sets
+    ]
+    body = []
+    for method, r in breakdown:
+        summary = r["ood_summary"][score]
+        body.append(
             [method]
             + [
-                format_value("auroc", r["ood_summary"].get(s, {}).get("average", {}).get("auroc"))
-                for s in score_names
+                format_value(k, summary.get(kind, {}).get(k))
+                for kind in ("near", "far")
+                for k in ("auroc", "fpr95")
             ]
-            for method, r in breakdown
+            + [format_value("auroc", r["ood"][s]["scores"][score]["auroc"]) for s in sets]
+        )
+    score_names = list(dict.fromkeys(s for _, r in breakdown for s in r["ood_summary"]))
+    by_score = [
+        [method]
+        + [
+            format_value("auroc", r["ood_summary"].get(s, {}).get("average", {}).get("auroc"))
+            for s in score_names
         ]
-        parts += ["## OOD average AUROC by score", "", _table(["Method", *score_names], body), ""]
+        for method, r in breakdown
+    ]
+    return [
+        "## Near- and far-OOD",
+        "",
+        _table(headers, body),
+        "",
+        "## OOD average AUROC by score",
+        "",
+        _table(["Method", *score_names], by_score),
+        "",
+    ]
+
+
+def _diversity_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     diversity = [(m, r["diversity"]) for m, r in results.items() if "diversity" in r]
-    if diversity:
-        sets = list(diversity[0][1])
-        body = [
-            [m] + [f"{d[s]['mutual_information']:.4f} / {100 * d[s]['disagreement']:.2f}" for s in sets]
-            for m, d in diversity
-        ]
-        parts += [
-            "## Diversity (mutual information, nats / disagreement, %)",
-            "",
-            _table(["Method", *sets], body),
-            "",
-        ]
+    if not diversity:
+        return []
+    sets = list(diversity[0][1])
+    body = [
+        [m] + [f"{d[s]['mutual_information']:.4f} / {100 * d[s]['disagreement']:.2f}" for s in sets]
+        for m, d in diversity
+    ]
+    return [
+        "## Diversity (mutual information, nats / disagreement, %)",
+        "",
+        _table(["Method", *sets], body),
+        "",
+    ]
+
+
+def _shift_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Accuracy and Brier per corruption severity (mean over corruptions) and their average."""
     shifted = [(m, r["shift"]) for m, r in results.items() if "shift" in r]
-    if shifted:
-        severities = sorted({v["severity"] for v in shifted[0][1].values()})
-        for key, label in (("acc", "Accuracy"), ("brier", "Brier")):
-            body = []
-            for method, shift in shifted:
-                means = [
-                    sum(v[key] for v in shift.values() if v["severity"] == s)
-                    / sum(1 for v in shift.values() if v["severity"] == s)
-                    for s in severities
-                ]
-                body.append(
-                    [method]
-                    + [format_value(key, x) for x in means]
-                    + [format_value(key, sum(means) / len(means))]
-                )
-            headers = ["Method"] + [f"sev {s}" for s in severities] + ["Average"]
-            parts += [f"## {label} under shift (mean over corruptions)", "", _table(headers, body), ""]
-    return "\n".join(parts)
+    if not shifted:
+        return []
+    severities = sorted({v["severity"] for v in shifted[0][1].values()})
+    headers = ["Method"] + [f"sev {s}" for s in severities] + ["Average"]
+    parts: list[str] = []
+    for key, label in (("acc", "Accuracy"), ("brier", "Brier")):
+        body = []
+        for method, shift in shifted:
+            means = [
+                float(np.mean([v[key] for v in shift.values() if v["severity"] == s])) for s in severities
+            ]
+            body.append(
+                [method] + [format_value(key, x) for x in means] + [format_value(key, float(np.mean(means)))]
+            )
+        parts += [f"## {label} under shift (mean over corruptions)", "", _table(headers, body), ""]
+    return parts
 
 
 def write_results(
