@@ -117,6 +117,17 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     for method in results.values():
         assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}  # no validation OOD here
         assert 0 <= method["classification"]["acc"] <= 1
+    # training-free pruning in the paper's Table 4 layout: Single is the unpruned base model, the
+    # pruned rows are the curves' points at the members' budget
+    table = json.loads((tmp_path / "report" / "pruning_table.json").read_text())
+    curves = json.loads((tmp_path / "report" / "pruning_curves.json").read_text())
+    assert table["heads_pruned"] == 4 and set(table["rows"]) == {"Single", "Taylor", "CircAvg"}
+    assert table["rows"]["Single"]["acc"] == results["Single"]["classification"]["acc"]
+    single_near = results["Single"]["ood_summary"]["msp"]["near"]
+    assert table["rows"]["Single"]["near"]["auroc"] == single_near["auroc"]
+    assert [n for n, _ in curves["accuracy"]["CircAvg"]] == [0, 4, 6]
+    assert table["rows"]["CircAvg"]["ece"] == dict(curves["ECE"]["CircAvg"])[4]
+    assert "## Training-free pruning: 4 heads (paper Table 4 layout)" in report
     plots = {p.name for p in (tmp_path / "report" / "plots").iterdir()}
     assert {
         "reliability.png",

@@ -54,7 +54,9 @@ def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsy
     assert cost["Single"]["params"] == 22_713_216  # the input tower only: MiniLM-L6 with its pooler
     assert cost["Hydra (Circ)"]["gmacs"] < 2 * cost["Single"]["gmacs"]  # 2 members, 8 of 144 heads pruned
     curves = json.loads((tmp_path / "report" / "pruning_curves.json").read_text())
-    assert [n for n, _ in curves["accuracy"]["CircAvg"]] == [0, 5, 10]
+    assert [n for n, _ in curves["accuracy"]["CircAvg"]] == [0, 5, 8, 10]  # 8: the members' budget
+    table = json.loads((tmp_path / "report" / "pruning_table.json").read_text())
+    assert table["rows"]["Taylor"]["acc"] == dict(curves["accuracy"]["Taylor"])[8]
 
     import hydra_ensembles.experiment as demo  # where the ranking stage looks them up
 

@@ -1198,8 +1198,11 @@ def _write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curv
         "CircAvg removal step (blank = kept)",
         "step",
     )
-    reporting.metrics_vs_pruned(curves, plots / "metrics_vs_pruned.png")
-    atomic_write_json(out / "pruning_curves.json", curves)
+    reporting.metrics_vs_pruned(curves.curves, plots / "metrics_vs_pruned.png")
+    atomic_write_json(out / "pruning_curves.json", curves.curves)
+    atomic_write_json(out / "pruning_table.json", curves.table)
+    report = out / "report.md"
+    atomic_write_text(report, report.read_text() + reporting.pruning_table(curves.table))
     atomic_write_json(out / "timings.json", run.stage.timings)
     print()
     print(reporting.console_table(results, heads))
@@ -1245,12 +1248,28 @@ def cost_table(
     }
 
 
-def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: PredictionCache) -> dict[str, Any]:
-    """Zero-shot: prune the first n heads of each ranking, measure accuracy, ECE, AUROC and FPR95
-    (MSP, near/far average) on the test sets (the paper's Figure 5)."""
+@dataclass
+class PruningCurves:
+    """Training-free pruning of the base model along each ranking (the paper's Figure 5) and the
+    rows at the members' budget in the paper's Table 4 layout."""
+
+    curves: dict[str, dict[str, list]]
+    """``curves[metric][method]``: (heads pruned, value) pairs; accuracy, ECE, AUROC, FPR95."""
+    table: dict[str, Any]
+    """``{"heads_pruned": n, "rows": {method: {"acc", "ece", "near": {...}, "far": {...}}}}``
+    with Single (nothing pruned) first; near/far: mean AUROC, FPR95, AUPR-Out (MSP)."""
+
+
+def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: PredictionCache) -> PruningCurves:
+    """Prune the first n heads of each ranking (no training), measure accuracy, ECE, AUROC and
+    FPR95 (MSP, near/far average) on the test sets; the members' budget n is always a step."""
     config, test, oods = run.config, run.bench.test, run.bench.oods
-    steps = sorted({0, *range(config.curve_step, config.pool_size + 1, config.curve_step), config.pool_size})
+    budget = config.pruned_per_member
+    steps = sorted(
+        {0, budget, *range(config.curve_step, config.pool_size + 1, config.curve_step), config.pool_size}
+    )
     curves: dict[str, dict[str, list]] = {m: {} for m in ("accuracy", "ECE", "AUROC", "FPR95")}
+    rows: dict[str, Any] = {}
     for method, ranking in rankings.items():
         order, counts = least_useful_first(ranking)
         for n in steps:
@@ -1259,15 +1278,25 @@ def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: Predict
             p_test = run_on(test, "test")
             p_ood = {name: (kind, run_on(b, name)) for name, (kind, b) in oods.items()}
             result = evaluate_predictions(p_test, p_ood, scores=("msp",))
-            average = result["ood_summary"]["msp"]["average"]
+            summary = result["ood_summary"]["msp"]
             for metric, value in (
                 ("accuracy", result["classification"]["acc"]),
                 ("ECE", result["classification"]["ece"]),
-                ("AUROC", average["auroc"]),
-                ("FPR95", average["fpr95"]),
+                ("AUROC", summary["average"]["auroc"]),
+                ("FPR95", summary["average"]["fpr95"]),
             ):
                 curves[metric].setdefault(method, []).append((n, value))
-    return curves
+            if n in (0, budget):
+                rows["Single" if n == 0 else method] = {
+                    "acc": result["classification"]["acc"],
+                    "ece": result["classification"]["ece"],
+                    **{
+                        kind: {k: summary[kind][k] for k in ("auroc", "fpr95", "aupr_out")}
+                        for kind in ("near", "far")
+                        if kind in summary
+                    },
+                }
+    return PruningCurves(curves, {"heads_pruned": budget, "rows": rows})
 
 
 def _describe_input(inputs: dict[str, torch.Tensor]) -> str:
@@ -1301,6 +1330,4 @@ def _write_cost(out: Path, cost: dict[str, Any]) -> None:
             f"{row['params'] / 1e6:.1f} | {row['gmacs']:.1f} |"
         )
     report = out / "report.md"
-    from .io import atomic_write_text
-
     atomic_write_text(report, report.read_text() + "\n".join(lines) + "\n")

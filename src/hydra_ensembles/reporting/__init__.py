@@ -19,6 +19,7 @@ from .tables import (
     format_value,
     interval_sections,
     markdown_report,
+    pruning_table,
     seeds_table,
     write_results,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "markdown_report",
     "method_plots",
     "metrics_vs_pruned",
+    "pruning_table",
     "reliability_diagram",
     "roc_curves",
     "score_heatmap",

@@ -301,3 +301,28 @@ def console_table(results: Mapping[str, Any], heads: Mapping[str, str]) -> str:
         ]
         lines.append(f"{name:30s} {heads[name]:>7s} " + " ".join(cells))
     return "\n".join(lines)
+
+
+def pruning_table(table: Mapping[str, Any]) -> str:
+    """The paper's Table 4 layout for training-free pruning (`experiment.PruningCurves.table`):
+    accuracy, ECE and near-/far-OOD means of AUROC, FPR95 and AUPR-Out, as a report section."""
+    columns = [("auroc", "AUROC ↑"), ("fpr95", "FPR95 ↓"), ("aupr_out", "AUPR-Out ↑")]
+    headers = ["Method", "Acc ↑", "ECE ↓"] + [f"{kind} {h}" for kind in ("Near", "Far") for _, h in columns]
+    body = [
+        [method, format_value("acc", row["acc"]), format_value("ece", row["ece"])]
+        + [format_value(k, row.get(kind, {}).get(k)) for kind in ("near", "far") for k, _ in columns]
+        for method, row in table["rows"].items()
+    ]
+    return "\n".join(
+        [
+            "",
+            f"## Training-free pruning: {table['heads_pruned']} heads (paper Table 4 layout)",
+            "",
+            "The base model with the heads each ranking scores least useful removed, no fine-tuning "
+            "(Single: nothing removed); MSP score, OOD positive. The full curves are in "
+            "`plots/metrics_vs_pruned.png` and `pruning_curves.json`.",
+            "",
+            _table(headers, body),
+            "",
+        ]
+    )
