@@ -17,11 +17,12 @@ from .fusion import (
     load_hydra,
 )
 from .heads import HeadSet, HeadSetError
-from .members import MemberLoadError, load_member, member_overlap, sample_members, save_member
+from .members import AutoMember, MemberLoadError, load_member, member_overlap, sample_members, save_member
 from .scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
 from .surgery import HeadAblation, ablate, kept_heads, prune
 
 __all__ = [
+    "AutoMember",
     "CircuitOrder",
     "FusionError",
     "FusionPolicy",

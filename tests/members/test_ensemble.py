@@ -101,3 +101,18 @@ def test_as_ensemble_dispatch():
         as_ensemble(hydra, mc_samples=2)
     with torch.no_grad():
         assert isinstance(hydra(**text_inputs()), EnsembleOutput)
+
+
+def test_auto_member_loads_a_saved_pruned_member_as_its_own_class(tmp_path):
+    model, x = tiny_bert(), text_inputs()
+    member = he.prune(model, he.HeadSet({0: [1, 3], 1: [0]}))
+    he.AutoMember.save_pretrained(member, tmp_path / "member")
+    loaded = he.AutoMember.from_pretrained(tmp_path / "member")
+    assert type(loaded) is type(member) and he.kept_heads(loaded) == he.kept_heads(member)
+    with torch.no_grad():
+        assert torch.equal(loaded(**x).logits, member.eval()(**x).logits)
+    (tmp_path / "member" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(he.MemberLoadError):
+        he.AutoMember.from_pretrained(tmp_path / "member")
+    with pytest.raises(TypeError, match="from_pretrained"):
+        he.AutoMember()

@@ -15,9 +15,10 @@ from .lora import lora_fine_tune
 from .mimo import mimo, mimo_members, train_mimo
 from .packed import packed_ensemble, packed_member, packed_members
 from .sampling import least_useful_first, member_overlap, sample_members
-from .storage import MemberLoadError, load_member, save_member
+from .storage import AutoMember, MemberLoadError, load_member, save_member
 
 __all__ = [
+    "AutoMember",
     "CheckpointError",
     "DeepEnsemble",
     "FineTuneConfig",

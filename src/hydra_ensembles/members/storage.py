@@ -21,7 +21,7 @@ CONFIG_NAME = "member_config.json"
 FORMAT = "hydra-ensembles/member"
 FORMAT_VERSION = 2
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "MemberLoadError", "load_member", "save_member"]
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "AutoMember", "MemberLoadError", "load_member", "save_member"]
 
 
 class MemberLoadError(ValueError):
@@ -57,6 +57,28 @@ def load_member(path: str | os.PathLike) -> nn.Module:
         return _rebuild(meta, state)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise MemberLoadError(f"{path} cannot be rebuilt: {exc}") from exc
+
+
+class AutoMember:
+    """Saved members the Hugging Face way, like ``AutoModel``: ``AutoMember.from_pretrained(path)``
+    returns the rebuilt model (a transformers model with its pruned attention, BatchEnsemble,
+    head ensemble, Packed-Ensemble or MIMO layers), never an ``AutoMember``.
+
+    A member's own ``save_pretrained`` is Hugging Face's and writes a checkpoint that Hugging Face
+    cannot rebuild pruned; save members with `save_member` (or ``AutoMember.save_pretrained``)."""
+
+    def __init__(self) -> None:
+        raise TypeError("AutoMember is not instantiated: use AutoMember.from_pretrained(path)")
+
+    @staticmethod
+    def from_pretrained(path: str | os.PathLike) -> nn.Module:
+        """`load_member`: checked against its checksums, rebuilt from JSON (no pickle, no code)."""
+        return load_member(path)
+
+    @staticmethod
+    def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
+        """`save_member`: safetensors + checksummed JSON, written atomically."""
+        return save_member(model, path)
 
 
 def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
