@@ -113,6 +113,30 @@ def test_fused_zero_shot_hydra_equals_members_run_one_by_one(family, pool, share
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_candidates_of_the_untouched_tower_are_scored_without_running_and_change_nothing(family, monkeypatch):
+    import hydra_ensembles.scoring.circuit as circuit_module
+
+    skipped = []
+
+    class Spy(circuit_module._SuffixCache):
+        def removed(self, head):
+            super().removed(head)
+            skipped.append(len(self.complete))  # the next step scores these without running them
+
+    monkeypatch.setattr(circuit_module, "_SuffixCache", Spy)
+    make, inputs = FAMILIES[family]
+    model = make(heads_pool="both", seed=3)
+    id_val = [labelled(inputs(6, seed=s), labels=3, seed=s) for s in (1, 2)]
+    ood_val = [inputs(5, seed=9)]
+    kwargs = {"objective": "avg", "budget": 10, "progress": False}
+    fast = extract_circuit(model, id_val, ood_val, **kwargs)
+    reference = extract_circuit(model, id_val, ood_val, method="reference", **kwargs)
+    assert max(skipped) > 0
+    assert fast.removed == reference.removed
+    assert fast.scores == pytest.approx(reference.scores, abs=1e-12)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_split_head_set_gives_each_tower_its_heads(family):
     model = FAMILIES[family][0]()
     input_heads, label_heads = split_head_set(model, he.HeadSet({0: [1], 3: []}))

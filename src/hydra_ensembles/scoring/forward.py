@@ -165,20 +165,41 @@ def run_from_layer(
 
 
 def _dual_from_layer(model, adapter: DualEncoderAdapter, layer, hidden, inputs, embeddings) -> torch.Tensor:
-    """Input-tower layer: R stacked copies of the batch against the fixed class embeddings.
-    Label-tower layer: R stacked copies of the prompts give R sets of class embeddings, each
-    scored against the fixed input embeddings; rows are candidate-major (R*B, C) either way."""
+    return dual_logits(
+        model, adapter, layer, dual_tower_from_layer(model, adapter, layer, hidden, inputs), embeddings
+    )
+
+
+@torch.no_grad()
+def dual_tower_from_layer(
+    model: nn.Module, adapter: DualEncoderAdapter, layer: int, hidden: torch.Tensor, inputs: dict[str, Any]
+) -> torch.Tensor:
+    """The output of the tower holding ``layer``, run from its input ``hidden`` (R stacked
+    copies): input embeddings (R*B, D) for the input tower (rows: ``inputs`` repeated), class
+    embeddings (R, C, D) for the label tower (rows: the prompts repeated)."""
     path, tower_adapter, local = adapter.locate(layer)
     tower = model.get_submodule(path)
-    input_embeddings, class_embeddings = embeddings
     if path == adapter.parts[0][0]:
         times = hidden.shape[0] // batch_rows(inputs)
         with starting_at_layer(tower, tower_adapter, local, hidden):
-            stacked = model.input_tower(**repeat_rows(inputs, times))
-        return model.logits_from(stacked, class_embeddings)
+            return model.input_tower(**repeat_rows(inputs, times))
     prompts = model.prompt_inputs
     times = hidden.shape[0] // batch_rows(prompts)
     with starting_at_layer(tower, tower_adapter, local, hidden):
         prompt_embeddings = model.label_tower(**repeat_rows(prompts, times))
-    classes = model.class_embeddings_from(prompt_embeddings.unflatten(0, (times, -1)))  # (R, C, D)
-    return model.logits_from(input_embeddings, classes).flatten(0, 1)
+    return model.class_embeddings_from(prompt_embeddings.unflatten(0, (times, -1)))
+
+
+def dual_logits(
+    model: nn.Module,
+    adapter: DualEncoderAdapter,
+    layer: int,
+    tower_output: torch.Tensor,
+    embeddings: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """Candidate-major (R*B, C) logits of `dual_tower_from_layer`'s output for ``layer`` against
+    the other tower's embeddings (`LayerCapture.embeddings`)."""
+    input_embeddings, class_embeddings = embeddings
+    if adapter.locate(layer)[0] == adapter.parts[0][0]:
+        return model.logits_from(tower_output, class_embeddings)
+    return model.logits_from(input_embeddings, tower_output).flatten(0, 1)
