@@ -145,6 +145,122 @@ images): lr 1e-4 74.8% after one epoch, 3e-4 58.8%; two epochs at 1e-4 / 5e-5 / 
 frozen as in the paper (D.2)."""
 
 
+PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "text": (
+        {},
+        {
+            "max_length": 96,
+            "train_limit": None,
+            "val_limit": None,
+            "ood_limit": None,
+            "shift_limit": 100,
+            "circuit_id_items": 48,
+            "circuit_ood_items": 48,
+            "circuit_length": 64,
+            "curve_step": 8,
+            "eval_precision": "fp32",
+            "mc_samples": 8,
+            "budget": TrainingBudget(epochs=3, member_epochs=1),
+        },
+    ),
+    "image": (  # DINOv2-S, pretrained
+        {
+            "task": "image",
+            "model": DEFAULT_IMAGE_MODEL,
+            "out_dir": Path("runs/demo-image"),
+            "train_limit": 1600,
+            "val_limit": 400,
+            "test_limit": 1000,
+            "ood_limit": 200,
+            "shift_limit": 30,
+            "heads_per_layer": 5,
+            "pruned_per_member": 12,  # 12 of 72 heads (1/6): Taylor keeps 5 of 6 per layer
+            "pool_size": 24,
+            "circuit_budget": 24,
+            "circuit_id_items": 16,
+            "circuit_ood_items": 16,
+            "curve_step": 8,
+            "eval_batch_size": 128,
+            "budget": PRETRAINED_IMAGE_BUDGET,
+        },
+        {
+            "train_limit": 10000,
+            "val_limit": None,
+            "test_limit": None,
+            "ood_limit": 1000,
+            "shift_limit": 200,
+            "heads_per_layer": 4,
+            "pruned_per_member": 24,  # the paper's share: 8 of 12 heads kept, here 4 of 6
+            "pool_size": 48,
+            "circuit_budget": 48,
+            "circuit_id_items": 64,
+            "circuit_ood_items": 64,
+            "eval_precision": "fp32",
+            "budget": replace(PRETRAINED_IMAGE_BUDGET, epochs=2),
+        },
+    ),
+    "image-scratch": (  # the small ViT trained from scratch
+        {
+            "task": "image",
+            "model": SCRATCH_IMAGE_MODEL,
+            "out_dir": Path("runs/demo-image"),
+            "train_limit": 6000,
+            "val_limit": 1000,
+            "test_limit": 2000,
+            "ood_limit": 500,
+            "shift_limit": 200,
+            "circuit_id_items": 64,
+            "circuit_ood_items": 64,
+            "budget": IMAGE_BUDGET,
+            "batch_ensemble_init_std": 0.05,
+        },
+        {
+            "train_limit": 30000,
+            "val_limit": None,
+            "test_limit": None,
+            "ood_limit": 1000,
+            "shift_limit": 500,
+            "circuit_id_items": 256,
+            "circuit_ood_items": 256,
+            "eval_precision": "fp32",
+            "mc_samples": 8,
+            "budget": replace(IMAGE_BUDGET, epochs=3, member_epochs=1),
+        },
+    ),
+    "zero-shot": (  # no training: nothing to fine-tune, only to score and prune
+        {
+            "task": "zero-shot",
+            "out_dir": Path("runs/demo-zero-shot"),
+            "max_length": 24,
+            "train_limit": 64,
+            "val_limit": 200,
+            "ood_limit": 100,
+            "shift_limit": 10,
+            "circuit_id_items": 12,
+            "circuit_ood_items": 12,
+            "circuit_length": 16,
+            "pruned_per_member": 12,  # 12 of 144 heads: the paper's share (24 of CLIP's 288)
+            "pool_size": 24,
+            "circuit_budget": 24,
+            "curve_step": 12,
+        },
+        {
+            "max_length": 128,
+            "val_limit": None,
+            "ood_limit": None,
+            "shift_limit": 100,
+            "circuit_id_items": 64,
+            "circuit_ood_items": 64,
+            "circuit_length": 64,
+            "curve_step": 8,
+            "eval_precision": "fp32",
+        },
+    ),
+}
+"""`DemoConfig.preset`'s table: per task (and image model kind), the fields of the default
+protocol and what ``full`` changes on top of them."""
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """Everything a demo run depends on; ``DemoConfig.preset(task, full)`` gives the defaults.
@@ -227,123 +343,11 @@ class DemoConfig:
         ViT from scratch (``model="vit-6x12-p7"``): 6,000 training images, 5 epochs; full: 30,000
         images, 3 epochs, circuits on 256 + 256 images.
         """
-        if task == "text":
-            base = cls()
-            if full:
-                base = replace(
-                    base,
-                    max_length=96,
-                    train_limit=None,
-                    val_limit=None,
-                    ood_limit=None,
-                    shift_limit=100,
-                    circuit_id_items=48,
-                    circuit_ood_items=48,
-                    circuit_length=64,
-                    curve_step=8,
-                    eval_precision="fp32",
-                    mc_samples=8,
-                    budget=TrainingBudget(epochs=3, member_epochs=1),
-                )
-        elif task == "image" and overrides.get("model", DEFAULT_IMAGE_MODEL) not in SMALL_VITS:
-            base = cls(
-                task="image",
-                model=DEFAULT_IMAGE_MODEL,
-                out_dir=Path("runs/demo-image"),
-                train_limit=1600,
-                val_limit=400,
-                test_limit=1000,
-                ood_limit=200,
-                shift_limit=30,
-                heads_per_layer=5,
-                pruned_per_member=12,  # 12 of 72 heads (1/6): Taylor keeps 5 of 6 per layer
-                pool_size=24,
-                circuit_budget=24,
-                circuit_id_items=16,
-                circuit_ood_items=16,
-                curve_step=8,
-                eval_batch_size=128,
-                budget=PRETRAINED_IMAGE_BUDGET,
-            )
-            if full:
-                base = replace(
-                    base,
-                    train_limit=10000,
-                    val_limit=None,
-                    test_limit=None,
-                    ood_limit=1000,
-                    shift_limit=200,
-                    heads_per_layer=4,
-                    pruned_per_member=24,  # the paper's share: 8 of 12 heads kept, here 4 of 6
-                    pool_size=48,
-                    circuit_budget=48,
-                    circuit_id_items=64,
-                    circuit_ood_items=64,
-                    eval_precision="fp32",
-                    budget=replace(PRETRAINED_IMAGE_BUDGET, epochs=2),
-                )
-        elif task == "image":  # the small ViT trained from scratch
-            base = cls(
-                task="image",
-                model=SCRATCH_IMAGE_MODEL,
-                out_dir=Path("runs/demo-image"),
-                train_limit=6000,
-                val_limit=1000,
-                test_limit=2000,
-                ood_limit=500,
-                shift_limit=200,
-                circuit_id_items=64,
-                circuit_ood_items=64,
-                budget=IMAGE_BUDGET,
-                batch_ensemble_init_std=0.05,
-            )
-            if full:
-                base = replace(
-                    base,
-                    train_limit=30000,
-                    val_limit=None,
-                    test_limit=None,
-                    ood_limit=1000,
-                    shift_limit=500,
-                    circuit_id_items=256,
-                    circuit_ood_items=256,
-                    eval_precision="fp32",
-                    mc_samples=8,
-                    budget=replace(IMAGE_BUDGET, epochs=3, member_epochs=1),
-                )
-        elif task == "zero-shot":  # no training: nothing to fine-tune, only to score and prune
-            base = cls(
-                task="zero-shot",
-                out_dir=Path("runs/demo-zero-shot"),
-                max_length=24,
-                train_limit=64,
-                val_limit=200,
-                ood_limit=100,
-                shift_limit=10,
-                circuit_id_items=12,
-                circuit_ood_items=12,
-                circuit_length=16,
-                pruned_per_member=12,  # 12 of 144 heads: the paper's share (24 of CLIP's 288)
-                pool_size=24,
-                circuit_budget=24,
-                curve_step=12,
-            )
-            if full:
-                base = replace(
-                    base,
-                    max_length=128,
-                    val_limit=None,
-                    ood_limit=None,
-                    shift_limit=100,
-                    circuit_id_items=64,
-                    circuit_ood_items=64,
-                    circuit_length=64,
-                    curve_step=8,
-                    eval_precision="fp32",
-                )
-        else:
+        if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose from {list(TASKS)}")
-        return replace(base, full=full, **overrides)
+        scratch = task == "image" and overrides.get("model", DEFAULT_IMAGE_MODEL) in SMALL_VITS
+        default, larger = PRESETS["image-scratch" if scratch else task]
+        return cls(**{**default, **(larger if full else {}), **overrides}, full=full)
 
     @property
     def command(self) -> str:

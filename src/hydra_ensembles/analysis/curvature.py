@@ -248,31 +248,8 @@ def proposition1(
         (h_t,) = step(lambda d=delta: hessian_vector_products(model, clean, params, [d]))
         curvature[name] = 0.5 * (_dot(delta, h_n) - _dot(delta, h_t))
 
-    generator = torch.Generator().manual_seed(seed)
-    per_probe: dict[str, list[float]] = {name: [] for name in heads}
-    gap_sum = [torch.zeros_like(p, dtype=torch.float32) for p in params]
-    for _ in range(probes):  # the same probe for both datasets: their difference has less noise
-        z = rademacher(params, generator)
-        (hz_n,) = hessian_vector_products(model, noisy, params, [z])
-        (hz_t,) = hessian_vector_products(model, clean, params, [z])
-        gap = [zi * (a - b) for zi, a, b in zip(z, hz_n, hz_t, strict=True)]
-        for acc, g in zip(gap_sum, gap, strict=True):
-            acc += g
-        for name, support in supports.items():
-            per_probe[name].append(
-                sum(float(g[s].sum()) for g, s in zip(gap, support, strict=True)) / counts[name]
-            )
-        bar.update()
-
-    losses = {}
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
-        was_training = model.training
-        model.eval()
-        losses[None] = float(_mean_loss(model, noisy)), float(_mean_loss(model, clean))
-        for name, hs in heads.items():
-            with ablate(model, hs):
-                losses[name] = float(_mean_loss(model, noisy)), float(_mean_loss(model, clean))
-        model.train(was_training)
+    per_probe, gap_sum = _diagonal_gaps(model, clean, noisy, params, supports, probes, seed, bar.update)
+    losses = _losses(model, clean, noisy, heads)
     bar.update()
     bar.close()
     before = losses[None]
@@ -281,7 +258,7 @@ def proposition1(
         delta, support, values = (
             deltas[name],
             supports[name],
-            torch.tensor(per_probe[name], dtype=torch.float64),
+            torch.tensor(per_probe[name], dtype=torch.float64) / counts[name],
         )
         alignment_n, alignment_t = _dot(grad_n, delta), _dot(grad_t, delta)
         positive = sum(int(((g > 0) & s).sum()) for g, s in zip(gap_sum, support, strict=True))
@@ -301,3 +278,48 @@ def proposition1(
             loss_noisy=before[0],
         )
     return results
+
+
+def _diagonal_gaps(
+    model: nn.Module,
+    clean: list[dict[str, Any]],
+    noisy: list[dict[str, Any]],
+    params: list[nn.Parameter],
+    supports: Mapping[str, list[torch.Tensor]],
+    probes: int,
+    seed: int,
+    done: Callable[[], Any],
+) -> tuple[dict[str, list[float]], list[torch.Tensor]]:
+    """Hutchinson's estimate of diag(H_n - H_t): per head set, each probe's sum over its support
+    (divide by the support size for the mean), and the sum of the per-weight estimates over the
+    probes. The same probe serves both datasets: their difference has less noise."""
+    generator = torch.Generator().manual_seed(seed)
+    per_probe: dict[str, list[float]] = {name: [] for name in supports}
+    gap_sum = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+    for _ in range(probes):
+        z = rademacher(params, generator)
+        (hz_n,) = hessian_vector_products(model, noisy, params, [z])
+        (hz_t,) = hessian_vector_products(model, clean, params, [z])
+        gap = [zi * (a - b) for zi, a, b in zip(z, hz_n, hz_t, strict=True)]
+        for acc, g in zip(gap_sum, gap, strict=True):
+            acc += g
+        for name, support in supports.items():
+            per_probe[name].append(sum(float(g[s].sum()) for g, s in zip(gap, support, strict=True)))
+        done()
+    return per_probe, gap_sum
+
+
+def _losses(
+    model: nn.Module, clean: list[dict[str, Any]], noisy: list[dict[str, Any]], heads: Mapping[str, HeadSet]
+) -> dict[str | None, tuple[float, float]]:
+    """(noisy, clean) mean losses of the model (key ``None``) and with each head set's pruning."""
+    losses: dict[str | None, tuple[float, float]] = {}
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        was_training = model.training
+        model.eval()
+        losses[None] = float(_mean_loss(model, noisy)), float(_mean_loss(model, clean))
+        for name, hs in heads.items():
+            with ablate(model, hs):
+                losses[name] = float(_mean_loss(model, noisy)), float(_mean_loss(model, clean))
+        model.train(was_training)
+    return losses
