@@ -176,6 +176,8 @@ def _analysis_runs_on_the_demos_cached_models(config: DemoConfig, tmp_path) -> N
     assert "dense: all heads" in summary and summary["dense: all heads"]["heads"] == 12
     members = found["members"]["results"]
     assert {"Single", "Hydra (Circ), M=2", "Deep Ensemble, M=2"} <= set(members)
+    assert "Deep Ensemble, M=2" in members["Hydra (Circ), M=2"]["differences"]  # paired at equal M
+    assert "intervals" in members["Deep Ensemble, M=2"]
     merge = found["merge"]["results"]
     exact, explicit = merge["Hydra (Circ), exact"], merge["Hydra (Circ), members one by one"]
     assert exact["classification"] == pytest.approx(explicit["classification"], abs=1e-6)  # exact fusion

@@ -256,7 +256,8 @@ def _members(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out
         models[f"Hydra (Circ), M={m}"] = fuse(members[:m], mlp="merge").eval()
         models[f"Deep Ensemble, M={m}"] = DeepEnsemble(singles[:m])
     known = PredictionCache()
-    results, _ = _evaluate(run, {"Single": base, **models}, 0, config.seed, known)
+    results, draws = _evaluate(run, {"Single": base, **models}, config.bootstrap, config.seed, known)
+    add_comparisons(results, draws, [(f"Hydra (Circ), M={m}", f"Deep Ensemble, M={m}") for m in counts])
     cost = cost_table({"Single": base, **models}, run.bench.test[0], run.config, run.compute)
     curves: dict[str, dict[str, list]] = {}
     for metric, key in (("accuracy", "acc"), ("NLL", "nll"), ("ECE", "ece"), ("AUROC", "auroc")):
@@ -338,6 +339,7 @@ def analysis_report(results: dict[str, Any]) -> str:
         study = results["members"]
         parts += ["## Member count (paper B.6)", "", _main_table(study["results"], study["cost"]), ""]
         parts += [f"Curves: `{study['plot']}`", ""]
+        parts += reporting.interval_sections(study["results"])
     if "merge" in results:
         study = results["merge"]
         parts += ["## Merged MLPs vs exact fusion (paper B.7)", "", _main_table(study["results"]), ""]
