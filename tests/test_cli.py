@@ -128,6 +128,9 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     assert [n for n, _ in curves["accuracy"]["CircAvg"]] == [0, 4, 6]
     assert table["rows"]["CircAvg"]["ece"] == dict(curves["ECE"]["CircAvg"])[4]
     assert "## Training-free pruning: 4 heads (paper Table 4 layout)" in report
+    assert table["results"]["Single"]["classification"] == results["Single"]["classification"]
+    assert set(table["results"]["CircAvg"]["differences"]) == {"Single"}  # paired bootstrap
+    assert "### Paired differences" in report
     plots = {p.name for p in (tmp_path / "report" / "plots").iterdir()}
     assert {
         "reliability.png",

@@ -42,6 +42,8 @@ from .evaluation import (
     MethodPredictions,
     Predictions,
     add_comparisons,
+    add_intervals,
+    bootstrap_draws,
     evaluate_method,
     evaluate_predictions,
     main_row,
@@ -1204,9 +1206,9 @@ def _write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curv
     )
     reporting.metrics_vs_pruned(curves.curves, plots / "metrics_vs_pruned.png")
     atomic_write_json(out / "pruning_curves.json", curves.curves)
-    atomic_write_json(out / "pruning_table.json", curves.table)
+    atomic_write_json(out / "pruning_table.json", {**curves.table, "results": curves.results})
     report = out / "report.md"
-    atomic_write_text(report, report.read_text() + reporting.pruning_table(curves.table))
+    atomic_write_text(report, report.read_text() + reporting.pruning_table(curves.table, curves.results))
     atomic_write_json(out / "timings.json", run.stage.timings)
     print()
     print(reporting.console_table(results, heads))
@@ -1262,6 +1264,9 @@ class PruningCurves:
     table: dict[str, Any]
     """``{"heads_pruned": n, "rows": {method: {"acc", "ece", "near": {...}, "far": {...}}}}``
     with Single (nothing pruned) first; near/far: mean AUROC, FPR95, AUPR-Out (MSP)."""
+    results: dict[str, Any] = field(default_factory=dict)
+    """The rows' full results (`evaluate_predictions`), with ``DemoConfig.bootstrap`` intervals
+    and each pruned row's paired difference from Single."""
 
 
 def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: PredictionCache) -> PruningCurves:
@@ -1274,6 +1279,8 @@ def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: Predict
     )
     curves: dict[str, dict[str, list]] = {m: {} for m in ("accuracy", "ECE", "AUROC", "FPR95")}
     rows: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    draws: dict[str, Any] = {}
     for method, ranking in rankings.items():
         order, counts = least_useful_first(ranking)
         for n in steps:
@@ -1290,8 +1297,12 @@ def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: Predict
                 ("FPR95", summary["average"]["fpr95"]),
             ):
                 curves[metric].setdefault(method, []).append((n, value))
-            if n in (0, budget):
-                rows["Single" if n == 0 else method] = {
+            if n in (0, budget) and ("Single" if n == 0 else method) not in results:
+                name = "Single" if n == 0 else method
+                results[name] = result
+                if config.bootstrap:
+                    draws[name] = bootstrap_draws(p_test, p_ood, 1.0, config.bootstrap, config.seed)
+                rows[name] = {
                     "acc": result["classification"]["acc"],
                     "ece": result["classification"]["ece"],
                     **{
@@ -1300,7 +1311,9 @@ def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: Predict
                         if kind in summary
                     },
                 }
-    return PruningCurves(curves, {"heads_pruned": budget, "rows": rows})
+    add_intervals(results, draws)
+    add_comparisons(results, draws, [(method, "Single") for method in rankings])
+    return PruningCurves(curves, {"heads_pruned": budget, "rows": rows}, results)
 
 
 def _describe_input(inputs: dict[str, torch.Tensor]) -> str:

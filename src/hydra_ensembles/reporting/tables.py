@@ -61,8 +61,9 @@ def _signed(key: str, value: float) -> str:
     return f"{100 * value:+.2f}" if key in PERCENT else f"{value:+.3f}"
 
 
-def interval_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Bootstrap intervals of every row that has them, and paired differences between rows."""
+def interval_sections(results: Mapping[str, Mapping[str, Any]], heading: str = "##") -> list[str]:
+    """Bootstrap intervals of every row that has them, and paired differences between rows
+    (sections under Markdown ``heading`` level)."""
     parts: list[str] = []
     with_ci = [(m, r) for m, r in results.items() if "intervals" in r]
     if with_ci:
@@ -78,7 +79,7 @@ def interval_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             for m, r in with_ci
         ]
         parts += [
-            f"## {100 * meta.get('level', 0.95):.0f}% bootstrap intervals "
+            f"{heading} {100 * meta.get('level', 0.95):.0f}% bootstrap intervals "
             f"({meta.get('resamples', '?')} resamples of the test items)",
             "",
             _table(["Method", *headers], body),
@@ -98,7 +99,7 @@ def interval_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             for m, other, d in compared
         ]
         parts += [
-            "## Paired differences (same bootstrap resamples; * p < 0.05, two-sided)",
+            f"{heading} Paired differences (same bootstrap resamples; * p < 0.05, two-sided)",
             "",
             _table(["Comparison", *headers], body),
             "",
@@ -303,9 +304,10 @@ def console_table(results: Mapping[str, Any], heads: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
-def pruning_table(table: Mapping[str, Any]) -> str:
+def pruning_table(table: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The paper's Table 4 layout for training-free pruning (`experiment.PruningCurves.table`):
-    accuracy, ECE and near-/far-OOD means of AUROC, FPR95 and AUPR-Out, as a report section."""
+    accuracy, ECE and near-/far-OOD means of AUROC, FPR95 and AUPR-Out, as a report section;
+    with the rows' full ``results`` (bootstrap intervals, differences) their interval sections."""
     columns = [("auroc", "AUROC ↑"), ("fpr95", "FPR95 ↓"), ("aupr_out", "AUPR-Out ↑")]
     headers = ["Method", "Acc ↑", "ECE ↓"] + [f"{kind} {h}" for kind in ("Near", "Far") for _, h in columns]
     body = [
@@ -324,5 +326,6 @@ def pruning_table(table: Mapping[str, Any]) -> str:
             "",
             _table(headers, body),
             "",
+            *interval_sections(results or {}, heading="###"),
         ]
     )
