@@ -56,7 +56,7 @@ def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsy
     curves = json.loads((tmp_path / "report" / "pruning_curves.json").read_text())
     assert [n for n, _ in curves["accuracy"]["CircAvg"]] == [0, 5, 8, 10]  # 8: the members' budget
     table = json.loads((tmp_path / "report" / "pruning_table.json").read_text())
-    assert table["rows"]["Taylor"]["acc"] == dict(curves["accuracy"]["Taylor"])[8]
+    assert table["results"]["Taylor"]["classification"]["acc"] == dict(curves["accuracy"]["Taylor"])[8]
 
     import hydra_ensembles.experiment as demo  # where the ranking stage looks them up
 

@@ -1206,9 +1206,13 @@ def _write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curv
     )
     reporting.metrics_vs_pruned(curves.curves, plots / "metrics_vs_pruned.png")
     atomic_write_json(out / "pruning_curves.json", curves.curves)
-    atomic_write_json(out / "pruning_table.json", {**curves.table, "results": curves.results})
+    atomic_write_json(
+        out / "pruning_table.json", {"heads_pruned": curves.heads_pruned, "results": curves.results}
+    )
     report = out / "report.md"
-    atomic_write_text(report, report.read_text() + reporting.pruning_table(curves.table, curves.results))
+    atomic_write_text(
+        report, report.read_text() + reporting.pruning_table(curves.results, curves.heads_pruned)
+    )
     atomic_write_json(out / "timings.json", run.stage.timings)
     print()
     print(reporting.console_table(results, heads))
@@ -1261,12 +1265,12 @@ class PruningCurves:
 
     curves: dict[str, dict[str, list]]
     """``curves[metric][method]``: (heads pruned, value) pairs; accuracy, ECE, AUROC, FPR95."""
-    table: dict[str, Any]
-    """``{"heads_pruned": n, "rows": {method: {"acc", "ece", "near": {...}, "far": {...}}}}``
-    with Single (nothing pruned) first; near/far: mean AUROC, FPR95, AUPR-Out (MSP)."""
-    results: dict[str, Any] = field(default_factory=dict)
-    """The rows' full results (`evaluate_predictions`), with ``DemoConfig.bootstrap`` intervals
-    and each pruned row's paired difference from Single."""
+    heads_pruned: int
+    """The members' budget, where the Table 4 rows are taken."""
+    results: dict[str, Any]
+    """The Table 4 rows' results (`evaluate_predictions`, MSP): Single (nothing pruned), then each
+    ranking at ``heads_pruned``, with ``DemoConfig.bootstrap`` intervals and each pruned row's
+    paired difference from Single."""
 
 
 def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: PredictionCache) -> PruningCurves:
@@ -1278,7 +1282,6 @@ def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: Predict
         {0, budget, *range(config.curve_step, config.pool_size + 1, config.curve_step), config.pool_size}
     )
     curves: dict[str, dict[str, list]] = {m: {} for m in ("accuracy", "ECE", "AUROC", "FPR95")}
-    rows: dict[str, Any] = {}
     results: dict[str, Any] = {}
     draws: dict[str, Any] = {}
     for method, ranking in rankings.items():
@@ -1297,23 +1300,14 @@ def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: Predict
                 ("FPR95", summary["average"]["fpr95"]),
             ):
                 curves[metric].setdefault(method, []).append((n, value))
-            if n in (0, budget) and ("Single" if n == 0 else method) not in results:
-                name = "Single" if n == 0 else method
+            name = "Single" if n == 0 else method
+            if n in (0, budget) and name not in results:
                 results[name] = result
                 if config.bootstrap:
                     draws[name] = bootstrap_draws(p_test, p_ood, 1.0, config.bootstrap, config.seed)
-                rows[name] = {
-                    "acc": result["classification"]["acc"],
-                    "ece": result["classification"]["ece"],
-                    **{
-                        kind: {k: summary[kind][k] for k in ("auroc", "fpr95", "aupr_out")}
-                        for kind in ("near", "far")
-                        if kind in summary
-                    },
-                }
     add_intervals(results, draws)
     add_comparisons(results, draws, [(method, "Single") for method in rankings])
-    return PruningCurves(curves, {"heads_pruned": budget, "rows": rows}, results)
+    return PruningCurves(curves, budget, results)
 
 
 def _describe_input(inputs: dict[str, torch.Tensor]) -> str:

@@ -304,28 +304,30 @@ def console_table(results: Mapping[str, Any], heads: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
-def pruning_table(table: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """The paper's Table 4 layout for training-free pruning (`experiment.PruningCurves.table`):
-    accuracy, ECE and near-/far-OOD means of AUROC, FPR95 and AUPR-Out, as a report section;
-    with the rows' full ``results`` (bootstrap intervals, differences) their interval sections."""
+def pruning_table(results: Mapping[str, Mapping[str, Any]], heads_pruned: int, score: str = "msp") -> str:
+    """The paper's Table 4 layout for training-free pruning (`experiment.PruningCurves`): accuracy,
+    ECE and near-/far-OOD means of AUROC, FPR95 and AUPR-Out, then the rows' bootstrap intervals
+    and paired differences, as a report section."""
     columns = [("auroc", "AUROC ↑"), ("fpr95", "FPR95 ↓"), ("aupr_out", "AUPR-Out ↑")]
     headers = ["Method", "Acc ↑", "ECE ↓"] + [f"{kind} {h}" for kind in ("Near", "Far") for _, h in columns]
-    body = [
-        [method, format_value("acc", row["acc"]), format_value("ece", row["ece"])]
-        + [format_value(k, row.get(kind, {}).get(k)) for kind in ("near", "far") for k, _ in columns]
-        for method, row in table["rows"].items()
-    ]
+    body = []
+    for method, result in results.items():
+        summary, classification = result["ood_summary"][score], result["classification"]
+        body.append(
+            [method, format_value("acc", classification["acc"]), format_value("ece", classification["ece"])]
+            + [format_value(k, summary.get(kind, {}).get(k)) for kind in ("near", "far") for k, _ in columns]
+        )
     return "\n".join(
         [
             "",
-            f"## Training-free pruning: {table['heads_pruned']} heads (paper Table 4 layout)",
+            f"## Training-free pruning: {heads_pruned} heads (paper Table 4 layout)",
             "",
             "The base model with the heads each ranking scores least useful removed, no fine-tuning "
-            "(Single: nothing removed); MSP score, OOD positive. The full curves are in "
+            f"(Single: nothing removed); {score.upper()} score, OOD positive. The full curves are in "
             "`plots/metrics_vs_pruned.png` and `pruning_curves.json`.",
             "",
             _table(headers, body),
             "",
-            *interval_sections(results or {}, heading="###"),
+            *interval_sections(results, heading="###"),
         ]
     )
