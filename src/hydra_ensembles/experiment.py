@@ -246,15 +246,19 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "circuit_budget": 24,
             "curve_step": 12,
         },
-        {
+        {  # all-mpnet-base-v2 (BERT-base size, 288 heads in the pool), every test text
+            "model": "all-mpnet-base-v2",
             "max_length": 128,
             "val_limit": None,
             "ood_limit": None,
-            "shift_limit": 100,
-            "circuit_id_items": 64,
-            "circuit_ood_items": 64,
-            "circuit_length": 64,
-            "curve_step": 8,
+            "shift_limit": 20,
+            "circuit_id_items": 16,
+            "circuit_ood_items": 16,
+            "circuit_length": 32,
+            "pruned_per_member": 24,  # 24 of 288 heads: the paper's count on CLIP ViT-B/32
+            "pool_size": 48,
+            "circuit_budget": 48,
+            "curve_step": 24,
             "eval_precision": "fp32",
         },
     ),
@@ -343,7 +347,9 @@ class DemoConfig:
         full: 10,000 training images, two epochs, 24 of 72 heads pruned per member (the paper's
         share), circuits on 64 + 64 images, all 8,000 ID test images, fp32 evaluation. The small
         ViT from scratch (``model="vit-6x12-p7"``): 6,000 training images, 5 epochs; full: 30,000
-        images, 3 epochs, circuits on 256 + 256 images.
+        images, 3 epochs, circuits on 256 + 256 images. Zero-shot full: all-mpnet-base-v2 as the dual
+        encoder, 128 tokens, every validation and OOD text, circuits on 16 + 16 texts of 32 tokens,
+        24 of its 288 heads pruned per member, fp32 evaluation.
         """
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose from {list(TASKS)}")
