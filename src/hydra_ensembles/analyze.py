@@ -255,7 +255,7 @@ def _members(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out
     for m in counts:
         models[f"Hydra (Circ), M={m}"] = fuse(members[:m], mlp="merge").eval()
         models[f"Deep Ensemble, M={m}"] = DeepEnsemble(singles[:m])
-    known = PredictionCache()
+    known = run.cache.predictions()
     results, draws = _evaluate(run, {"Single": base, **models}, config.bootstrap, config.seed, known)
     add_comparisons(results, draws, [(f"Hydra (Circ), M={m}", f"Deep Ensemble, M={m}") for m in counts])
     cost = cost_table({"Single": base, **models}, run.bench.test[0], run.config, run.compute)
@@ -286,7 +286,7 @@ def _merge(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: 
         "Hydra (Circ), exact": fuse(members, mlp="exact").eval(),
         "Hydra (Circ), members one by one": DeepEnsemble(members),
     }
-    results, draws = _evaluate(run, models, config.bootstrap, config.seed, PredictionCache())
+    results, draws = _evaluate(run, models, config.bootstrap, config.seed, run.cache.predictions())
     names = list(models)
     add_comparisons(results, draws, [(names[0], names[1]), (names[0], names[2])])
     return {"results": results}

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from . import reporting
 from .batching import model_inputs
@@ -52,7 +54,7 @@ from .evaluation import (
 )
 from .fusion import fuse
 from .heads import HeadSet
-from .io import atomic_write_json, atomic_write_text
+from .io import atomic_write, atomic_write_json, atomic_write_text
 from .members import (
     FineTuneConfig,
     head_ensemble,
@@ -627,10 +629,17 @@ class PredictionCache:
     is the Single model, and the pruning curves start from the unpruned base. An explicit ensemble
     (a list or a `DeepEnsemble`) is predicted member by member, so shared members are shared. MC
     dropout (random) is never reused. Models are held, so their ids cannot be reused while the
-    cache lives."""
+    cache lives.
 
-    def __init__(self) -> None:
+    With a ``root`` folder, predictions also persist there (safetensors, written atomically), keyed
+    by a fingerprint of the model (its type, structure and every parameter and buffer), the inputs
+    and the precision: a rerun or an interrupted long run resumes without predicting again, and a
+    changed model or input is never served old predictions."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = None if root is None else Path(root)
         self._known: dict[tuple, tuple[torch.nn.Module, Predictions]] = {}
+        self._fingerprints: dict[int, str] = {}
 
     def predict(
         self, model, batches, split: str, mc_samples: int = 0, precision: str = "auto", progress=True
@@ -640,15 +649,75 @@ class PredictionCache:
         if isinstance(model, list):
             parts = [self.predict(m, batches, split, mc_samples, precision, progress) for m in model]
             return Predictions(np.concatenate([p.member_logits for p in parts]), parts[0].labels)
-        key = (id(model), split, precision)
-        if mc_samples or key not in self._known:
-            found = predict(
+        if mc_samples:
+            return predict(
                 model, batches, split, progress=progress, mc_samples=mc_samples, precision=precision
             )
-            if mc_samples:
-                return found
-            self._known[key] = (model, found)
+        key = (id(model), split, precision)
+        if key not in self._known:
+            self._known[key] = (model, self._stored(model, batches, split, precision, progress))
         return self._known[key][1]
+
+    def _stored(self, model, batches, split: str, precision: str, progress: bool) -> Predictions:
+        if self.root is None:
+            return predict(model, batches, split, progress=progress, precision=precision)
+        batches = list(batches)
+        digest = hashlib.sha256(
+            f"{self._fingerprint(model)}|{_batches_fingerprint(batches)}|{precision}".encode()
+        ).hexdigest()[:24]
+        path = self.root / f"{digest}.safetensors"
+        if path.is_file():
+            stored = load_file(str(path))
+            labels = stored.get("labels")
+            return Predictions(stored["member_logits"].numpy(), None if labels is None else labels.numpy())
+        found = predict(model, batches, split, progress=progress, precision=precision)
+        tensors = {"member_logits": torch.from_numpy(np.ascontiguousarray(found.member_logits))}
+        if found.labels is not None:
+            tensors["labels"] = torch.from_numpy(np.ascontiguousarray(found.labels))
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"split": split}))
+        return found
+
+    def _fingerprint(self, model: torch.nn.Module) -> str:
+        if id(model) not in self._fingerprints:
+            self._fingerprints[id(model)] = module_fingerprint(model)
+        return self._fingerprints[id(model)]
+
+
+def module_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 of a module's type, structure (``repr``), every submodule's plain settings (numbers,
+    strings, tuples, dataclasses such as a zero-shot config) and every parameter and buffer (names,
+    dtypes, shapes and bytes): equal fingerprints mean the same computation."""
+    digest = hashlib.sha256(f"{type(model).__qualname__}\n{model!r}".encode())
+    for path, module in model.named_modules(remove_duplicate=False):
+        for name, value in sorted(vars(module).items()):
+            if not name.startswith("_") and name != "training" and _is_setting(value):
+                digest.update(re.sub(r"0x[0-9a-f]+", "", f"{path}.{name}={value!r}").encode())
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, tensor in named:
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def _is_setting(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, str, type(None))) or is_dataclass(value):
+        return True
+    return isinstance(value, (tuple, list)) and all(_is_setting(v) for v in value)
+
+
+def _batches_fingerprint(batches: list[dict[str, Any]]) -> str:
+    digest = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            value = batch[name]
+            if isinstance(value, torch.Tensor):
+                value = value.detach().cpu().contiguous()
+                digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
+                digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+            else:
+                digest.update(f"{name}={value!r}".encode())
+    return digest.hexdigest()
 
 
 class Stage:
@@ -695,6 +764,10 @@ class Cache:
         value = build()
         atomic_write_json(where, value)
         return value
+
+    def predictions(self) -> PredictionCache:
+        """A `PredictionCache` persisting under ``root/predictions`` (in memory only if disabled)."""
+        return PredictionCache(self.root / "predictions" if self.enabled else None)
 
 
 @dataclass
@@ -788,7 +861,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     rankings = rank_heads(run, base)
     pruned = _build_pruned(run, base, rankings)
     methods = _methods(run, baselines, pruned)
-    known = PredictionCache()
+    known = run.cache.predictions()
     preds, results, heads, temperatures = _evaluate_all(run, methods, known)
     curves = run.stage.run(
         "zero-shot pruning curves",

@@ -26,7 +26,6 @@ from .experiment import (
     DemoConfig,
     DemoRun,
     Method,
-    PredictionCache,
     PrunedModels,
     Rankings,
     _evaluate_all,
@@ -67,7 +66,7 @@ def run_zero_shot_demo(config: DemoConfig) -> dict[str, Any]:
     pruned = _prune(run, dual, dual_input, rankings, input_circuit)
     single = fuse_dual_encoder(dual_input, [HeadSet.full(heads_per_layer(dual_input))])
     methods = _methods(run, dual, dual_input, pruned, single)
-    known = PredictionCache()
+    known = run.cache.predictions()
     preds, results, heads, temperatures = _evaluate_all(run, methods, known)
     curves = run.stage.run(
         "zero-shot pruning curves",
