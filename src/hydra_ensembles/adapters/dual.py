@@ -56,6 +56,10 @@ class DualEncoderAdapter(ArchitectureAdapter):
                 return path, adapter, layer - span.start
         raise IndexError(f"layer {layer} out of range")
 
+    def in_input_tower(self, layer: int) -> bool:
+        """Whether joint layer ``layer`` belongs to the input tower (the first part)."""
+        return layer in self.parts[0][2]
+
     def encoder_config(self, model: nn.Module):
         path, adapter, _ = self.parts[0]
         return adapter.encoder_config(model.get_submodule(path))

@@ -179,7 +179,7 @@ def dual_tower_from_layer(
     embeddings (R, C, D) for the label tower (rows: the prompts repeated)."""
     path, tower_adapter, local = adapter.locate(layer)
     tower = model.get_submodule(path)
-    if path == adapter.parts[0][0]:
+    if adapter.in_input_tower(layer):
         times = hidden.shape[0] // batch_rows(inputs)
         with starting_at_layer(tower, tower_adapter, local, hidden):
             return model.input_tower(**repeat_rows(inputs, times))
@@ -200,6 +200,6 @@ def dual_logits(
     """Candidate-major (R*B, C) logits of `dual_tower_from_layer`'s output for ``layer`` against
     the other tower's embeddings (`LayerCapture.embeddings`)."""
     input_embeddings, class_embeddings = embeddings
-    if adapter.locate(layer)[0] == adapter.parts[0][0]:
+    if adapter.in_input_tower(layer):
         return model.logits_from(tower_output, class_embeddings)
     return model.logits_from(input_embeddings, tower_output).flatten(0, 1)
