@@ -694,10 +694,15 @@ def module_fingerprint(model: torch.nn.Module) -> str:
                 digest.update(re.sub(r"0x[0-9a-f]+", "", f"{path}.{name}={value!r}").encode())
     named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
     for name, tensor in named:
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        _hash_tensor(digest, name, tensor)
     return digest.hexdigest()
+
+
+def _hash_tensor(digest, name: str, tensor: torch.Tensor) -> None:
+    """Feeds ``tensor``'s name, dtype, shape and bytes to ``digest``."""
+    tensor = tensor.detach().cpu().contiguous()
+    digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+    digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
 
 
 def _is_setting(value: Any) -> bool:
@@ -712,9 +717,7 @@ def _batches_fingerprint(batches: list[dict[str, Any]]) -> str:
         for name in sorted(batch):
             value = batch[name]
             if isinstance(value, torch.Tensor):
-                value = value.detach().cpu().contiguous()
-                digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
-                digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+                _hash_tensor(digest, name, value)
             else:
                 digest.update(f"{name}={value!r}".encode())
     return digest.hexdigest()
