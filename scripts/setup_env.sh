@@ -16,8 +16,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$PY" -m pip install --quiet --no-compile --upgrade pip
     "$PY" -m pip install --quiet --no-compile "torch==2.13.0"
     "$PY" -m pip install --quiet --no-compile -e ".[models,test,hf]"
-    # exit status 1 only means some files are not valid Python (templates, tests of py2 code), as
-    # pip's own compile step ignores them
+    # bytecode is only a speed-up, so a failure here never stops the set-up: some installed files
+    # are not valid Python (templates, py2 test data) and fail to compile, as pip's own step
+    # silently skips them
     "$PY" -m compileall -q -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
         > /dev/null || true
     echo "$want" > "$stamp"
