@@ -1,10 +1,14 @@
 """One place that decides the compute precision for a device.
 
-``precision="auto"`` picks bf16 only where it is native and measured faster than fp32:
+``precision="auto"`` picks bf16 only where it is native, and decides the same way every time on
+one machine:
 
-* CPU: bf16 needs AMX or AVX-512 BF16 (``/proc/cpuinfo`` flags); without them it is emulated and
-  runs 15-100x slower than fp32 (a 512x512 matmul: 1.4 vs 150 GFLOP/s on an AVX2-only EPYC). With
-  them, a small timed matmul probe (cached for the process) must confirm bf16 is faster.
+* CPU: the CPU's flags decide where they are unambiguous. AMX or AVX-512 BF16 (``/proc/cpuinfo``)
+  computes bf16 natively: bf16. Known flags without either: bf16 would be emulated, 15-100x
+  slower than fp32 (a 512x512 matmul: 1.4 vs 150 GFLOP/s on an AVX2-only EPYC): fp32. Only where
+  the flags cannot be read (another OS, another architecture) does a timed matmul probe decide:
+  interleaved rounds, the median ratio, bf16 only at `PROBE_SPEEDUP` x fp32's speed or more; its
+  result is cached per machine (`probe_cache_path`), so later processes do not measure again.
 * CUDA: bf16 where the GPU supports it, else fp16.
 * anything else: fp32.
 
@@ -18,21 +22,29 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
+import platform
+import statistics
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from .io import atomic_write_json
 from .runtime import cpu_info
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISION_ENV = "HYDRA_PRECISION"
 CPU_BF16_ENV = "HYDRA_CPU_BF16"
-PROBE_SPEEDUP = 1.1
-"""bf16 must be at least this much faster than fp32 in the probe to be chosen."""
+PROBE_SPEEDUP = 1.25
+"""bf16 must be at least this much faster than fp32 in the probe (median of its rounds) to be
+chosen: a margin over the probe's round-to-round noise, so a busy machine does not flip the
+decision."""
+PROBE_CACHE_ENV = "HYDRA_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -89,7 +101,7 @@ def resolve_precision(precision: str | Precision = "auto", device: str | torch.d
         return _auto(device)
     if device.type == "cpu" and precision != "fp32":
         native, why = cpu_bf16_support() if precision == "bf16" else (False, "fp16 is emulated on CPUs")
-        if not native:
+        if native is False:
             warnings.warn(
                 f"{precision} requested, but {why}: expect it to be much slower than fp32", stacklevel=2
             )
@@ -105,17 +117,16 @@ def _auto(device: torch.device) -> Precision:
     if device.type != "cpu":
         return Precision("fp32", f"auto: no reduced-precision rule for {device.type}")
     native, why = cpu_bf16_support()
-    if not native:
-        return Precision("fp32", f"auto: {why}")
-    speedup = _cpu_bf16_speedup() if CPU_BF16_ENV not in os.environ else None
-    if speedup is not None and speedup < PROBE_SPEEDUP:
-        return Precision("fp32", f"auto: {why}, but bf16 measured only {speedup:.2f}x fp32's speed")
-    measured = "" if speedup is None else f", {speedup:.1f}x fp32's matmul speed"
-    return Precision("bf16", f"auto: {why}{measured}")
+    if native is None:  # flags unknown: the (cached) probe decides
+        speedup = cpu_bf16_speedup()
+        if speedup < PROBE_SPEEDUP:
+            return Precision("fp32", f"auto: {why}; bf16 measured {speedup:.2f}x fp32's matmul speed")
+        return Precision("bf16", f"auto: {why}; bf16 measured {speedup:.1f}x fp32's matmul speed")
+    return Precision("bf16" if native else "fp32", f"auto: {why}")
 
 
-def cpu_bf16_support() -> tuple[bool, str]:
-    """Whether this CPU computes bf16 natively, and the reason in words."""
+def cpu_bf16_support() -> tuple[bool | None, str]:
+    """Whether this CPU computes bf16 natively (None: its flags are unknown), and why, in words."""
     forced = os.environ.get(CPU_BF16_ENV)
     if forced is not None:
         if forced not in ("native", "emulated"):
@@ -128,25 +139,67 @@ def cpu_bf16_support() -> tuple[bool, str]:
         return True, "this CPU has AVX-512 BF16 (native bf16)"
     if flags:
         return False, "this CPU has no native bf16 (no AVX-512 BF16 or AMX)"
-    return True, "this CPU's flags are unknown; the probe decides"
+    return None, "this CPU's flags are unknown"
+
+
+def probe_cache_path() -> Path:
+    """Where the probe's result is kept for this machine: ``$HYDRA_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/hydra-ensembles``, else ``~/.cache/hydra-ensembles``; ``cpu_precision.json``."""
+    root = os.environ.get(PROBE_CACHE_ENV) or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "hydra-ensembles"
+    )
+    return Path(root) / "cpu_precision.json"
 
 
 @functools.cache
-def _cpu_bf16_speedup(size: int = 512, seconds: float = 0.05) -> float:
-    """fp32 time / bf16 time of a ``size``-square matmul (best of repeated runs), once per process."""
-    best = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
-        a @ b
-        times, start = [], time.perf_counter()
-        while time.perf_counter() - start < seconds or len(times) < 3:
-            t = time.perf_counter()
+def cpu_bf16_speedup() -> float:
+    """fp32 time / bf16 time of the matmul probe on this machine: read from the per-machine cache
+    (`probe_cache_path`, keyed by CPU, architecture, torch version and threads), else measured
+    once (`measure_bf16_speedup`) and stored there."""
+    model, _ = cpu_info()
+    key = f"{model} | {platform.machine()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    path = probe_cache_path()
+    try:
+        cached = json.loads(path.read_text())
+        if isinstance(cached, dict) and isinstance(cached.get(key), int | float) and cached[key] > 0:
+            return float(cached[key])
+    except (OSError, ValueError):
+        cached = {}
+    speedup = measure_bf16_speedup()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {**(cached if isinstance(cached, dict) else {}), key: speedup})
+    except OSError:  # a read-only home: measured again by the next process, decided the same way
+        pass
+    return speedup
+
+
+def measure_bf16_speedup(size: int = 512, rounds: int = 7, repeats: int = 3) -> float:
+    """fp32 time / bf16 time of a ``size``-square matmul: ``rounds`` interleaved rounds (fp32 then
+    bf16, each the best of ``repeats`` runs), the median of the rounds' ratios, so one slow run on
+    a busy machine cannot decide alone. Three rounds in which bf16 is 10x slower or worse end the
+    probe early (emulated: no need to measure it precisely)."""
+    pairs = {dtype: (torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype))
+             for dtype in (torch.float32, torch.bfloat16)}  # fmt: skip
+    for a, b in pairs.values():
+        a @ b  # warm-up: first-call dispatch and allocation
+
+    def best(dtype: torch.dtype) -> float:
+        a, b = pairs[dtype]
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
             a @ b
-            times.append(time.perf_counter() - t)
-            if times[-1] > 10 * seconds:  # emulated: one run says enough
-                break
-        best[dtype] = min(times)
-    return best[torch.float32] / best[torch.bfloat16]
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    ratios = []
+    for _ in range(rounds):
+        fp32, bf16 = best(torch.float32), best(torch.bfloat16)
+        ratios.append(fp32 / bf16)
+        if len(ratios) >= 3 and max(ratios) < 0.1:
+            break
+    return statistics.median(ratios)
 
 
 def in_precision(model: torch.nn.Module, precision: Precision) -> torch.nn.Module:

@@ -113,10 +113,14 @@ def test_suffix_cache_switches_itself_off_past_its_memory_cap(monkeypatch):
     assert capped.removed == reference.removed and capped.scores == pytest.approx(reference.scores)
 
 
-def test_greedy_matches_brute_force_with_structural_pruning():
+@pytest.mark.filterwarnings("ignore:fp16 requested")
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_greedy_matches_brute_force_with_structural_pruning(precision):
+    """In every precision the order is the fp32 brute force's: pruned models run one by one in
+    fp32 (low precisions score again in fp32 whatever rounding could have reordered)."""
     model = _model(seed=3)
     id_val, ood_val = _text_data()
-    order = extract_circuit(model, id_val, ood_val, "avg", budget=2, progress=False)
+    order = extract_circuit(model, id_val, ood_val, "avg", budget=2, progress=False, precision=precision)
     removed: list[tuple[int, int]] = []
     for step in range(2):
         options = {}
@@ -158,10 +162,14 @@ def test_head_set_for_any_budget_and_json_round_trip(tmp_path):
         order.head_set(5)
 
 
-def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, precision):
+    """Also in bf16, where the checkpoint carries the largest logit error seen so far."""
     model = _model()
     id_val, ood_val = _text_data()
-    full = extract_circuit(model, id_val, ood_val, "avg", budget=5, progress=False)
+    args = (model, id_val, ood_val)
+    kwargs = {"budget": 5, "progress": False, "precision": precision, "checkpoint": tmp_path / "circuit.json"}
+    full = extract_circuit(*args, "avg", budget=5, progress=False, precision=precision)
     checkpoint = tmp_path / "circuit.json"
     calls = {"n": 0}
     original = circuit_module._evaluate_fast
@@ -174,13 +182,13 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch):
 
     monkeypatch.setattr(circuit_module, "_evaluate_fast", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        extract_circuit(model, id_val, ood_val, "avg", budget=5, checkpoint=checkpoint, progress=False)
-    assert len(json.loads(checkpoint.read_text())["order"]["removed"]) == 2
+        extract_circuit(*args, "avg", **kwargs)
+    assert 1 <= len(json.loads(checkpoint.read_text())["order"]["removed"]) <= 2
     monkeypatch.setattr(circuit_module, "_evaluate_fast", original)
-    resumed = extract_circuit(model, id_val, ood_val, "avg", budget=5, checkpoint=checkpoint, progress=False)
+    resumed = extract_circuit(*args, "avg", **kwargs)
     assert resumed == full
     with pytest.raises(CircuitError, match="another extraction"):
-        extract_circuit(model, id_val, ood_val, "acc", budget=5, checkpoint=checkpoint, progress=False)
+        extract_circuit(*args, "acc", **kwargs)
 
 
 def test_lazy_mode_with_a_full_shortlist_is_exact_and_records_its_settings():
@@ -208,6 +216,7 @@ def test_lazy_mode_evaluates_only_its_shortlist_and_resumes_identically(tmp_path
 
     monkeypatch.setattr(circuit_module, "_evaluate_fast", counting)
     kwargs = {"objective": "avg", "budget": 6, "method": "lazy", "shortlist": 3, "refresh_every": 4}
+    kwargs["precision"] = "fp32"  # counts the evaluations of one precision
     full = extract_circuit(model, id_val, ood_val, progress=False, **kwargs)
     assert evaluated == [12, 3, 3, 3, 8, 3]  # full, 3 shortlisted, full refresh at step 5, ...
     assert len(set(full.removed)) == 6 and all(s == s for s in full.scores)
@@ -229,6 +238,63 @@ def test_lazy_mode_evaluates_only_its_shortlist_and_resumes_identically(tmp_path
     assert resumed == full
     with pytest.raises(CircuitError, match="another extraction"):  # exact runs never reuse lazy state
         extract_circuit(model, id_val, ood_val, "avg", budget=6, checkpoint=checkpoint, progress=False)
+
+
+@pytest.mark.filterwarnings("ignore:fp16 requested")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("seed", [0, 3, 7])
+def test_low_precision_gives_the_fp32_order(precision, seed, monkeypatch):
+    """The order does not depend on the arithmetic: a bf16 or fp16 extraction removes the heads
+    fp32 removes, with fp32's scores, and scores again in fp32 only what rounding could reorder."""
+    model = _model(seed=seed)
+    id_val, ood_val = _text_data()
+    kwargs = {"budget": 9, "progress": False}
+    exact = extract_circuit(model, id_val, ood_val, "avg", precision="fp32", **kwargs)
+    rescorers = []
+    original = circuit_module._ExactRescoring
+
+    class Spy(original):
+        def __init__(self, *args):
+            super().__init__(*args)
+            rescorers.append(self)
+
+    monkeypatch.setattr(circuit_module, "_ExactRescoring", Spy)
+    low = extract_circuit(model, id_val, ood_val, "avg", precision=precision, **kwargs)
+    assert low.removed == exact.removed and low.scores == exact.scores
+    assert low.base_score == exact.base_score
+    (rescorer,) = rescorers
+    assert rescorer.error > 0 and rescorer.rescored > 0  # rounding was seen, and fp32 decided
+    assert rescorer.model.training is False and model.training is False
+    reference = extract_circuit(
+        model, id_val, ood_val, "acc", precision=precision, method="reference", **kwargs
+    )
+    assert (
+        reference.removed
+        == extract_circuit(model, id_val, ood_val, "acc", precision="fp32", **kwargs).removed
+    )
+
+
+def test_objective_bounds_contain_every_nearby_score():
+    """`objective_bounds` holds S of any logits within the error, for every objective."""
+    from hydra_ensembles.scoring.circuit import objective_bounds
+
+    generator = torch.Generator().manual_seed(0)
+    id_logits, ood_logits = torch.randn(40, 3, generator=generator), torch.randn(30, 3, generator=generator)
+    labels = torch.randint(0, 3, (40,), generator=generator)
+    error = 0.05
+    for objective in ("acc", "ood", "avg"):
+        low, high = objective_bounds(objective, id_logits, labels, ood_logits, error)
+        assert low <= objective_value(objective, id_logits, labels, ood_logits) <= high
+        for _ in range(50):
+            noise = [
+                (torch.rand(x.shape, generator=generator) * 2 - 1) * error for x in (id_logits, ood_logits)
+            ]
+            s = objective_value(objective, id_logits + noise[0], labels, ood_logits + noise[1])
+            assert low - 1e-12 <= s <= high + 1e-12
+        exact = objective_value(objective, id_logits, labels, ood_logits)
+        assert objective_bounds(objective, id_logits, labels, ood_logits, 0.0) == pytest.approx(
+            (exact, exact)
+        )
 
 
 def test_deterministic():

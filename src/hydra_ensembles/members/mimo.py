@@ -69,17 +69,18 @@ def install_mimo(model: nn.Module, num_members: int) -> nn.Module:
     hooks); `mimo` does it on a copy, `load_member` on the architecture it rebuilds."""
     labels = int(model.config.num_labels)
     images = takes_images(model)
-    dtype = next(model.parameters()).dtype
+    first = next(model.parameters())
+    device, dtype = first.device, first.dtype
     if images:
         _widen_patch_projection(model, num_members)
     else:
-        model.mimo_inputs = MimoTextInputs(num_members, model.get_input_embeddings().embedding_dim).to(dtype)
+        model.mimo_inputs = MimoTextInputs(num_members, model.get_input_embeddings().embedding_dim).to(device, dtype)
     name = get_adapter(model).task_head_modules(model)[-1]
     head = getattr(model, name)
     final_path, final = _final_linear(head, labels)
     wide = nn.Linear(final.in_features, num_members * labels, bias=final.bias is not None)
     initialise_like(model, wide)
-    wide = wide.to(final.weight.device, dtype)
+    wide = wide.to(device, dtype)
     if final_path:
         head.set_submodule(final_path, wide)
     else:

@@ -77,7 +77,8 @@ def packed_ensemble(
     packed = pack_layers(packed, num_members, alpha, gamma)
     if from_base:
         _start_from(packed, model, num_members)
-    return packed.to(next(model.parameters()).dtype).eval()
+    first = next(model.parameters())
+    return packed.to(first.device, first.dtype).eval()
 
 
 def pack_layers(model: nn.Module, num_members: int, alpha: int, gamma: int) -> nn.Module:
@@ -133,7 +134,8 @@ def packed_member(model: nn.Module, member: int) -> nn.Module:
         else:
             state[name] = _split(sources[name], target.shape, members)[member]
     single.load_state_dict(state)
-    return single.to(next(model.parameters()).dtype).eval()
+    first = next(model.parameters())
+    return single.to(first.device, first.dtype).eval()
 
 
 def _width_fields(config) -> tuple[str, ...]:

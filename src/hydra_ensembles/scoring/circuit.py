@@ -51,7 +51,7 @@ from ..batching import checked_batches, model_inputs
 from ..heads import HeadSet
 from ..io import atomic_write_json
 from ..metrics import auroc
-from ..precision import in_precision, model_device, resolve_precision
+from ..precision import Precision, in_precision, model_device, resolve_precision
 from ..surgery import HeadAblation, fingerprint, kept_heads
 from .forward import (
     capture_layer_inputs,
@@ -171,6 +171,43 @@ def _both(objective, id_logits, id_labels, ood_logits) -> tuple[float, float]:
     )
 
 
+def objective_bounds(
+    objective: str,
+    id_logits: torch.Tensor,
+    id_labels: torch.Tensor,
+    ood_logits: torch.Tensor | None,
+    error: float,
+) -> tuple[float, float]:
+    """The lowest and highest S that logits within ``error`` (each entry) of ``id_logits`` and
+    ``ood_logits`` can have: how far a low-precision evaluation can be from the exact one.
+
+    Accuracy: an example whose label logit leads every other by more than ``2 * error`` is
+    correct either way, one that trails by more is wrong either way; the rest can go both ways.
+    AUROC: a logit error of ``error`` moves every ``logit_j - max logit`` by at most ``2 * error``,
+    so the maximum softmax probability p lies in ``[p e^(-2 error), p e^(2 error)]``; AUROC only
+    falls as ID scores rise and OOD scores fall, so its bounds are the AUROCs of the extremes.
+    """
+    x = id_logits.double()
+    label = x.gather(-1, id_labels[:, None])[:, 0]
+    others = x.scatter(-1, id_labels[:, None], -math.inf).max(-1).values
+    lead = label - others
+    acc = ((lead > 2 * error).double().mean().item(), (lead >= -2 * error).double().mean().item())
+    if objective == "acc":
+        return acc
+
+    def msp_range(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        p = logits.double().softmax(-1).max(-1).values
+        low, high = p * math.exp(-2 * error), (p * math.exp(2 * error)).clamp(max=1.0)
+        return (1.0 - high).numpy(), (1.0 - low).numpy()  # the OOD score 1 - p: low, high
+
+    id_low, id_high = msp_range(id_logits)
+    ood_low, ood_high = msp_range(ood_logits)
+    separation = (auroc(id_high, ood_low), auroc(id_low, ood_high))
+    if objective == "ood":
+        return separation
+    return 0.5 * (acc[0] + separation[0]), 0.5 * (acc[1] + separation[1])
+
+
 class _CandidateMasks(HeadAblation):
     """`HeadAblation` (the permanent mask, ``mask``) plus per-candidate masks in one layer.
 
@@ -242,10 +279,12 @@ def extract_circuit(
     ``method="lazy"`` (approximate) evaluates only ``shortlist`` candidates per step between full
     evaluations every ``refresh_every`` steps. ``cache_gb`` caps the memory of the fast path's
     cross-step reuse (hidden states per candidate; 0 turns it off; results are the same either way).
-    ``precision``: the extraction runs on a copy of the model cast to it where the model's dtype
-    differs (`precision.resolve_precision`; ``auto`` is bf16 only where it is native and faster).
-    In bf16, near-ties between candidates are decided by rounding, so the order can differ from
-    fp32's; fp32 gives the same order on every path (fast, reference).
+    ``precision``: candidates are scored on a copy of the model cast to it where the model's
+    dtype differs (`precision.resolve_precision`; ``auto`` is bf16 only where it is native). In
+    bf16 or fp16, every candidate that could be the best once rounding is accounted for
+    (`objective_bounds`, with twice the largest logit error seen between the two precisions) is
+    scored again in fp32, and the choice is made on the fp32 scores: the order is fp32's
+    (`_ExactRescoring`). fp32 gives the same order on every path (fast, reference).
     """
     lazy = _lazy_settings(objective, method, shortlist, refresh_every)
     adapter = get_adapter(model)
@@ -253,21 +292,28 @@ def extract_circuit(
     id_batches, ood_batches = _checked_inputs(model, heads_per_layer, id_val, ood_val, objective)
     _check_budget(heads_per_layer, budget, min_heads_per_layer)
     compute = resolve_precision(precision, model_device(model))
+    exact_model = in_precision(model, Precision("fp32", "exact re-scoring")) if compute.reduced else None
     model = in_precision(model, compute)
     settings = [compute.name, objective, min_heads_per_layer, *([lazy] if lazy else [])]
     key = _run_key(model, settings, id_batches, ood_batches)  # exact methods share checkpoints
     was_training = model.training
     model.eval()
     cache = _SuffixCache(_last_layers(adapter, heads_per_layer), cache_gb * 2**30)
+    masks = _CandidateMasks(model)
+    exact = (
+        None if exact_model is None else _ExactRescoring(exact_model, adapter, masks, method, candidate_chunk)
+    )
     run = _Extraction(
-        model, adapter, _CandidateMasks(model), heads_per_layer, id_batches,
+        model, adapter, masks, heads_per_layer, id_batches,
         ood_batches, objective, min_heads_per_layer, method, candidate_chunk, lazy,
-        None if method == "reference" else cache,
+        None if method == "reference" else cache, exact,
     )  # fmt: skip
     try:
         order = run.extract(budget, checkpoint, key, progress)
     finally:
         run.masks.remove()
+        if exact is not None:
+            exact.close()
         model.train(was_training)
     order.removed, order.scores = order.removed[:budget], order.scores[:budget]
     return order
@@ -339,17 +385,24 @@ class _Extraction:
     chunk: int
     lazy: dict[str, Any] | None
     cache: _SuffixCache | None
+    exact: _ExactRescoring | None = None
 
     def extract(self, budget: int, checkpoint, key: str, progress: bool) -> CircuitOrder:
         id_labels = torch.cat([b["labels"] for b in self.id_batches])
         rank, world = _dist()
-        order, known, since_refresh = _resume(checkpoint, key, self.objective, self.heads_per_layer)
+        order, known, since_refresh, error = _resume(checkpoint, key, self.objective, self.heads_per_layer)
         order.approximation = self.lazy
         for layer, head in order.removed:
             self.masks.mask[layer, head] = 0.0
         if order.removed == [] and math.isnan(order.base_score):
             logits = _all_logits(self.model, self.id_batches, self.ood_batches)
+            if self.exact is not None:  # the unablated model in both precisions: a first error
+                exact_logits = _all_logits(self.exact.model, self.id_batches, self.ood_batches)
+                error = _logit_error(logits, exact_logits)
+                logits = exact_logits
             order.base_score = objective_value(self.objective, logits[0], id_labels, logits[1])
+        if self.exact is not None:
+            self.exact.error = error
         bar = tqdm(
             total=budget,
             initial=min(len(order.removed), budget),
@@ -358,8 +411,13 @@ class _Extraction:
         )
         while len(order.removed) < budget:
             candidates, since_refresh = self._candidates(known, since_refresh)
-            scores = self._scores(candidates, id_labels, rank, world)
-            best = max(candidates, key=lambda c: (*scores[c], -candidates.index(c)))
+            logits = self._logits(candidates, rank, world)
+            scores = {c: _both(self.objective, ids, id_labels, oods) for c, (ids, oods) in logits.items()}
+            choices = candidates
+            if self.exact is not None:  # the best in fp32 is among the candidates scored again
+                choices, exact = self.exact.rescore(self, candidates, logits, scores, id_labels)
+                scores.update(exact)
+            best = max(choices, key=lambda c: (*scores[c], -candidates.index(c)))
             self.masks.mask[best] = 0.0
             if self.cache is not None:
                 self.cache.removed(best)
@@ -390,20 +448,23 @@ class _Extraction:
         candidates = sorted(candidates, key=lambda c: (*known.get(c, UNKNOWN), -c[0], -c[1]), reverse=True)
         return sorted(candidates[: self.lazy["shortlist"]]), since_refresh + 1
 
-    def _scores(self, candidates: list[Head], id_labels, rank: int, world: int) -> dict:
+    def _logits(self, candidates: list[Head], rank: int, world: int) -> dict[Head, tuple]:
+        """(ID logits, OOD logits or None) of every candidate, this rank's share computed here."""
         evaluate = _evaluate_reference if self.method == "reference" else _evaluate_fast
-        scores = evaluate(
+        logits = evaluate(
             self.model, self.adapter, self.masks, candidates[rank::world], self.id_batches,
-            self.ood_batches, self.objective, id_labels, self.chunk, self.cache,
+            self.ood_batches, self.chunk, self.cache,
         )  # fmt: skip
         if world > 1:
             gathered: list[dict] = [None] * world  # type: ignore[list-item]
-            torch.distributed.all_gather_object(gathered, scores)
-            scores = {h: s for part in gathered for h, s in part.items()}
-        return scores
+            torch.distributed.all_gather_object(gathered, logits)
+            logits = {h: v for part in gathered for h, v in part.items()}
+        return logits
 
     def _save(self, checkpoint, key: str, order: CircuitOrder, known: dict, since_refresh: int) -> None:
         state: dict[str, Any] = {"key": key, "order": order.to_dict()}
+        if self.exact is not None:
+            state["logit_error"] = self.exact.error
         if self.lazy:
             state["lazy"] = {
                 "since_refresh": since_refresh,
@@ -414,11 +475,12 @@ class _Extraction:
 
 def _resume(
     checkpoint, key: str, objective: str, heads_per_layer: list[int]
-) -> tuple[CircuitOrder, dict[Head, tuple[float, float]], int]:
-    """The order so far, and (lazy mode) the last known candidate scores and steps since refresh."""
+) -> tuple[CircuitOrder, dict[Head, tuple[float, float]], int, float]:
+    """The order so far, (lazy mode) the last known candidate scores and steps since refresh,
+    and (low precision) the largest logit error seen so far."""
     fresh = CircuitOrder(objective, list(heads_per_layer), base_score=float("nan"))
     if checkpoint is None or not Path(checkpoint).is_file():
-        return fresh, {}, 0
+        return fresh, {}, 0, 0.0
     data = json.loads(Path(checkpoint).read_text())
     if data.get("key") != key:
         raise CircuitError(
@@ -427,7 +489,8 @@ def _resume(
         )
     lazy = data.get("lazy", {})
     known = {(int(a), int(b)): (float(v), float(t)) for a, b, v, t in lazy.get("known", [])}
-    return CircuitOrder.from_dict(data["order"]), known, int(lazy.get("since_refresh", 0))
+    error = float(data.get("logit_error", 0.0))
+    return CircuitOrder.from_dict(data["order"]), known, int(lazy.get("since_refresh", 0)), error
 
 
 @torch.no_grad()
@@ -439,34 +502,90 @@ def _all_logits(model, id_batches, ood_batches) -> tuple[torch.Tensor, torch.Ten
     return id_logits, ood_logits
 
 
-def _evaluate_reference(
-    model, adapter, masks, candidates, id_batches, ood_batches, objective, id_labels, _chunk, _cache=None
-):
+def _evaluate_reference(model, adapter, masks, candidates, id_batches, ood_batches, _chunk, _cache=None):
     """The plain algorithm: ablate, run the whole model on all validation data, restore."""
-    scores = {}
+    logits = {}
     for layer, head in candidates:
         masks.mask[layer, head] = 0.0
-        id_logits, ood_logits = _all_logits(model, id_batches, ood_batches)
+        logits[(layer, head)] = _all_logits(model, id_batches, ood_batches)
         masks.mask[layer, head] = 1.0
-        scores[(layer, head)] = _both(objective, id_logits, id_labels, ood_logits)
-    return scores
+    return logits
 
 
 @torch.no_grad()
-def _evaluate_fast(
-    model, adapter, masks, candidates, id_batches, ood_batches, objective, id_labels, chunk, cache=None
-):
+def _evaluate_fast(model, adapter, masks, candidates, id_batches, ood_batches, chunk, cache=None):
     """Prefix caching + candidate-stacked batches (+ suffix reuse): exact, same order as the reference."""
     with adapter.first_token_only(model) or nullcontext():  # the last layer for [CLS] only, where exact
         logits = _run_candidates(model, adapter, masks, candidates, [*id_batches, *ood_batches], chunk, cache)
     if cache is not None:
         cache.refreshed(candidates)
-    scores = {}
-    for cand, parts in logits.items():
-        id_logits = torch.cat(parts[: len(id_batches)])
-        ood_logits = torch.cat(parts[len(id_batches) :]) if ood_batches else None
-        scores[cand] = _both(objective, id_logits, id_labels, ood_logits)
-    return scores
+    return {
+        cand: (
+            torch.cat(parts[: len(id_batches)]),
+            torch.cat(parts[len(id_batches) :]) if ood_batches else None,
+        )
+        for cand, parts in logits.items()
+    }
+
+
+def _logit_error(low: tuple, exact: tuple) -> float:
+    """The largest absolute difference between two (ID, OOD or None) pairs of logits."""
+    return max(
+        (a.float() - b.float()).abs().max().item() for a, b in zip(low, exact, strict=True) if a is not None
+    )
+
+
+ERROR_SAFETY = 2.0
+"""`_ExactRescoring` bounds each logit's low-precision error by this times the largest error it
+has seen between the two precisions (on the unablated model and every candidate scored twice)."""
+
+
+class _ExactRescoring:
+    """The fp32 side of a low-precision extraction.
+
+    Each step, every candidate whose S could still be the best (its `objective_bounds` reach the
+    highest lower bound of any candidate, with a logit error of ``ERROR_SAFETY`` x ``error``) is
+    scored again on the fp32 model, with the same permanent masks; the step chooses among those on
+    their fp32 scores. Where the fp32 logits show a larger error than the bound assumed, the bound
+    grows and the set is widened until it is consistent. The true fp32 best is always in the set
+    while the bound holds, so the order is fp32's; only the candidates near the top pay for fp32.
+    """
+
+    def __init__(self, model: nn.Module, adapter, masks: _CandidateMasks, method: str, chunk: int) -> None:
+        self.model, self.was_training = model, model.training
+        model.eval()
+        self.adapter, self.method, self.chunk = adapter, method, chunk
+        self.masks = _CandidateMasks(model)
+        self.masks.mask = masks.mask  # one set of permanent masks: the low-precision model's
+        self.error = 0.0
+        self.rescored = 0
+        """Candidate evaluations done in fp32 (for the speed report)."""
+
+    def close(self) -> None:
+        self.masks.remove()
+        self.model.train(self.was_training)
+
+    def rescore(self, run: _Extraction, candidates, logits, scores, id_labels) -> tuple[list[Head], dict]:
+        """The candidates scored again in fp32 (in their order) and their fp32 scores."""
+        evaluate = _evaluate_reference if self.method == "reference" else _evaluate_fast
+        exact: dict[Head, tuple[float, float]] = {}
+        while True:
+            bounds = {
+                c: objective_bounds(run.objective, ids, id_labels, oods, ERROR_SAFETY * self.error)
+                for c, (ids, oods) in logits.items()
+            }
+            floor = max(low for low, _ in bounds.values())
+            todo = [c for c in candidates if bounds[c][1] >= floor and c not in exact]
+            if not todo:
+                break
+            fresh = evaluate(
+                self.model, self.adapter, self.masks, todo, run.id_batches, run.ood_batches, self.chunk
+            )
+            self.rescored += len(todo)
+            for cand, values in fresh.items():
+                exact[cand] = _both(run.objective, values[0], id_labels, values[1])
+                self.error = max(self.error, _logit_error(logits[cand], values))
+        return [c for c in candidates if c in exact], exact
 
 
 class _SuffixCache:

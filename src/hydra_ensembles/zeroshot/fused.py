@@ -26,7 +26,7 @@ from ..outputs import EnsembleOutput
 from ..serialization import read_saved, write_saved
 from ..surgery import kept_heads, prune
 from .model import DualEncoderClassifier, DualEncoderConfig
-from .towers import EncoderTower, normalize, pool
+from .towers import EncoderTower, cosine_logits, pool
 
 CONFIG_NAME = "zero_shot_config.json"
 FORMAT = "hydra-ensembles/zero-shot"
@@ -69,7 +69,7 @@ class ZeroShotHydra(nn.Module):
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
         members = self.input_hydra(**inputs).members  # (M, B, ...) per output
         embeddings = pool(members, inputs, self.config.input_pooling)  # (M, B, D)
-        logits = self.config.logit_scale * normalize(embeddings) @ self.class_embeddings.transpose(-1, -2)
+        logits = cosine_logits(embeddings, self.class_embeddings, self.config.logit_scale)
         return EnsembleOutput.from_member_logits(logits, labels)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:

@@ -25,7 +25,7 @@ from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from ..surgery import state_signature
-from .towers import EncoderTower, normalize
+from .towers import EncoderTower, cosine_logits, normalize
 
 HeadPool = Literal["both", "input"]
 MODEL_TYPE = "hydra_dual_encoder"
@@ -139,7 +139,7 @@ class DualEncoderClassifier(nn.Module):
 
     def logits_from(self, input_embeddings: torch.Tensor, class_embeddings: torch.Tensor) -> torch.Tensor:
         """``logit_scale`` x cosine: inputs (..., B, D) against classes (..., C, D) -> (..., B, C)."""
-        return self.config.logit_scale * normalize(input_embeddings) @ class_embeddings.transpose(-1, -2)
+        return cosine_logits(input_embeddings, class_embeddings, self.config.logit_scale)
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> SequenceClassifierOutput:
         logits = self.logits_from(self.input_tower(**inputs), self.class_embeddings())

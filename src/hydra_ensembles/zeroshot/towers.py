@@ -52,6 +52,20 @@ class EncoderTower(nn.Module):
         return f"pooling={self.pooling!r}"
 
 
+def cosine_logits(inputs: torch.Tensor, classes: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale`` x cosine similarity of inputs (..., B, D) and classes (..., C, D) -> (..., B, C).
+
+    Computed in float32 (float64 where either side is float64) with autocast off, whatever the
+    dtypes of the two sides (a bf16 model's embeddings meet fp32 cached class embeddings, or the
+    reverse): a bf16 matmul would round cosines near 1 to steps of 2^-8, i.e. logits to steps of
+    ``scale`` / 256.
+    """
+    dtype = torch.float64 if torch.float64 in (inputs.dtype, classes.dtype) else torch.float32
+    with torch.autocast(inputs.device.type, enabled=False):
+        a = torch.nn.functional.normalize(inputs.to(dtype), dim=-1)
+        return scale * a @ classes.to(dtype).transpose(-1, -2)
+
+
 def normalize(embeddings: torch.Tensor) -> torch.Tensor:
     """Unit-length rows (in float32 at least: cosine similarities of low-precision vectors drift)."""
     x = embeddings.float() if embeddings.dtype in (torch.float16, torch.bfloat16) else embeddings
