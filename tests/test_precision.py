@@ -54,7 +54,9 @@ def test_native_flags_decide_without_a_probe(monkeypatch, flags, why):
     assert chosen.name == "bf16" and why in chosen.reason
 
 
-@pytest.mark.parametrize(("speedup", "expected"), [(0.02, "fp32"), (1.2, "fp32"), (1.3, "bf16"), (9.0, "bf16")])
+@pytest.mark.parametrize(
+    ("speedup", "expected"), [(0.02, "fp32"), (1.2, "fp32"), (1.3, "bf16"), (9.0, "bf16")]
+)
 def test_unknown_flags_leave_it_to_the_probe_with_a_margin(monkeypatch, speedup, expected):
     _cpu_flags(monkeypatch, set())
     monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: speedup)

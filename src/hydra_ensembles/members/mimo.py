@@ -74,7 +74,8 @@ def install_mimo(model: nn.Module, num_members: int) -> nn.Module:
     if images:
         _widen_patch_projection(model, num_members)
     else:
-        model.mimo_inputs = MimoTextInputs(num_members, model.get_input_embeddings().embedding_dim).to(device, dtype)
+        width = model.get_input_embeddings().embedding_dim
+        model.mimo_inputs = MimoTextInputs(num_members, width).to(device, dtype)
     name = get_adapter(model).task_head_modules(model)[-1]
     head = getattr(model, name)
     final_path, final = _final_linear(head, labels)
