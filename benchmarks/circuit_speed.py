@@ -10,6 +10,9 @@ identical, and for each lazy setting: the share of steps removing the same head 
 order, the overlap (Jaccard) of the removed sets, and the objective S at the budget.
 
     python benchmarks/circuit_speed.py [--budget 24] [--docs 16] [--tokens 32] [--lazy 8 16] [--repeats 2]
+
+With ``--precisions``: the fast method in fp32, in bf16 with fp32 re-scoring (bf16's default) and
+in bf16 alone, interleaved, with their median times and whether each gives fp32's order.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from hydra_ensembles.data import batches, load_bbc_news, split_indices, stable_s
 from hydra_ensembles.experiment import TrainingBudget
 from hydra_ensembles.members.finetune import fine_tune
 from hydra_ensembles.models import load_classifier, load_tokenizer, offline_by_default
-from hydra_ensembles.runtime import ensure_cpu_allocator_tuned
+from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
 from hydra_ensembles.scoring import extract_circuit
 
 TOPICS = ("business", "entertainment", "politics", "sports")
@@ -43,6 +46,12 @@ def main() -> None:
     parser.add_argument("--skip-reference", action="store_true", help="time only fast and lazy")
     parser.add_argument(
         "--repeats", type=int, default=1, help="runs of fast and reference, interleaved; medians reported"
+    )
+    parser.add_argument(
+        "--precisions",
+        action="store_true",
+        help="instead: the fast method in fp32, in bf16 with fp32 re-scoring (the default in bf16) "
+        "and in bf16 alone; times and whether each order is fp32's",
     )
     args = parser.parse_args()
     offline_by_default()
@@ -70,6 +79,8 @@ def main() -> None:
     print(f"fine-tuned MiniLM-L6 for 1 epoch on 320 texts in {time.perf_counter() - start:.0f} s")
     model.eval()
 
+    if args.precisions:
+        return compare_precisions(model, id_val, ood_val, args)
     exact_runs = [("fast", {}), *([] if args.skip_reference else [("reference", {})])]
     runs = exact_runs * args.repeats  # interleaved: fast, reference, fast, reference, ...
     runs += [
@@ -122,6 +133,41 @@ def main() -> None:
             + ", ".join(f"{v:.2f}x faster than {k}" for k, v in versus.items())
             + f"; same head at {100 * steps:.0f}% of steps; removed-set Jaccard {overlap:.2f}; "
             f"S at budget {orders[name].scores[-1]:.4f} (exact {orders['fast'].scores[-1]:.4f})"
+        )
+
+
+def compare_precisions(model, id_val, ood_val, args) -> None:
+    """fp32, bf16 + fp32 re-scoring, bf16 alone: interleaved, medians, orders against fp32's."""
+    settings = {
+        "fp32": {"precision": "fp32"},
+        "bf16 + fp32 re-scoring": {"precision": "bf16"},
+        "bf16 alone": {"precision": "bf16", "rescore": False},
+    }
+    times: dict[str, list[float]] = {name: [] for name in settings}
+    orders = {}
+    for _ in range(args.repeats):
+        for name, kwargs in settings.items():
+            start = time.perf_counter()
+            order = extract_circuit(
+                model, id_val, ood_val, objective=args.objective, budget=args.budget, progress=False, **kwargs
+            )
+            times[name].append(time.perf_counter() - start)
+            if orders.setdefault(name, order) != order:
+                raise SystemExit(f"{name}: two runs gave different orders")
+            print(f"{name:24s} {times[name][-1]:8.1f} s")
+    print(
+        f"MiniLM-L6 (fine-tuned), budget {args.budget}, objective {args.objective}, {args.docs} ID + "
+        f"{args.docs} OOD docs x {args.tokens} tokens, {torch.get_num_threads()} threads, "
+        f"median of {args.repeats} interleaved run(s); {describe_machine()}"
+    )
+    fp32 = orders["fp32"].removed
+    base = statistics.median(times["fp32"])
+    for name, order in orders.items():
+        median = statistics.median(times[name])
+        same = sum(a == b for a, b in zip(order.removed, fp32, strict=True))
+        print(
+            f"{name:24s} median {median:7.1f} s ({base / median:.2f}x fp32's speed); "
+            f"fp32's order: {order.removed == fp32} (same head at {same} of {len(fp32)} steps)"
         )
 
 

@@ -295,3 +295,36 @@ def tiny_sentence_zero_shot(
 
     towers = EncoderTower(base, "mean"), EncoderTower(copy.deepcopy(base), "mean")
     return DualEncoderClassifier(*towers, prompts, config).eval()
+
+
+# ----------------------------------------------------------------------------- precisions
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""Every precision users compute in; precision-dependent tests parametrize over it."""
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
+"""Half a unit in the last place: the largest relative error of one rounding to the format."""
+ROUNDINGS_PER_LAYER = 10
+"""Rounding points a value passes in one transformer layer: Q/K/V, scores, softmax, attention
+output, W_O, residual + LayerNorm, MLP in, activation, MLP out, residual + LayerNorm."""
+
+
+def rounding_tolerance(precision: str, reference: torch.Tensor, layers: int, fp32: float) -> float:
+    """How far two computations of one tiny transformer in ``precision`` may be apart.
+
+    In fp32: ``fp32``, the test's own float tolerance. In bf16 or fp16, to first order: two
+    computations that round at different points (a fused model and its members run one by one,
+    a low-precision forward and an fp32 one) differ by at most 2u per rounding point, relative to
+    the largest magnitude the output reaches, over ``ROUNDINGS_PER_LAYER`` points per layer and
+    two for the task head.
+    """
+    if precision == "fp32":
+        return fp32
+    roundings = ROUNDINGS_PER_LAYER * layers + 2
+    return 2 * UNIT_ROUNDOFF[precision] * roundings * max(1.0, reference.abs().max().item())
+
+
+def computing_in(precision: str):
+    """Autocast to ``precision`` on the CPU (a no-op for fp32): explicit computations in tests run
+    in the precision the code under test computes in."""
+    from hydra_ensembles.precision import Precision
+
+    return Precision(precision, "test").autocast("cpu")

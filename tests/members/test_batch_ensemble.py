@@ -1,6 +1,7 @@
 """BatchEnsemble baseline: layers against explicit per-member linears, the converted model
 against its members run one by one, training, prediction, save/load, and clear refusals."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -16,7 +17,15 @@ from hydra_ensembles.members import (
     load_member,
     save_member,
 )
-from tests.factories import FAMILIES, labelled, text_inputs, tiny_bert
+from tests.factories import (
+    FAMILIES,
+    PRECISIONS,
+    computing_in,
+    labelled,
+    rounding_tolerance,
+    text_inputs,
+    tiny_bert,
+)
 
 TOL = 1e-5
 
@@ -55,18 +64,26 @@ def _member_models(model, converted):
     return members
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("family", ["bert", "distilbert", "vit", "dinov2", "clip"])
-def test_converted_model_equals_its_members_one_by_one(family):
+def test_converted_model_equals_its_members_one_by_one(family, precision):
+    """In every precision: equal to the members one by one in the same precision, within
+    rounding (`rounding_tolerance`), and to the members in fp32 within the same bound."""
     factory, inputs = FAMILIES[family]
     model = factory(layers=2, heads=4, head_dim=3, init_range=0.3)
     converted = batch_ensemble(model, 3, init_std=0.3, seed=1).eval()
     assert batch_ensemble_members(converted) == 3 and batch_ensemble_members(model) == 1
     x = inputs(batch=4)
-    preds = predict(converted, [x], progress=False)
-    assert preds.member_logits.shape == (3, 4, 3)
+    preds = predict(converted, [x], progress=False, precision=precision)
+    assert preds.member_logits.shape == (3, 4, 3) and preds.member_logits.dtype == np.float32
+    members = _member_models(model, converted)
+    with torch.no_grad(), computing_in(precision):
+        expected = torch.stack([m(**x).logits.float() for m in members])
     with torch.no_grad():
-        expected = torch.stack([m(**x).logits for m in _member_models(model, converted)])
-    assert (torch.as_tensor(preds.member_logits) - expected).abs().max().item() <= 1e-4
+        exact = torch.stack([m(**x).logits for m in members])
+    tol = rounding_tolerance(precision, exact, layers=2, fp32=1e-4)
+    assert (torch.as_tensor(preds.member_logits) - expected).abs().max().item() <= tol
+    assert (torch.as_tensor(preds.member_logits) - exact).abs().max().item() <= tol
     assert not torch.allclose(expected[0], expected[1])  # the factors make members differ
 
 

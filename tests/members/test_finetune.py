@@ -5,7 +5,7 @@ import torch
 
 import hydra_ensembles as he
 from hydra_ensembles.members import FineTuneConfig, fine_tune, load_member, save_member, trainable_parameters
-from tests.factories import labelled, text_inputs, tiny_bert
+from tests.factories import PRECISIONS, labelled, text_inputs, tiny_bert
 
 
 def _data(n=4, seed=0):
@@ -76,11 +76,14 @@ def test_early_stopping_restores_the_best_epoch():
     assert evaluate_nll(model, val)["nll"] == pytest.approx(best, rel=1e-5)
 
 
-def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch, precision):
+    """In every precision (fp16: with its loss scale carried over)."""
     from hydra_ensembles.members import finetune as module
 
     train, val = _data(3), _data(1, seed=9)
-    config = FineTuneConfig(epochs=3, lr=1e-3, precision="fp32")
+    monkeypatch.setenv("HYDRA_PRECISION", precision)  # what `auto` resolves to on this "machine"
+    config = FineTuneConfig(epochs=3, lr=1e-3, precision="auto")
     straight = tiny_bert(layers=1, heads=2)
     fine_tune(straight, train, val, config, progress=False)
 
@@ -103,6 +106,39 @@ def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch):
     assert len(result.history) == 3
     for (name, a), b in zip(straight.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
+    # the same command where `auto` resolves otherwise (another machine) does not mix precisions
+    monkeypatch.setenv("HYDRA_PRECISION", "fp32" if precision != "fp32" else "bf16")
+    with pytest.raises(module.CheckpointError, match=f"trained in {precision}"):
+        fine_tune(tiny_bert(layers=1, heads=2), train, val, config, tmp_path, progress=False)
+
+
+def test_fp16_training_takes_overflowed_steps_again_and_says_so(monkeypatch):
+    """A loss scale that overflows makes a step be taken again at half the scale (none lost); the
+    history records the retries and the scale; a run that starts at a sane scale retries nothing."""
+    from hydra_ensembles.members import finetune as module
+
+    config = FineTuneConfig(epochs=2, lr=1e-3, precision="fp16", warmup=0.0)
+    result = fine_tune(tiny_bert(layers=1, heads=2), _data(3), config=config, progress=False)
+    assert all("fp16_overflow_retries" not in r and "skipped_steps" not in r for r in result.history)
+    assert result.history[-1]["loss_scale"] == module.FP16_INITIAL_SCALE
+    monkeypatch.setattr(module, "FP16_INITIAL_SCALE", 2.0**20)  # overflows: fp16 tops out at 65504
+    model = tiny_bert(layers=1, heads=2)
+    before = _snapshot(model)
+    result = fine_tune(model, _data(3), config=config, progress=False)
+    first = result.history[0]
+    assert first["fp16_overflow_retries"] >= 1 and "skipped_steps" not in first
+    assert first["loss_scale"] < 2.0**20
+    assert all(not torch.equal(before[k], v) for k, v in _snapshot(model).items() if "embeddings" not in k)
+    monkeypatch.setattr(module, "FP16_RETRIES", 0)  # no retries left: the step is skipped and counted
+    monkeypatch.setattr(module, "FP16_INITIAL_SCALE", 2.0**30)
+    result = fine_tune(tiny_bert(layers=1, heads=2), _data(3), config=config, progress=False)
+    assert result.history[0]["skipped_steps"] >= 1
+
+
+def test_fp16_weights_are_refused_with_the_way_out():
+    model = tiny_bert(layers=1, heads=2).half()
+    with pytest.raises(ValueError, match=r"needs float32 weights.*precision='fp16'"):
+        fine_tune(model, _data(2), config=FineTuneConfig(epochs=1, precision="fp16"), progress=False)
 
 
 def test_member_save_load_round_trip(tmp_path):

@@ -14,29 +14,32 @@ from hydra_ensembles.members import (
     train_head_ensemble,
 )
 from hydra_ensembles.members.head_ensemble import MemberHeads
-from tests.factories import FAMILIES, labelled
+from tests.factories import FAMILIES, PRECISIONS, computing_in, labelled, rounding_tolerance
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "dinov2", "clip"])
-def test_members_equal_the_backbone_with_each_head(family):
+def test_members_equal_the_backbone_with_each_head(family, precision):
     factory, inputs = FAMILIES[family]
     model = factory(layers=2, heads=4, head_dim=3, init_range=0.3)
     ensemble = head_ensemble(model, 3, seed=5).eval()
     assert head_ensemble_members(ensemble) == 3 and head_ensemble_members(model) == 1
     x = inputs(batch=4)
-    preds = predict(ensemble, [labelled(x)], progress=False)
+    preds = predict(ensemble, [labelled(x)], progress=False, precision=precision)
     assert preds.member_logits.shape == (3, 4, 3)
     heads = {n: m.heads for n, m in ensemble.named_children() if isinstance(m, MemberHeads)}
     assert heads  # DistilBERT: pre_classifier and classifier, each per member
     expected = []
-    with torch.no_grad():
+    with torch.no_grad(), computing_in(precision):
         for member in range(3):
             single = type(model)(model.config).eval()
             single.load_state_dict(model.state_dict())
             for name, copies in heads.items():
                 setattr(single, name, copies[member])
-            expected.append(single(**x).logits)
-    assert (torch.as_tensor(preds.member_logits) - torch.stack(expected)).abs().max() <= 1e-5
+            expected.append(single(**x).logits.float())
+    expected = torch.stack(expected)
+    tol = rounding_tolerance(precision, expected, layers=2, fp32=1e-5)
+    assert (torch.as_tensor(preds.member_logits) - expected).abs().max() <= tol
     assert not torch.allclose(expected[0], expected[1])  # heads start from different seeds
 
 

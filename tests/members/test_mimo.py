@@ -9,7 +9,7 @@ from hydra_ensembles.evaluation import predict
 from hydra_ensembles.members import FineTuneConfig, load_member, mimo, mimo_members, save_member, train_mimo
 from hydra_ensembles.members.finetune import PARTS
 from hydra_ensembles.members.mimo import mimo_batches
-from tests.factories import FAMILIES, labelled
+from tests.factories import FAMILIES, PRECISIONS, computing_in, labelled, rounding_tolerance
 
 MIMO_FAMILIES = ["bert", "roberta", "distilbert", "electra", "vit", "deit", "dinov2", "clip"]
 
@@ -26,20 +26,26 @@ def _head_input(model, x):
     return seen["x"], final
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("family", MIMO_FAMILIES)
-def test_copies_of_one_input_give_the_base_features_to_every_head(family):
+def test_copies_of_one_input_give_the_base_features_to_every_head(family, precision):
     factory, inputs = FAMILIES[family]
     model = factory(layers=2, heads=4, head_dim=3, init_range=0.3)
     multi = mimo(model, 3, seed=2).eval()
     assert mimo_members(multi) == 3 and mimo_members(model) == 1
     x = inputs(batch=4)
-    preds = predict(multi, [labelled(x)], progress=False)
+    preds = predict(multi, [labelled(x)], progress=False, precision=precision)
     assert preds.member_logits.shape == (3, 4, 3)
-    features, _ = _head_input(model, x)
-    wide, final = _head_input(multi, x)
-    assert torch.allclose(features, wide, rtol=1e-5, atol=1e-5)  # at the start, M copies of x == x
-    expected = torch.nn.functional.linear(features, final.weight, final.bias).reshape(4, 3, 3).transpose(0, 1)
-    assert torch.allclose(torch.as_tensor(preds.member_logits), expected, rtol=1e-5, atol=1e-5)
+    with computing_in(precision):
+        features, _ = _head_input(model, x)
+        wide, final = _head_input(multi, x)
+        tol = rounding_tolerance(precision, features, layers=2, fp32=1e-5)
+        assert (features.float() - wide.float()).abs().max() <= tol  # at the start, M copies of x == x
+        with torch.no_grad():
+            expected = torch.nn.functional.linear(features, final.weight, final.bias).float()
+    expected = expected.reshape(4, 3, 3).transpose(0, 1)
+    tol = rounding_tolerance(precision, expected, layers=2, fp32=1e-5 * max(1.0, expected.abs().max().item()))
+    assert (torch.as_tensor(preds.member_logits) - expected).abs().max() <= tol
     assert not torch.allclose(expected[0], expected[1])  # three heads, three initialisations
 
 

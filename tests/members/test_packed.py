@@ -9,7 +9,7 @@ from hydra_ensembles.evaluation import predict
 from hydra_ensembles.members import FineTuneConfig, fine_tune, load_member, save_member
 from hydra_ensembles.members.finetune import PARTS
 from hydra_ensembles.members.packed import packed_ensemble, packed_member, packed_members
-from tests.factories import FAMILIES, labelled
+from tests.factories import FAMILIES, PRECISIONS, computing_in, labelled, rounding_tolerance
 
 FAMILIES_PACKED = ["bert", "roberta", "electra", "distilbert", "vit", "deit", "dinov2"]
 
@@ -27,16 +27,18 @@ PACKINGS = [(f, 2, 2, 1) for f in FAMILIES_PACKED] + [(f, 3, 3, 1) for f in FAMI
 @pytest.mark.parametrize(
     ("family", "members", "alpha", "gamma"), [*PACKINGS, ("bert", 2, 2, 2), ("dinov2", 2, 2, 2)]
 )
-def test_packed_equals_its_members_one_by_one(family, members, alpha, gamma):
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_packed_equals_its_members_one_by_one(family, members, alpha, gamma, precision):
     model, inputs = _model(family)
     packed = packed_ensemble(model, members, alpha, gamma, seed=1)
     assert packed_members(packed) == members and packed_members(model) == 1
     x = inputs(batch=4)
-    preds = predict(packed, [labelled(x)], progress=False)
+    preds = predict(packed, [labelled(x)], progress=False, precision=precision)
     assert preds.member_logits.shape == (members, 4, 3)
-    with torch.no_grad():
-        one_by_one = torch.stack([packed_member(packed, m)(**x).logits for m in range(members)])
-    assert (torch.as_tensor(preds.member_logits) - one_by_one).abs().max() <= 1e-5
+    with torch.no_grad(), computing_in(precision):
+        one_by_one = torch.stack([packed_member(packed, m)(**x).logits.float() for m in range(members)])
+    tol = rounding_tolerance(precision, one_by_one, layers=2, fp32=1e-5)
+    assert (torch.as_tensor(preds.member_logits) - one_by_one).abs().max() <= tol
     assert not torch.allclose(one_by_one[0], one_by_one[1])  # members are different networks
 
 

@@ -270,6 +270,7 @@ def extract_circuit(
     refresh_every: int = 8,
     cache_gb: float = 2.0,
     precision: str = "auto",
+    rescore: bool = True,
 ) -> CircuitOrder:
     """Greedy circuit extraction: remove ``budget`` heads, one per step, best-S first.
 
@@ -285,6 +286,8 @@ def extract_circuit(
     (`objective_bounds`, with twice the largest logit error seen between the two precisions) is
     scored again in fp32, and the choice is made on the fp32 scores: the order is fp32's
     (`_ExactRescoring`). fp32 gives the same order on every path (fast, reference).
+    ``rescore=False`` skips that: the low-precision order, faster, but near-ties are decided by
+    the machine's rounding (`benchmarks/circuit_speed.py --precisions` measures both).
     """
     lazy = _lazy_settings(objective, method, shortlist, refresh_every)
     adapter = get_adapter(model)
@@ -292,17 +295,20 @@ def extract_circuit(
     id_batches, ood_batches = _checked_inputs(model, heads_per_layer, id_val, ood_val, objective)
     _check_budget(heads_per_layer, budget, min_heads_per_layer)
     compute = resolve_precision(precision, model_device(model))
-    exact_model = in_precision(model, Precision("fp32", "exact re-scoring")) if compute.reduced else None
+    rescore = rescore and compute.reduced
+    exact_model = in_precision(model, Precision("fp32", "exact re-scoring")) if rescore else None
     model = in_precision(model, compute)
-    settings = [compute.name, objective, min_heads_per_layer, *([lazy] if lazy else [])]
+    name = f"{compute.name}, fp32 re-scoring" if rescore else compute.name
+    settings = [name, objective, min_heads_per_layer, *([lazy] if lazy else [])]
     key = _run_key(model, settings, id_batches, ood_batches)  # exact methods share checkpoints
     was_training = model.training
     model.eval()
     cache = _SuffixCache(_last_layers(adapter, heads_per_layer), cache_gb * 2**30)
     masks = _CandidateMasks(model)
-    exact = (
-        None if exact_model is None else _ExactRescoring(exact_model, adapter, masks, method, candidate_chunk)
-    )
+    exact = None
+    if exact_model is not None:
+        exact_cache = _SuffixCache(_last_layers(adapter, heads_per_layer), cache_gb * 2**30)
+        exact = _ExactRescoring(exact_model, adapter, masks, method, candidate_chunk, exact_cache)
     run = _Extraction(
         model, adapter, masks, heads_per_layer, id_batches,
         ood_batches, objective, min_heads_per_layer, method, candidate_chunk, lazy,
@@ -419,8 +425,9 @@ class _Extraction:
                 scores.update(exact)
             best = max(choices, key=lambda c: (*scores[c], -candidates.index(c)))
             self.masks.mask[best] = 0.0
-            if self.cache is not None:
-                self.cache.removed(best)
+            for cache in (self.cache, self.exact and self.exact.cache):
+                if cache is not None:
+                    cache.removed(best)
             order.removed.append(best)
             order.scores.append(scores[best][0])
             if self.lazy:
@@ -551,12 +558,16 @@ class _ExactRescoring:
     while the bound holds, so the order is fp32's; only the candidates near the top pay for fp32.
     """
 
-    def __init__(self, model: nn.Module, adapter, masks: _CandidateMasks, method: str, chunk: int) -> None:
+    def __init__(
+        self, model: nn.Module, adapter, masks: _CandidateMasks, method: str, chunk: int, cache: _SuffixCache
+    ) -> None:
         self.model, self.was_training = model, model.training
         model.eval()
         self.adapter, self.method, self.chunk = adapter, method, chunk
         self.masks = _CandidateMasks(model)
         self.masks.mask = masks.mask  # one set of permanent masks: the low-precision model's
+        self.cache = None if method == "reference" else cache
+        """Its own cross-step reuse: the fp32 states of the candidates it scored."""
         self.error = 0.0
         self.rescored = 0
         """Candidate evaluations done in fp32 (for the speed report)."""
@@ -578,9 +589,8 @@ class _ExactRescoring:
             todo = [c for c in candidates if bounds[c][1] >= floor and c not in exact]
             if not todo:
                 break
-            fresh = evaluate(
-                self.model, self.adapter, self.masks, todo, run.id_batches, run.ood_batches, self.chunk
-            )
+            batches = run.id_batches, run.ood_batches
+            fresh = evaluate(self.model, self.adapter, self.masks, todo, *batches, self.chunk, self.cache)
             self.rescored += len(todo)
             for cand, values in fresh.items():
                 exact[cand] = _both(run.objective, values[0], id_labels, values[1])
