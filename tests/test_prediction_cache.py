@@ -34,15 +34,18 @@ def test_stored_predictions_are_reused_by_a_new_cache_without_running_the_model(
 
 def test_a_changed_weight_input_or_precision_is_predicted_again(tmp_path):
     model, data = tiny_bert(), _data()
-    first = PredictionCache(tmp_path).predict(model, data, "test", progress=False)
+    kwargs = {"precision": "fp32", "progress": False}
+    first = PredictionCache(tmp_path).predict(model, data, "test", **kwargs)
     with torch.no_grad():
         model.classifier.bias[0] += 1.0
-    changed = PredictionCache(tmp_path).predict(model, data, "test", progress=False)
+    changed = PredictionCache(tmp_path).predict(model, data, "test", **kwargs)
     np.testing.assert_allclose(changed.member_logits[..., 0], first.member_logits[..., 0] + 1.0, atol=1e-5)
-    other = PredictionCache(tmp_path).predict(model, _data(seed=5), "test", progress=False)
+    other = PredictionCache(tmp_path).predict(model, _data(seed=5), "test", **kwargs)
     assert not np.allclose(other.member_logits, changed.member_logits)
-    PredictionCache(tmp_path).predict(model, data, "test", precision="fp32", progress=False)
-    assert len(list(tmp_path.glob("*.safetensors"))) == 4
+    for precision in ("bf16", "fp16"):  # every precision has its own entry
+        low = PredictionCache(tmp_path).predict(model, data, "test", precision=precision, progress=False)
+        assert not np.array_equal(low.member_logits, changed.member_logits)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 5
 
 
 def test_fingerprints_separate_models_that_differ_only_in_structure_or_buffers():

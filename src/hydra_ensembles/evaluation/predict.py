@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from ..batching import model_inputs
 from ..members.ensemble import as_ensemble
-from ..precision import model_device, resolve_precision
+from ..precision import Precision, in_precision, model_device, resolve_precision
 
 
 @dataclass
@@ -46,6 +46,12 @@ class Predictions:
 Predictor = nn.Module | Sequence[nn.Module]
 
 
+def _upcast(model: nn.Module) -> nn.Module:
+    """``model``, or an fp32 copy where any of its weights are bf16 or fp16."""
+    low = any(p.dtype in (torch.bfloat16, torch.float16) for p in model.parameters())
+    return in_precision(model, Precision("fp32", "requested")) if low else model
+
+
 @torch.no_grad()
 def predict(
     model: Predictor,
@@ -59,13 +65,22 @@ def predict(
     ensemble, ``mc_samples > 0`` samples one model that many times with dropout on).
 
     Forward passes run under ``precision``'s autocast (`precision.resolve_precision`: ``auto`` is
-    bf16 only where the device computes it natively and faster); logits are returned in float32.
+    bf16 only where the device computes it natively). Logits are returned as float32 arrays; in
+    bf16 or fp16 they carry that format's rounding (bf16: about 3 significant digits). fp32 on a
+    model whose weights are bf16 or fp16 computes on an fp32 copy (autocast never upcasts).
     """
-    ensemble = as_ensemble(model, mc_samples).eval()
     device = model_device(list(model) if isinstance(model, Sequence) else [model])
+    compute = resolve_precision(precision, device)
+    if not compute.reduced:
+        model = (
+            [in_precision(m, compute) for m in model]
+            if isinstance(model, Sequence)
+            else in_precision(model, compute)
+        )
+    ensemble = as_ensemble(model, mc_samples).eval()
     parts: list[np.ndarray] = []
     labels: list[np.ndarray] = []
-    with resolve_precision(precision, device).autocast(device):
+    with compute.autocast(device):
         for batch in tqdm(list(batches), desc=desc, leave=False, disable=not progress or None):
             if "labels" in batch:
                 labels.append(batch["labels"].cpu().numpy())
