@@ -192,6 +192,35 @@ def test_score_build_eval(workspace, capsys):
     assert all(0 <= r["members_agreeing"] <= 1 and r["mutual_information"] >= -1e-9 for r in records)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path, capsys, precision):
+    """score -> build (fine-tuned) -> eval -> predict with --precision bf16/fp16: each says on stderr
+    what it computes in, and the files it writes record it."""
+    w, common = workspace, ["--batch-size", "8", "--max-length", "12", "--precision", precision]
+    data = ["--data", str(w / "train.csv")]
+    circuit = tmp_path / "circuit.json"
+    args = ["score", str(w / "model"), "--method", "circuit", *data, "--ood-data", str(w / "ood.csv")]
+    assert main([*args, "--budget", "3", "--out", str(circuit), *common]) == 0
+    saved = json.loads(circuit.read_text())
+    assert saved["precision"] == precision and saved["precision_reason"].startswith("requested")
+    assert f"computing in {precision} (requested" in capsys.readouterr().err
+    built = tmp_path / "built"
+    args = ["build", str(w / "model"), "--scores", str(circuit), "--members", "2", "--num-pruned", "2"]
+    assert main([*args, "--fine-tune", *data, "--epochs", "1", "--out", str(built), *common]) == 0
+    hydra = he.load_hydra(built / "hydra")
+    assert hydra.config.hydra_training_precision == precision
+    capsys.readouterr()
+    report = tmp_path / "report"
+    args = ["eval", "--method", f"hydra={built / 'hydra'}", "--id-data", str(w / "train.csv")]
+    assert main([*args, "--ood", f"recipes={w / 'ood.csv'}:far", "--out", str(report), *common]) == 0
+    assert f"{precision} (requested" in (report / "report.md").read_text()
+    out = tmp_path / "predictions.csv"
+    assert main(["predict", str(built / "hydra"), *data, "--out", str(out), *common]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 24 and all(abs(float(r["p_money"]) + float(r["p_sport"]) - 1) < 1e-6 for r in rows)
+    assert f"computing in {precision}" in capsys.readouterr().err
+
+
 def test_cli_errors(workspace, capsys):
     w = workspace
     assert (

@@ -272,6 +272,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
             precision=args.precision,
         )
         out = {"method": "circuit", **order.to_dict()}
+    out.update(precision=args.precision, precision_reason=args.precision_reason)
     atomic_write_json(args.out, out)
     if args.checkpoint and not args.keep_checkpoint:
         Path(args.checkpoint).unlink(missing_ok=True)
@@ -356,6 +357,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             print(f"member {m + 1} of {len(members)}", file=sys.stderr)
             result = fine_tune(member, train, val, config, checkpoint_dir=out / "checkpoints" / f"member-{m}")
             _print_history(result.history)
+            member.config.hydra_training_precision = args.precision  # saved with its config
             _save_preprocessor(preprocessor, out / "members" / f"member-{m}")
             save_member(member, out / "members" / f"member-{m}")
         write_ensemble_index(out / "members", [f"member-{m}" for m in range(len(members))])
@@ -436,6 +438,10 @@ def _print_history(history: list[dict]) -> None:
         line = f"  epoch {record['epoch'] + 1}: train loss {record['train_loss']:.4f}"
         if "val_nll" in record:
             line += f", val NLL {record['val_nll']:.4f}, val accuracy {record['val_acc']:.4f}"
+        if record.get("fp16_overflow_retries"):
+            line += f", {record['fp16_overflow_retries']} fp16 steps taken again at a halved loss scale"
+        if record.get("skipped_steps"):
+            line += f", {record['skipped_steps']} steps SKIPPED (fp16 gradients overflowed)"
         print(line)
 
 
@@ -472,6 +478,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     checkpoint = out.with_name(out.name + ".checkpoint")
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
     _print_history(result.history)
+    model.config.hydra_training_precision = args.precision  # saved with its config
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)  # safetensors + config.json (with the class names)
@@ -525,7 +532,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         draws.update(row_draws)
     first = next(iter(methods))  # every other method's differences from the first, paired
     add_comparisons(results, draws, [(name, first) for name in results if name != first])
-    meta = {"command": "hydra-ens eval", "ID": args.id_data, "OOD": ", ".join(args.ood or []) or "none"}
+    meta = {
+        "command": "hydra-ens eval",
+        "ID": args.id_data,
+        "OOD": ", ".join(args.ood or []) or "none",
+        "precision": f"{args.precision} ({args.precision_reason})",
+    }
     reporting.write_results(out, results, meta=meta)
     reporting.method_plots(out / "plots", preds, list(preds), list(preds))
     print((out / "report.md").read_text())
@@ -1171,8 +1183,26 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"hydra-ens: warning: {_one_line(message)}", file=sys.stderr)
 
 
+OWN_PRECISION_REPORT = ("bench", "demo", "analyze")
+"""Commands that report their precision themselves (per setting, in their reports)."""
+
+
+def _resolve_precision_once(args: argparse.Namespace) -> None:
+    """``--precision`` resolved once, before any work: every step of the command computes in the
+    same precision (``auto`` decides here), it is said on stderr with the reason, and commands
+    record it in what they write (``args.precision_reason``)."""
+    from .precision import resolve_precision
+
+    if getattr(args, "precision", None) is None or args.command in OWN_PRECISION_REPORT:
+        return
+    chosen = resolve_precision(args.precision, "cpu")
+    args.precision, args.precision_reason = chosen.name, chosen.reason
+    print(f"hydra-ens: computing in {chosen}", file=sys.stderr)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
+        _resolve_precision_once(args)
         return args.func(args)
     except KeyboardInterrupt:
         if args.command == "score" and not getattr(args, "checkpoint", None):
