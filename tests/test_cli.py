@@ -10,6 +10,7 @@ import torch
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
 from hydra_ensembles.experiment import DemoConfig, TrainingBudget, run_demo
+from hydra_ensembles.precision import resolve_precision
 from tests.factories import FAMILIES, text_inputs, tiny_bert
 
 
@@ -98,17 +99,22 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
     ):
         assert section in report
     results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
-    assert set(results) == set(first["results"]) and len(results) == 16, " | ".join(sorted(results))
+    reduced = resolve_precision("auto").reduced  # in bf16 or fp16, Hydra is also evaluated in fp32
+    expected_rows = 16 + reduced
+    assert set(results) == set(first["results"]) and len(results) == expected_rows, " | ".join(
+        sorted(results)
+    )
     assert "Wanda (unstructured, single pruned)" in results
     assert "Deep Ensemble (D, M=2)" in results
     assert "Hydra (Circ, shared trunk 3/6)" in results
-    # the suite computes in fp32 (HYDRA_PRECISION): no reduced-precision row to compare with fp32
-    assert "Hydra (Circ), fp32 evaluation" not in results
-    assert "- **precision**: fp32 (set by HYDRA_PRECISION)\n" in report
+    # the fp32 comparison row exists exactly where the demo computed in a reduced precision
+    assert ("Hydra (Circ), fp32 evaluation" in results) == reduced
+    assert f"- **precision**: {resolve_precision('auto')}\n" in report
     assert results["BatchEnsemble (M=2)"]["diversity"]["id"]["mutual_information"] > 0  # two members differ
     cost_file = json.loads((tmp_path / "report" / "cost.json").read_text())
-    assert cost_file["precision"] == "fp32"
-    assert "## Cost (fp32: set by HYDRA_PRECISION;" in report
+    assert cost_file["precision"] == resolve_precision("auto").name
+    chosen = resolve_precision("auto")
+    assert f"## Cost ({chosen.name}: {chosen.reason};" in report
     cost = cost_file["methods"]
     assert cost["BatchEnsemble (M=2)"]["gmacs"] >= cost["Deep Ensemble"]["gmacs"] > cost["Single"]["gmacs"]
     heads = cost["Deep Ensemble (D)"]  # one backbone pass: a single model's compute, plus two heads

@@ -44,7 +44,7 @@ def w(tmp_path_factory):
 def child(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``code`` in a new Python process (after the imports every snippet needs)."""
     prelude = "import os, signal, sys\nimport torch\nfrom hydra_ensembles.cli import main\n"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HYDRA_PRECISION": "fp32"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the parent's precision (HYDRA_PRECISION) too
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
         capture_output=True,
@@ -171,7 +171,7 @@ def test_ctrl_c_ends_with_one_line_saying_how_to_resume(w):
         sys.exit(main({score_args(w, "interrupted.json", "sigint-ck.json")!r}))
         """
     prelude = "import os, signal, sys\nimport torch\nfrom hydra_ensembles.cli import main\n"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HYDRA_PRECISION": "fp32"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the parent's precision (HYDRA_PRECISION) too
     process = subprocess.Popen(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
         stderr=subprocess.PIPE,

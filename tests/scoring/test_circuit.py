@@ -91,7 +91,7 @@ def test_suffix_reuse_restarts_candidates_above_their_layer_and_changes_nothing(
     model = _model(seed=1)
     id_val, ood_val = _text_data()
     caches = _spy_caches(monkeypatch)
-    kwargs = {"objective": "avg", "budget": 9, "progress": False}
+    kwargs = {"objective": "avg", "budget": 9, "progress": False, "precision": "fp32"}  # one cache
     reused = extract_circuit(model, id_val, ood_val, **kwargs)
     plain = extract_circuit(model, id_val, ood_val, cache_gb=0, **kwargs)
     reference = extract_circuit(model, id_val, ood_val, method="reference", **kwargs)

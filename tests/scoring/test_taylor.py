@@ -15,7 +15,7 @@ def _calib(n=3):
 def test_scores_match_direct_autograd():
     model = tiny_bert(layers=2, heads=4, head_dim=3, init_range=0.2)
     calib = _calib()
-    scores = he.taylor_scores(model, calib)
+    scores = he.taylor_scores(model, calib, precision="fp32")  # the formula, against fp32 autograd
     adapter = he.get_adapter(model)
     blocks = [adapter.attention_block(model, layer) for layer in range(2)]
     weights = [lin.weight for b in blocks for lin in (b.query, b.key, b.value)]
