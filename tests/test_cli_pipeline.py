@@ -194,8 +194,8 @@ def test_score_build_eval(workspace, capsys):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path, capsys, precision):
-    """score -> build (fine-tuned) -> eval -> predict with --precision bf16/fp16: each says on stderr
-    what it computes in, and the files it writes record it."""
+    """score -> build (fine-tuned) -> eval -> predict with --precision bf16/fp16: each says what it
+    computes in, and the files it writes record it."""
     w, common = workspace, ["--batch-size", "8", "--max-length", "12", "--precision", precision]
     data = ["--data", str(w / "train.csv")]
     circuit = tmp_path / "circuit.json"
@@ -203,7 +203,7 @@ def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path,
     assert main([*args, "--budget", "3", "--out", str(circuit), *common]) == 0
     saved = json.loads(circuit.read_text())
     assert saved["precision"] == precision and saved["precision_reason"].startswith("requested")
-    assert f"computing in {precision} (requested" in capsys.readouterr().err
+    assert f"computing in {precision} (requested" in capsys.readouterr().out
     built = tmp_path / "built"
     args = ["build", str(w / "model"), "--scores", str(circuit), "--members", "2", "--num-pruned", "2"]
     assert main([*args, "--fine-tune", *data, "--epochs", "1", "--out", str(built), *common]) == 0
@@ -218,7 +218,7 @@ def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path,
     assert main(["predict", str(built / "hydra"), *data, "--out", str(out), *common]) == 0
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 24 and all(abs(float(r["p_money"]) + float(r["p_sport"]) - 1) < 1e-6 for r in rows)
-    assert f"computing in {precision}" in capsys.readouterr().err
+    assert f"computing in {precision}" in capsys.readouterr().out
 
 
 def test_cli_errors(workspace, capsys):

@@ -241,6 +241,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     model = _load_model(args.model, args)
     preprocessor = _preprocessor_for(args.preprocessor or args.model)
     _, data = _data_batches(args.data, args, preprocessor, args.limit, model=model)
+    _say_precision(args)
     if args.method == "taylor":
         scores = taylor_scores(model, data, progress=True, precision=args.precision)
         heads = taylor_head_set(model, data, args.heads_per_layer, scope=args.scope, precision=args.precision)
@@ -341,6 +342,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     print(f"{len(heads)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
     members = [prune(model, hs) for hs in heads]
     preprocessor = _preprocessor_for(args.preprocessor or args.model)
+    _say_precision(args)
     if args.fine_tune:
         dataset, train = _data_batches(args.data, args, preprocessor, model=model)
         val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
@@ -397,6 +399,7 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     )
     _, id_val = _data_batches(args.data, args, preprocessor, args.limit, model=dual, dataset=id_data)
     ood_val = _data_batches(args.ood_data, args, preprocessor, args.limit, labels=False, model=dual)[1]
+    _say_precision(args)
     if (out / "circuit.json").is_file():
         order = CircuitOrder.load(out / "circuit.json")
     else:
@@ -476,6 +479,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         trainable=tuple(args.train.split(",")),
     )
     checkpoint = out.with_name(out.name + ".checkpoint")
+    _say_precision(args)
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
     _print_history(result.history)
     model.config.hydra_training_precision = args.precision  # saved with its config
@@ -519,6 +523,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.preprocessor:
         preprocessor = _preprocessor_for(args.preprocessor)
     data = _eval_data(args, preprocessor, models, oods_named)
+    _say_precision(args)
     results, preds, draws = {}, {}, {}
     for name, group in methods.items():
 
@@ -607,8 +612,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         id2label = getattr(models[0].config, "id2label", None) or {}
         classes = [str(id2label.get(i, i)) for i in range(len(id2label))] or None
     temperature, threshold, val = 1.0, None, None
-    if args.val_data:
-        val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1]
+    val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
+    _say_precision(args)
+    if val_batches is not None:
         val = predict(model, val_batches, "validation")
         temperature = fit_temperature(val)
         threshold = flag_threshold(val, args.flag_score, args.keep, temperature)
@@ -1189,15 +1195,20 @@ OWN_PRECISION_REPORT = ("bench", "demo", "analyze")
 
 def _resolve_precision_once(args: argparse.Namespace) -> None:
     """``--precision`` resolved once, before any work: every step of the command computes in the
-    same precision (``auto`` decides here), it is said on stderr with the reason, and commands
-    record it in what they write (``args.precision_reason``)."""
+    same precision (``auto`` decides here), said with its reason when work begins (`_say_precision`),
+    and recorded in what the commands write (``args.precision_reason``)."""
     from .precision import resolve_precision
 
     if getattr(args, "precision", None) is None or args.command in OWN_PRECISION_REPORT:
         return
     chosen = resolve_precision(args.precision, "cpu")
     args.precision, args.precision_reason = chosen.name, chosen.reason
-    print(f"hydra-ens: computing in {chosen}", file=sys.stderr)
+
+
+def _say_precision(args: argparse.Namespace) -> None:
+    """One line on stdout with the precision and why, once the inputs are checked and work begins
+    (stderr keeps one line for a bad input)."""
+    print(f"computing in {args.precision} ({args.precision_reason})")
 
 
 def _run(args: argparse.Namespace) -> int:
