@@ -275,6 +275,59 @@ CASES = [
     ),
 ]
 
+# outputs that would destroy an input: (id, argv builder, fragment, the input that must stay intact)
+CLOBBERING = [
+    (
+        "predict-over-its-data",
+        lambda w: predict(w, "--labelled", out="train.csv"),
+        "is the input",
+        "train.csv",
+    ),
+    ("score-into-the-model", lambda w: score(w, out="model/config.json"), "lies inside the input", "model"),
+    (
+        "fuse-over-the-model",
+        lambda w: [*fuse(w, "heads-good.json", out="model"), "--overwrite"],
+        "is the input",
+        "model",
+    ),
+    (
+        "build-over-the-scores",
+        lambda w: build(w, *HEADS_PER_LAYER, out="circuit.json"),
+        "is the input",
+        "circuit.json",
+    ),
+    (
+        "eval-report-inside-a-model",
+        lambda w: evaluate(w, method="hydra", out="hydra/report"),
+        "lies inside",
+        "hydra",
+    ),
+    (
+        "out-contains-the-data",
+        lambda w: predict(w, data="sub/data.csv", out="sub"),
+        "contains the input",
+        "sub",
+    ),
+    (
+        "out-through-a-symlink",
+        lambda w: predict(w, "--labelled", out="link-to-train.csv"),
+        "is the input",
+        "train.csv",
+    ),
+    (
+        "checkpoint-is-out",
+        lambda w: score(w, "--checkpoint", str(w / "ck.json"), out="ck.json"),
+        "overlaps",
+        None,
+    ),
+    (
+        "ood-spec-is-out",
+        lambda w: evaluate(w, "--ood", f"x={w / 'unlabelled.csv'}:far", out="unlabelled.csv"),
+        "is the input",
+        "unlabelled.csv",
+    ),
+]
+
 
 def run(argv: list[str]) -> int:
     """``hydra-ens ARGV``'s exit code (argparse exits by SystemExit)."""
@@ -297,6 +350,32 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(w, case, capsys):
     if out:
         assert not (w / out).exists()
     assert not (w / "MARKER").exists()  # no pickle was ever opened
+
+
+def _digest(path):
+    import hashlib
+
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()
+
+
+@pytest.mark.parametrize("case", CLOBBERING, ids=[c[0] for c in CLOBBERING])
+def test_an_output_never_replaces_or_enters_an_input(w, case, capsys):
+    """Every command refuses, before any work, an output that is, contains or lies inside one of
+    its inputs (symbolic links followed), or that overlaps another output; the input is intact."""
+    _, argv, fragment, kept = case
+    (w / "heads-good.json").write_text('[{"0": [0, 1]}, {"1": [1, 2]}]')
+    (w / "sub").mkdir(exist_ok=True)
+    (w / "sub" / "data.csv").write_text((w / "train.csv").read_text())
+    if not (w / "link-to-train.csv").exists():
+        (w / "link-to-train.csv").symlink_to(w / "train.csv")
+    before = _digest(w / kept) if kept else None
+    code = run(argv(w))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hydra-ens")]
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], lines
+    if kept:
+        assert _digest(w / kept) == before
+    assert not (w / "ck.json").exists()
 
 
 def test_the_catalogue_is_large():

@@ -1211,8 +1211,43 @@ def _say_precision(args: argparse.Namespace) -> None:
     print(f"computing in {args.precision} ({args.precision_reason})")
 
 
+INPUT_OPTIONS = (
+    "model",
+    "data",
+    "val_data",
+    "ood_data",
+    "id_data",
+    "scores",
+    "heads",
+    "preprocessor",
+    "cache_dir",
+)
+OUTPUT_OPTIONS = {"out": "--out", "checkpoint": "--checkpoint"}
+
+
+def _guard_outputs(args: argparse.Namespace) -> None:
+    """The one output-path guard of every command: no output is, contains or lies inside an input
+    (`io.check_outputs_apart`). Inputs: every path option, the paths in ``--method NAME=PATH,...``
+    and ``--ood NAME=SPEC:near|far``; a comma-separated list of models is split."""
+    from .io import check_outputs_apart
+
+    inputs: list[str] = []
+    for name in INPUT_OPTIONS:
+        value = getattr(args, name, None)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                inputs += [item, *item.split(",")]
+    for item in (getattr(args, "method", None) or []) if args.command == "eval" else []:
+        inputs += item.partition("=")[2].split(",")
+    for item in getattr(args, "ood", None) or []:
+        inputs.append(item.partition("=")[2].rpartition(":")[0])
+    outputs = {flag: getattr(args, name, None) for name, flag in OUTPUT_OPTIONS.items()}
+    check_outputs_apart({flag: path for flag, path in outputs.items() if isinstance(path, str)}, inputs)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
+        _guard_outputs(args)
         _resolve_precision_once(args)
         return args.func(args)
     except KeyboardInterrupt:

@@ -187,3 +187,27 @@ def config_digest(config: dict[str, Any]) -> str:
     carry it, so an edited config is refused on load."""
     body = {k: v for k, v in config.items() if k != "config_sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def check_outputs_apart(outputs: dict[str, str | os.PathLike], inputs: list[str | os.PathLike]) -> None:
+    """Refuse, before any work, an output that is, contains or lies inside an input (paths
+    resolved, symbolic links followed), or two outputs that overlap: writing it would destroy the
+    input (``predict --data d.csv --out d.csv``, ``score M --out M/config.json``). ``outputs``
+    maps each option's name (``--out``) to its path; ``inputs`` are the paths a command reads
+    (names that are no existing path, such as hub ids or built-in names, are ignored)."""
+    resolved_inputs = [(Path(p), Path(p).resolve()) for p in inputs if p and Path(p).exists()]
+    seen: list[tuple[str, Path]] = []
+    for option, path in outputs.items():
+        if not path:
+            continue
+        out = Path(path).resolve()
+        for given, source in resolved_inputs:
+            if out == source or source in out.parents or out in source.parents:
+                relation = "is" if out == source else ("lies inside" if source in out.parents else "contains")
+                raise OutputError(f"{option} {path} {relation} the input {given}: choose another {option}")
+        for other, earlier in seen:
+            if out == earlier or earlier in out.parents or out in earlier.parents:
+                raise OutputError(
+                    f"{option} {path} overlaps {other} {outputs[other]}: give them separate paths"
+                )
+        seen.append((option, out))
