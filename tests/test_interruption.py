@@ -156,8 +156,13 @@ def test_save_pretrained_killed_midway_never_loads_and_is_cleaned_by_the_next_sa
         assert torch.allclose(loaded(input_ids=ids).member_logits, expected, atol=1e-6)
 
 
-def test_ctrl_c_ends_with_one_line_saying_how_to_resume(w):
-    ready = w / "ready"
+@pytest.mark.parametrize(
+    ("sent", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_ctrl_c_or_sigterm_ends_with_one_line_saying_how_to_resume(w, sent, code, word):
+    """Ctrl-C, and SIGTERM (what a scheduler or a container stop sends), end the same way."""
+    ready = w / f"ready-{word}"
+    exit_code = code
     code = f"""
         import time
         from pathlib import Path
@@ -168,7 +173,7 @@ def test_ctrl_c_ends_with_one_line_saying_how_to_resume(w):
             Path({str(ready)!r}).touch()
             time.sleep(60)
         circuit.atomic_write_json = write_then_wait
-        sys.exit(main({score_args(w, "interrupted.json", "sigint-ck.json")!r}))
+        sys.exit(main({score_args(w, f"{word}.json", f"{word}-ck.json")!r}))
         """
     prelude = "import os, signal, sys\nimport torch\nfrom hydra_ensembles.cli import main\n"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the parent's precision (HYDRA_PRECISION) too
@@ -190,11 +195,11 @@ def test_ctrl_c_ends_with_one_line_saying_how_to_resume(w):
         pytest.fail(
             f"the child never reached its first checkpoint (exit {process.returncode}):\n{err[-2000:]}"
         )
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sent)
     _, err = process.communicate(timeout=60)
-    assert process.returncode == 130, err
+    assert process.returncode == exit_code, err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
-        "hydra-ens: interrupted; rerun the same command with the same --checkpoint to resume"
+        f"hydra-ens: {word}; rerun the same command with the same --checkpoint to resume"
     )
-    assert (w / "sigint-ck.json").is_file() and not (w / "interrupted.json").exists()
+    assert (w / f"{word}-ck.json").is_file() and not (w / f"{word}.json").exists()

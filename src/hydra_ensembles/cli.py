@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -1180,9 +1181,35 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     args = build_parser().parse_args(argv)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _sigterm_as_interrupt():
         warnings.showwarning = _show_warning  # one line each, like the errors
         return _run(args)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or container's stop) during a command: handled like Ctrl-C, with
+    the same line on how to resume, and exit code 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Turn SIGTERM into `Terminated` while a command runs (main thread only); the previous
+    handler is restored afterwards."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -1250,13 +1277,14 @@ def _run(args: argparse.Namespace) -> int:
         _guard_outputs(args)
         _resolve_precision_once(args)
         return args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if args.command == "score" and not getattr(args, "checkpoint", None):
             hint = "nothing was written; pass --checkpoint FILE to make a rerun resumable"
         else:
             hint = RESUME_HINTS.get(args.command, "nothing was written; rerun the command")
-        print(f"hydra-ens: interrupted; {hint}", file=sys.stderr)
-        return 130
+        terminated = isinstance(exc, Terminated)
+        print(f"hydra-ens: {'terminated' if terminated else 'interrupted'}; {hint}", file=sys.stderr)
+        return 143 if terminated else 130
     except (MissingDataError, MissingModelError) as exc:
         print(f"hydra-ens: {exc}", file=sys.stderr)
         return 3
