@@ -421,7 +421,7 @@ class _Extraction:
             scores = {c: _both(self.objective, ids, id_labels, oods) for c, (ids, oods) in logits.items()}
             choices = candidates
             if self.exact is not None:  # the best in fp32 is among the candidates scored again
-                choices, exact = self.exact.rescore(self, candidates, logits, scores, id_labels)
+                choices, exact = self.exact.rescore(self, candidates, logits, id_labels)
                 scores.update(exact)
             best = max(choices, key=lambda c: (*scores[c], -candidates.index(c)))
             self.masks.mask[best] = 0.0
@@ -576,7 +576,7 @@ class _ExactRescoring:
         self.masks.remove()
         self.model.train(self.was_training)
 
-    def rescore(self, run: _Extraction, candidates, logits, scores, id_labels) -> tuple[list[Head], dict]:
+    def rescore(self, run: _Extraction, candidates, logits, id_labels) -> tuple[list[Head], dict]:
         """The candidates scored again in fp32 (in their order) and their fp32 scores."""
         evaluate = _evaluate_reference if self.method == "reference" else _evaluate_fast
         exact: dict[Head, tuple[float, float]] = {}
