@@ -153,7 +153,7 @@ def test_score_build_eval(workspace, capsys):
                 "--shift-limit",
                 "6",
                 "--bootstrap",
-                "20",
+                "40",
                 "--out",
                 str(w / "report"),
                 *common,

@@ -515,6 +515,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if bad:
         raise ValueError(f"--method wants NAME=PATH[,PATH...], got {bad[0]!r}")
     oods_named = [_ood_option(item) for item in args.ood or []]
+    for option, names in (("--method", [n for n, _, _ in items]), ("--ood", [n for n, _, _ in oods_named])):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{option} names {repeated[0]!r} twice: give every {option} its own name")
     methods: dict[str, list] = {}
     preprocessor = None
     for name, _, paths in items:
@@ -768,6 +772,21 @@ def _between(low: float, high: float):
 
 _fraction, _positive_float = _between(0, 1), _between(0, float("inf"))
 POSITIVE, COUNT = _at_least(1), _at_least(0)
+MIN_RESAMPLES = 40
+"""Fewest bootstrap resamples for a 95% interval: one resample in each 2.5% tail."""
+
+
+def _resamples(text: str) -> int:
+    """An argparse type: 0 (no bootstrap) or at least `MIN_RESAMPLES`."""
+    value = COUNT(text)
+    if 0 < value < MIN_RESAMPLES:
+        raise argparse.ArgumentTypeError(
+            f"a 95% interval needs at least {MIN_RESAMPLES} resamples (one in each 2.5% tail), got {value}; "
+            "0 turns the bootstrap off"
+        )
+    return value
+
+
 RANDOM_HEAD_HELP = (
     "accept a model whose classifier head is not trained (a base model: its head is initialised "
     "randomly from a fixed seed); without this, such a model is refused: fine-tune it first with "
@@ -952,7 +971,7 @@ def _add_eval_command(sub) -> None:
     evaluate.add_argument("--shift-limit", type=POSITIVE, default=100, help="ID test examples corrupted")
     evaluate.add_argument(
         "--bootstrap",
-        type=COUNT,
+        type=_resamples,
         default=0,
         help="bootstrap resamples (e.g. 1000) for 95%% intervals of every main metric and paired "
         "differences (with p-values) of every method from the first --method",
@@ -1145,7 +1164,9 @@ def _add_analyze_command(sub) -> None:
     analyze.add_argument("--items", type=COUNT, default=64, help="ID validation items for Proposition 1")
     analyze.add_argument("--probes", type=COUNT, default=8, help="Hutchinson probes (at least 2)")
     analyze.add_argument("--max-members", type=COUNT, default=5, help="member-count study: M = 2 .. this")
-    analyze.add_argument("--bootstrap", type=COUNT, default=200, help="bootstrap resamples for intervals")
+    analyze.add_argument(
+        "--bootstrap", type=_resamples, default=200, help="bootstrap resamples for intervals"
+    )
     precision_option(analyze)
     analyze.set_defaults(func=_cmd_analyze)
 
