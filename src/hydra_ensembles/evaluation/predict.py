@@ -72,11 +72,7 @@ def predict(
     device = model_device(list(model) if isinstance(model, Sequence) else [model])
     compute = resolve_precision(precision, device)
     if not compute.reduced:
-        model = (
-            [in_precision(m, compute) for m in model]
-            if isinstance(model, Sequence)
-            else in_precision(model, compute)
-        )
+        model = [_upcast(m) for m in model] if isinstance(model, Sequence) else _upcast(model)
     ensemble = as_ensemble(model, mc_samples).eval()
     parts: list[np.ndarray] = []
     labels: list[np.ndarray] = []

@@ -273,7 +273,7 @@ class _Run:
                 ckpt, unwrapped, optimizer, config, inputs, precision.name
             )
             if scaler is not None and run.result.history:  # the scale the last epoch ended with
-                scale = float(run.result.history[-1]["loss_scale"])
+                scale = float(run.result.history[-1].get("loss_scale", FP16_INITIAL_SCALE))
                 run.scaler = torch.amp.GradScaler(accelerator.device.type, init_scale=scale)
             if (ckpt / "best.safetensors").is_file():
                 run.best_state = load_file(str(ckpt / "best.safetensors"))

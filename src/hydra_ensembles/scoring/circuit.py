@@ -457,8 +457,7 @@ class _Extraction:
 
     def _logits(self, candidates: list[Head], rank: int, world: int) -> dict[Head, tuple]:
         """(ID logits, OOD logits or None) of every candidate, this rank's share computed here."""
-        evaluate = _evaluate_reference if self.method == "reference" else _evaluate_fast
-        logits = evaluate(
+        logits = _evaluator(self.method)(
             self.model, self.adapter, self.masks, candidates[rank::world], self.id_batches,
             self.ood_batches, self.chunk, self.cache,
         )  # fmt: skip
@@ -535,6 +534,12 @@ def _evaluate_fast(model, adapter, masks, candidates, id_batches, ood_batches, c
     }
 
 
+def _evaluator(method: str):
+    """The candidate evaluation of an extraction method: the plain algorithm for ``reference``,
+    the accelerated one (exact) for ``fast`` and ``lazy``."""
+    return _evaluate_reference if method == "reference" else _evaluate_fast
+
+
 def _logit_error(low: tuple, exact: tuple) -> float:
     """The largest absolute difference between two (ID, OOD or None) pairs of logits."""
     return max(
@@ -570,7 +575,7 @@ class _ExactRescoring:
         """Its own cross-step reuse: the fp32 states of the candidates it scored."""
         self.error = 0.0
         self.rescored = 0
-        """Candidate evaluations done in fp32 (for the speed report)."""
+        """Candidate evaluations done in fp32 (what the low precision did not decide alone)."""
 
     def close(self) -> None:
         self.masks.remove()
@@ -578,7 +583,7 @@ class _ExactRescoring:
 
     def rescore(self, run: _Extraction, candidates, logits, id_labels) -> tuple[list[Head], dict]:
         """The candidates scored again in fp32 (in their order) and their fp32 scores."""
-        evaluate = _evaluate_reference if self.method == "reference" else _evaluate_fast
+        evaluate = _evaluator(self.method)
         exact: dict[Head, tuple[float, float]] = {}
         while True:
             bounds = {
