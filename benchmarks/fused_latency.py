@@ -8,7 +8,7 @@ another), the pruned members one after another and the fused model, timed interl
 attribute the result: the fused model without row chunking, and the deep ensemble run in the
 same cache-sized chunks (what chunking alone would give a plain model).
 
-Target (issue 18): Hydra / Deep Ensemble latency <= multiply-add ratio + 0.05 at every batch size.
+Target: Hydra / Deep Ensemble latency <= multiply-add ratio + 0.05 at every batch size.
 
     python benchmarks/fused_latency.py [--batches 8,64] [--rounds 3] [--repeats 7] [--precision auto]
 

@@ -145,7 +145,7 @@ PRETRAINED_IMAGE_BUDGET = TrainingBudget(
 )
 """Fine-tuning DINOv2-S on 1,000 Fashion-MNIST images at 56 px (ID validation accuracy, 500
 images): lr 1e-4 74.8% after one epoch, 3e-4 58.8%; two epochs at 1e-4 / 5e-5 / 3e-5 81.6 / 78.4 /
-79.6%; 2,000 images for one epoch at 1e-4 80.0% (/tmp probes, session 15). The embeddings stay
+79.6%; 2,000 images for one epoch at 1e-4 80.0% (one-off probes on the same data). The embeddings stay
 frozen as in the paper (D.2)."""
 
 

@@ -143,7 +143,7 @@ def test_single_class_present_in_labels_is_fine():
     assert got["acc"] == 1.0 and got["ece"] == pytest.approx(abs(1 - 0.75))
 
 
-# --------------------------------------------------------------------------- guards (issue 16)
+# --------------------------------------------------------------------------- guards
 @pytest.mark.parametrize("n_bins", [0, -3, 2.5, True, None])
 def test_bin_counts_must_be_positive_integers(n_bins):
     probs, labels = np.array([[0.9, 0.1], [0.4, 0.6]]), np.array([0, 0])
