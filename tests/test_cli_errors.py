@@ -280,6 +280,19 @@ CASES = [
     ("out-bad-suffix", lambda w: predict(w, out="p.txt"), ".csv or .jsonl", "p.txt"),
     ("build-into-foreign-dir", lambda w: build(w, *HEADS_PER_LAYER, out="used"), "not empty", "used/hydra"),
     ("eval-report-is-a-file", lambda w: evaluate(w, out="a-file"), "is a file", None),
+    ("eval-into-the-users-folder", lambda w: evaluate(w, out="used"), "did not write", "used/report.md"),
+    (
+        "bench-batch-size-zero",
+        lambda w: ["bench", str(w / "model"), "--batch-sizes", "8,0", "--out", str(w / "b")],
+        "--batch-sizes",
+        "b",
+    ),
+    (
+        "bench-unknown-device",
+        lambda w: ["bench", str(w / "model"), "--device", "foo", "--out", str(w / "b")],
+        "not a device",
+        "b",
+    ),
     (
         "models-name-other-classes",
         lambda w: [*evaluate(w, method="hydra"), "--method", f"pets={w / 'member-pets'}"],
@@ -405,6 +418,48 @@ def test_finished_model_outputs_are_not_replaced_without_overwrite(w, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert (out / "hydra_config.json").stat().st_mtime_ns == stamp
     assert main(["fuse", str(w / "model"), "--heads", str(good), "--out", str(out), "--overwrite"]) == 0
+
+
+def test_a_second_process_writing_the_same_output_is_refused(w, capsys):
+    """The first writer holds the output's lock (here: this test, as another process would); the
+    second is refused with one line and writes nothing."""
+    from hydra_ensembles.io import output_lock
+
+    out = w / "contended.json"
+    with output_lock(out):
+        assert run(score(w, "--method", "taylor", *HEADS_PER_LAYER, out="contended.json")) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hydra-ens")]
+    assert len(lines) == 1 and "another process is writing" in lines[0]
+    assert not out.exists()
+
+
+def test_a_killed_fuse_leaves_nothing_that_blocks_its_rerun(w, capsys):
+    """A save killed midway leaves its temporary weights file; the rerun (no --overwrite) removes
+    it and succeeds instead of calling the folder "not empty"."""
+    import subprocess
+    import sys
+
+    (w / "heads-good.json").write_text('[{"0": [0, 1]}, {"1": [1, 2]}]')
+    out = w / "fused-killed"
+    out.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a process that is gone, as a killed writer is
+    stale = out / f".model.safetensors.{child.pid}.k9w3.tmp"
+    stale.write_bytes(b"\0" * 4096)
+    assert run(fuse(w, "heads-good.json", out="fused-killed")) == 0
+    assert not stale.exists() and (out / "hydra_config.json").is_file()
+
+
+def test_eval_replaces_its_own_report_but_not_the_users_files(w, capsys):
+    assert run(evaluate(w, out="report-twice")) == 0
+    assert (w / "report-twice" / ".hydra-ens-report").is_file()
+    assert run(evaluate(w, out="report-twice")) == 0  # its own folder: the report is replaced
+    (w / "mine").mkdir()
+    (w / "mine" / "report.md").write_text("my notes")
+    assert run(evaluate(w, out="mine")) == 2
+    assert (w / "mine" / "report.md").read_text() == "my notes"
+    assert run([*evaluate(w, out="mine"), "--overwrite"]) == 0
+    assert (w / "mine" / "report.md").read_text() != "my notes"
 
 
 def test_python_api_errors_are_typed(w):

@@ -89,3 +89,98 @@ def test_save_member_failing_midway_over_an_old_member_keeps_the_old_one(tmp_pat
         "member_config.json",
         "model.safetensors",
     ]
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_atomic_dir_never_deletes_the_old_result_when_it_cannot_be_moved(tmp_path, monkeypatch):
+    """Replacing a mount point fails ("Device or resource busy"): the old folder stays whole and
+    the new result is kept where the error says, never both lost."""
+    import errno
+    import os
+
+    from hydra_ensembles import io
+    from hydra_ensembles.io import OutputError
+
+    target = tmp_path / "model"
+    atomic_dir(target, lambda tmp: (tmp / "a.txt").write_text("old"))
+    real = os.replace
+
+    def busy(src, dst, *args, **kwargs):
+        if os.fspath(src) == os.fspath(target):
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), os.fspath(src))
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(io.os, "replace", busy)
+    with pytest.raises(OutputError, match="new result is in") as caught:
+        atomic_dir(target, lambda tmp: (tmp / "a.txt").write_text("new"))
+    assert (target / "a.txt").read_text() == "old"
+    kept = [p for p in tmp_path.iterdir() if p.name != "model"]
+    assert len(kept) == 1 and (kept[0] / "a.txt").read_text() == "new" and str(kept[0]) in str(caught.value)
+
+
+def test_a_mount_point_is_refused_up_front_where_the_folder_is_replaced(tmp_path, monkeypatch):
+    from hydra_ensembles import io
+    from hydra_ensembles.io import OutputError, check_output_dir
+
+    monkeypatch.setattr(io.os.path, "ismount", lambda p: str(p) == str(tmp_path))
+    with pytest.raises(OutputError, match="mount point"):
+        check_output_dir(tmp_path, overwrite=True, replaced=True)
+    check_output_dir(tmp_path / "inside", overwrite=True, replaced=True)
+
+
+def test_what_a_killed_writer_left_never_blocks_the_rerun(tmp_path):
+    """A killed save leaves its temporary files (safetensors written under our own temporary
+    names); the next check of the folder removes them instead of calling it "not empty"."""
+    from hydra_ensembles.io import OutputError, check_output_dir
+
+    out = tmp_path / "fused"
+    out.mkdir()
+    stale = out / f".model.safetensors.{_dead_pid()}.x1y2.tmp"
+    stale.write_bytes(b"\0" * 1000)
+    parent = out / f".model.safetensors.{__import__('os').getppid()}.abcd.tmp"  # a live writer's
+    parent.write_bytes(b"\0")
+    with pytest.raises(OutputError, match="not empty"):
+        check_output_dir(out, finished="hydra_config.json", overwrite=False)
+    assert not stale.exists() and parent.exists()
+    parent.unlink()
+    check_output_dir(out, finished="hydra_config.json", overwrite=False)
+
+
+def test_a_second_writer_of_one_output_is_refused_while_the_first_holds_it(tmp_path):
+    from hydra_ensembles.io import OutputError, output_lock
+
+    out = tmp_path / "new" / "deeper" / "result.json"
+    with output_lock(out):
+        assert (tmp_path / "new" / "deeper" / ".result.json.lock").is_file()
+        with pytest.raises(OutputError, match="another process is writing"), output_lock(out):
+            pass
+        with output_lock(tmp_path / "other.json"):  # another output: no conflict
+            pass
+    assert not (tmp_path / "new").exists()  # the folders made for the lock are gone again
+    with output_lock(out):  # released: the next writer gets it
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("{}")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["result.json"]
+
+
+def test_a_file_set_is_written_and_read_as_one(tmp_path):
+    from hydra_ensembles.io import load_file_set, save_file_set
+
+    assert load_file_set(tmp_path) is None
+    both = {"a.txt": lambda t: t.write_text("1"), "b.txt": lambda t: t.write_text("2")}
+    save_file_set(tmp_path, both, {"n": 1})
+    save_file_set(tmp_path, {"a.txt": lambda t: t.write_text("3")}, {"n": 2})
+    meta, files = load_file_set(tmp_path)
+    assert meta == {"n": 2} and files["a.txt"].read_text() == "3" and set(files) == {"a.txt"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.2.txt", "manifest.json"]
+    files["a.txt"].write_text("4")
+    with pytest.raises(ValueError, match="differs from what was saved"):
+        load_file_set(tmp_path)

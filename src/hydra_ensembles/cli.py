@@ -459,7 +459,9 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from .members import FineTuneConfig, fine_tune
     from .models import untrained_weights
 
-    out = check_output_dir(args.out, finished="config.json", resumable=(), overwrite=args.overwrite)
+    out = check_output_dir(
+        args.out, finished="config.json", resumable=(), overwrite=args.overwrite, replaced=True
+    )
     dataset = load_spec(args.data, args.text_column, args.label_column)
     classes = len(dataset.classes)
     if not classes:
@@ -507,9 +509,9 @@ def _name_classes(model, classes: list[str]) -> None:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from . import reporting
     from .evaluation import add_comparisons, evaluate_method, predict, predict_method
-    from .io import check_output_dir
+    from .io import check_report_dir, mark_report_dir
 
-    out = check_output_dir(args.out)
+    out = check_report_dir(args.out, args.overwrite)
     items = [item.partition("=") for item in args.method]
     bad = [f"{n}{sep}{paths}" for n, sep, paths in items if not (n and sep and paths)]
     if bad:
@@ -548,7 +550,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         "OOD": ", ".join(args.ood or []) or "none",
         "precision": f"{args.precision} ({args.precision_reason})",
     }
-    reporting.write_results(out, results, meta=meta)
+    reporting.write_results(mark_report_dir(out), results, meta=meta)
     reporting.method_plots(out / "plots", preds, list(preds), list(preds))
     print((out / "report.md").read_text())
     return 0
@@ -665,13 +667,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from .adapters import get_adapter
     from .bench import markdown_table, random_head_sets, run_bench
-    from .io import atomic_write_json, atomic_write_text, check_output_dir
+    from .io import atomic_write_json, atomic_write_text, check_report_dir, mark_report_dir
     from .loading import load_any
     from .models import VISION_MODEL_TYPES
     from .precision import resolve_precision
     from .runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
 
-    out = check_output_dir(args.out)
+    out = check_report_dir(args.out, args.overwrite)
     if args.default_allocator:
         os.environ[ALLOCATOR_ENV] = "0"
     ensure_cpu_allocator_tuned()
@@ -711,12 +713,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         model,
         heads,
         make_inputs,
-        [int(b) for b in args.batch_sizes.split(",")],
+        args.batch_sizes,
         [p.dtype_name for p in chosen],
         repeats=args.repeats,
         test_set=args.test_set,
         device=args.device,
     )
+    mark_report_dir(out)
     atomic_write_json(
         out / "bench.json",
         {"machine": describe_machine(), "setting": setting, "precision": precision, **results},
@@ -776,6 +779,28 @@ MIN_RESAMPLES = 40
 """Fewest bootstrap resamples for a 95% interval: one resample in each 2.5% tail."""
 
 
+def _positive_list(text: str) -> list[int]:
+    """An argparse type: comma-separated positive integers (``1,8,64``)."""
+    values = [POSITIVE(item) for item in text.split(",")]
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one number")
+    return values
+
+
+def _device(text: str) -> str:
+    """An argparse type: a device name (``cpu``, ``cuda``, ``cuda:1``); whether the machine has
+    it is checked when the command starts."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu, cuda, cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text}: only cpu and cuda[:N] are supported")
+    return text
+
+
 def _resamples(text: str) -> int:
     """An argparse type: 0 (no bootstrap) or at least `MIN_RESAMPLES`."""
     value = COUNT(text)
@@ -804,6 +829,14 @@ def _num_labels_option(parser: argparse.ArgumentParser) -> None:
 
 def _overwrite_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace a finished result already in --out")
+
+
+def _report_overwrite_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write the report into a folder holding files hydra-ens did not write (same names are replaced)",
+    )
 
 
 def _data_options(p: argparse.ArgumentParser) -> None:
@@ -978,6 +1011,7 @@ def _add_eval_command(sub) -> None:
     )
     _random_head_option(evaluate)
     evaluate.add_argument("--out", required=True, help="report folder")
+    _report_overwrite_option(evaluate)
     _data_options(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
 
@@ -1016,7 +1050,7 @@ def _add_bench_command(sub) -> None:
     bench.add_argument("--members", type=POSITIVE, default=3)
     bench.add_argument("--heads-per-layer", type=COUNT, default=8)
     bench.add_argument("--tokens", type=POSITIVE, default=128)
-    bench.add_argument("--batch-sizes", default="1,8,64")
+    bench.add_argument("--batch-sizes", type=_positive_list, default="1,8,64", help="comma-separated")
     bench.add_argument(
         "--precision",
         default="auto",
@@ -1027,7 +1061,9 @@ def _add_bench_command(sub) -> None:
     bench.add_argument(
         "--test-set", type=COUNT, default=351, help="inputs in the whole-test-set timing (0: skip)"
     )
-    bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (timed with CUDA synchronisation)")
+    bench.add_argument(
+        "--device", type=_device, default="cpu", help="cpu or cuda[:N] (timed with CUDA synchronisation)"
+    )
     bench.add_argument(
         "--shared-layers",
         type=COUNT,
@@ -1041,7 +1077,8 @@ def _add_bench_command(sub) -> None:
         action="store_true",
         help="keep glibc's default allocator (the same as HYDRA_TUNE_ALLOCATOR=0)",
     )
-    bench.add_argument("--out", default="runs/bench")
+    bench.add_argument("--out", default="runs/bench", help="report folder")
+    _report_overwrite_option(bench)
     bench.set_defaults(func=_cmd_bench)
 
 
@@ -1293,11 +1330,28 @@ def _guard_outputs(args: argparse.Namespace) -> None:
     check_outputs_apart({flag: path for flag, path in outputs.items() if isinstance(path, str)}, inputs)
 
 
+def _locked_outputs(args: argparse.Namespace) -> contextlib.ExitStack:
+    """An exclusive lock on each output of the command (`io.output_lock`): a second process
+    writing the same output is refused."""
+    from .io import output_lock
+
+    stack = contextlib.ExitStack()
+    try:
+        for name in OUTPUT_OPTIONS:
+            if isinstance(path := getattr(args, name, None), str):
+                stack.enter_context(output_lock(path))
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         _guard_outputs(args)
-        _resolve_precision_once(args)
-        return args.func(args)
+        with _locked_outputs(args):
+            _resolve_precision_once(args)
+            return args.func(args)
     except KeyboardInterrupt as exc:
         if args.command == "score" and not getattr(args, "checkpoint", None):
             hint = "nothing was written; pass --checkpoint FILE to make a rerun resumable"

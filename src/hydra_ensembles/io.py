@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,33 +27,61 @@ def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
     path = Path(path)
     removed = []
     for tmp in path.parent.glob(f"{_temp_prefix(path)}*.tmp") if path.parent.is_dir() else ():
-        pid = tmp.name[len(_temp_prefix(path)) :].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            if tmp.is_dir():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                tmp.unlink(missing_ok=True)
+        if is_stale_temp(tmp):
+            _remove(tmp)
             removed.append(tmp)
     return removed
 
 
+def is_stale_temp(path: Path) -> bool:
+    """Whether ``path`` is a temporary file or folder of `atomic_write`/`atomic_dir`
+    (``.NAME.PID.*.tmp``) whose writing process is gone."""
+    name = path.name
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    parts = name[1:].split(".")
+    pids = [int(p) for p in parts[1:-1] if p.isdigit()]
+    return bool(pids) and not _alive(pids[0])
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def atomic_dir(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp)`` on a temporary directory beside ``path``, then rename it to ``path``
-    (replacing what was there): ``path`` is either absent, the old directory or the complete new
-    one, never half written. Leftovers of a killed writer go at the next call."""
+    """Call ``write(tmp)`` on a temporary directory beside ``path``, then rename it to ``path``:
+    ``path`` is either the old directory or the complete new one, never half written, and the
+    old one is deleted only once the new one is in place. Where the old one cannot be moved (a
+    mount point), nothing is deleted: OutputError says where the new result is. Leftovers of a
+    killed writer go at the next call."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(path)}{os.getpid()}.", suffix=".tmp", dir=path.parent))
+    prefix = f"{_temp_prefix(path)}{os.getpid()}."
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent))
     try:
         write(tmp)
         os.chmod(tmp, 0o777 & ~_umask())
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    old = None
+    if path.exists() or path.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=prefix, suffix=".old.tmp", dir=path.parent))
+        try:
+            os.replace(path, old / path.name)
+        except OSError as exc:
+            shutil.rmtree(old, ignore_errors=True)
+            raise OutputError(
+                f"cannot replace {path} ({exc.strerror or exc}); it is unchanged and the new result is "
+                f"in {tmp}: move it into place yourself"
+            ) from None
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return path
 
 
@@ -96,6 +125,79 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_file_set(
+    folder: str | os.PathLike, files: dict[str, Callable[[Path], None]], meta: dict[str, Any]
+) -> Path:
+    """Write several files and ``meta`` as one unit (a checkpoint): a kill at any moment leaves
+    either the previous set or the new one, complete, never a mix.
+
+    Each file (``files`` maps a name such as ``model.safetensors`` to its writer) is written
+    atomically under a generation-numbered name (``model.3.safetensors``); then the manifest
+    (``MANIFEST``: ``meta``, each file's name and SHA-256) replaces the old one atomically, and
+    only then are the previous generation's files removed. `load_file_set` reads the set back.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = folder / MANIFEST
+    previous = _read_manifest(manifest) if manifest.is_file() else {}
+    generation = int(previous.get("generation", 0)) + 1
+    written = {}
+    for name, write in files.items():
+        stem, dot, suffix = name.partition(".")
+        target = folder / f"{stem}.{generation}{dot}{suffix}"
+        atomic_write(target, write)
+        written[name] = {"file": target.name, "sha256": sha256_file(target)}
+    atomic_write_json(manifest, {**meta, "generation": generation, "files": written})
+    _remove_other_generations(folder, {*files, *previous.get("files", {})}, written)
+    return manifest
+
+
+def _remove_other_generations(folder: Path, names: set[str], current: dict[str, dict]) -> None:
+    """Remove every generation of the files ``names`` that ``current`` does not name: the
+    previous set, or what a writer killed before its manifest left."""
+    keep = {entry["file"] for entry in current.values()}
+    for name in sorted(names):
+        stem, dot, suffix = name.partition(".")
+        for old in sorted(folder.glob(f"{stem}.*{dot}{suffix}")):
+            middle = old.name[len(stem) + 1 : len(old.name) - len(dot + suffix)]
+            if middle.isdigit() and old.name not in keep:
+                old.unlink(missing_ok=True)
+
+
+MANIFEST = "manifest.json"
+"""The file of a `save_file_set` folder that names its current files."""
+
+
+def _read_manifest(manifest: Path) -> dict[str, Any]:
+    data = read_json(manifest, "manifest")
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        raise ValueError(f"{manifest} is not a manifest of saved files")
+    return data
+
+
+def load_file_set(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Path]] | None:
+    """The manifest and the files of a `save_file_set` folder, each checked against its SHA-256;
+    None where the folder holds no manifest (nothing saved yet). ValueError naming the file where
+    one is missing or differs from what was saved. Files of other generations (left by a writer
+    killed before or after its manifest) are removed."""
+    folder = Path(folder)
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return None
+    data = _read_manifest(manifest)
+    paths = {}
+    for name, entry in data["files"].items():
+        path = folder / str(entry.get("file", ""))
+        if not path.is_file() or path.parent != folder:
+            raise ValueError(f"{path} named by {manifest} is missing")
+        if sha256_file(path) != entry.get("sha256"):
+            raise ValueError(f"{path} differs from what was saved (SHA-256 mismatch)")
+        paths[name] = path
+    _remove_other_generations(folder, set(paths), data["files"])
+    meta = {k: v for k, v in data.items() if k not in ("files", "generation")}
+    return meta, paths
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -157,18 +259,27 @@ def check_output_dir(
     finished: str | None = None,
     resumable: tuple[str, ...] = (),
     overwrite: bool = True,
+    replaced: bool = False,
 ) -> Path:
     """Check, before any work, that ``path`` can be written as a directory.
 
     ``overwrite=False`` (model outputs): a directory holding ``finished`` (the marker of a
     complete result) or anything outside ``resumable`` (what an interrupted run of the same
     command leaves, which it resumes) is refused: results are never mixed with stale files.
+    ``replaced``: the folder is replaced as a whole (`atomic_dir`), which a mount point cannot be.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise OutputError(f"output {path} is a file; name a directory")
+    if replaced and os.path.ismount(path):
+        raise OutputError(f"output {path} is a mount point, which cannot be replaced: name a folder in it")
     _probe_writable(path)
-    if overwrite or not path.is_dir():
+    if not path.is_dir():
+        return path
+    for entry in path.iterdir():
+        if is_stale_temp(entry):  # what a killed writer left: never a reason to refuse
+            _remove(entry)
+    if overwrite:
         return path
     entries = {p.name for p in path.iterdir()}
     if finished and (path / finished).exists():
@@ -180,6 +291,98 @@ def check_output_dir(
             "choose another --out or pass --overwrite"
         )
     return path
+
+
+REPORT_MARKER = ".hydra-ens-report"
+"""The file that marks a report folder as written by hydra-ens (so a rerun may replace its files)."""
+
+
+def check_report_dir(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Check, before any work, that ``path`` may receive a report: a new or empty folder, or one
+    a report was written to before (`REPORT_MARKER`); a folder of the user's own files is
+    refused unless ``overwrite``. `mark_report_dir` marks it before the first file is written."""
+    path = check_output_dir(path)
+    if overwrite or not path.is_dir() or (path / REPORT_MARKER).is_file():
+        return path
+    entries = sorted(p.name for p in path.iterdir())
+    if entries:
+        raise OutputError(
+            f"{path} holds files this tool did not write ({', '.join(entries[:3])}"
+            f"{', ...' if len(entries) > 3 else ''}): choose another --out, or pass --overwrite "
+            "to write the report there (files of the same names are replaced)"
+        )
+    return path
+
+
+def mark_report_dir(path: str | os.PathLike) -> Path:
+    """Create the report folder ``path`` and its marker (`check_report_dir`)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    marker = path / REPORT_MARKER
+    if not marker.is_file():
+        atomic_write_text(marker, "A report folder written by hydra-ens: its files are replaced by reruns.\n")
+    return path
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on the output ``path`` (a ``.NAME.lock`` file beside it) while a
+    command writes it: a second process writing the same output is refused with OutputError
+    instead of silently replacing the first one's result. Folders created for the lock are
+    removed again if nothing else was written there."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no lock
+        yield
+        return
+    target = Path(path).resolve()
+    _probe_writable(target.parent)
+    created = []
+    folder = target.parent
+    while not folder.exists():
+        created.append(folder)
+        folder = folder.parent
+    lock = target.parent / f".{target.name}.lock"
+    try:
+        fd = _take_lock(fcntl, lock, path, created)
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+            os.close(fd)
+    finally:
+        for folder in created:  # innermost first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _take_lock(fcntl: Any, lock: Path, path: str | os.PathLike, created: list[Path]) -> int:
+    """The open, exclusively locked descriptor of ``lock`` (see `output_lock`)."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise OutputError(
+                    f"another process is writing {path} (it holds {lock}): wait for it to finish, "
+                    "or choose another output"
+                ) from None
+            try:  # its last holder may have removed the file meanwhile: then lock the new one
+                if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+    except OSError as exc:
+        raise OutputError(f"cannot write under {lock.parent}: {exc.strerror or exc}") from None
 
 
 def config_digest(config: dict[str, Any]) -> str:

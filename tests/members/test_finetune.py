@@ -1,5 +1,7 @@
 """Fine-tuning members: trainable parts, learning, early stopping, resume, bad input."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -100,7 +102,7 @@ def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch, 
     with pytest.raises(KeyboardInterrupt):
         fine_tune(tiny_bert(layers=1, heads=2), train, val, config, tmp_path, progress=False)
     monkeypatch.setattr(module, "_save_checkpoint", original)
-    assert (tmp_path / "state.json").is_file() and (tmp_path / "optimizer.safetensors").is_file()
+    assert (tmp_path / "manifest.json").is_file() and (tmp_path / "optimizer.2.safetensors").is_file()
     fresh = tiny_bert(layers=1, heads=2)  # a new process would start from the base weights again
     result = fine_tune(fresh, train, val, config, tmp_path, progress=False)
     assert len(result.history) == 3
@@ -110,6 +112,89 @@ def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch, 
     monkeypatch.setenv("HYDRA_PRECISION", "fp32" if precision != "fp32" else "bf16")
     with pytest.raises(module.CheckpointError, match=f"trained in {precision}"):
         fine_tune(tiny_bert(layers=1, heads=2), train, val, config, tmp_path, progress=False)
+
+
+class _Killed(BaseException):
+    """A kill -9 at a file boundary: raised after a file operation, caught by nothing."""
+
+
+def _writes(tmp_path, monkeypatch, train, val, config):
+    """Every file operation of a checkpointed run (renames into place and removals), counted."""
+    import os
+
+    from hydra_ensembles import io
+
+    events = []
+    real_replace, real_unlink = os.replace, Path.unlink
+
+    def replace(src, dst, *a, **k):
+        real_replace(src, dst, *a, **k)
+        events.append(("replace", Path(dst).name))
+        if len(events) == kill_at[0]:
+            raise _Killed
+
+    def unlink(self, *a, **k):
+        real_unlink(self, *a, **k)
+        events.append(("unlink", self.name))
+        if len(events) == kill_at[0]:
+            raise _Killed
+
+    kill_at = [0]
+    monkeypatch.setattr(io.os, "replace", replace)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    return events, kill_at
+
+
+def test_a_kill_at_every_file_boundary_of_a_checkpoint_resumes_identically(tmp_path, monkeypatch):
+    """The checkpoint is one set: killed after any of its files (or removals) lands, the rerun
+    resumes from a consistent epoch and ends bit-identical to a run never interrupted."""
+    train, val = _data(2), _data(1, seed=9)
+    config = FineTuneConfig(epochs=3, lr=1e-3, precision="fp32", patience=5)
+    straight = tiny_bert(layers=1, heads=2)
+    fine_tune(straight, train, val, config, tmp_path / "straight", progress=False)
+    events, kill_at = _writes(tmp_path, monkeypatch, train, val, config)
+    fine_tune(tiny_bert(layers=1, heads=2), train, val, config, tmp_path / "count", progress=False)
+    boundaries = len(events)
+    assert boundaries >= 3 * 4  # per epoch: three files and the manifest land (then removals)
+    for k in range(1, boundaries + 1):
+        folder = tmp_path / f"killed-{k}"
+        events.clear()
+        kill_at[0] = k
+        with pytest.raises(_Killed):
+            fine_tune(tiny_bert(layers=1, heads=2), train, val, config, folder, progress=False)
+        kill_at[0] = 0
+        resumed = tiny_bert(layers=1, heads=2)
+        result = fine_tune(resumed, train, val, config, folder, progress=False)
+        assert [r["epoch"] for r in result.history] == [0, 1, 2], k
+        for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
+            assert torch.equal(a, b), (k, events[k - 1], name)
+        generations = sorted(p.name for p in folder.iterdir())
+        assert generations == ["best.3.safetensors", "manifest.json", "model.3.safetensors",
+                               "optimizer.3.safetensors"], k  # fmt: skip
+
+
+def test_a_damaged_checkpoint_file_is_refused_not_resumed(tmp_path):
+    from hydra_ensembles.members.finetune import CheckpointError
+
+    train = _data(2)
+    config = FineTuneConfig(epochs=1, lr=1e-3, precision="fp32")
+    fine_tune(tiny_bert(layers=1, heads=2), train, None, config, tmp_path, progress=False)
+    weights = tmp_path / "model.1.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(CheckpointError, match="differs from what was saved"):
+        fine_tune(tiny_bert(layers=1, heads=2), train, None, config, tmp_path, progress=False)
+
+
+def test_a_checkpoint_of_another_number_of_epochs_is_not_resumed(tmp_path):
+    """A longer run's checkpoint would hand its longer-trained model to a shorter run."""
+    from hydra_ensembles.members.finetune import CheckpointError
+
+    train = _data(2)
+    fine_tune(tiny_bert(layers=1, heads=2), train, None, FineTuneConfig(epochs=3, precision="fp32"),
+              tmp_path, progress=False)  # fmt: skip
+    with pytest.raises(CheckpointError, match="another configuration"):
+        fine_tune(tiny_bert(layers=1, heads=2), train, None, FineTuneConfig(epochs=2, precision="fp32"),
+                  tmp_path, progress=False)  # fmt: skip
 
 
 def test_fp16_training_takes_overflowed_steps_again_and_says_so(monkeypatch):

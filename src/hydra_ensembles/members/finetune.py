@@ -12,7 +12,6 @@ Checkpoints hold safetensors and JSON only (optimizer state included), written a
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,7 +27,7 @@ from tqdm.auto import tqdm
 from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..batching import checked_batches, member_stacked, model_inputs
-from ..io import atomic_write, atomic_write_json
+from ..io import MANIFEST, load_file_set, save_file_set
 from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import check_precision, resolve_precision
 
@@ -268,15 +267,13 @@ class _Run:
         inputs = _inputs_digest(unwrapped, train_batches, val_batches) if ckpt else ""
         run = cls(model, optimizer, params, accelerator, precision, scaler, config, train_batches,
                   val_batches, per_step, steps_per_epoch, ckpt, inputs, progress)  # fmt: skip
-        if ckpt is not None and (ckpt / "state.json").is_file():
-            run.start_epoch, run.result, run.best_nll = _load_checkpoint(
+        if ckpt is not None and has_checkpoint(ckpt):
+            run.start_epoch, run.result, run.best_nll, run.best_state = _load_checkpoint(
                 ckpt, unwrapped, optimizer, config, inputs, precision.name
             )
             if scaler is not None and run.result.history:  # the scale the last epoch ended with
                 scale = float(run.result.history[-1].get("loss_scale", FP16_INITIAL_SCALE))
                 run.scaler = torch.amp.GradScaler(accelerator.device.type, init_scale=scale)
-            if (ckpt / "best.safetensors").is_file():
-                run.best_state = load_file(str(ckpt / "best.safetensors"))
         return run
 
     def train(self) -> None:
@@ -436,13 +433,17 @@ def _save_checkpoint(
     inputs: str,
     precision: str,
 ) -> None:
-    ckpt.mkdir(parents=True, exist_ok=True)
+    """The epoch's weights, optimizer state, best weights and state, saved as one set
+    (`io.save_file_set`): a kill between two files resumes from the previous epoch, never from
+    a mix of two."""
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    atomic_write(ckpt / "model.safetensors", lambda tmp: save_file(weights, str(tmp)))
     tensors, meta = _optimizer_tensors(optimizer)
-    atomic_write(ckpt / "optimizer.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+    files = {
+        "model.safetensors": lambda tmp: save_file(weights, str(tmp)),
+        "optimizer.safetensors": lambda tmp: save_file(tensors, str(tmp)),
+    }
     if best_state is not None:
-        atomic_write(ckpt / "best.safetensors", lambda tmp: save_file(best_state, str(tmp)))
+        files["best.safetensors"] = lambda tmp: save_file(best_state, str(tmp))
     state = {
         "epochs_done": epochs_done,
         "config": _config_json(config),
@@ -453,7 +454,12 @@ def _save_checkpoint(
         "inputs_sha256": inputs,
         "precision": precision,
     }
-    atomic_write_json(ckpt / "state.json", state)  # last: its presence means the epoch is complete
+    save_file_set(ckpt, files, state)
+
+
+def has_checkpoint(ckpt: Path) -> bool:
+    """Whether ``ckpt`` holds a saved epoch (or what an older version saved there)."""
+    return (ckpt / MANIFEST).is_file() or (ckpt / "state.json").is_file()
 
 
 class CheckpointError(ValueError):
@@ -462,7 +468,7 @@ class CheckpointError(ValueError):
 
 def _load_checkpoint(
     ckpt: Path, model, optimizer, config, inputs: str, precision: str
-) -> tuple[int, FineTuneResult, float]:
+) -> tuple[int, FineTuneResult, float, dict[str, torch.Tensor] | None]:
     try:
         return _restore(ckpt, model, optimizer, config, inputs, precision)
     except CheckpointError:
@@ -476,13 +482,14 @@ def _load_checkpoint(
 
 def _restore(
     ckpt: Path, model, optimizer, config, inputs: str, precision: str
-) -> tuple[int, FineTuneResult, float]:
-    state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
-    saved = state["config"]
-    current = _config_json(config)
-    if {k: v for k, v in saved.items() if k != "epochs"} != {
-        k: v for k, v in current.items() if k != "epochs"
-    }:
+) -> tuple[int, FineTuneResult, float, dict[str, torch.Tensor] | None]:
+    saved_set = load_file_set(ckpt)
+    if saved_set is None:
+        raise CheckpointError(
+            f"checkpoint in {ckpt} was saved by an older version of hydra-ensembles; delete it to start over"
+        )
+    state, files = saved_set
+    if state["config"] != _config_json(config):  # every setting, the number of epochs included
         raise CheckpointError(
             f"checkpoint in {ckpt} was made with another configuration; delete it to start over"
         )
@@ -496,8 +503,8 @@ def _restore(
             f"checkpoint in {ckpt} was made from other data or another starting model; "
             "delete it to start over"
         )
-    model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
-    tensors = load_file(str(ckpt / "optimizer.safetensors"))
+    model.load_state_dict(load_file(str(files["model.safetensors"])))
+    tensors = load_file(str(files["optimizer.safetensors"]))
     per_param: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         index, name = key.split(".", 1)
@@ -508,7 +515,8 @@ def _restore(
     optimizer.load_state_dict({"state": per_param, "param_groups": state["optimizer"]["param_groups"]})
     result = FineTuneResult(history=state["history"], best_epoch=state["best_epoch"])
     best = state["best_nll"] if state["best_nll"] is not None else math.inf
-    return int(state["epochs_done"]), result, best
+    best_state = load_file(str(files["best.safetensors"])) if "best.safetensors" in files else None
+    return int(state["epochs_done"]), result, best, best_state
 
 
 def _config_json(config: FineTuneConfig) -> dict[str, Any]:
