@@ -450,6 +450,26 @@ def test_a_killed_fuse_leaves_nothing_that_blocks_its_rerun(w, capsys):
     assert not stale.exists() and (out / "hydra_config.json").is_file()
 
 
+def test_a_full_disk_is_one_line_and_leaves_nothing(w, capsys, monkeypatch):
+    """safetensors reports a full disk in its own error type: one line, exit 2, no model left."""
+    from safetensors import SafetensorError
+
+    from hydra_ensembles import serialization
+
+    def full(*args, **kwargs):
+        raise SafetensorError(
+            "Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+            'message: "No space left on device" })'
+        )
+
+    monkeypatch.setattr(serialization, "save_file", full)
+    (w / "heads-good.json").write_text('[{"0": [0, 1]}, {"1": [1, 2]}]')
+    assert run(fuse(w, "heads-good.json", out="fused-full")) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hydra-ens")]
+    assert len(lines) == 1 and "No space left on device" in lines[0], lines
+    assert not (w / "fused-full").exists() or not any((w / "fused-full").iterdir())
+
+
 def test_eval_replaces_its_own_report_but_not_the_users_files(w, capsys):
     assert run(evaluate(w, out="report-twice")) == 0
     assert (w / "report-twice" / ".hydra-ens-report").is_file()

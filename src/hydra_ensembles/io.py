@@ -113,8 +113,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if type(exc).__name__ == "SafetensorError":  # e.g. a full disk, in safetensors' own type
+            raise OutputError(f"cannot write {path}: {' '.join(str(exc).split())}") from exc
         raise
     return path
 
