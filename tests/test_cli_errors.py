@@ -123,6 +123,27 @@ def w(tmp_path_factory):
     (root / "negative.csv").write_text("text,label\na,-1\nb,0\n")
     (root / "bad.jsonl").write_text('{"text": "a", "label": 0}\n{"text": "b", "label"\n')
     (root / "unlabelled.csv").write_text("text\nrecipe with flour\nanother recipe\n")
+    (root / "nan-label.jsonl").write_text('{"text": "a", "label": 0}\n{"text": "b", "label": NaN}\n')
+    (root / "nan-text-label.csv").write_text("text,label\na,sport\nb,nan\n")
+    (root / "shifted.csv").write_text("text,label\ngoal match,sport\nbank, shares and profit,money\n")
+    (root / "one-class.csv").write_text("text,label\n" + "".join(f"goal {i},sport\n" for i in range(8)))
+    (root / "one-class-id.csv").write_text("text,label\n" + "".join(f"goal {i},1\n" for i in range(8)))
+    (root / "absurd-id.csv").write_text("text,label\na,0\nb,99999999999\n")
+    (root / "ids-and-names.csv").write_text("text,label\na,0\nb,sport\n")
+    (root / "fraction.csv").write_text("text,label\na,0\nb,1.7\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": [1, 2], "label": ["sport", "money"]}), root / "int-text.parquet")
+    pq.write_table(pa.table({"body": ["goal", "bank"], "label": [1, 0]}), root / "body.parquet")
+    grey = np.zeros((4, 8, 8), np.float32)
+    np.savez(root / "minus-one.npz", x=grey, y=np.array([0, 1, -1, 1]))
+    np.savez(root / "fraction.npz", x=grey, y=np.array([0, 1, 1.7, 1]))
+    np.savez(root / "pixels-0-255-float.npz", x=grey + 37.0, y=np.array([0, 1, 0, 1]))
+    np.savez(root / "uint16.npz", x=np.full((4, 8, 8), 4000, np.uint16), y=np.array([0, 1, 0, 1]))
+    (root / "zero-bytes.npz").write_bytes(b"")
+    np.savez(root / "whole.npz", x=grey, y=np.array([0, 1, 0, 1]))
+    (root / "truncated.npz").write_bytes((root / "whole.npz").read_bytes()[:300])
     nan = np.random.default_rng(0).random((4, 1, 8, 8)).astype(np.float32)
     nan[1, 0, 2, 2] = np.nan
     np.savez(root / "nan.npz", x=nan, y=np.array([0, 1, 0, 1]))
@@ -247,6 +268,62 @@ CASES = [
         "o.json",
     ),
     ("data-nan-images", lambda w: score(w, model="vit", data="nan.npz"), "NaN", "out.json"),
+    # labels (one parser for every format)
+    ("label-nan", lambda w: score(w, data="nan-label.jsonl"), "no 'label'", "out.json"),
+    ("label-nan-text", lambda w: score(w, data="nan-text-label.csv"), "no 'label'", "out.json"),
+    ("label-shifted-by-a-comma", lambda w: score(w, data="shifted.csv"), "line 3: 3 fields", "out.json"),
+    ("label-absurd-class-id", lambda w: score(w, data="absurd-id.csv"), "implausible", "out.json"),
+    ("labels-ids-and-names", lambda w: score(w, data="ids-and-names.csv"), "mixes class ids", "out.json"),
+    ("label-fraction", lambda w: score(w, data="fraction.csv"), "not a class id", "out.json"),
+    (
+        "train-on-one-class",
+        lambda w: ["finetune", str(w / "base"), "--data", str(w / "one-class.csv"), "--out", str(w / "ft")],
+        "at least two classes",
+        "ft",
+    ),
+    (
+        "build-train-on-one-class",
+        lambda w: build(w, "--num-pruned", "1", "--fine-tune", "--data", str(w / "one-class-id.csv")),
+        "at least two classes",
+        "built",
+    ),
+    # columns
+    (
+        "parquet-text-not-text",
+        lambda w: score(w, data="int-text.parquet"),
+        "holds int64, not text",
+        "out.json",
+    ),
+    (
+        "text-column-mistyped",
+        lambda w: score(w, "--text-column", "bdoy", data="body.parquet"),
+        "no column 'bdoy'",
+        "out.json",
+    ),
+    (
+        "label-column-mistyped",
+        lambda w: score(w, "--text-column", "body", "--label-column", "lable", data="body.parquet"),
+        "no label column 'lable'",
+        "out.json",
+    ),
+    ("csv-text-column-mistyped", lambda w: score(w, "--text-column", "txt"), "no column", "out.json"),
+    # images
+    ("npz-label-minus-one", lambda w: score(w, model="vit", data="minus-one.npz"), ">= 0", "out.json"),
+    (
+        "npz-label-fraction",
+        lambda w: score(w, model="vit", data="fraction.npz"),
+        "not a class id",
+        "out.json",
+    ),
+    (
+        "npz-pixels-out-of-range",
+        lambda w: score(w, model="vit", data="pixels-0-255-float.npz"),
+        "[0, 1]",
+        "out.json",
+    ),
+    ("npz-uint16-pixels", lambda w: score(w, model="vit", data="uint16.npz"), "uint8", "out.json"),
+    ("npz-zero-bytes", lambda w: score(w, model="vit", data="zero-bytes.npz"), "not a readable", "out.json"),
+    ("npz-truncated", lambda w: score(w, model="vit", data="truncated.npz"), "not a readable", "out.json"),
     ("data-wrongly-shaped-images", lambda w: score(w, model="vit", data="flat.npz"), "(N, H, W)", "out.json"),
     (
         "val-data-unlabelled",

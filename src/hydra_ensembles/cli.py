@@ -208,7 +208,7 @@ def _data_batches(
     from .models import takes_images
 
     if dataset is None:
-        dataset = load_spec(spec, args.text_column, args.label_column if labels else None)
+        dataset = load_spec(spec, args.text_column, args.label_column, labelled=labels)
     if labels and not dataset.classes:
         raise ValueError(f"{spec} has no labels; this option needs labelled data")
     if model is not None:
@@ -315,6 +315,7 @@ def _ranking(scores_file: str, model):
 def _cmd_build(args: argparse.Namespace) -> int:
     import shutil
 
+    from .data.labels import check_trainable
     from .fusion import fuse
     from .io import check_output_dir
     from .members import FineTuneConfig, fine_tune, member_overlap, sample_members, save_member
@@ -346,6 +347,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     _say_precision(args)
     if args.fine_tune:
         dataset, train = _data_batches(args.data, args, preprocessor, model=model)
+        check_trainable(dataset.labels, dataset.classes, args.data)
         val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
         for member in members:  # saved models name their classes (hydra-ens predict reads them)
             _name_classes(member, dataset.classes)
@@ -455,6 +457,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     import shutil
 
     from .data import load_spec
+    from .data.labels import check_trainable
     from .io import atomic_dir, check_output_dir
     from .members import FineTuneConfig, fine_tune
     from .models import untrained_weights
@@ -466,6 +469,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     classes = len(dataset.classes)
     if not classes:
         raise ValueError(f"{args.data} has no labels; fine-tuning needs labelled data")
+    check_trainable(dataset.labels, dataset.classes, args.data)
     model = _load_model(args.model, args, num_labels=args.num_labels)
     if untrained_weights(model) and args.num_labels is None and model.config.num_labels != classes:
         model = _load_model(args.model, args, num_labels=classes)  # a fresh head for the data
@@ -842,8 +846,14 @@ def _report_overwrite_option(parser: argparse.ArgumentParser) -> None:
 def _data_options(p: argparse.ArgumentParser) -> None:
     """Options of every command that reads data: precision, columns, batch size, length."""
     precision_option(p)
-    p.add_argument("--text-column", default="text", help="text column of CSV/JSONL data")
-    p.add_argument("--label-column", default="label", help="label column of CSV/JSONL data")
+    p.add_argument(
+        "--text-column",
+        help="text column (default: text; for a Hugging Face dataset, text or its only string column)",
+    )
+    p.add_argument(
+        "--label-column",
+        help="label column (default: label; for a Hugging Face dataset, label or its only ClassLabel)",
+    )
     p.add_argument("--batch-size", type=POSITIVE, default=32)
     p.add_argument("--max-length", type=_at_least(2), default=128, help="tokens per text")
 

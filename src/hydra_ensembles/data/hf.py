@@ -11,8 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from PIL.Image import DecompressionBombError
+
 from .images import ImageDataset, pil_array, stack_images
-from .text import TextDataset, checked_texts, labels_from_values
+from .labels import parse_labels
+from .text import TextDataset, checked_texts
 
 TEXT_NAMES = ("text", "sentence", "content", "review", "document")
 ARROW_SUFFIXES = (".parquet", ".arrow")
@@ -39,14 +42,17 @@ def is_saved_dataset(path: Path) -> bool:
 def load_hf(
     source: str,
     split: str | None = None,
-    text_column: str | None = "text",
-    label_column: str | None = "label",
+    text_column: str | None = None,
+    label_column: str | None = None,
+    labelled: bool = True,
 ) -> TextDataset | ImageDataset:
     """One split of a Hugging Face dataset as a `TextDataset` or `ImageDataset`.
 
     ``source``: a ``save_to_disk`` folder, a ``.parquet``/``.arrow`` file, or a hub id (with an
     optional ``@config``) in the local cache. ``split`` defaults to ``test`` where there are
-    several, else the only one. ``label_column=None`` loads unlabelled data (e.g. OOD).
+    several, else the only one. A column named by ``text_column`` or ``label_column`` must exist
+    (and hold text, for the text); unnamed, they are guessed from the features (see the module
+    docstring). ``labelled=False`` loads unlabelled data (e.g. OOD).
     """
     datasets = _datasets()
     path = Path(source)
@@ -78,45 +84,81 @@ def load_hf(
         data = data[split]
     elif split not in (None, "train"):
         raise ValueError(f"{source} is a single split; drop ':{split}'")
-    return _convert(data, f"{path.name or source}:{split or 'all'}", text_column, label_column)
+    name = f"{path.name or source}:{split or 'all'}"
+    return _convert(data, name, text_column, label_column if labelled else None, labelled)
 
 
-def _convert(data: Any, name: str, text_column: str | None, label_column: str | None):
+def _convert(data: Any, name: str, text_column: str | None, label_column: str | None, labelled: bool):
     features = data.features
     if len(data) == 0:
         raise ValueError(f"{name} holds no rows")
     image_column = next((c for c, f in features.items() if type(f).__name__ == "Image"), None)
-    labels, classes = _labels(data, name, label_column)
+    label_column = _label_column(features, name, label_column, required=labelled)
+    labels, classes = _labels(data, name, label_column) if labelled else ([0] * len(data), [])
     ids = [f"{name}/{i}" for i in range(len(data))]
     if image_column is not None:
         grey = ("L", "1", "I", "F")
-        arrays = [pil_array(image, grayscale=image.mode in grey) for image in data[image_column]]
+        try:
+            arrays = [pil_array(image, grayscale=image.mode in grey) for image in data[image_column]]
+        except (OSError, DecompressionBombError) as exc:
+            raise ValueError(f"{name}: an image is not readable ({' '.join(str(exc).split())})") from None
         return ImageDataset(stack_images(arrays, name), labels, ids, classes)
-    column = _text_column(features, name, text_column)
+    column = _text_column(features, name, text_column, label_column)
     return TextDataset(checked_texts(data[column], name, column), labels, ids, classes)
 
 
-def _text_column(features: dict, name: str, wanted: str | None) -> str:
-    strings = [c for c, f in features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
-    if wanted in strings:
+def _kind(feature: Any) -> str:
+    return getattr(feature, "dtype", None) or type(feature).__name__
+
+
+def _text_column(features: dict, name: str, wanted: str | None, label_column: str | None) -> str:
+    """The named text column (it must exist and hold strings), else the one a guess finds."""
+    strings = [c for c, f in features.items() if _kind(f) in ("string", "large_string")]
+    if wanted is not None:
+        if wanted not in features:
+            raise ValueError(f"{name}: no column {wanted!r} (--text-column) among {sorted(features)}")
+        if wanted not in strings:
+            raise ValueError(f"{name}: column {wanted!r} holds {_kind(features[wanted])}, not text")
         return wanted
-    named = [c for c in TEXT_NAMES if c in strings]
-    if len(strings) == 1 or named:
-        return strings[0] if len(strings) == 1 else named[0]
-    raise ValueError(f"{name}: cannot tell which column holds the text among {strings}: pass --text-column")
+    named = [c for c in TEXT_NAMES if c in features]
+    if named:
+        if named[0] not in strings:
+            raise ValueError(
+                f"{name}: column {named[0]!r} holds {_kind(features[named[0]])}, not text: "
+                "name the text column with --text-column"
+            )
+        return named[0]
+    candidates = [c for c in strings if c != label_column]
+    if len(candidates) == 1:
+        return candidates[0]
+    raise ValueError(
+        f"{name}: cannot tell which column holds the text among {candidates}: pass --text-column"
+    )
 
 
-def _labels(data: Any, name: str, wanted: str | None) -> tuple[list[int], list[str]]:
-    if wanted is None:  # unlabelled use
-        return [0] * len(data), []
-    features = data.features
+def _label_column(features: dict, name: str, wanted: str | None, required: bool) -> str | None:
+    """The named label column (it must exist), else ``label`` or the only ``ClassLabel``."""
+    if wanted is not None:
+        if wanted not in features:
+            raise ValueError(f"{name}: no label column {wanted!r} (--label-column) among {sorted(features)}")
+        return wanted
     class_labels = [c for c, f in features.items() if type(f).__name__ == "ClassLabel"]
-    column = wanted if wanted in features else (class_labels[0] if len(class_labels) == 1 else None)
-    if column is None:
-        raise ValueError(f"{name}: no label column {wanted!r} (--label-column) among {sorted(features)}")
+    if "label" in features:
+        return "label"
+    if len(class_labels) == 1:
+        return class_labels[0]
+    if required:
+        raise ValueError(
+            f"{name}: cannot tell which column holds the labels among {sorted(features)}: pass --label-column"
+        )
+    return None
+
+
+def _labels(data: Any, name: str, column: str) -> tuple[list[int], list[str]]:
+    features = data.features
     values = list(data[column])
     if all(isinstance(v, int) and v < 0 for v in values):  # e.g. GLUE's test splits: all -1
         raise ValueError(f"{name} has no labels (every {column!r} is {values[0]}): use a labelled split")
-    labels, classes = labels_from_values(values, name, column)
+    labels, classes = parse_labels(values, name, column)
     feature = features[column]
     return labels, list(feature.names) if type(feature).__name__ == "ClassLabel" else classes

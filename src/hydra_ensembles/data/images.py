@@ -115,20 +115,51 @@ def load_fashion_mnist(split: str = "train", root: Path = FASHION_MNIST_DIR) -> 
 
 
 def load_npz(path: str | Path) -> ImageDataset:
-    """An ``.npz`` with ``x`` (N, H, W) or (N, C, H, W) (uint8 0-255 or float 0-1) and ``y`` (N,)."""
-    with np.load(path, allow_pickle=False) as data:
-        if "x" not in data or "y" not in data:
-            raise ValueError(f"{path} must hold arrays 'x' and 'y'")
-        x, y = data["x"], data["y"]
-        classes = [str(c) for c in data["classes"]] if "classes" in data else None
+    """An ``.npz`` with ``x`` (N, H, W) or (N, C, H, W) and ``y`` (N,) class ids, optionally
+    ``classes`` (their names). Pixels: uint8 (0-255) or float in [0, 1]; anything else (other
+    integer types, floats outside [0, 1]) is refused rather than guessed."""
+    import zipfile
+
+    from .labels import parse_labels
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "x" not in data or "y" not in data:
+                raise ValueError(f"{path} must hold arrays 'x' and 'y'")
+            x, y = data["x"], data["y"]
+            classes = [str(c) for c in data["classes"]] if "classes" in data else None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        reason = " ".join(str(exc).split()) or "empty"
+        raise ValueError(f"{path} is not a readable .npz file ({reason})") from None
     if x.ndim == 3:
         x = x[:, None]
-    if x.ndim != 4 or len(x) != len(y):
-        raise ValueError(f"{path}: x must be (N, H, W) or (N, C, H, W) with N = len(y)")
-    x = x.astype(np.float32) / (255.0 if np.issubdtype(x.dtype, np.integer) or x.max() > 1 else 1.0)
-    labels = y.astype(int).tolist()
-    classes = classes or [str(c) for c in range(max(labels) + 1)]
-    return ImageDataset(x, labels, [f"{Path(path).name}/{i}" for i in range(len(labels))], classes)
+    if x.ndim != 4 or y.ndim != 1 or len(x) != len(y):
+        raise ValueError(
+            f"{path}: x must be (N, H, W) or (N, C, H, W) and y (N,), got {x.shape} and {y.shape}"
+        )
+    labels, ids_classes = parse_labels(y.tolist(), str(path), "y")
+    if classes is not None and max(labels) >= len(classes):
+        raise ValueError(f"{path}: class id {max(labels)} in y has no name among its {len(classes)} classes")
+    return ImageDataset(
+        unit_pixels(x, str(path)), labels, [f"{Path(path).name}/{i}" for i in range(len(labels))],
+        classes or ids_classes,
+    )  # fmt: skip
+
+
+def unit_pixels(x: np.ndarray, source: str) -> np.ndarray:
+    """Pixels as float32 in [0, 1]: uint8 divided by 255, floats already in [0, 1] kept; other
+    types and ranges are refused (ValueError naming ``source``), never rescaled by a guess."""
+    if x.dtype == np.uint8:
+        return x.astype(np.float32) / 255.0
+    if np.issubdtype(x.dtype, np.floating):
+        finite = x[np.isfinite(x)]
+        if finite.size and (finite.min() < 0 or finite.max() > 1):
+            raise ValueError(
+                f"{source}: float pixels must lie in [0, 1], found {finite.min():g} to {finite.max():g}: "
+                "divide 0-255 values by 255, or save them as uint8"
+            )
+        return x.astype(np.float32)
+    raise ValueError(f"{source}: pixels are {x.dtype}; save them as uint8 (0-255) or float in [0, 1]")
 
 
 def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool = False) -> ImageDataset:
@@ -147,8 +178,8 @@ def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool
             try:
                 with Image.open(file) as image:
                     images.append(pil_array(image, grayscale, size))
-            except OSError as exc:  # not an image Pillow can read
-                raise ValueError(f"{file} is not a readable image ({exc})") from None
+            except (OSError, Image.DecompressionBombError) as exc:  # not an image Pillow reads safely
+                raise ValueError(f"{file} is not a readable image ({' '.join(str(exc).split())})") from None
             labels.append(label)
             ids.append(f"{name}/{file.name}")
     if not images:
@@ -157,12 +188,34 @@ def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool
 
 
 def pil_array(image: Any, grayscale: bool = False, size: int | None = None) -> np.ndarray:
-    """A Pillow image as float32 (C, H, W) in [0, 1]: one channel (``grayscale``) or RGB."""
+    """A Pillow image as float32 (C, H, W) in [0, 1]: one channel (``grayscale``) or RGB.
+    High bit-depth images keep their range: 16-bit ones are divided by 65535 (Pillow's own
+    conversion to 8 bits would clip nearly every pixel to white), float ones must lie in [0, 1]."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        array = _deep_pixels(image)
+        if size is not None:
+            from PIL import Image
+
+            array = np.asarray(Image.fromarray(array).resize((size, size)), dtype=np.float32).clip(0, 1)
+        return array[None] if grayscale else np.repeat(array[None], 3, axis=0)
     image = image.convert("L" if grayscale else "RGB")
     if size is not None:
         image = image.resize((size, size))
     array = np.asarray(image, dtype=np.float32) / 255.0
     return array[None] if grayscale else array.transpose(2, 0, 1)
+
+
+def _deep_pixels(image: Any) -> np.ndarray:
+    """A one-channel 16-bit, 32-bit integer or float image as float32 (H, W) in [0, 1]."""
+    array = np.asarray(image, dtype=np.float32)
+    if image.mode == "F":
+        return unit_pixels(array, getattr(image, "filename", "") or "a float image")
+    high = float(array.max()) if array.size else 0.0
+    if image.mode == "I" and (array.min() < 0 or high > 65535):
+        name = getattr(image, "filename", "") or "an image"
+        raise ValueError(f"{name}: 32-bit pixel values beyond 0-65535")
+    depth = 65535.0 if image.mode.startswith("I;16") or high > 255 else 255.0
+    return array / depth
 
 
 def stack_images(images: list[np.ndarray], source: str) -> np.ndarray:

@@ -12,15 +12,111 @@ error, never a renumbering.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import re
 from collections.abc import Sequence
 from typing import TypeVar
 
 from torch import nn
 
-from .text import is_class_id
-
 _GENERIC = re.compile(r"LABEL_\d+")
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+(\.0*)?")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+MAX_CLASS_ID = 99_999
+"""Largest class id a label may hold: ids number the classes 0..K-1, so a larger one is a typo
+or another column's value (and 10^11 would allocate as many class names)."""
+MISSING_NAMES = ("nan",)
+"""Label texts that mean "no label" (how a missing value prints), case-insensitive."""
+
+
+def is_class_id(value: object) -> bool:
+    """An integer label (or its text): a class id rather than a class name."""
+    return isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
+
+
+def _label(value: object) -> int | str | None:
+    """One label as a class id (int), a class name (str) or missing (None); ValueError where it
+    is neither (a fraction, a list, ...), with the value in the message."""
+    if value is None:
+        return None
+    if isinstance(value, bool):  # before numbers: True is an int
+        return int(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        if math.isnan(number):
+            return None
+        if not math.isfinite(number) or number != int(number):
+            raise ValueError(f"{value!r} is not a class id (a whole number) or a class name")
+        return int(number)
+    if isinstance(value, str):
+        text = value.strip()
+        if not text or text.lower() in MISSING_NAMES:
+            return None
+        if _WHOLE_NUMBER.fullmatch(text):
+            return int(float(text)) if "." in text else int(text)
+        if _NUMBER.fullmatch(text):
+            raise ValueError(f"{value!r} is not a class id (a whole number) or a class name")
+        return text
+    raise ValueError(f"{value!r} ({type(value).__name__}) is not a class id or a class name")
+
+
+def parse_labels(values: Sequence, source: str, column: str) -> tuple[list[int], list[str]]:
+    """The one label parser of every data format (CSV/TSV, JSON Lines, Hugging Face datasets,
+    ``.npz``): integer labels and their class names.
+
+    A label is a class id (an integer, a whole float, or their text: ``0``, ``0.0``, ``"0"`` and
+    ``" 0 "`` are one class; classes ``"0"`` to the largest id) or a class name (text without
+    its surrounding spaces; classes sorted). ValueError naming ``source``, ``column`` and the first
+    offending row for: a missing label (None, empty, NaN), a number that is not whole (``1.7``),
+    a negative id or one above `MAX_CLASS_ID`, ids mixed with names, or any other value.
+    """
+    labels: list[int | str] = []
+    missing = []
+    for row, value in enumerate(values, 1):
+        try:
+            label = _label(value)
+        except ValueError as exc:
+            raise ValueError(f"{source}: row {row}: the {column!r} {exc}") from None
+        if label is None:
+            missing.append(row)
+        labels.append(label)
+    if missing:
+        raise ValueError(f"{source}: {len(missing)} rows have no {column!r} (first: row {missing[0]})")
+    ids = [i for i, label in enumerate(labels) if isinstance(label, int)]
+    if ids and len(ids) < len(labels):
+        name = next(i for i, label in enumerate(labels) if isinstance(label, str))
+        raise ValueError(
+            f"{source}: the {column!r} column mixes class ids (row {ids[0] + 1}: {labels[ids[0]]}) and "
+            f"class names (row {name + 1}: {labels[name]!r}): use one kind for every row"
+        )
+    if ids:
+        low, high = min(labels), max(labels)
+        if low < 0:
+            raise ValueError(f"{source}: integer labels are class ids and must be >= 0, found {low}")
+        if high > MAX_CLASS_ID:
+            raise ValueError(
+                f"{source}: class id {high} in {column!r} is implausible (ids number the classes "
+                f"0..K-1, at most {MAX_CLASS_ID}): is it the right column?"
+            )
+        return [int(label) for label in labels], [str(c) for c in range(high + 1)]
+    classes = sorted(set(labels))
+    index = {name: i for i, name in enumerate(classes)}
+    return [index[label] for label in labels], classes
+
+
+def check_trainable(labels: Sequence[int], classes: Sequence[str], source: str) -> None:
+    """Refuse training data a classifier cannot learn from: fewer than two classes present."""
+    present = sorted(set(labels))
+    if len(present) < 2:
+        only = classes[present[0]] if present and present[0] < len(classes) else "?"
+        raise ValueError(
+            f"{source}: every label is {only!r}: training needs examples of at least two classes"
+        )
+
 
 D = TypeVar("D")
 

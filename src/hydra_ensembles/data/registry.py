@@ -53,15 +53,17 @@ IMAGE_SOURCES = {"mnist": load_mnist, "textures": load_texture_crops, "elpv": lo
 
 
 def load_spec(
-    spec: str, text_column: str = "text", label_column: str | None = "label"
+    spec: str, text_column: str | None = None, label_column: str | None = None, labelled: bool = True
 ) -> TextDataset | ImageDataset:
-    """The dataset a command-line spec names (see the module docstring)."""
+    """The dataset a command-line spec names (see the module docstring). Columns: a named one must
+    exist; unnamed, tables read ``text`` and ``label`` and Hugging Face datasets guess from their
+    features. ``labelled=False``: the labels are not read (OOD data)."""
     if spec.startswith("hf:"):
         source, _, split = spec[3:].rpartition(":") if ":" in spec[3:] else (spec[3:], "", "")
-        return load_hf(source, split or None, text_column, label_column)
+        return load_hf(source, split or None, text_column, label_column, labelled)
     folder, _, split = spec.rpartition(":")
     if folder and is_saved_dataset(Path(folder)):
-        return load_hf(folder, split, text_column, label_column)
+        return load_hf(folder, split, text_column, label_column, labelled)
     name, _, part = spec.partition(":")
     if name == "bbc-news" or name == "bbc-tech":  # only BBC News is read, no other corpus
         parts, tech = bbc_news_splits()
@@ -82,7 +84,7 @@ def load_spec(
         return IMAGE_SOURCES[name]()
     path = Path(spec)
     if is_saved_dataset(path) or path.suffix in ARROW_SUFFIXES:
-        return load_hf(spec, None, text_column, label_column)
+        return load_hf(spec, None, text_column, label_column, labelled)
     if path.is_dir():
         return load_image_folder(path)
     if path.suffix in (".npz", ".csv", ".tsv", ".jsonl", ".json") and not path.is_file():
@@ -90,7 +92,7 @@ def load_spec(
     if path.suffix == ".npz":
         return load_npz(path)
     if path.suffix in (".csv", ".tsv", ".jsonl", ".json"):
-        return load_text_table(path, text_column, label_column)
+        return load_text_table(path, text_column or "text", (label_column or "label") if labelled else None)
     raise ValueError(
         f"unknown data {spec!r}: use one of {list(BUILTIN)}, a .csv/.tsv/.jsonl/.npz/.parquet file, an "
         "image folder, a Hugging Face save_to_disk folder, or hf:ID[@CONFIG][:SPLIT]"

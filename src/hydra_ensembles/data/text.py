@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from .labels import parse_labels
+
 
 class MissingDataError(RuntimeError):
     """A data package is not installed; the message says how to install it."""
@@ -146,7 +148,7 @@ def load_text_table(
                 if any(not isinstance(r, dict) for r in rows):
                     raise ValueError(f"{path}: every line must be a JSON object")
             else:
-                rows = list(csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ","))
+                rows = _table_rows(csv.reader(handle, delimiter="\t" if path.suffix == ".tsv" else ","), path)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     except csv.Error as exc:
@@ -160,8 +162,30 @@ def load_text_table(
     ids = [f"{path.name}/{i}" for i in range(len(rows))]
     if not label_column:
         return TextDataset(texts, [0] * len(texts), ids, [])
-    labels, classes = labels_from_values([r.get(label_column) for r in rows], str(path), label_column)
+    labels, classes = parse_labels([r.get(label_column) for r in rows], str(path), label_column)
     return TextDataset(texts, labels, ids, classes)
+
+
+def _table_rows(reader, path: Path) -> list[dict]:
+    """CSV/TSV rows as dicts of the header's columns; ValueError naming the line of a row with
+    more or fewer fields than the header (an unquoted comma in a text shifts every later field)."""
+    header = next(reader, None)
+    if header is None:
+        return []
+    if len(set(header)) < len(header):
+        repeated = sorted({c for c in header if header.count(c) > 1})
+        raise ValueError(f"{path}: the header names column(s) {repeated} twice")
+    rows = []
+    for fields in reader:
+        if not fields:  # a blank line
+            continue
+        if len(fields) != len(header):
+            raise ValueError(
+                f"{path}, line {reader.line_num}: {len(fields)} fields where the header has "
+                f"{len(header)}: quote texts that contain the delimiter"
+            )
+        rows.append(dict(zip(header, fields, strict=True)))
+    return rows
 
 
 def checked_texts(values: Sequence, source: str, column: str) -> list[str]:
@@ -171,27 +195,6 @@ def checked_texts(values: Sequence, source: str, column: str) -> list[str]:
     if empty:
         raise ValueError(f"{source}: {len(empty)} rows have an empty {column!r} (first: row {empty[0]})")
     return texts
-
-
-def is_class_id(value: object) -> bool:
-    """An integer label (or its text): a class id rather than a class name."""
-    return isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
-
-
-def labels_from_values(values: Sequence, source: str, column: str) -> tuple[list[int], list[str]]:
-    """Integer labels and class names from a label column: integers are class ids (classes
-    ``"0"`` to the largest), anything else a class name (classes sorted). ValueError naming
-    ``source`` for a missing label or a negative id."""
-    blank = [i + 1 for i, v in enumerate(values) if v is None or str(v).strip() == ""]
-    if blank:
-        raise ValueError(f"{source}: {len(blank)} rows have no {column!r} (first: row {blank[0]})")
-    if all(is_class_id(v) for v in values):
-        labels = [int(v) for v in values]
-        if min(labels) < 0:
-            raise ValueError(f"{source}: integer labels are class ids and must be >= 0, found {min(labels)}")
-        return labels, [str(c) for c in range(max(labels) + 1)]
-    classes = sorted({str(v) for v in values})
-    return [classes.index(str(v)) for v in values], classes
 
 
 def _unlabelled(texts: list[str], prefix: str) -> TextDataset:
