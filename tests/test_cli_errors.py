@@ -64,6 +64,16 @@ def w(tmp_path_factory):
     config = json.loads((root / "bad-config" / "config.json").read_text())
     (root / "bad-config" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 5}))
 
+    shutil.copytree(root / "model", root / "fewer-layers")
+    (root / "fewer-layers" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    shutil.copytree(root / "model", root / "wider")
+    (root / "wider" / "config.json").write_text(json.dumps({**config, "intermediate_size": 64}))
+    broken = BertForSequenceClassification(BertConfig(**TINY, num_labels=2))
+    with torch.no_grad():
+        broken.bert.encoder.layer[0].attention.self.query.weight[0, 0] = float("inf")
+    broken.save_pretrained(root / "inf-weights")
+    tokenizer.save_pretrained(root / "inf-weights")
+
     loaded = load_any(str(root / "model"))
     loaded.config.id2label, loaded.config.label2id = {0: "money", 1: "sport"}, {"money": 0, "sport": 1}
     he.fuse(loaded, [he.HeadSet({0: [0, 1]}), he.HeadSet({1: [2, 3]})]).save_pretrained(root / "hydra")
@@ -190,6 +200,34 @@ CASES = [
     ("edited-member-config", lambda w: evaluate(w, method="member-edited"), "modified", "report"),
     ("broken-member-json", lambda w: evaluate(w, method="member-broken"), "not valid JSON", "report"),
     ("num-labels-contradicts-head", lambda w: score(w, "--num-labels", "5"), "contradicts", "out.json"),
+    (
+        "config-fewer-layers-than-weights",
+        lambda w: score(w, model="fewer-layers"),
+        "num_hidden_layers=1",
+        "out.json",
+    ),
+    (
+        "config-other-width-than-weights",
+        lambda w: score(w, model="wider"),
+        "do not belong together",
+        "out.json",
+    ),
+    ("weights-inf", lambda w: score(w, model="inf-weights"), "NaN or Inf", "out.json"),
+    (
+        "finetune-diverges",
+        lambda w: [
+            "finetune",
+            str(w / "model"),
+            "--data",
+            str(w / "train.csv"),
+            "--lr",
+            "1e30",
+            "--out",
+            str(w / "ft"),
+        ],
+        "diverged",
+        "ft",
+    ),
     ("base-model-random-head", lambda w: score(w, model="base"), "no trained classifier head", "out.json"),
     ("build-on-random-head", lambda w: build(w, *HEADS_PER_LAYER, model="base"), "finetune", "built"),
     ("images-to-text-model", lambda w: score(w, data="images.npz"), "holds images", "out.json"),

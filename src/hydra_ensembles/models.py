@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -140,21 +141,64 @@ def load_classifier(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model, info = auto.from_pretrained(  # safetensors only: a pickle is never opened
-                path, trust_remote_code=False, use_safetensors=True, output_loading_info=True, **kwargs
+                path,
+                trust_remote_code=False,
+                use_safetensors=True,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported below, never used silently
+                **kwargs,
             )
-    except RuntimeError as exc:
-        if "mismatch" not in str(exc):
-            raise
-        raise ValueError(
-            f"{name_or_path} has a trained head of {config.num_labels} classes; num_labels={num_labels} "
-            "contradicts it: leave --num-labels out to use it"
-        ) from exc
     except (OSError, SafetensorError) as exc:  # no safetensors weights, or a damaged file
         raise ValueError(f"cannot read the weights of {name_or_path}: {' '.join(str(exc).split())}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
+    _check_loaded(model, info, config, name_or_path, num_labels)
     setattr(model, UNTRAINED_ATTR, sorted(info["missing_keys"]))
     return model
+
+
+def _check_loaded(model: nn.Module, info: dict, config: Any, source: str, num_labels: int | None) -> None:
+    """Refuse a checkpoint whose weights do not fit its config.json: backbone tensors the config
+    does not describe (more layers than ``num_hidden_layers``: silently dropped), lacks (fewer:
+    random layers) or shapes otherwise; weights holding NaN or Inf. Only a new classifier head
+    (and pooler) may be missing: `untrained_weights` lists them."""
+    from .serialization import check_finite
+
+    mismatched = [(key, tuple(a), tuple(b)) for key, a, b in info.get("mismatched_keys", ())]
+    backbone = [m for m in mismatched if not _is_head(model, m[0])]
+    if mismatched and not backbone:
+        raise ValueError(
+            f"{source} has a trained head of {config.num_labels} classes; num_labels={num_labels} "
+            "contradicts it: leave --num-labels out to use it"
+        )
+    if backbone:
+        key, saved, built = backbone[0]
+        raise ValueError(
+            f"{source}: config.json and the weights do not belong together ({key} is {saved} in the "
+            f"weights, {built} by config.json)"
+        )
+    layers = getattr(config, "num_hidden_layers", "?")
+    for what, keys in (
+        ("hold {} backbone tensors config.json does not describe", info.get("unexpected_keys", ())),
+        ("lack {} backbone tensors config.json describes", info.get("missing_keys", ())),
+    ):
+        wrong = sorted(k for k in keys if _in_backbone(model, k))
+        if wrong:
+            raise ValueError(
+                f"{source}: the weights {what.format(len(wrong))} (first: {wrong[0]}; "
+                f"num_hidden_layers={layers}): config.json and the weights do not belong together"
+            )
+    check_finite(model.named_parameters(), source)
+
+
+def _in_backbone(model: nn.Module, key: str) -> bool:
+    """A weight of the pretrained backbone (not the head, the pooler or a position-id buffer)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    return bool(prefix) and key.startswith(f"{prefix}.") and "pooler" not in key and "position_ids" not in key
+
+
+def _is_head(model: nn.Module, key: str) -> bool:
+    return not _in_backbone(model, key)
 
 
 def load_image_processor(name_or_path: str):

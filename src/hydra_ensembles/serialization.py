@@ -10,7 +10,7 @@ nothing is unpickled.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -83,4 +83,27 @@ def read_saved(
         state = load_file(str(weights), device=str(device) if device else "cpu")
     except (SafetensorError, OSError) as exc:
         raise error(f"cannot read {weights}: {exc}") from exc
+    check_finite(state.items(), str(weights), error)
     return config, state
+
+
+def first_non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first floating tensor holding NaN or Inf, or None."""
+    for name, tensor in tensors:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def check_finite(
+    tensors: Iterable[tuple[str, torch.Tensor]], source: str, error: type[ValueError] = ValueError
+) -> None:
+    """Refuse weights holding NaN or Inf (a diverged training, a damaged file): every prediction
+    and ranking computed from them would be meaningless. ``error`` names ``source`` and the first
+    such tensor."""
+    name = first_non_finite(tensors)
+    if name is not None:
+        raise error(
+            f"{source}: the weights {name} hold NaN or Inf (a diverged training or a damaged file); "
+            "they cannot be used"
+        )

@@ -308,3 +308,19 @@ def test_two_processes_train_like_one(tmp_path):
     for name, value in single.state_dict().items():
         assert torch.allclose(value, two[name], atol=1e-5), name
     assert not torch.allclose(single.classifier.weight, tiny_bert(layers=1, heads=2).classifier.weight)
+
+
+def test_a_diverging_fine_tune_is_refused_not_saved(tmp_path):
+    """A learning rate of 1e30 (or a NaN weight) gives NaN: refused with the way out, and no
+    checkpoint of the broken weights is left to resume from."""
+    from hydra_ensembles.members import TrainingDiverged
+
+    config = FineTuneConfig(epochs=2, lr=1e30, precision="fp32", grad_clip=None, warmup=0.0)
+    with pytest.raises(TrainingDiverged, match="lower the learning rate"):
+        fine_tune(tiny_bert(layers=1, heads=2), _data(3), None, config, tmp_path, progress=False)
+    assert not list(tmp_path.glob("model.*.safetensors"))
+    model = tiny_bert(layers=1, heads=2)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"word_embeddings\.weight hold NaN or Inf"):
+        fine_tune(model, _data(2), None, FineTuneConfig(epochs=1, precision="fp32"), progress=False)

@@ -80,3 +80,15 @@ def test_bad_input():
         he.taylor_scores(model, [{**text_inputs(), "labels": torch.tensor([0, 1, 2, 7])}])
     with pytest.raises(he.HeadSetError, match="heads_per_layer"):
         he.taylor_head_set(model, _calib(1), heads_per_layer=5)
+
+
+def test_a_model_with_non_finite_weights_is_not_ranked():
+    """Every score of a model with an Inf weight would be meaningless (every circuit score 0.5)."""
+    model = tiny_bert(layers=2, heads=2)
+    with torch.no_grad():
+        model.bert.encoder.layer[1].attention.self.value.weight[0, 0] = float("inf")
+    batches = [labelled(text_inputs(batch=4, tokens=5))]
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        he.taylor_scores(model, batches)
+    with pytest.raises(ValueError, match="NaN or Inf"):  # a CircuitError
+        he.extract_circuit(model, batches, budget=1, objective="acc")

@@ -30,6 +30,7 @@ from ..batching import checked_batches, member_stacked, model_inputs
 from ..io import MANIFEST, load_file_set, save_file_set
 from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import check_precision, resolve_precision
+from ..serialization import check_finite, first_non_finite
 
 PARTS = ("attention", "mlp", "norm", "head", "embeddings")
 
@@ -170,6 +171,7 @@ def fine_tune(
             "load the model in float32 (torch_dtype=torch.float32, or model.float()) and pass "
             "FineTuneConfig(precision='fp16') to train in fp16 with float32 master weights"
         )
+    check_finite(model.named_parameters(), "the model to fine-tune")
     train_batches, val_batches = _checked_batches(model, train, val, config)
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     try:
@@ -295,6 +297,11 @@ class _Run:
             if self.val_batches:
                 waited = 0 if self._validate(epoch, record) else waited + 1
             result.history.append(record)
+            if (bad := first_non_finite(self.unwrapped.named_parameters())) is not None:
+                raise TrainingDiverged(  # NaN/Inf weights predict NaN: never saved, never returned
+                    f"fine-tuning diverged in epoch {epoch + 1}: the weights {bad} hold NaN or Inf; "
+                    f"lower the learning rate (lr={config.lr:g})"
+                )
             if self.ckpt is not None and self.accelerator.is_main_process:
                 _save_checkpoint(self.ckpt, self.unwrapped, self.optimizer, config, epoch + 1, result,
                                  self.best_nll, self.best_state, self.inputs,
@@ -331,9 +338,14 @@ class _Run:
                 losses = []
                 for i in mine:  # gradient of the mean loss over the step's batches (all processes)
                     loss = self._loss(self.train_batches[i])
+                    if not math.isfinite(value := loss.item()):
+                        raise TrainingDiverged(
+                            f"fine-tuning diverged at epoch {epoch + 1}, step {step_in_epoch + 1}: the loss "
+                            f"is {value}; lower the learning rate (lr={config.lr:g}) or check the data"
+                        )
                     scaled = loss / len(mine)
                     accelerator.backward(scaled if self.scaler is None else self.scaler.scale(scaled))
-                    losses.append(loss.item())
+                    losses.append(value)
                 if self._step():
                     break
                 if attempt == FP16_RETRIES:
@@ -460,6 +472,10 @@ def _save_checkpoint(
 def has_checkpoint(ckpt: Path) -> bool:
     """Whether ``ckpt`` holds a saved epoch (or what an older version saved there)."""
     return (ckpt / MANIFEST).is_file() or (ckpt / "state.json").is_file()
+
+
+class TrainingDiverged(ValueError):
+    """Fine-tuning produced a non-finite loss or weights (too high a learning rate, bad data)."""
 
 
 class CheckpointError(ValueError):

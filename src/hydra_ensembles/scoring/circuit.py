@@ -52,6 +52,7 @@ from ..heads import HeadSet
 from ..io import atomic_write_json
 from ..metrics import auroc
 from ..precision import Precision, in_precision, model_device, resolve_precision
+from ..serialization import check_finite
 from ..surgery import HeadAblation, fingerprint, kept_heads
 from .forward import (
     capture_layer_inputs,
@@ -342,6 +343,7 @@ def _checked_inputs(model, heads_per_layer, id_val, ood_val, objective) -> tuple
     """ID batches (labelled within the model's classes) and OOD batches, for an unpruned model."""
     if kept_heads(model).resolve(heads_per_layer) != HeadSet.full(heads_per_layer).resolve(heads_per_layer):
         raise CircuitError("extract circuits from an unpruned model; prune with the resulting head sets")
+    check_finite(model.named_parameters(), "the model", CircuitError)
     id_batches = checked_batches(id_val or [], "id_val", int(model.config.num_labels), CircuitError)
     ood_batches = [] if ood_val is None else checked_batches(ood_val, "ood_val", error=CircuitError)
     if objective in ("ood", "avg") and not ood_batches:

@@ -19,6 +19,7 @@ from ..adapters import get_adapter
 from ..batching import checked_batches, model_inputs
 from ..heads import HeadSet, HeadSetError
 from ..precision import model_device, resolve_precision
+from ..serialization import check_finite
 from ..surgery import kept_heads, prune
 
 
@@ -32,6 +33,7 @@ def taylor_scores(
     run under ``precision``'s autocast (`precision.resolve_precision`); gradients are summed in fp32.
     """
     batches = checked_batches(calib, "calib", int(model.config.num_labels))
+    check_finite(model.named_parameters(), "the model to score")
     adapter = get_adapter(model)
     original = adapter.original_heads_per_layer(model)
     current = kept_heads(model).resolve(original)
