@@ -21,8 +21,9 @@ def test_per_layer_budget_and_pool():
     assert len({hs for hs in members}) > 1
 
 
-def test_pool_equal_to_pruned_gives_identical_deterministic_members():
-    members = he.sample_members(_order(), num_members=3, heads_per_layer=3, pool_size=1)
+def test_pool_equal_to_pruned_gives_identical_deterministic_members_and_says_so():
+    with pytest.warns(UserWarning, match="one model, not an ensemble"):
+        members = he.sample_members(_order(), num_members=3, heads_per_layer=3, pool_size=1)
     assert members[0] == members[1] == members[2] == he.HeadSet({0: [0, 1, 3], 1: [0, 1, 2]})
 
 

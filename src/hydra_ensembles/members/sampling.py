@@ -10,6 +10,7 @@ that many heads from the ``pool_size`` least useful heads of the whole model (th
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,8 +68,11 @@ def sample_members(
     for m in range(num_members):
         rng = random.Random(f"hydra-members:{seed}:{m}")
         if heads_per_layer is not None:
-            if not 0 <= heads_per_layer <= min(heads):
-                raise HeadSetError(f"heads_per_layer must be in [0, {min(heads)}], got {heads_per_layer}")
+            if not 1 <= heads_per_layer <= min(heads):
+                raise HeadSetError(
+                    f"heads_per_layer must be in [1, {min(heads)}] (a member keeps at least one head per "
+                    f"layer), got {heads_per_layer}"
+                )
             removed = []
             for layer, count in enumerate(heads):
                 drop = count - heads_per_layer
@@ -77,11 +81,20 @@ def sample_members(
                 removed += [(layer, h) for h in rng.sample(pool, drop)]
         else:
             total = sum(heads)
-            if not 0 <= num_pruned <= total:
-                raise HeadSetError(f"num_pruned must be in [0, {total}], got {num_pruned}")
+            if not 0 <= num_pruned < total:
+                raise HeadSetError(
+                    f"num_pruned must be in [0, {total - 1}] (a member keeps at least one of the {total} "
+                    f"heads), got {num_pruned}"
+                )
             pool = ranked[: _pool(pool_size, num_pruned, len(ranked), total, "the model")]
             removed = rng.sample(pool, num_pruned)
         members.append(HeadSet.without(removed, heads))
+    if num_members > 1 and all(hs == members[0] for hs in members[1:]):
+        warnings.warn(
+            f"the {num_members} members keep the same heads: they are one model, not an ensemble "
+            "(make the pool larger than the heads pruned)",
+            stacklevel=2,
+        )
     if shared_layers:
         if not 0 <= shared_layers <= len(heads):
             raise ValueError(f"shared_layers must be in [0, {len(heads)}], got {shared_layers}")
