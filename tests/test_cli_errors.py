@@ -108,6 +108,7 @@ def w(tmp_path_factory):
     (root / "circuit-twice.json").write_text(json.dumps({**circuit, "removed": [[0, 1], [0, 1]]}))
     (root / "truncated.json").write_text('{"method": "circ')
     (root / "not-scores.json").write_text('{"method": "magic"}')
+    (root / "list.json").write_text("[1, 2, 3]")
     heads = {
         "heads-truncated.json": '{"0": [0, 1',
         "heads-layer.json": '{"9": [0]}',
@@ -184,6 +185,11 @@ def evaluate(w, *extra, method="model", data="train.csv", out="report"):
 
 def predict(w, *extra, model="model", data="train.csv", out="p.csv"):
     return ["predict", str(w / model), "--data", str(w / data), "--out", str(w / out), *extra]
+
+
+def zero_shot(w):
+    data = ["--data", str(w / "train.csv"), "--ood-data", str(w / "unlabelled.csv")]
+    return ["zero-shot", str(w / "model"), *data, "--out", str(w / "zs")]
 
 
 HEADS_PER_LAYER = ("--heads-per-layer", "2")
@@ -284,6 +290,13 @@ CASES = [
         "out.json",
     ),
     ("batch-size-zero", lambda w: score(w, "--batch-size", "0"), "--batch-size", "out.json"),
+    ("max-length-beyond-positions", lambda w: score(w, "--max-length", "600"), "512 positions", "out.json"),
+    (
+        "checkpoint-holds-a-list",
+        lambda w: score(w, "--objective", "acc", "--budget", "2", "--checkpoint", str(w / "list.json")),
+        "not a circuit checkpoint",
+        "out.json",
+    ),
     ("keep-outside-0-1", lambda w: predict(w, "--keep", "1.5"), "--keep", "p.csv"),
     ("lr-negative", lambda w: build(w, *HEADS_PER_LAYER, "--lr", "-1"), "--lr", "built"),
     # data
@@ -327,6 +340,14 @@ CASES = [
         "at least two classes",
         "built",
     ),
+    (
+        "zero-shot-empty-class",
+        lambda w: [*zero_shot(w), "--labels", "sport,money,"],
+        "must not be empty",
+        "zs",
+    ),
+    ("zero-shot-two-fields", lambda w: [*zero_shot(w), "--template", "{} and {}"], "exactly one", "zs"),
+    ("zero-shot-named-field", lambda w: [*zero_shot(w), "--template", "{topic}"], "exactly one", "zs"),
     # columns
     (
         "parquet-text-not-text",

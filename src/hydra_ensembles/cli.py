@@ -224,12 +224,26 @@ def _data_batches(
             "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
             "where the command takes it (a saved Hydra model keeps none)"
         )
+    if not isinstance(dataset, ImageDataset):
+        _check_max_length(args.max_length, preprocessor, model)
     if limit:
         dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
     out = list(to_batches(dataset, preprocessor, args.batch_size, args.max_length))
     if not labels:
         out = [model_inputs(b) for b in out]
     return dataset, out
+
+
+def _check_max_length(max_length: int, tokenizer, model) -> None:
+    """Refuse a ``--max-length`` beyond the positions the tokenizer and the model know (longer
+    inputs would index past the position embeddings)."""
+    limits = [getattr(tokenizer, "model_max_length", None)]
+    for m in model if isinstance(model, list) else [model]:
+        config = getattr(m, "config", None)
+        limits.append(getattr(config, "max_position_embeddings", None) if config is not None else None)
+    known = [int(n) for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
+    if known and max_length > min(known):
+        raise ValueError(f"--max-length {max_length} exceeds the model's {min(known)} positions")
 
 
 def _cmd_score(args: argparse.Namespace) -> int:

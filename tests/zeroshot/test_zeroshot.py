@@ -209,7 +209,15 @@ def test_bad_configurations_are_refused_with_clear_errors():
     with pytest.raises(ValueError, match="distinct"):
         DualEncoderConfig(["a", "a"])
     with pytest.raises(ValueError, match="positive"):
-        DualEncoderConfig(["a"], logit_scale=0.0)
+        DualEncoderConfig(["a", "b"], logit_scale=0.0)
+    with pytest.raises(ValueError, match="at least two class names"):
+        DualEncoderConfig(["a"])
+    with pytest.raises(ValueError, match="must not be empty"):
+        DualEncoderConfig(["a", "b", ""])
+    for template in ("{} and {}", "{topic}", "a {"):
+        with pytest.raises(ValueError, match="template"):
+            DualEncoderConfig(["a", "b"], [template])
+    assert DualEncoderConfig(["a", "b"], ["{{literal}} {}"]).prompts() == ["{literal} a", "{literal} b"]
     model = tiny_sentence_zero_shot(classes=3, templates=2)
     with pytest.raises(ValueError, match="6 rows"):
         type(model)(model.input_tower, model.label_tower, text_inputs(5), model.config)

@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from ..adapters import ArchitectureAdapter, DualEncoderAdapter, get_adapter
 from ..batching import checked_batches, model_inputs
 from ..heads import HeadSet
-from ..io import atomic_write_json
+from ..io import atomic_write_json, read_json
 from ..metrics import auroc
 from ..precision import Precision, in_precision, model_device, resolve_precision
 from ..serialization import check_finite
@@ -489,16 +489,24 @@ def _resume(
     fresh = CircuitOrder(objective, list(heads_per_layer), base_score=float("nan"))
     if checkpoint is None or not Path(checkpoint).is_file():
         return fresh, {}, 0, 0.0
-    data = json.loads(Path(checkpoint).read_text())
+    try:
+        data = read_json(checkpoint, "circuit checkpoint")
+    except ValueError as exc:
+        raise CircuitError(f"{exc}: delete it to start over") from None
+    if not isinstance(data, dict) or "order" not in data:
+        raise CircuitError(f"{checkpoint} is not a circuit checkpoint: delete it or choose another path")
     if data.get("key") != key:
         raise CircuitError(
             f"checkpoint {checkpoint} belongs to another extraction (model, data or settings differ); "
             "delete it or choose another path"
         )
-    lazy = data.get("lazy", {})
-    known = {(int(a), int(b)): (float(v), float(t)) for a, b, v, t in lazy.get("known", [])}
-    error = float(data.get("logit_error", 0.0))
-    return CircuitOrder.from_dict(data["order"]), known, int(lazy.get("since_refresh", 0)), error
+    try:
+        lazy = data.get("lazy", {})
+        known = {(int(a), int(b)): (float(v), float(t)) for a, b, v, t in lazy.get("known", [])}
+        error = float(data.get("logit_error", 0.0))
+        return CircuitOrder.from_dict(data["order"]), known, int(lazy.get("since_refresh", 0)), error
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise CircuitError(f"checkpoint {checkpoint} is damaged ({exc}): delete it to start over") from None
 
 
 @torch.no_grad()

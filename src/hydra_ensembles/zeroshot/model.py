@@ -35,6 +35,23 @@ SENTENCE_LOGIT_SCALE = 20.0
 trained with. Temperature scaling refits it on ID validation data in the "+ TS" rows."""
 
 
+def check_template(template: str) -> None:
+    """A prompt template holds exactly one ``{}`` (the class name) and no other field (``{{`` and
+    ``}}`` write braces); ValueError otherwise."""
+    import string
+
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        reason = f"template {template!r} is malformed ({exc})"
+        raise ValueError(f"{reason}: write braces as {{{{ and }}}}") from None
+    if fields != [""]:
+        raise ValueError(
+            f"template {template!r} must hold exactly one '{{}}' for the class name and no other field, "
+            f"found {['{' + f + '}' for f in fields] or 'none'}"
+        )
+
+
 @dataclass
 class DualEncoderConfig:
     """What a dual-encoder classifier is: classes, templates, scale, poolings and head pool."""
@@ -48,12 +65,16 @@ class DualEncoderConfig:
     model_type: str = MODEL_TYPE
 
     def __post_init__(self) -> None:
-        if not self.classes:
-            raise ValueError("a zero-shot classifier needs at least one class name")
+        if len(self.classes) < 2:
+            raise ValueError(f"a zero-shot classifier needs at least two class names, got {self.classes}")
+        if any(not str(c).strip() for c in self.classes):
+            raise ValueError(f"class names must not be empty (a trailing comma?), got {self.classes}")
         if len(set(self.classes)) != len(self.classes):
             raise ValueError(f"class names must be distinct, got {self.classes}")
-        if not self.templates or any("{}" not in t for t in self.templates):
-            raise ValueError(f"every template needs one '{{}}' for the class name, got {self.templates}")
+        if not self.templates:
+            raise ValueError("give at least one template")
+        for template in self.templates:
+            check_template(template)
         if self.heads not in ("both", "input"):
             raise ValueError(f"heads must be 'both' or 'input', got {self.heads!r}")
         if not self.logit_scale > 0:
