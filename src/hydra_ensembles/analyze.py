@@ -355,8 +355,10 @@ def _main_table(results: dict[str, Any], cost: dict[str, Any] | None = None) -> 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for name, row in results.items():
         cells = [name] + [reporting.format_value(k, reporting_value(row, k)) for k, _, _ in columns]
-        div = row["diversity"]["id"]
-        cells += [f"{div['mutual_information']:.4f}", f"{100 * div['disagreement']:.2f}"]
+        div = row.get("diversity", {}).get("id")  # single models have no diversity
+        cells += (
+            [f"{div['mutual_information']:.4f}", f"{100 * div['disagreement']:.2f}"] if div else ["–", "–"]
+        )
         if cost:
             c = cost["methods"].get(name)
             cells += (

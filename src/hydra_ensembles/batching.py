@@ -27,6 +27,9 @@ def checked_batches(
         if "labels" not in batch:
             raise error(f"every batch of {what} needs 'labels'")
         labels = batch["labels"]
+        if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
+            kind = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+            raise error(f"labels in {what} must be an integer tensor of class ids, got {kind}")
         if labels.numel() and (labels.min() < 0 or labels.max() >= num_labels):
             raise error(f"labels out of range in {what}: the model has {num_labels} classes")
     return batches

@@ -8,6 +8,7 @@ the *original* (unpruned) model.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -61,8 +62,15 @@ class HeadSet:
 
     @classmethod
     def from_mask(cls, mask: Sequence[Sequence[bool | int | float]]) -> HeadSet:
-        """From a (layers, heads) 0/1 mask: nonzero means kept."""
-        return cls({layer: [h for h, v in enumerate(row) if v] for layer, row in enumerate(mask)})
+        """From a (layers, heads) 0/1 mask: nonzero means kept. NaN (or any value that is not a
+        finite number) is refused: it is truthy, so it would silently keep its head."""
+        rows = [[float(v) for v in row] for row in mask]
+        bad = [
+            (layer, h) for layer, row in enumerate(rows) for h, v in enumerate(row) if not math.isfinite(v)
+        ]
+        if bad:
+            raise HeadSetError(f"the mask holds NaN or Inf at (layer, head) {bad[0]}: it must be 0 or 1")
+        return cls({layer: [h for h, v in enumerate(row) if v] for layer, row in enumerate(rows)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HeadSet:

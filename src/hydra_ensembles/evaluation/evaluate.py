@@ -24,6 +24,8 @@ def ood_scores(
     if score == "entropy":
         return M.entropy_score(predictions.probs(temperature))
     if score == "mutual_information":
+        if predictions.num_members < 2:
+            raise ValueError("mutual information measures members' disagreement: it needs an ensemble")
         return M.mutual_information_score(predictions.member_probs(temperature))
     mean_logits = predictions.member_logits.mean(0)
     if score == "max_logit":
@@ -47,8 +49,18 @@ def evaluate_predictions(
     """
     if id_test.labels is None:
         raise ValueError("ID test predictions need labels")
+    others = [("OOD set " + name, p) for name, (_, p) in (ood or {}).items()]
+    others += [(f"shift {name}@{severity}", p) for (name, severity), p in (shift or {}).items()]
+    for what, preds in others:
+        if (preds.num_members, preds.num_classes) != (id_test.num_members, id_test.num_classes):
+            raise ValueError(
+                f"{what}: predictions of {preds.num_members} members over {preds.num_classes} classes, "
+                f"the ID test's of {id_test.num_members} over {id_test.num_classes}: not one model's"
+            )
+    ensemble = id_test.num_members > 1  # diversity (mutual information, disagreement) needs members
     result: dict[str, Any] = {"classification": M.classification(id_test.probs(temperature), id_test.labels)}
-    result["diversity"] = {"id": M.diversity(id_test.member_probs(temperature))}
+    if ensemble:
+        result["diversity"] = {"id": M.diversity(id_test.member_probs(temperature))}
     if ood:
         id_scores = {s: ood_scores(id_test, s, temperature) for s in scores if _applicable(s, id_test)}
         per_set: dict[str, Any] = {}
@@ -58,7 +70,8 @@ def evaluate_predictions(
             per_set[name] = {"kind": kind, "scores": {}}
             for score, id_s in id_scores.items():
                 per_set[name]["scores"][score] = M.ood(id_s, ood_scores(preds, score, temperature))
-            result["diversity"][name] = M.diversity(preds.member_probs(temperature))
+            if ensemble:
+                result["diversity"][name] = M.diversity(preds.member_probs(temperature))
         result["ood"] = per_set
         result["ood_summary"] = summarise_ood(per_set)
     if shift:

@@ -23,16 +23,39 @@ class Predictions:
     member_logits: np.ndarray
     labels: np.ndarray | None = None
 
+    def __post_init__(self) -> None:
+        logits = np.asarray(self.member_logits)
+        if logits.ndim != 3 or 0 in logits.shape:
+            raise ValueError(
+                f"member logits must be (members, inputs, classes), none empty; got {logits.shape}"
+            )
+        if self.labels is not None:
+            labels = np.asarray(self.labels)
+            if labels.shape != (logits.shape[1],):
+                raise ValueError(
+                    f"{labels.shape[0] if labels.ndim else 0} labels for {logits.shape[1]} inputs"
+                )
+            if not np.issubdtype(labels.dtype, np.integer):
+                raise ValueError(f"labels must be integer class ids, got {labels.dtype}")
+            if labels.size and (labels.min() < 0 or labels.max() >= logits.shape[2]):
+                raise ValueError(f"labels out of range: the predictions have {logits.shape[2]} classes")
+
     @property
     def num_members(self) -> int:
         return self.member_logits.shape[0]
 
+    @property
+    def num_classes(self) -> int:
+        return self.member_logits.shape[2]
+
     def member_probs(self, temperature: float | np.ndarray = 1.0) -> np.ndarray:
-        t = (
-            np.asarray(temperature, dtype=np.float64).reshape(-1, 1, 1)
-            if np.ndim(temperature)
-            else temperature
-        )
+        t = np.asarray(temperature, dtype=np.float64)
+        if not (np.isfinite(t).all() and (t > 0).all()):
+            raise ValueError(f"temperatures must be positive and finite, got {temperature}")
+        if t.ndim:
+            if t.size != self.num_members:
+                raise ValueError(f"{t.size} temperatures for {self.num_members} members")
+            t = t.reshape(-1, 1, 1)
         x = self.member_logits / t
         x = x - x.max(-1, keepdims=True)
         e = np.exp(x)
@@ -76,8 +99,17 @@ def predict(
     ensemble = as_ensemble(model, mc_samples).eval()
     parts: list[np.ndarray] = []
     labels: list[np.ndarray] = []
+    batches = list(batches)
+    if not batches:
+        raise ValueError(f"{desc}: no batches to predict")
+    labelled = ["labels" in batch for batch in batches]
+    if any(labelled) and not all(labelled):
+        raise ValueError(
+            f"{desc}: {labelled.count(True)} batches have labels and {labelled.count(False)} do not: "
+            "give labels for every batch or for none"
+        )
     with compute.autocast(device):
-        for batch in tqdm(list(batches), desc=desc, leave=False, disable=not progress or None):
+        for batch in tqdm(batches, desc=desc, leave=False, disable=not progress or None):
             if "labels" in batch:
                 labels.append(batch["labels"].cpu().numpy())
             parts.append(ensemble(**model_inputs(batch)).member_logits.float().cpu().numpy())

@@ -1,9 +1,9 @@
 """Per-example predictions with their uncertainty, and a flag for inputs to send elsewhere.
 
 `per_example` turns an ensemble's predictions into one record per input: the predicted class,
-its probability, the class probabilities, predictive entropy (total uncertainty), mutual
-information (the members' disagreement: epistemic uncertainty) and the share of members that
-agree with the ensemble. `flag_threshold` picks, on labelled ID *validation* data, the OOD-score
+its probability, the class probabilities, predictive entropy (total uncertainty) and, for an
+ensemble, mutual information (the members' disagreement: epistemic uncertainty) and the share of
+members that agree with the ensemble. `flag_threshold` picks, on labelled ID *validation* data, the OOD-score
 value that keeps a chosen share of ID inputs unflagged; inputs above it are flagged.
 """
 
@@ -39,6 +39,7 @@ def per_example(
     agreeing = (member_probs.argmax(-1) == predicted[None]).mean(0)
     entropy = M.entropy_score(probs)
     mutual = M.mutual_information_score(member_probs)
+    ensemble = predictions.num_members > 1
     score = ood_scores(predictions, flag_score, temperature)
     records = []
     for i in range(probs.shape[0]):
@@ -47,10 +48,10 @@ def per_example(
             "confidence": float(probs[i, predicted[i]]),
             **{f"p_{name}": float(p) for name, p in zip(names, probs[i], strict=True)},
             "entropy": float(entropy[i]),
-            "mutual_information": float(mutual[i]),
-            "members_agreeing": float(agreeing[i]),
-            flag_score: float(score[i]),
         }
+        if ensemble:  # members' disagreement: a single model has none to report
+            record.update(mutual_information=float(mutual[i]), members_agreeing=float(agreeing[i]))
+        record[flag_score] = float(score[i])
         if threshold is not None:
             record["flagged"] = bool(score[i] > threshold)
         if predictions.labels is not None:

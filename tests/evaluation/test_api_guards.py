@@ -1,0 +1,84 @@
+"""The Python API refuses, with a typed error naming the problem, what would otherwise give a
+silently wrong number: inverted probabilities, predictions of two different models scored
+together, disagreement of a model with itself, NaN masks, empty or half-labelled inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hydra_ensembles as he
+from hydra_ensembles.evaluation import Predictions, evaluate_predictions, fit_temperature, predict
+from hydra_ensembles.evaluation.uncertainty import per_example
+from tests.factories import labelled, text_inputs, tiny_bert
+
+
+def _preds(members=3, n=20, classes=4, seed=0, labels=True):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(members, n, classes)).astype(np.float32)
+    return Predictions(logits, rng.integers(0, classes, n) if labels else None)
+
+
+@pytest.mark.parametrize("temperature", [-1.0, 0.0, float("nan"), float("inf")])
+def test_a_temperature_that_is_not_positive_is_refused(temperature):
+    with pytest.raises(ValueError, match="positive and finite"):
+        evaluate_predictions(_preds(), temperature=temperature)
+    with pytest.raises(ValueError, match="3 members"):
+        _preds().probs(np.array([1.0, 2.0]))
+
+
+def test_ood_predictions_of_another_model_are_not_scored_with_the_id_ones():
+    with pytest.raises(ValueError, match="over 5 classes"):
+        evaluate_predictions(_preds(), {"x": ("far", _preds(classes=5, labels=False))})
+    with pytest.raises(ValueError, match="1 members"):
+        evaluate_predictions(_preds(), {"x": ("far", _preds(members=1, labels=False))})
+
+
+def test_a_single_model_reports_no_disagreement():
+    single = _preds(members=1)
+    result = evaluate_predictions(single, {"x": ("far", _preds(members=1, seed=1, labels=False))})
+    assert "diversity" not in result
+    assert "mutual_information" not in result["ood"]["x"]["scores"]
+    record = per_example(single)[0]
+    assert "mutual_information" not in record and "members_agreeing" not in record
+    assert "mutual_information" in per_example(_preds())[0]
+    with pytest.raises(ValueError, match="needs an ensemble"):
+        per_example(single, flag_score="mutual_information")
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        (np.array([0, 1, 4]), "out of range"),
+        (np.array([0, -1, 1]), "out of range"),
+        (np.array([0.0, 1.0, 1.0]), "integer class ids"),
+        (np.array([0, 1]), "for 3 inputs"),
+    ],
+)
+def test_labels_that_do_not_fit_the_predictions_are_refused(labels, message):
+    logits = np.zeros((1, 3, 4), np.float32)
+    with pytest.raises(ValueError, match=message):
+        fit_temperature(Predictions(logits, labels))
+
+
+def test_a_nan_in_a_head_mask_is_refused_not_kept():
+    with pytest.raises(he.HeadSetError, match="NaN"):
+        he.HeadSet.from_mask([[1.0, float("nan")], [0.0, 1.0]])
+    assert he.HeadSet.from_mask([[1, 0], [0.0, 1.0]]) == he.HeadSet({0: [0], 1: [1]})
+
+
+def test_predict_refuses_nothing_and_half_labelled_inputs():
+    model = tiny_bert(layers=1, heads=2)
+    with pytest.raises(ValueError, match="no batches"):
+        predict(model, [], progress=False)
+    inputs = text_inputs(batch=4, tokens=5)
+    with pytest.raises(ValueError, match="1 batches have labels and 1 do not"):
+        predict(model, [labelled(inputs), inputs], progress=False)
+
+
+def test_float_labels_are_refused_by_circuit_extraction():
+    model = tiny_bert(layers=1, heads=2)
+    batch = {**text_inputs(batch=4, tokens=5), "labels": torch.tensor([0.0, 1.0, 2.0, 1.0])}
+    with pytest.raises(ValueError, match="integer tensor of class ids"):
+        he.extract_circuit(model, [batch], budget=1, objective="acc")
