@@ -77,6 +77,12 @@ def w(tmp_path_factory):
     loaded = load_any(str(root / "model"))
     loaded.config.id2label, loaded.config.label2id = {0: "money", 1: "sport"}, {"money": 0, "sport": 1}
     he.fuse(loaded, [he.HeadSet({0: [0, 1]}), he.HeadSet({1: [2, 3]})]).save_pretrained(root / "hydra")
+    tokenizer.save_pretrained(root / "hydra-tokenizer-edited")
+    he.fuse(loaded, [he.HeadSet({0: [0, 1]}), he.HeadSet({1: [2, 3]})]).save_pretrained(
+        root / "hydra-tokenizer-edited"
+    )  # the tokenizer saved first: its files are in the model's checksums
+    vocab = root / "hydra-tokenizer-edited" / "tokenizer.json"
+    vocab.write_text(vocab.read_text().replace('"[UNK]"', '"[UNKNOWN]"', 1))
     shutil.copytree(root / "hydra", root / "hydra-tampered")
     weights = root / "hydra-tampered" / "model.safetensors"
     data = bytearray(weights.read_bytes())
@@ -204,6 +210,12 @@ CASES = [
     ("config-wrong-head-count", lambda w: score(w, model="bad-config"), "heads", "out.json"),
     ("tampered-hydra-weights", lambda w: evaluate(w, method="hydra-tampered"), "checksum", "report"),
     ("edited-member-config", lambda w: evaluate(w, method="member-edited"), "modified", "report"),
+    (
+        "edited-tokenizer-of-hydra",
+        lambda w: evaluate(w, method="hydra-tokenizer-edited"),
+        "tokenizer.json was modified after saving",
+        "report",
+    ),
     ("broken-member-json", lambda w: evaluate(w, method="member-broken"), "not valid JSON", "report"),
     ("num-labels-contradicts-head", lambda w: score(w, "--num-labels", "5"), "contradicts", "out.json"),
     (

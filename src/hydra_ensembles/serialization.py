@@ -26,14 +26,30 @@ WEIGHTS_NAME = "model.safetensors"
 def write_saved(
     path: str | os.PathLike, config_name: str, config: dict[str, Any], state: dict[str, torch.Tensor]
 ) -> Path:
-    """Write ``state`` as safetensors, then ``config`` (with both checksums) as ``config_name``."""
+    """Write ``state`` as safetensors, then ``config`` as ``config_name`` with the checksums of the
+    weights, of every other file already in the folder (a tokenizer or image processor saved
+    there first: `read_saved` refuses one edited later) and of itself."""
     path = Path(path)
     state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     weights = atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp)))
-    config = {**config, "weights_sha256": sha256_file(weights)}
+    config = {
+        **config,
+        "weights_sha256": sha256_file(weights),
+        "files_sha256": _companions(path, config_name),
+    }
     config["config_sha256"] = config_digest(config)
     atomic_write_json(path / config_name, config)  # written last: its presence means complete
     return path
+
+
+def _companions(path: Path, config_name: str) -> dict[str, str]:
+    """SHA-256 of every file in ``path`` besides the weights and the config (hidden files and
+    leftovers of interrupted writes excluded)."""
+    return {
+        p.name: sha256_file(p)
+        for p in sorted(path.iterdir())
+        if p.is_file() and p.name not in (WEIGHTS_NAME, config_name) and not p.name.startswith(".")
+    }
 
 
 def read_saved(
@@ -79,6 +95,11 @@ def read_saved(
             f"{weights} does not match the checksum in {config_name}: the file is truncated, "
             "corrupted or was modified after saving"
         )
+    for name, digest in config.get("files_sha256", {}).items():
+        companion = path / name
+        if not companion.is_file() or sha256_file(companion) != digest:
+            state_of = "is missing" if not companion.is_file() else "was modified after saving"
+            raise error(f"{companion} {state_of} (its checksum is in {config_name})")
     try:
         state = load_file(str(weights), device=str(device) if device else "cpu")
     except (SafetensorError, OSError) as exc:
