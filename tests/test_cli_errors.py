@@ -583,6 +583,16 @@ def test_a_second_process_writing_the_same_output_is_refused(w, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["demo", "analyze"])
+def test_a_second_demo_or_analysis_into_one_folder_is_refused(w, capsys, command):
+    from hydra_ensembles.io import output_lock
+
+    with output_lock(w / f"{command}-folder"):
+        assert run([command, "--out", str(w / f"{command}-folder")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hydra-ens")]
+    assert len(lines) == 1 and "another process is writing" in lines[0]
+
+
 def test_a_killed_fuse_leaves_nothing_that_blocks_its_rerun(w, capsys):
     """A save killed midway leaves its temporary weights file; the rerun (no --overwrite) removes
     it and succeeds instead of calling the folder "not empty"."""

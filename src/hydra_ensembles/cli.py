@@ -113,6 +113,7 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .experiment import DemoConfig, run_demo
+    from .io import output_lock
     from .runtime import ensure_cpu_allocator_tuned
 
     ensure_cpu_allocator_tuned()
@@ -132,24 +133,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.out:
         overrides["out_dir"] = Path(args.out)
     config = DemoConfig.preset(args.task, full=args.full, **overrides)
-    if args.seeds:
-        if args.task == "zero-shot":
-            raise ValueError("--seeds runs the supervised demos (text, image)")
-        from .experiment import run_seeds
+    if args.seeds and args.task == "zero-shot":
+        raise ValueError("--seeds runs the supervised demos (text, image)")
+    with output_lock(config.out_dir):  # its default folder too: one demo writes it at a time
+        if args.seeds:
+            from .experiment import run_seeds
 
-        run_seeds(config, [int(s) for s in args.seeds.split(",") if s.strip()])
-        return 0
-    if args.task == "zero-shot":
-        from .zero_shot_demo import run_zero_shot_demo
+            run_seeds(config, [int(s) for s in args.seeds.split(",") if s.strip()])
+        elif args.task == "zero-shot":
+            from .zero_shot_demo import run_zero_shot_demo
 
-        run_zero_shot_demo(config)
-    else:
-        run_demo(config)
+            run_zero_shot_demo(config)
+        else:
+            run_demo(config)
     return 0
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analyze import analysis_config, run_analysis
+    from .io import output_lock
     from .runtime import ensure_cpu_allocator_tuned
 
     ensure_cpu_allocator_tuned()
@@ -164,7 +166,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         cache_dir=Path(args.cache_dir),
         precision=args.precision,
     )
-    run_analysis(config)
+    with output_lock(config.out_dir):
+        run_analysis(config)
     return 0
 
 
@@ -1360,6 +1363,8 @@ def _locked_outputs(args: argparse.Namespace) -> contextlib.ExitStack:
     from .io import output_lock
 
     stack = contextlib.ExitStack()
+    if args.command in ("demo", "analyze"):  # they lock their output folder, default included
+        return stack
     try:
         for name in OUTPUT_OPTIONS:
             if isinstance(path := getattr(args, name, None), str):

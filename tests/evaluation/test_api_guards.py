@@ -50,7 +50,7 @@ def test_a_single_model_reports_no_disagreement():
 @pytest.mark.parametrize(
     ("labels", "message"),
     [
-        (np.array([0, 1, 4]), "out of range"),
+        (np.array([0, 1, 4]), "out of range: there are 4 classes"),
         (np.array([0, -1, 1]), "out of range"),
         (np.array([0.0, 1.0, 1.0]), "integer class ids"),
         (np.array([0, 1]), "for 3 inputs"),

@@ -47,8 +47,7 @@ def evaluate_predictions(
     ``ood`` maps dataset name -> ("near" | "far", predictions); ``shift`` maps
     (corruption, severity) -> labelled predictions. Intervals: `evaluation.bootstrap`.
     """
-    if id_test.labels is None:
-        raise ValueError("ID test predictions need labels")
+    id_labels = id_test.class_labels("ID test predictions")
     others = [("OOD set " + name, p) for name, (_, p) in (ood or {}).items()]
     others += [(f"shift {name}@{severity}", p) for (name, severity), p in (shift or {}).items()]
     for what, preds in others:
@@ -58,7 +57,7 @@ def evaluate_predictions(
                 f"the ID test's of {id_test.num_members} over {id_test.num_classes}: not one model's"
             )
     ensemble = id_test.num_members > 1  # diversity (mutual information, disagreement) needs members
-    result: dict[str, Any] = {"classification": M.classification(id_test.probs(temperature), id_test.labels)}
+    result: dict[str, Any] = {"classification": M.classification(id_test.probs(temperature), id_labels)}
     if ensemble:
         result["diversity"] = {"id": M.diversity(id_test.member_probs(temperature))}
     if ood:
@@ -81,7 +80,7 @@ def evaluate_predictions(
                 "severity": severity,
                 **{
                     k: v
-                    for k, v in M.classification(p.probs(temperature), p.labels).items()
+                    for k, v in M.classification(p.probs(temperature), p.class_labels(name)).items()
                     if k in ("acc", "brier")
                 },
             }

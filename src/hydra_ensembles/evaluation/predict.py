@@ -37,8 +37,17 @@ class Predictions:
                 )
             if not np.issubdtype(labels.dtype, np.integer):
                 raise ValueError(f"labels must be integer class ids, got {labels.dtype}")
-            if labels.size and (labels.min() < 0 or labels.max() >= logits.shape[2]):
-                raise ValueError(f"labels out of range: the predictions have {logits.shape[2]} classes")
+
+    def class_labels(self, what: str = "predictions") -> np.ndarray:
+        """The labels, checked to be classes of these predictions (OOD data may carry labels of
+        other classes, so this is checked where labels are used as classes); ValueError naming
+        ``what`` where they are missing or out of range."""
+        if self.labels is None:
+            raise ValueError(f"{what} need labels")
+        labels = np.asarray(self.labels)
+        if labels.size and (labels.min() < 0 or labels.max() >= self.num_classes):
+            raise ValueError(f"labels of {what} out of range: there are {self.num_classes} classes")
+        return labels
 
     @property
     def num_members(self) -> int:

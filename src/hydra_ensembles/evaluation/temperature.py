@@ -36,10 +36,8 @@ def _fit(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
 def fit_temperature(predictions: Predictions, per_member: bool = False) -> float | np.ndarray:
     """The temperature(s) minimising validation NLL of ``predictions`` (which need labels)."""
-    if predictions.labels is None:
-        raise ValueError("temperature scaling needs labelled validation predictions")
+    labels = torch.as_tensor(predictions.class_labels("temperature scaling's labelled validation data"))
     logits = torch.as_tensor(predictions.member_logits, dtype=torch.float64)
-    labels = torch.as_tensor(predictions.labels, dtype=torch.long)
     if len(labels) < MIN_CALIBRATION_SIZE:
         warnings.warn(
             f"temperature fit on only {len(labels)} validation inputs (fewer than {MIN_CALIBRATION_SIZE}): "

@@ -40,6 +40,7 @@ def per_example(
     entropy = M.entropy_score(probs)
     mutual = M.mutual_information_score(member_probs)
     ensemble = predictions.num_members > 1
+    labels = None if predictions.labels is None else predictions.class_labels()
     score = ood_scores(predictions, flag_score, temperature)
     records = []
     for i in range(probs.shape[0]):
@@ -55,8 +56,8 @@ def per_example(
         if threshold is not None:
             record["flagged"] = bool(score[i] > threshold)
         if predictions.labels is not None:
-            record["label"] = names[int(predictions.labels[i])]
-            record["correct"] = bool(predicted[i] == predictions.labels[i])
+            record["label"] = names[int(labels[i])]
+            record["correct"] = bool(predicted[i] == labels[i])
         records.append(record)
     return records
 
