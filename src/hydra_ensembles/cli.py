@@ -252,6 +252,7 @@ def _check_max_length(max_length: int, tokenizer, model) -> None:
 def _cmd_score(args: argparse.Namespace) -> int:
     from .io import atomic_write_json, check_output_file
     from .scoring import extract_circuit, taylor_head_set, taylor_scores
+    from .scoring.taylor import DECIDING_PRECISION
 
     check_output_file(args.out, (".json",))
     if args.checkpoint:
@@ -261,8 +262,9 @@ def _cmd_score(args: argparse.Namespace) -> int:
     _, data = _data_batches(args.data, args, preprocessor, args.limit, model=model)
     _say_precision(args)
     if args.method == "taylor":
-        scores = taylor_scores(model, data, progress=True, precision=args.precision)
-        heads = taylor_head_set(model, data, args.heads_per_layer, scope=args.scope, precision=args.precision)
+        # a ranking file decides which heads members prune: scored in fp32 on every machine
+        scores = taylor_scores(model, data, progress=True, precision=DECIDING_PRECISION)
+        heads = taylor_head_set(model, data, args.heads_per_layer, scope=args.scope)
         out = {
             "method": "taylor",
             "scores": scores.tolist(),

@@ -86,6 +86,7 @@ from .models import (
 from .precision import Precision, in_precision, resolve_precision
 from .runtime import describe_machine
 from .scoring import CircuitOrder, extract_circuit, removal_ranking, taylor_head_set, taylor_scores
+from .scoring.taylor import DECIDING_PRECISION
 from .surgery import heads_per_layer as heads_per_layer_of
 from .surgery import prune
 from .tasks import Dataset, Task, load_image_task, load_text_task
@@ -1055,13 +1056,13 @@ def rank_model(
         f"Taylor scores{f' ({label})' if label else ''}",
         f"{kind}taylor-scores",
         key,
-        lambda: taylor_scores(model, calib, precision=compute).tolist(),
+        lambda: taylor_scores(model, calib, precision=DECIDING_PRECISION).tolist(),  # members' ranking
     )
     single = run.cached_json(
         f"Taylor pruning (prune -> recompute{named})",
         f"{kind}taylor-heads",
         {**key, "keep": keep},
-        lambda: taylor_head_set(model, calib, keep, precision=compute).to_dict(),
+        lambda: taylor_head_set(model, calib, keep).to_dict(),
     )
     circuit_key = {
         **key,

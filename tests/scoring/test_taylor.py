@@ -54,17 +54,45 @@ def test_layerwise_prune_then_recompute():
     chosen = he.taylor_head_set(model, calib, heads_per_layer=2, progress=False)
     resolved = chosen.resolve([4, 4, 4])
     assert all(len(k) == 2 for k in resolved)
-    first = he.taylor_scores(model, calib)[0]
+    first = he.taylor_scores(model, calib, precision="fp32")[0]  # what the head set decides on
     assert set(resolved[0]) == set(torch.argsort(-first)[:2].tolist())
-    after = he.taylor_scores(he.prune(model, he.HeadSet({0: list(resolved[0])})), calib)[1]
+    after = he.taylor_scores(he.prune(model, he.HeadSet({0: list(resolved[0])})), calib, precision="fp32")[1]
     assert set(resolved[1]) == set(torch.argsort(-after)[:2].tolist())
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_the_kept_heads_do_not_depend_on_the_machines_precision(monkeypatch, scope):
+    """Where `auto` resolves to bf16, the head set is still fp32's. A low-precision near-tie is
+    injected (scores in any other precision swap the last kept and the first pruned head of each
+    decision), so a head set decided in the machine's precision would differ."""
+    from hydra_ensembles.scoring import taylor
+
+    monkeypatch.setenv("HYDRA_PRECISION", "bf16")
+    model, calib = tiny_bert(layers=2, heads=4, init_range=0.2), _calib()
+    expected = he.taylor_head_set(model, calib, heads_per_layer=2, scope=scope, progress=False)
+    exact = taylor.taylor_scores
+
+    def near_tie(model, calib, progress=False, precision="auto"):
+        scores = exact(model, calib, progress, precision)
+        if precision == "fp32":
+            return scores
+        rows = scores.flatten()[None] if scope == "global" else scores  # what one decision ranks
+        swapped = rows.clone()
+        for row, out in zip(rows, swapped, strict=True):
+            order = torch.argsort(-row.nan_to_num(float("-inf")), stable=True)
+            cut = 4 if scope == "global" else 2  # the heads kept
+            out[order[cut - 1]], out[order[cut]] = row[order[cut]], row[order[cut - 1]]
+        return swapped.view_as(scores)
+
+    monkeypatch.setattr(taylor, "taylor_scores", near_tie)
+    assert he.taylor_head_set(model, calib, heads_per_layer=2, scope=scope, progress=False) == expected
 
 
 def test_global_scope_keeps_the_top_heads_overall():
     model = tiny_bert(layers=2, heads=4, init_range=0.2)
     calib = _calib()
     chosen = he.taylor_head_set(model, calib, heads_per_layer=2, scope="global", progress=False)
-    scores = he.taylor_scores(model, calib)
+    scores = he.taylor_scores(model, calib, precision="fp32")
     top = set(map(tuple, torch.nonzero(scores >= scores.flatten().sort(descending=True).values[3]).tolist()))
     kept = {(lay, h) for lay, heads in enumerate(chosen.resolve([4, 4])) for h in heads}
     assert kept == top and len(kept) == 4

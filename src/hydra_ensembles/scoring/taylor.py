@@ -83,20 +83,25 @@ def taylor_scores(
     return scores
 
 
+DECIDING_PRECISION = "fp32"
+"""The precision of the scores `taylor_head_set` decides on. One exact pass costs what a bf16
+pass and an fp32 check of its near-ties would (every head's score comes from one backward)."""
+
+
 def taylor_head_set(
     model: nn.Module,
     calib: Iterable[dict[str, Any]],
     heads_per_layer: int | Sequence[int],
     scope: Literal["layer", "global"] = "layer",
     progress: bool = True,
-    precision: str = "auto",
 ) -> HeadSet:
     """Heads kept by Taylor pruning.
 
     ``scope="layer"``: per-layer budget with prune -> recompute, layer by layer (D.1.1): score,
     keep the top ``heads_per_layer`` heads of layer 0, prune, recompute gradients, then layer 1...
     ``scope="global"``: one scoring pass, the top ``sum(heads_per_layer)`` heads over all layers.
-    ``precision`` as for `taylor_scores`.
+    The deciding scores are computed in fp32 on every machine: in bf16 or fp16 near-ties flip
+    and the kept heads would depend on the arithmetic; exact ties go to the lower (layer, head).
     """
     batches = list(calib)
     adapter = get_adapter(model)
@@ -105,7 +110,7 @@ def taylor_head_set(
     if len(budget) != len(original) or any(not 0 <= k <= h for k, h in zip(budget, original, strict=True)):
         raise HeadSetError(f"heads_per_layer must be in [0, heads] for each of the {len(original)} layers")
     if scope == "global":
-        scores = taylor_scores(model, batches, precision=precision)
+        scores = taylor_scores(model, batches, precision=DECIDING_PRECISION)
         flat = sorted(
             ((scores[layer, h].item(), layer, h) for layer, n in enumerate(original) for h in range(n)),
             key=lambda t: (-t[0], t[1], t[2]),
@@ -116,7 +121,7 @@ def taylor_head_set(
     kept: dict[int, list[int]] = {}
     current = model
     for layer in tqdm(range(len(original)), desc="taylor (prune -> recompute)", disable=not progress or None):
-        scores = taylor_scores(current, batches, precision=precision)[layer]
+        scores = taylor_scores(current, batches, precision=DECIDING_PRECISION)[layer]
         ranked = sorted(range(original[layer]), key=lambda h: (-scores[h].item(), h))
         kept[layer] = sorted(ranked[: budget[layer]])
         current = prune(model, HeadSet(kept))
