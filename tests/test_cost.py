@@ -1,4 +1,4 @@
-"""Parameter counts of the fused model equal DESIGN.md's formulas; multiply-adds are counted."""
+"""Parameter counts of the fused model equal their closed-form formulas; multiply-adds are counted."""
 
 import pytest
 import torch

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hydra_ensembles.experiment import DemoConfig
 from hydra_ensembles.zero_shot_demo import run_zero_shot_demo
 
 
+@pytest.mark.real_model
 def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsys, monkeypatch):
     config = DemoConfig.preset(
         "zero-shot",

@@ -1,4 +1,4 @@
-"""The embedded benchmarks: the paper's protocol scaled to offline data (DATA.md).
+"""The embedded benchmarks: the paper's protocol scaled to offline data.
 
 Text (the default): ID = BBC News without "tech" (business, entertainment, politics, sports);
 near-OOD = BBC "tech" (same source, unseen topic); far-OOD = drug reviews (drugs.com) and

@@ -1,4 +1,4 @@
-"""Data sources: generic tables, npz and image folders, and the offline corpora of DATA.md."""
+"""Data sources: generic tables, npz and image folders, and the offline corpora."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""Offline text corpora (see DATA.md) and tokenised batches for sequence classifiers."""
+"""Offline text corpora (installed from packages, no download) and tokenised batches for sequence
+classifiers."""
 
 from __future__ import annotations
 
