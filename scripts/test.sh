@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Tests: set up the environment, lint, then run the test suite (slow tests excluded; `-m slow` runs them).
+# Tests: set up the environment, lint, run the test suite in fp32 (slow tests excluded; `-m slow`
+# runs them), then run the tests of every path that depends on the precision again in bf16 and
+# in fp16 (tiny models; tests of pretrained checkpoints are skipped there). Arguments go to the
+# fp32 run only, and skip the reruns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -7,4 +10,15 @@ bash scripts/setup_data.sh
 export HF_HUB_OFFLINE=1
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
-exec .venv/bin/python -m pytest -q "$@"
+if [ "$#" -gt 0 ]; then
+    exec .venv/bin/python -m pytest -q "$@"
+fi
+.venv/bin/python -m pytest -q
+PRECISION_PATHS=(
+    tests/members tests/scoring tests/zeroshot tests/fusion tests/layers tests/evaluation
+    tests/test_low_precision.py tests/test_cli_pipeline.py tests/test_prediction_cache.py
+)
+for precision in bf16 fp16; do
+    echo "--- the precision-dependent tests in $precision"
+    HYDRA_PRECISION=$precision .venv/bin/python -m pytest -q -m "not slow and not real_model" "${PRECISION_PATHS[@]}"
+done
