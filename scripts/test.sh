@@ -17,6 +17,7 @@ fi
 PRECISION_PATHS=(
     tests/members tests/scoring tests/zeroshot tests/fusion tests/layers tests/evaluation
     tests/test_low_precision.py tests/test_cli_pipeline.py tests/test_prediction_cache.py
+    tests/test_demos_tiny.py "tests/test_cli.py::test_reduced_image_demo_runs_end_to_end[vit-6x12-p7]"
 )
 for precision in bf16 fp16; do
     echo "--- the precision-dependent tests in $precision"

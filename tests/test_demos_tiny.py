@@ -1,0 +1,100 @@
+"""The text and zero-shot demos end to end on a tiny BERT (random weights, the MiniLM tokenizer),
+with every opt-in row: the demos' code paths (training, caching, fusion, evaluation, the fp32
+evaluation row of a reduced precision, reports, cost) in whatever precision the run computes in.
+`scripts/test.sh` runs them again in bf16 and fp16, where the real-model demos would be too slow
+on a CPU without native bf16. The numbers mean nothing (a random model); that everything runs,
+and what each report holds, is checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from hydra_ensembles.experiment import DemoConfig, TrainingBudget, run_demo
+from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.precision import resolve_precision
+from hydra_ensembles.zero_shot_demo import run_zero_shot_demo
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+COMMON = {
+    "shift_limit": 2,
+    "members": 2,
+    "pool_size": 6,
+    "circuit_budget": 6,
+    "circuit_id_items": 4,
+    "circuit_ood_items": 4,
+    "circuit_length": 12,
+    "max_length": 16,
+    "bench_repeats": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(**TINY, num_labels=4)).save_pretrained(folder)
+    load_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def _check_precision_rows(report: str, results: dict, fp32_row: bool) -> None:
+    """The report names its precision; with ``fp32_row`` (the supervised demos), Hydra is also
+    evaluated in fp32 exactly where the run computed in a reduced precision."""
+    chosen = resolve_precision("auto")
+    assert f"- **precision**: {chosen}\n" in report
+    assert ("Hydra (Circ), fp32 evaluation" in results) == (fp32_row and chosen.reduced)
+    for name, method in results.items():
+        acc = method["classification"]["acc"]
+        assert 0 <= acc <= 1 and method["classification"]["nll"] == method["classification"]["nll"], name
+
+
+def test_text_demo_on_a_tiny_model_with_every_opt_in_row(tmp_path, tiny):
+    config = DemoConfig(
+        model=tiny,
+        train_limit=16,
+        test_limit=16,
+        ood_limit=8,
+        pruned_per_member=3,
+        heads_per_layer=2,  # Taylor's single pruned model: 2 of 4 heads per layer
+        mc_samples=2,
+        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=8),
+        out_dir=tmp_path / "report",
+        cache_dir=tmp_path / "cache",
+        trunk_study=True,
+        batch_ensemble=True,
+        wanda=True,
+        **COMMON,
+    )
+    first = run_demo(config)
+    report = (tmp_path / "report" / "report.md").read_text()
+    results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
+    assert set(results) == set(first["results"])
+    assert {"Hydra (Circ)", "BatchEnsemble (M=2)", "Wanda (unstructured, single pruned)"} <= set(results)
+    _check_precision_rows(report, results, fp32_row=True)
+    again = run_demo(config)  # from the cache: the same numbers
+    assert again["results"] == first["results"]
+
+
+def test_zero_shot_demo_on_a_tiny_encoder(tmp_path, tiny):
+    config = DemoConfig.preset(
+        "zero-shot",
+        model=tiny,
+        train_limit=8,
+        val_limit=12,
+        test_limit=12,
+        ood_limit=8,
+        pruned_per_member=3,
+        curve_step=2,
+        out_dir=tmp_path / "report",
+        cache_dir=tmp_path / "cache",
+        **COMMON,
+    )
+    result = run_zero_shot_demo(config)
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "zero-shot benchmark" in report and "## Cost" in report
+    assert {"Single", "Hydra (Circ)", "Hydra (Circ, input tower)"} <= set(result["results"])
+    _check_precision_rows(report, result["results"], fp32_row=False)
