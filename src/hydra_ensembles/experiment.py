@@ -122,6 +122,7 @@ class TrainingBudget:
             precision=self.precision,
             seed=seed,
             trainable=self.trainable,
+            shuffle="batches",  # the benchmarks' data are mixed once by a hash of their ids
         )
 
 

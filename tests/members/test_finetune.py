@@ -324,3 +324,52 @@ def test_a_diverging_fine_tune_is_refused_not_saved(tmp_path):
         next(model.parameters())[0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"word_embeddings\.weight hold NaN or Inf"):
         fine_tune(model, _data(2), None, FineTuneConfig(epochs=1, precision="fp32"), progress=False)
+
+
+def test_examples_are_dealt_into_new_batches_every_epoch():
+    """A class-sorted file gives one-class batches; each epoch deals its examples anew (seeded),
+    padding to the longest and trimming each new batch to its own longest mask."""
+    from hydra_ensembles.batching import dealt_batches
+
+    short = labelled(text_inputs(batch=4, tokens=5, seed=1, padded=False), labels=1)
+    long = labelled(text_inputs(batch=3, tokens=9, seed=2), labels=1)
+    long["labels"] = long["labels"] + 1
+    order = torch.randperm(7, generator=torch.Generator().manual_seed(0))
+    dealt = dealt_batches([short, long], order, pad_id=0)
+    assert [len(b["labels"]) for b in dealt] == [4, 3]
+    rows = {}
+    for batch in dealt:
+        for i in range(len(batch["labels"])):
+            kept = batch["attention_mask"][i].bool()
+            rows[tuple(batch["input_ids"][i][kept].tolist())] = int(batch["labels"][i])
+        assert bool(batch["attention_mask"][:, -1].any())  # trimmed to its own longest row
+    originals = {}
+    for batch in (short, long):
+        for i in range(len(batch["labels"])):
+            kept = batch["attention_mask"][i].bool()
+            originals[tuple(batch["input_ids"][i][kept].tolist())] = int(batch["labels"][i])
+    assert rows == originals  # every example once, with its own label
+
+
+@pytest.mark.parametrize(("shuffle", "mixed"), [("examples", True), ("batches", False)])
+def test_class_sorted_batches_are_mixed_when_training(monkeypatch, shuffle, mixed):
+    from hydra_ensembles.members import finetune as module
+
+    sorted_batches = []
+    for label in range(3):  # class-sorted: every batch holds one class
+        batch = text_inputs(batch=4, tokens=6, seed=label)
+        sorted_batches.append({**batch, "labels": torch.full((4,), label)})
+    seen, original = [], module._Run._loss
+
+    def spy(self, batch):
+        seen.append(set(batch["labels"].tolist()))
+        return original(self, batch)
+
+    monkeypatch.setattr(module._Run, "_loss", spy)
+    config = FineTuneConfig(epochs=2, lr=1e-3, precision="fp32", shuffle=shuffle)
+    fine_tune(tiny_bert(layers=1, heads=2), sorted_batches, None, config, progress=False)
+    assert any(len(labels) > 1 for labels in seen) == mixed
+    first = list(seen)
+    seen.clear()
+    fine_tune(tiny_bert(layers=1, heads=2), sorted_batches, None, config, progress=False)
+    assert seen == first  # seeded: the same batches again

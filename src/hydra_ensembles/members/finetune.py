@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
-from ..batching import checked_batches, member_stacked, model_inputs
+from ..batching import checked_batches, dealt_batches, member_stacked, model_inputs, total_rows
 from ..io import MANIFEST, load_file_set, save_file_set
 from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import check_precision, resolve_precision
@@ -66,6 +66,10 @@ class FineTuneConfig:
     """``auto`` (bf16 autocast only where the device computes it natively and faster, else fp32),
     or ``fp32``, ``bf16``, ``fp16`` (`precision.resolve_precision`)."""
     seed: int = 0
+    shuffle: Literal["examples", "batches"] = "examples"
+    """``examples``: every epoch deals the training examples into new batches, in a seeded random
+    order (a class-sorted file would otherwise train on one-class batches); ``batches``: the
+    given batches are kept and only their order is shuffled (data mixed beforehand, MIMO)."""
     batches_per_step: int | None = None
     """Batches per optimizer step (gradient of their mean loss), split across processes; default:
     one per process. Equal values give the same training with 1 or N processes."""
@@ -76,6 +80,8 @@ class FineTuneConfig:
             raise ValueError(f"unknown trainable parts {unknown}; choose from {PARTS}")
         if self.epochs < 1 or self.lr <= 0:
             raise ValueError("epochs must be >= 1 and lr > 0")
+        if self.shuffle not in ("examples", "batches"):
+            raise ValueError(f"shuffle must be 'examples' or 'batches', got {self.shuffle!r}")
         if self.optimizer not in ("adamw", "sgd") or self.schedule not in ("cosine", "linear"):
             raise ValueError("optimizer must be adamw|sgd and schedule cosine|linear")
         if not 0 <= self.warmup < 1 or not 0 <= self.label_smoothing < 1:
@@ -238,6 +244,8 @@ class _Run:
     start_epoch: int = 0
     best_nll: float = math.inf
     best_state: dict[str, torch.Tensor] | None = None
+    pad_id: int = 0
+    """The padding token id, for dealing text examples into new batches."""
 
     @classmethod
     def start(cls, model, train_batches, val_batches, config, checkpoint_dir, progress) -> _Run:
@@ -269,6 +277,7 @@ class _Run:
         inputs = _inputs_digest(unwrapped, train_batches, val_batches) if ckpt else ""
         run = cls(model, optimizer, params, accelerator, precision, scaler, config, train_batches,
                   val_batches, per_step, steps_per_epoch, ckpt, inputs, progress)  # fmt: skip
+        run.pad_id = int(getattr(getattr(unwrapped, "config", None), "pad_token_id", None) or 0)
         if ckpt is not None and has_checkpoint(ckpt):
             run.start_epoch, run.result, run.best_nll, run.best_state = _load_checkpoint(
                 ckpt, unwrapped, optimizer, config, inputs, precision.name
@@ -323,7 +332,12 @@ class _Run:
         ``FP16_RETRIES`` times; ``record`` says how many retries and skipped steps there were."""
         config, accelerator, per_step = self.config, self.accelerator, self.per_step
         torch.manual_seed(config.seed * 1000 + epoch)  # dropout and order depend on (seed, epoch) only
-        order = torch.randperm(len(self.train_batches)).tolist()
+        if config.shuffle == "examples":
+            batches = dealt_batches(self.train_batches, torch.randperm(total_rows(self.train_batches)),
+                                    self.pad_id)  # fmt: skip
+        else:
+            batches = self.train_batches
+        order = torch.randperm(len(batches)).tolist()
         self.model.train()
         running, seen = 0.0, 0
         for step_in_epoch in range(self.steps_per_epoch):
@@ -337,7 +351,7 @@ class _Run:
                 self.optimizer.zero_grad(set_to_none=True)
                 losses = []
                 for i in mine:  # gradient of the mean loss over the step's batches (all processes)
-                    loss = self._loss(self.train_batches[i])
+                    loss = self._loss(batches[i])
                     if not math.isfinite(value := loss.item()):
                         raise TrainingDiverged(
                             f"fine-tuning diverged at epoch {epoch + 1}, step {step_in_epoch + 1}: the loss "

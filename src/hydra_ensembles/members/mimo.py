@@ -151,7 +151,8 @@ def train_mimo(
         for epoch in range(config.epochs)
         for batch in mimo_batches(train, members, rho, batch_repeat, seed=config.seed * 1000 + epoch)
     ]
-    return fine_tune(model, mixed, None, replace(config, epochs=1), progress=progress)
+    # mixed anew each epoch above, with repeated rows kept together: batches are not dealt again
+    return fine_tune(model, mixed, None, replace(config, epochs=1, shuffle="batches"), progress=progress)
 
 
 class _MixInputs:
