@@ -298,3 +298,22 @@ def test_info_on_a_saved_hydra_model_and_member(tmp_path, capsys):
     he.members.save_member(he.members.batch_ensemble(model, 3), tmp_path / "be")
     assert main(["info", str(tmp_path / "be")]) == 0
     assert "BatchEnsemble of 3 members" in capsys.readouterr().out
+
+
+def test_help_states_every_default():
+    """Every option with a default says it in ``--help`` (a user must not have to read code)."""
+    import argparse
+
+    from hydra_ensembles.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            default = action.default
+            if not action.option_strings or default is None or default is False:
+                continue
+            if default == argparse.SUPPRESS or isinstance(default, list):
+                continue
+            text = formatter._expand_help(action) if action.help else ""
+            assert "default" in text, (name, action.option_strings, default)

@@ -759,8 +759,32 @@ def precision_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="auto", help=PRECISION_HELP)
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that states every option's default value (``None`` and off switches excepted)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = not (default is None or default is False or default == argparse.SUPPRESS)
+        shown = shown and not isinstance(default, list)
+        if shown and action.option_strings and "%(default)" not in text and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (what is wrong, and where the help is)."""
+    """argparse with one-line errors (what is wrong, and where the help is) and every default
+    shown in ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        default = kwargs.get("default")
+        if kwargs.get("help") is None and not (default is None or default is False):
+            kwargs["help"] = "(default: %(default)s)"  # argparse shows nothing for an option without help
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -1177,7 +1201,7 @@ def _add_demo_command(sub) -> None:
         "vit-6x12-p7 (a small ViT trained from scratch)",
     )
     seeds = demo.add_mutually_exclusive_group()
-    seeds.add_argument("--seed", type=int, default=0)
+    seeds.add_argument("--seed", type=int, default=0, help="seed of the run (default: %(default)s)")
     seeds.add_argument(
         "--seeds",
         help="comma-separated seeds, e.g. 0,1,2: the demo once per seed (cached models are reused), "
