@@ -177,3 +177,15 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_finetune_says_which_epoch_it_kept_and_when_it_learned_nothing(w, capsys):
+    argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--val-data", str(w / "train.csv")]
+    out = w / "patient"
+    assert main([*argv, "--epochs", "2", "--lr", "1e-3", "--patience", "1", *COMMON, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "kept epoch" in printed and "lowest validation NLL" in printed
+    stuck = w / "stuck"
+    assert main([*argv, "--epochs", "1", "--lr", "1e-9", *COMMON, "--out", str(stuck)]) == 0
+    err = capsys.readouterr().err
+    assert "never rose above 0.333, the share of the largest class" in err

@@ -380,7 +380,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             )
             print(f"member {m + 1} of {len(members)}", file=sys.stderr)
             result = fine_tune(member, train, val, config, checkpoint_dir=out / "checkpoints" / f"member-{m}")
-            _print_history(result.history)
+            _print_history(result, config, val)
             member.config.hydra_training_precision = args.precision  # saved with its config
             _save_preprocessor(preprocessor, out / "members" / f"member-{m}")
             save_member(member, out / "members" / f"member-{m}")
@@ -457,8 +457,13 @@ def _save_preprocessor(preprocessor, folder: Path) -> None:
         preprocessor.save_pretrained(folder)
 
 
-def _print_history(history: list[dict]) -> None:
-    """One line per fine-tuning epoch: training loss, and validation NLL/accuracy where measured."""
+def _print_history(result, config, val: list[dict] | None) -> None:
+    """One line per fine-tuning epoch (training loss; validation NLL/accuracy where measured),
+    which epoch was kept and why (``--patience``), and a warning where validation accuracy never
+    rose above the share of the validation set's largest class (a model stuck on one class)."""
+    import warnings
+
+    history = result.history
     for record in history:
         line = f"  epoch {record['epoch'] + 1}: train loss {record['train_loss']:.4f}"
         if "val_nll" in record:
@@ -468,6 +473,24 @@ def _print_history(history: list[dict]) -> None:
         if record.get("skipped_steps"):
             line += f", {record['skipped_steps']} steps SKIPPED (fp16 gradients overflowed)"
         print(line)
+    if config.patience is not None and result.best_epoch is not None:
+        best = history[result.best_epoch]
+        stopped = f"; stopped early after epoch {len(history)}" if result.stopped_early else ""
+        print(
+            f"  kept epoch {result.best_epoch + 1} of {len(history)}: the lowest validation NLL "
+            f"({best['val_nll']:.4f}; --patience keeps the best epoch by validation NLL){stopped}"
+        )
+    if val and history and "val_acc" in history[0]:
+        import torch
+
+        labels = torch.cat([b["labels"].reshape(-1) for b in val])
+        majority = float(torch.bincount(labels).max()) / len(labels)
+        if max(r["val_acc"] for r in history) <= majority + 1e-9:
+            warnings.warn(
+                f"validation accuracy never rose above {majority:.3f}, the share of the largest class: "
+                "the model predicts one class; try a larger --lr or more --epochs",
+                stacklevel=2,
+            )
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
@@ -507,7 +530,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     checkpoint = out.with_name(out.name + ".checkpoint")
     _say_precision(args)
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
-    _print_history(result.history)
+    _print_history(result, config, val)
     model.config.hydra_training_precision = args.precision  # saved with its config
 
     def write(folder: Path) -> None:
