@@ -513,12 +513,17 @@ def run(argv: list[str]) -> int:
         return exc.code
 
 
+def said(err: str) -> list[str]:
+    """The lines hydra-ens wrote on stderr (its errors and warnings)."""
+    return [line for line in err.splitlines() if line.startswith("hydra-ens")]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_clear_line_and_writes_nothing(w, case, capsys):
     _, argv, fragment, out = case
     code = run(argv(w))
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("hydra-ens")]
+    lines = said(err)
     assert code not in (0, None), err
     assert "Traceback" not in err and len(lines) == 1, err
     if fragment:
@@ -547,7 +552,7 @@ def test_an_output_never_replaces_or_enters_an_input(w, case, capsys):
         (w / "link-to-train.csv").symlink_to(w / "train.csv")
     before = _digest(w / kept) if kept else None
     code = run(argv(w))
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hydra-ens")]
+    lines = said(capsys.readouterr().err)
     assert code == 2 and len(lines) == 1 and fragment in lines[0], lines
     if kept:
         assert _digest(w / kept) == before
@@ -578,7 +583,7 @@ def test_a_second_process_writing_the_same_output_is_refused(w, capsys):
     out = w / "contended.json"
     with output_lock(out):
         assert run(score(w, "--method", "taylor", *HEADS_PER_LAYER, out="contended.json")) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hydra-ens")]
+    lines = said(capsys.readouterr().err)
     assert len(lines) == 1 and "another process is writing" in lines[0]
     assert not out.exists()
 
@@ -589,7 +594,7 @@ def test_a_second_demo_or_analysis_into_one_folder_is_refused(w, capsys, command
 
     with output_lock(w / f"{command}-folder"):
         assert run([command, "--out", str(w / f"{command}-folder")]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hydra-ens")]
+    lines = said(capsys.readouterr().err)
     assert len(lines) == 1 and "another process is writing" in lines[0]
 
 
@@ -625,7 +630,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(w, capsys, monkeypatch):
     monkeypatch.setattr(serialization, "save_file", full)
     (w / "heads-good.json").write_text('[{"0": [0, 1]}, {"1": [1, 2]}]')
     assert run(fuse(w, "heads-good.json", out="fused-full")) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hydra-ens")]
+    lines = said(capsys.readouterr().err)
     assert len(lines) == 1 and "No space left on device" in lines[0], lines
     assert not (w / "fused-full").exists() or not any((w / "fused-full").iterdir())
 

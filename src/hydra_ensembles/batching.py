@@ -35,49 +35,55 @@ def checked_batches(
     return batches
 
 
-def total_rows(batches: list[dict[str, Any]]) -> int:
-    """Examples in ``batches`` (the sum of their batch sizes)."""
-    return sum(batch_rows(b) for b in batches)
+class ExamplePool:
+    """The examples of some batches, pooled once, to be dealt into new batches of the same sizes
+    in any order (`deal`): a new mix of examples per batch, so a class-sorted file no longer trains
+    on one-class batches. Sequences of different lengths are right-padded (``input_ids`` with
+    ``pad_id``, other keys with 0); each dealt batch is trimmed to its longest attention mask.
+    ValueError where a value is not one row per example."""
 
+    def __init__(self, batches: list[dict[str, Any]], pad_id: int = 0) -> None:
+        self.sizes = [batch_rows(b) for b in batches]
+        keys = list(batches[0])
+        if any(list(b) != keys for b in batches):
+            raise ValueError(
+                "the batches hold different keys: they cannot be dealt anew (use shuffle='batches')"
+            )
+        self.tensors: dict[str, torch.Tensor] = {}
+        for key in keys:
+            parts = [b[key] for b in batches]
+            if not all(
+                isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == n
+                for t, n in zip(parts, self.sizes, strict=True)
+            ):
+                raise ValueError(f"{key!r} is not one row per example: the batches cannot be dealt anew")
+            if len({tuple(t.shape[1:]) for t in parts}) > 1:
+                if any(t.dim() != 2 for t in parts):
+                    raise ValueError(f"{key!r} differs in shape between batches: they cannot be dealt anew")
+                width = max(t.shape[1] for t in parts)
+                value = pad_id if key == "input_ids" else 0
+                parts = [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in parts]
+            self.tensors[key] = torch.cat(parts)
 
-def dealt_batches(
-    batches: list[dict[str, Any]], order: torch.Tensor, pad_id: int = 0
-) -> list[dict[str, Any]]:
-    """The examples of ``batches`` dealt, in ``order`` (a permutation of their rows), into as many
-    batches of the same sizes: a new mix of examples per batch (a class-sorted file no longer
-    trains on one-class batches). Sequences of different lengths are right-padded (``input_ids``
-    with ``pad_id``, other keys with 0) and each new batch is trimmed to its longest attention
-    mask. ValueError where a value is not one row per example."""
-    sizes = [batch_rows(b) for b in batches]
-    keys = list(batches[0])
-    if any(list(b) != keys for b in batches):
-        raise ValueError("the batches hold different keys: they cannot be dealt anew (use shuffle='batches')")
-    pooled = {}
-    for key in keys:
-        parts = [b[key] for b in batches]
-        if not all(
-            isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == n
-            for t, n in zip(parts, sizes, strict=True)
-        ):
-            raise ValueError(f"{key!r} is not one row per example: the batches cannot be dealt anew")
-        if len({tuple(t.shape[1:]) for t in parts}) > 1:
-            if any(t.dim() != 2 for t in parts):
-                raise ValueError(f"{key!r} differs in shape between batches: they cannot be dealt anew")
-            width = max(t.shape[1] for t in parts)
-            value = pad_id if key == "input_ids" else 0
-            parts = [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in parts]
-        pooled[key] = torch.cat(parts)
-    out, start = [], 0
-    for n in sizes:
-        rows = order[start : start + n]
-        start += n
-        batch = {k: v[rows] for k, v in pooled.items()}
-        mask = batch.get("attention_mask")
-        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.any()):
-            width, used = mask.shape[1], int(mask.any(0).nonzero().max()) + 1
-            batch = {k: v[:, :used] if v.dim() >= 2 and v.shape[1] == width else v for k, v in batch.items()}
-        out.append(batch)
-    return out
+    def __len__(self) -> int:
+        return sum(self.sizes)
+
+    def deal(self, order: torch.Tensor) -> list[dict[str, Any]]:
+        """The examples in ``order`` (a permutation of ``range(len(self))``) as batches of the
+        pooled batches' sizes."""
+        out, start = [], 0
+        for n in self.sizes:
+            rows = order[start : start + n]
+            start += n
+            batch = {k: v[rows] for k, v in self.tensors.items()}
+            mask = batch.get("attention_mask")
+            if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.any()):
+                width, used = mask.shape[1], int(mask.any(0).nonzero().max()) + 1
+                batch = {
+                    k: v[:, :used] if v.dim() >= 2 and v.shape[1] == width else v for k, v in batch.items()
+                }
+            out.append(batch)
+        return out
 
 
 def batch_rows(inputs: dict[str, Any]) -> int:

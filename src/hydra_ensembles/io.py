@@ -346,7 +346,7 @@ def output_lock(path: str | os.PathLike) -> Iterator[None]:
         folder = folder.parent
     lock = target.parent / f".{target.name}.lock"
     try:
-        fd = _take_lock(fcntl, lock, path, created)
+        fd = _take_lock(fcntl, lock, path)
         try:
             yield
         finally:
@@ -360,7 +360,7 @@ def output_lock(path: str | os.PathLike) -> Iterator[None]:
                 break
 
 
-def _take_lock(fcntl: Any, lock: Path, path: str | os.PathLike, created: list[Path]) -> int:
+def _take_lock(fcntl: Any, lock: Path, path: str | os.PathLike) -> int:
     """The open, exclusively locked descriptor of ``lock`` (see `output_lock`)."""
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)

@@ -165,7 +165,7 @@ def _check_loaded(model: nn.Module, info: dict, config: Any, source: str, num_la
     from .serialization import check_finite
 
     mismatched = [(key, tuple(a), tuple(b)) for key, a, b in info.get("mismatched_keys", ())]
-    backbone = [m for m in mismatched if not _is_head(model, m[0])]
+    backbone = [m for m in mismatched if _in_backbone(model, m[0])]
     if mismatched and not backbone:
         raise ValueError(
             f"{source} has a trained head of {config.num_labels} classes; num_labels={num_labels} "
@@ -195,10 +195,6 @@ def _in_backbone(model: nn.Module, key: str) -> bool:
     """A weight of the pretrained backbone (not the head, the pooler or a position-id buffer)."""
     prefix = getattr(model, "base_model_prefix", "")
     return bool(prefix) and key.startswith(f"{prefix}.") and "pooler" not in key and "position_ids" not in key
-
-
-def _is_head(model: nn.Module, key: str) -> bool:
-    return not _in_backbone(model, key)
 
 
 def load_image_processor(name_or_path: str):

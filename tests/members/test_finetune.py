@@ -329,13 +329,13 @@ def test_a_diverging_fine_tune_is_refused_not_saved(tmp_path):
 def test_examples_are_dealt_into_new_batches_every_epoch():
     """A class-sorted file gives one-class batches; each epoch deals its examples anew (seeded),
     padding to the longest and trimming each new batch to its own longest mask."""
-    from hydra_ensembles.batching import dealt_batches
+    from hydra_ensembles.batching import ExamplePool
 
     short = labelled(text_inputs(batch=4, tokens=5, seed=1, padded=False), labels=1)
     long = labelled(text_inputs(batch=3, tokens=9, seed=2), labels=1)
     long["labels"] = long["labels"] + 1
     order = torch.randperm(7, generator=torch.Generator().manual_seed(0))
-    dealt = dealt_batches([short, long], order, pad_id=0)
+    dealt = ExamplePool([short, long], pad_id=0).deal(order)
     assert [len(b["labels"]) for b in dealt] == [4, 3]
     rows = {}
     for batch in dealt:

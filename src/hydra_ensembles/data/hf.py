@@ -142,9 +142,9 @@ def _label_column(features: dict, name: str, wanted: str | None, required: bool)
         if wanted not in features:
             raise ValueError(f"{name}: no label column {wanted!r} (--label-column) among {sorted(features)}")
         return wanted
-    class_labels = [c for c, f in features.items() if type(f).__name__ == "ClassLabel"]
     if "label" in features:
         return "label"
+    class_labels = [c for c, f in features.items() if type(f).__name__ == "ClassLabel"]
     if len(class_labels) == 1:
         return class_labels[0]
     if required:

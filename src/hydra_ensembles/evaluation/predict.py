@@ -101,13 +101,6 @@ def predict(
     bf16 or fp16 they carry that format's rounding (bf16: about 3 significant digits). fp32 on a
     model whose weights are bf16 or fp16 computes on an fp32 copy (autocast never upcasts).
     """
-    device = model_device(list(model) if isinstance(model, Sequence) else [model])
-    compute = resolve_precision(precision, device)
-    if not compute.reduced:
-        model = [_upcast(m) for m in model] if isinstance(model, Sequence) else _upcast(model)
-    ensemble = as_ensemble(model, mc_samples).eval()
-    parts: list[np.ndarray] = []
-    labels: list[np.ndarray] = []
     batches = list(batches)
     if not batches:
         raise ValueError(f"{desc}: no batches to predict")
@@ -117,6 +110,13 @@ def predict(
             f"{desc}: {labelled.count(True)} batches have labels and {labelled.count(False)} do not: "
             "give labels for every batch or for none"
         )
+    device = model_device(list(model) if isinstance(model, Sequence) else [model])
+    compute = resolve_precision(precision, device)
+    if not compute.reduced:
+        model = [_upcast(m) for m in model] if isinstance(model, Sequence) else _upcast(model)
+    ensemble = as_ensemble(model, mc_samples).eval()
+    parts: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
     with compute.autocast(device):
         for batch in tqdm(batches, desc=desc, leave=False, disable=not progress or None):
             if "labels" in batch:

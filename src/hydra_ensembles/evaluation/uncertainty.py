@@ -55,7 +55,7 @@ def per_example(
         record[flag_score] = float(score[i])
         if threshold is not None:
             record["flagged"] = bool(score[i] > threshold)
-        if predictions.labels is not None:
+        if labels is not None:
             record["label"] = names[int(labels[i])]
             record["correct"] = bool(predicted[i] == labels[i])
         records.append(record)

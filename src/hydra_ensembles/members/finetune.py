@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
-from ..batching import checked_batches, dealt_batches, member_stacked, model_inputs, total_rows
+from ..batching import ExamplePool, checked_batches, member_stacked, model_inputs
 from ..io import MANIFEST, load_file_set, save_file_set
 from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import check_precision, resolve_precision
@@ -244,8 +244,8 @@ class _Run:
     start_epoch: int = 0
     best_nll: float = math.inf
     best_state: dict[str, torch.Tensor] | None = None
-    pad_id: int = 0
-    """The padding token id, for dealing text examples into new batches."""
+    examples: ExamplePool | None = None
+    """The training examples, dealt into new batches every epoch (``shuffle="examples"``)."""
 
     @classmethod
     def start(cls, model, train_batches, val_batches, config, checkpoint_dir, progress) -> _Run:
@@ -277,7 +277,9 @@ class _Run:
         inputs = _inputs_digest(unwrapped, train_batches, val_batches) if ckpt else ""
         run = cls(model, optimizer, params, accelerator, precision, scaler, config, train_batches,
                   val_batches, per_step, steps_per_epoch, ckpt, inputs, progress)  # fmt: skip
-        run.pad_id = int(getattr(getattr(unwrapped, "config", None), "pad_token_id", None) or 0)
+        if config.shuffle == "examples":
+            pad_id = int(getattr(getattr(unwrapped, "config", None), "pad_token_id", None) or 0)
+            run.examples = ExamplePool(train_batches, pad_id)
         if ckpt is not None and has_checkpoint(ckpt):
             run.start_epoch, run.result, run.best_nll, run.best_state = _load_checkpoint(
                 ckpt, unwrapped, optimizer, config, inputs, precision.name
@@ -332,11 +334,8 @@ class _Run:
         ``FP16_RETRIES`` times; ``record`` says how many retries and skipped steps there were."""
         config, accelerator, per_step = self.config, self.accelerator, self.per_step
         torch.manual_seed(config.seed * 1000 + epoch)  # dropout and order depend on (seed, epoch) only
-        if config.shuffle == "examples":
-            batches = dealt_batches(self.train_batches, torch.randperm(total_rows(self.train_batches)),
-                                    self.pad_id)  # fmt: skip
-        else:
-            batches = self.train_batches
+        examples = self.examples
+        batches = self.train_batches if examples is None else examples.deal(torch.randperm(len(examples)))
         order = torch.randperm(len(batches)).tolist()
         self.model.train()
         running, seen = 0.0, 0
