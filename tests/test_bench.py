@@ -70,7 +70,7 @@ def test_bench_command(tmp_path, capsys):
                 "--batch-sizes",
                 "1,2",
                 "--precision",
-                "fp32,bf16",
+                "fp32,bf16,fp16",
                 "--repeats",
                 "1",
                 "--test-set",
@@ -88,6 +88,9 @@ def test_bench_command(tmp_path, capsys):
     cross = json.loads((tmp_path / "b" / "bench.json").read_text())["hydra_bf16_vs_single_fp32"]
     assert cross["batch"] == 2 and cross["Single float32 median_ms"] > 0
     assert cross["Hydra (fused) bfloat16 median_ms"] > 0
+    timed = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert set(timed["dtypes"]) == {"bfloat16", "float16", "float32"}
+    assert "fp16 (requested" in timed["precision"]
     capsys.readouterr()
 
 

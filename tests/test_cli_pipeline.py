@@ -194,10 +194,20 @@ def test_score_build_eval(workspace, capsys):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path, capsys, precision):
-    """score -> build (fine-tuned) -> eval -> predict with --precision bf16/fp16: each says what it
-    computes in, and the files it writes record it."""
+    """finetune -> score (Taylor, circuit) -> build (fine-tuned) -> eval -> predict with --precision
+    bf16/fp16: each says what it computes in, and the files it writes record it."""
     w, common = workspace, ["--batch-size", "8", "--max-length", "12", "--precision", precision]
     data = ["--data", str(w / "train.csv")]
+    tuned = tmp_path / "tuned"
+    assert main(["finetune", str(w / "model"), *data, "--epochs", "1", "--out", str(tuned), *common]) == 0
+    assert json.loads((tuned / "config.json").read_text())["hydra_training_precision"] == precision
+    assert f"computing in {precision} (requested" in capsys.readouterr().out
+    taylor = tmp_path / "taylor.json"
+    args = ["score", str(tuned), "--method", "taylor", "--heads-per-layer", "2", *data]
+    assert main([*args, "--out", str(taylor), *common]) == 0
+    saved = json.loads(taylor.read_text())
+    assert saved["precision"] == precision and len(saved["scores"]) == 2  # two layers scored
+    capsys.readouterr()
     circuit = tmp_path / "circuit.json"
     args = ["score", str(w / "model"), "--method", "circuit", *data, "--ood-data", str(w / "ood.csv")]
     assert main([*args, "--budget", "3", "--out", str(circuit), *common]) == 0

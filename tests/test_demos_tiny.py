@@ -14,7 +14,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from hydra_ensembles.experiment import DemoConfig, TrainingBudget, run_demo
-from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.models import SCRATCH_IMAGE_MODEL, SMALL_VITS, load_tokenizer
 from hydra_ensembles.precision import resolve_precision
 from hydra_ensembles.zero_shot_demo import run_zero_shot_demo
 
@@ -98,3 +98,34 @@ def test_zero_shot_demo_on_a_tiny_encoder(tmp_path, tiny):
     assert "zero-shot benchmark" in report and "## Cost" in report
     assert {"Single", "Hydra (Circ)", "Hydra (Circ, input tower)"} <= set(result["results"])
     _check_precision_rows(report, result["results"], fp32_row=False)
+
+
+def test_image_demo_on_a_tiny_vit_with_packed_and_mimo(tmp_path, monkeypatch):
+    """The image demo's from-scratch path (the small-ViT model, Packed-Ensembles and MIMO from
+    scratch, the shifted and OOD image sets) on a 2-layer ViT of 4 heads."""
+    tiny = {**SMALL_VITS[SCRATCH_IMAGE_MODEL], "hidden_size": 16, "num_hidden_layers": 2}
+    tiny |= {"num_attention_heads": 4, "intermediate_size": 32}
+    monkeypatch.setitem(SMALL_VITS, "vit-tiny", tiny)
+    config = DemoConfig.preset(
+        "image",
+        model="vit-tiny",
+        train_limit=32,
+        val_limit=16,
+        test_limit=16,
+        ood_limit=8,
+        pruned_per_member=3,
+        heads_per_layer=2,
+        mc_samples=2,
+        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=16, lr=1e-3),
+        out_dir=tmp_path / "report",
+        cache_dir=tmp_path / "cache",
+        packed=True,
+        mimo=True,
+        **{k: v for k, v in COMMON.items() if not k.endswith("length")},  # tokens: text only
+    )
+    result = run_demo(config)
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "image benchmark" in report and "trained from scratch" in report
+    rows = {"Hydra (Circ)", "Packed-Ensembles (M=2, α=2, from scratch)", "MIMO (M=2, ρ=0.5, batch repeat 4)"}
+    assert rows <= set(result["results"])
+    _check_precision_rows(report, result["results"], fp32_row=True)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from .data import MissingDataError
+from .evaluation.evaluate import OOD_SCORES
 from .models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, MissingModelError
 
 PREPROCESSOR_HELP = (
@@ -177,9 +178,13 @@ def _preprocessor_for(model_path: str):
     too), or None (a model saved without one)."""
     from transformers import AutoConfig
 
+    from .members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
+    from .members.ensemble import read_ensemble_index
     from .models import VISION_MODEL_TYPES, load_image_processor, load_tokenizer, resolve_model_path
 
     folder = Path(model_path)
+    if (folder / ENSEMBLE_CONFIG).is_file():  # a saved ensemble: its first member's
+        return _preprocessor_for(str(folder / read_ensemble_index(folder)["members"][0]))
     if (folder / "tokenizer_config.json").is_file():
         return load_tokenizer(model_path)
     if (folder / "preprocessor_config.json").is_file():
@@ -338,7 +343,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from .fusion import fuse
     from .io import check_output_dir
     from .members import FineTuneConfig, fine_tune, member_overlap, sample_members, save_member
-    from .members.ensemble import write_ensemble_index
+    from .members.ensemble import DeepEnsemble, write_ensemble_index
     from .surgery import heads_per_layer, prune
 
     out = check_output_dir(
@@ -384,8 +389,16 @@ def _cmd_build(args: argparse.Namespace) -> int:
             member.config.hydra_training_precision = args.precision  # saved with its config
             _save_preprocessor(preprocessor, out / "members" / f"member-{m}")
             save_member(member, out / "members" / f"member-{m}")
-        write_ensemble_index(out / "members", [f"member-{m}" for m in range(len(members))])
+        calibration = None
+        if val is not None:  # the members' explicit ensemble, calibrated as one model
+            print("the members' ensemble (members/):", end=" ")
+            calibration = _calibrate(DeepEnsemble(members), val, args, args.val_data).to_dict()
+        write_ensemble_index(out / "members", [f"member-{m}" for m in range(len(members))], calibration)
     hydra = fuse(members, mlp=args.mlp)
+    if args.val_data:
+        val = _data_batches(args.val_data, args, preprocessor, model=hydra)[1]
+        print("the fused model (hydra/):", end=" ")
+        _calibrate(hydra, val, args, args.val_data)
     _save_preprocessor(preprocessor, out / "hydra")
     hydra.save_pretrained(out / "hydra")  # its config last: the marker of a finished build
     if not args.keep_checkpoints:
@@ -442,6 +455,7 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
         f"Jaccard overlap between members: {member_overlap(heads, heads_per_layer(dual)).round(2).tolist()}"
     )
     model = fuse_dual_encoder(dual, heads, progress=True)
+    _calibrate(model, id_val, args, args.data)  # on the ID validation data the circuit used
     _save_preprocessor(preprocessor, out / "zero-shot")
     model.save_pretrained(out / "zero-shot")  # its config last: the marker of a finished run
     (out / "circuit-checkpoint.json").unlink(missing_ok=True)
@@ -532,6 +546,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
     _print_history(result, config, val)
     model.config.hydra_training_precision = args.precision  # saved with its config
+    if val is not None:
+        _calibrate(model, val, args, args.val_data)
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)  # safetensors + config.json (with the class names)
@@ -543,6 +559,16 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         shutil.rmtree(checkpoint, ignore_errors=True)
     print(f"saved the fine-tuned classifier ({len(dataset.classes)} classes) to {out}")
     return 0
+
+
+def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str):
+    """Fit ``model``'s calibration (temperature, ``--flag-score`` threshold keeping ``--keep`` of
+    ID validation) on labelled ``batches`` and record it in its configuration, saved with it."""
+    from .evaluation import calibrate
+
+    calibration = calibrate(model, batches, args.flag_score, args.keep, data=data, precision=args.precision)
+    print(f"calibration: {calibration.describe()}")
+    return calibration
 
 
 def _name_classes(model, classes: list[str]) -> None:
@@ -649,9 +675,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from functools import partial
 
     from . import reporting
-    from .evaluation import fit_temperature, flag_threshold, ood_scores, per_example
+    from .evaluation import Calibration, ood_scores, per_example, saved_calibration
     from .evaluation import predict as predict_any
-    from .io import atomic_write_text, check_output_file
+    from .io import atomic_write_text, batches_digest, check_output_file
+    from .precision import model_device, resolve_precision
 
     out = check_output_file(args.out, (".csv", ".jsonl"))
     predict = partial(predict_any, precision=args.precision)
@@ -663,23 +690,49 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     classes = dataset.classes if args.labelled and dataset.classes else None
     if classes is None:
         id2label = getattr(models[0].config, "id2label", None) or {}
-        classes = [str(id2label.get(i, i)) for i in range(len(id2label))] or None
-    temperature, threshold, val = 1.0, None, None
+        classes = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))] or None
     val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
+    calibration = None if val_batches is not None or len(models) > 1 else saved_calibration(model)
+    if calibration is not None and (args.flag_score or calibration.score, args.keep or calibration.keep) != (
+        calibration.score,
+        calibration.keep,
+    ):
+        raise ValueError(
+            f"{args.model}'s saved calibration flags on {calibration.score} keeping {calibration.keep:.0%} "
+            "of ID validation: pass --val-data to fit another with --flag-score/--keep"
+        )
+    flag_score = args.flag_score or "msp"
     _say_precision(args)
+    val = None
     if val_batches is not None:
         val = predict(model, val_batches, "validation")
-        temperature = fit_temperature(val)
-        threshold = flag_threshold(val, args.flag_score, args.keep, temperature)
+        compute = resolve_precision(args.precision, model_device(model))
+        digest = batches_digest(val_batches)
+        calibration = Calibration.fit(
+            val, flag_score, args.keep or 0.95, data=args.val_data, data_sha256=digest, precision=compute.name
+        )
+        print(f"calibration fit on --val-data (not saved with the model): {calibration.describe()}")
+    elif calibration is not None:
+        print(f"calibration saved with the model: {calibration.describe()}")
+    else:
+        print(
+            f"hydra-ens: warning: {args.model} carries no calibration and no --val-data was given: "
+            "probabilities at temperature 1 and no OOD flag (fit one with build/finetune/zero-shot "
+            "--val-data, or pass --val-data here)",
+            file=sys.stderr,
+        )
     preds = predict(model, batches, "predict")
-    records = per_example(preds, classes, temperature, args.flag_score, threshold)
+    if calibration is not None:
+        records = calibration.records(preds, classes)
+    else:
+        records = per_example(preds, classes, flag_score=flag_score)
     if val is not None:  # where the data's scores fall against ID validation, and the threshold
         scores = {
-            f"ID validation ({args.val_data})": ood_scores(val, args.flag_score, temperature),
-            f"data ({args.data})": ood_scores(preds, args.flag_score, temperature),
+            f"ID validation ({args.val_data})": ood_scores(val, flag_score, calibration.temperature),
+            f"data ({args.data})": ood_scores(preds, flag_score, calibration.temperature),
         }
-        plot = out.with_name(f"{out.stem}_{args.flag_score}.png")
-        reporting.score_histograms(scores, plot, args.flag_score, threshold)
+        plot = out.with_name(f"{out.stem}_{flag_score}.png")
+        reporting.score_histograms(scores, plot, flag_score, calibration.threshold)
     texts = getattr(dataset, "texts", None)
     rows = [
         {"id": dataset.ids[i], **({"text": texts[i]} if texts else {}), **record}
@@ -693,14 +746,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         writer.writeheader()
         writer.writerows(rows)
         atomic_write_text(out, buffer.getvalue())
-    summary = [f"{len(rows)} predictions -> {out}", f"temperature {float(temperature):.3f}"]
+    summary = [f"{len(rows)} predictions -> {out}"]
     if val is not None:
         summary.append(f"score histograms -> {plot}")
-    if threshold is not None:
+    if calibration is not None:
         flagged = sum(r["flagged"] for r in rows) / len(rows)
         summary.append(
-            f"flagged (ID-validation {args.flag_score} > {threshold:.4f}, keeping {args.keep:.0%} of ID): "
-            f"{flagged:.1%}"
+            f"flagged (ood_score_{calibration.score} > {calibration.threshold:.4f}, keeping "
+            f"{calibration.keep:.0%} of ID validation): {flagged:.1%}"
         )
     if args.labelled:
         summary.append(f"accuracy {sum(r['correct'] for r in rows) / len(rows):.4f}")
@@ -909,6 +962,22 @@ def _report_overwrite_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _calibration_options(p: argparse.ArgumentParser, data: str) -> None:
+    """The calibration a command fits on ``data`` and saves with the model it writes."""
+    p.add_argument(
+        "--flag-score",
+        choices=OOD_SCORES,
+        default="msp",
+        help=f"OOD score the saved calibration flags on (higher = more likely OOD), fit on {data}",
+    )
+    p.add_argument(
+        "--keep",
+        type=_fraction,
+        default=0.95,
+        help=f"share of {data}'s inputs the saved flag threshold leaves unflagged",
+    )
+
+
 def _data_options(p: argparse.ArgumentParser) -> None:
     """Options of every command that reads data: precision, columns, batch size, length."""
     precision_option(p)
@@ -1013,7 +1082,11 @@ def _add_build_command(sub) -> None:
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
     build.add_argument("--data", help="labelled training data for --fine-tune")
-    build.add_argument("--val-data", help="labelled validation data (early stopping)")
+    build.add_argument(
+        "--val-data",
+        help="labelled ID validation data: early stopping, and the calibration (temperature, OOD "
+        "flag threshold) saved with the fused model and the members' ensemble",
+    )
     build.add_argument("--epochs", type=POSITIVE, default=3)
     build.add_argument("--lr", type=_positive_float, default=5e-5)
     build.add_argument("--patience", type=POSITIVE)
@@ -1024,6 +1097,7 @@ def _add_build_command(sub) -> None:
         "--keep-checkpoints", action="store_true", help="keep the fine-tuning checkpoints after success"
     )
     build.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    _calibration_options(build, "--val-data")
     _random_head_option(build)
     _overwrite_option(build)
     _data_options(build)
@@ -1039,7 +1113,9 @@ def _add_finetune_command(sub) -> None:
     tune.add_argument("model", help="HF id or directory (a base model gets a new head), or minilm-l6")
     tune.add_argument("--data", required=True, help="labelled training data")
     tune.add_argument(
-        "--val-data", help="labelled validation data (reported; early stopping with --patience)"
+        "--val-data",
+        help="labelled ID validation data (reported; early stopping with --patience; the calibration "
+        "saved with the model)",
     )
     tune.add_argument("--epochs", type=POSITIVE, default=3)
     tune.add_argument("--lr", type=_positive_float, default=5e-5)
@@ -1054,6 +1130,7 @@ def _add_finetune_command(sub) -> None:
     tune.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     tune.add_argument("--out", required=True, help="output model directory (a Hugging Face model)")
     tune.add_argument("--keep-checkpoints", action="store_true", help="keep OUT.checkpoint/ after success")
+    _calibration_options(tune, "--val-data")
     _overwrite_option(tune)
     _data_options(tune)
     tune.set_defaults(func=_cmd_finetune, allow_random_head=True)
@@ -1103,15 +1180,19 @@ def _add_predict_command(sub) -> None:
     pred.add_argument("--labelled", action="store_true", help="the data has labels: add label and correct")
     pred.add_argument(
         "--val-data",
-        help="labelled ID validation data: fit the temperature and the flag threshold on it",
+        help="labelled ID validation data: fit the temperature and the flag threshold on it instead "
+        "of using the calibration saved with the model",
     )
     pred.add_argument(
         "--flag-score",
-        default="msp",
-        help="OOD score to flag on: msp, max_logit, energy, entropy or mutual_information",
+        choices=OOD_SCORES,
+        help="OOD score to flag on, with --val-data (default: the saved calibration's, else msp)",
     )
     pred.add_argument(
-        "--keep", type=_fraction, default=0.95, help="share of ID validation inputs left unflagged"
+        "--keep",
+        type=_fraction,
+        help="share of ID validation inputs left unflagged, with --val-data (default: the saved "
+        "calibration's, else 0.95)",
     )
     _random_head_option(pred)
     pred.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
@@ -1183,7 +1264,12 @@ def _add_zero_shot_command(sub) -> None:
         default="both",
         help="prune both towers, or the input tower only",
     )
-    zs.add_argument("--data", required=True, help="labelled ID validation data (images or texts)")
+    zs.add_argument(
+        "--data",
+        required=True,
+        help="labelled ID validation data (images or texts): the circuit's, and the calibration's "
+        "saved with the model",
+    )
     zs.add_argument("--ood-data", required=True, help="OOD *validation* data (never a test set)")
     zs.add_argument("--objective", choices=["acc", "ood", "avg"], default="avg")
     zs.add_argument("--members", type=POSITIVE, default=3)
@@ -1193,6 +1279,7 @@ def _add_zero_shot_command(sub) -> None:
     zs.add_argument("--seed", type=int, default=0)
     zs.add_argument("--out", required=True, help="output directory (zero-shot/, circuit.json)")
     zs.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    _calibration_options(zs, "--data")
     _overwrite_option(zs)
     _data_options(zs)
     zs.set_defaults(func=_cmd_zero_shot)

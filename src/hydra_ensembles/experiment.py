@@ -54,7 +54,7 @@ from .evaluation import (
 )
 from .fusion import fuse
 from .heads import HeadSet
-from .io import atomic_write, atomic_write_json, atomic_write_text
+from .io import atomic_write, atomic_write_json, atomic_write_text, batches_digest, update_with_tensor
 from .members import (
     FineTuneConfig,
     head_ensemble,
@@ -665,7 +665,7 @@ class PredictionCache:
             return predict(model, batches, split, progress=progress, precision=precision)
         batches = list(batches)
         digest = hashlib.sha256(
-            f"{self._fingerprint(model)}|{_batches_fingerprint(batches)}|{precision}".encode()
+            f"{self._fingerprint(model)}|{batches_digest(batches)}|{precision}".encode()
         ).hexdigest()[:24]
         path = self.root / f"{digest}.safetensors"
         if path.is_file():
@@ -696,33 +696,14 @@ def module_fingerprint(model: torch.nn.Module) -> str:
                 digest.update(re.sub(r"0x[0-9a-f]+", "", f"{path}.{name}={value!r}").encode())
     named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
     for name, tensor in named:
-        _hash_tensor(digest, name, tensor)
+        update_with_tensor(digest, name, tensor)
     return digest.hexdigest()
-
-
-def _hash_tensor(digest, name: str, tensor: torch.Tensor) -> None:
-    """Feeds ``tensor``'s name, dtype, shape and bytes to ``digest``."""
-    tensor = tensor.detach().cpu().contiguous()
-    digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-    digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
 
 
 def _is_setting(value: Any) -> bool:
     if isinstance(value, (bool, int, float, str, type(None))) or is_dataclass(value):
         return True
     return isinstance(value, (tuple, list)) and all(_is_setting(v) for v in value)
-
-
-def _batches_fingerprint(batches: list[dict[str, Any]]) -> str:
-    digest = hashlib.sha256()
-    for batch in batches:
-        for name in sorted(batch):
-            value = batch[name]
-            if isinstance(value, torch.Tensor):
-                _hash_tensor(digest, name, value)
-            else:
-                digest.update(f"{name}={value!r}".encode())
-    return digest.hexdigest()
 
 
 class Stage:

@@ -210,6 +210,31 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def update_with_tensor(digest: Any, name: str, tensor: Any) -> None:
+    """Feed a tensor's name, dtype, shape and bytes to a hashlib ``digest``."""
+    import torch
+
+    tensor = tensor.detach().cpu().contiguous()
+    digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+    digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+
+
+def batches_digest(batches: Any) -> str:
+    """SHA-256 of a list of batches (dicts): every tensor's name, dtype, shape and bytes, and
+    every other value's ``repr``, in order. Equal digests mean the same data."""
+    import torch
+
+    digest = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            value = batch[name]
+            if isinstance(value, torch.Tensor):
+                update_with_tensor(digest, name, value)
+            else:
+                digest.update(f"{name}={value!r}".encode())
+    return digest.hexdigest()
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -1,5 +1,5 @@
-"""Load whatever a path holds: a saved Hydra or zero-shot Hydra model, a saved member, or a
-Hugging Face classifier."""
+"""Load whatever a path holds: a saved Hydra or zero-shot Hydra model, a saved member, a saved
+ensemble of members, or a Hugging Face classifier."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from torch import nn
 
 from .fusion.model import CONFIG_NAME as HYDRA_CONFIG
 from .fusion.model import HydraModel
+from .members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
+from .members.ensemble import DeepEnsemble
 from .members.storage import CONFIG_NAME as MEMBER_CONFIG
 from .members.storage import load_member
 from .models import load_classifier
@@ -17,8 +19,8 @@ from .zeroshot.fused import ZeroShotHydra
 
 
 def load_any(path: str, num_labels: int | None = None) -> nn.Module:
-    """A saved zero-shot Hydra, Hydra model or member, or a Hugging Face classifier (hub id or directory;
-    ``num_labels=None`` keeps its saved head)."""
+    """A saved zero-shot Hydra, Hydra model, member or ensemble of members (`DeepEnsemble`), or a
+    Hugging Face classifier (hub id or directory; ``num_labels=None`` keeps its saved head)."""
     folder = Path(path)
     if (folder / ZERO_SHOT_CONFIG).is_file():
         return ZeroShotHydra.from_pretrained(folder)
@@ -26,4 +28,6 @@ def load_any(path: str, num_labels: int | None = None) -> nn.Module:
         return HydraModel.from_pretrained(folder)
     if (folder / MEMBER_CONFIG).is_file():
         return load_member(folder)
+    if (folder / ENSEMBLE_CONFIG).is_file():
+        return DeepEnsemble.from_pretrained(folder)
     return load_classifier(path, num_labels=num_labels)

@@ -30,7 +30,8 @@ def test_records_match_hand_computation():
         assert r["entropy"] == pytest.approx(_entropy(mean[i]))
         assert r["mutual_information"] == pytest.approx(_entropy(mean[i]) - _entropy(member[:, i]).mean())
         assert r["members_agreeing"] == pytest.approx((member[:, i].argmax(-1) == top).mean())
-        assert r["msp"] == pytest.approx(1 - mean[i, top]) and r["flagged"] == (1 - mean[i, top] > 0.3)
+        assert r["ood_score_msp"] == pytest.approx(1 - mean[i, top])  # higher = more likely OOD
+        assert r["flagged"] == (1 - mean[i, top] > 0.3)
         assert r["label"] == "abcd"[labels[i]] and r["correct"] == (top == labels[i])
 
 

@@ -1,6 +1,7 @@
 """Evaluation: predictions of any model or ensemble, temperature scaling, metrics, shift."""
 
 from .bootstrap import MAIN_METRICS, add_comparisons, add_intervals, bootstrap_draws
+from .calibration import Calibration, calibrate, saved_calibration
 from .evaluate import OOD_SCORES, evaluate_predictions, main_row, ood_scores, summarise_ood
 from .predict import Predictions, predict
 from .run import EvalData, MethodPredictions, evaluate_method, predict_method
@@ -21,12 +22,14 @@ __all__ = [
     "OOD_SCORES",
     "SEVERITIES",
     "TEXT_CORRUPTIONS",
+    "Calibration",
     "EvalData",
     "MethodPredictions",
     "Predictions",
     "add_comparisons",
     "add_intervals",
     "bootstrap_draws",
+    "calibrate",
     "corrupt_images",
     "corrupt_texts",
     "evaluate_method",
@@ -38,6 +41,7 @@ __all__ = [
     "per_example",
     "predict",
     "predict_method",
+    "saved_calibration",
     "shifted_sets",
     "summarise_ood",
 ]

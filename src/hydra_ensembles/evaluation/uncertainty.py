@@ -27,8 +27,9 @@ def per_example(
     threshold: float | None = None,
 ) -> list[dict[str, Any]]:
     """One record per input (see the module docstring); ``classes`` names the columns of the
-    probabilities (indices when None). With ``threshold``, ``flagged`` says whether the input's
-    ``flag_score`` (higher = more likely OOD) exceeds it."""
+    probabilities (indices when None). ``ood_score_<flag_score>`` holds the input's OOD score
+    (higher = more likely OOD; ``ood_score_msp`` is 1 - the largest class probability); with
+    ``threshold``, ``flagged`` says whether it exceeds the threshold."""
     member_probs = predictions.member_probs(temperature)
     probs = member_probs.mean(0)
     num_classes = probs.shape[1]
@@ -52,7 +53,7 @@ def per_example(
         }
         if ensemble:  # members' disagreement: a single model has none to report
             record.update(mutual_information=float(mutual[i]), members_agreeing=float(agreeing[i]))
-        record[flag_score] = float(score[i])
+        record[f"ood_score_{flag_score}"] = float(score[i])
         if threshold is not None:
             record["flagged"] = bool(score[i] > threshold)
         if labels is not None:

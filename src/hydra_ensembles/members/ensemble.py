@@ -9,9 +9,11 @@ evaluation and calibration have one code path for all of them.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -38,6 +40,11 @@ class DeepEnsemble(nn.Module):
         if not models:
             raise ValueError("an ensemble needs at least one model")
         self.members = nn.ModuleList(models)
+        # the members' configuration (family, classes), with the ensemble's own calibration
+        # (`evaluation.calibrate`; saved in its index file), never a member's
+        first = getattr(models[0], "config", None)
+        self.config = copy.deepcopy(first) if first is not None else SimpleNamespace()
+        self.config.hydra_calibration = None
 
     @property
     def num_members(self) -> int:
@@ -53,26 +60,41 @@ class DeepEnsemble(nn.Module):
         names = [f"member-{m}" for m in range(self.num_members)]
         for name, member in zip(names, self.members, strict=True):
             save_member(member, path / name)
-        return write_ensemble_index(path, names)
+        return write_ensemble_index(path, names, self.config.hydra_calibration)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:
         """An ensemble written by `save_pretrained` (every member checked by its checksums)."""
-        path = Path(path)
-        try:
-            config = read_json(path / CONFIG_NAME, "ensemble config")
-        except ValueError as exc:
-            raise MemberLoadError(f"{exc}: not a saved ensemble (or the save did not finish)") from None
-        names = config.get("members") if isinstance(config, dict) and config.get("format") == FORMAT else None
-        if not names or not all(isinstance(n, str) and "/" not in n and n not in (".", "..") for n in names):
-            raise MemberLoadError(f"{path / CONFIG_NAME} is not a {FORMAT} file")
-        return cls([load_member(path / name) for name in names])
+        config = read_ensemble_index(path)
+        ensemble = cls([load_member(Path(path) / name) for name in config["members"]])
+        ensemble.config.hydra_calibration = config.get("calibration")
+        return ensemble
 
 
-def write_ensemble_index(path: str | os.PathLike, names: Sequence[str]) -> Path:
+def read_ensemble_index(path: str | os.PathLike) -> dict[str, Any]:
+    """The checked index of a saved ensemble (`write_ensemble_index`): its members' folder names
+    (``members``) and its calibration where it has one."""
+    path = Path(path)
+    try:
+        config = read_json(path / CONFIG_NAME, "ensemble config")
+    except ValueError as exc:
+        raise MemberLoadError(f"{exc}: not a saved ensemble (or the save did not finish)") from None
+    names = config.get("members") if isinstance(config, dict) and config.get("format") == FORMAT else None
+    if not names or not all(isinstance(n, str) and "/" not in n and n not in (".", "..") for n in names):
+        raise MemberLoadError(f"{path / CONFIG_NAME} is not a {FORMAT} file")
+    return config
+
+
+def write_ensemble_index(
+    path: str | os.PathLike, names: Sequence[str], calibration: dict[str, Any] | None = None
+) -> Path:
     """Record that the saved members ``path/<name>`` form one ensemble (written after them, so
-    its presence means every member is complete): what `DeepEnsemble.from_pretrained` reads."""
-    atomic_write_json(Path(path) / CONFIG_NAME, {"format": FORMAT, "members": list(names)})
+    its presence means every member is complete), with the ensemble's calibration where it has
+    one: what `DeepEnsemble.from_pretrained` reads."""
+    index = {"format": FORMAT, "members": list(names)}
+    if calibration is not None:
+        index["calibration"] = calibration
+    atomic_write_json(Path(path) / CONFIG_NAME, index)
     return Path(path)
 
 

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..batching import ExamplePool, checked_batches, member_stacked, model_inputs
-from ..io import MANIFEST, load_file_set, save_file_set
+from ..io import MANIFEST, load_file_set, save_file_set, update_with_tensor
 from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import check_precision, resolve_precision
 from ..serialization import check_finite, first_non_finite
@@ -430,19 +430,13 @@ def _inputs_digest(model: nn.Module, train: list[dict], val: list[dict]) -> str:
     import hashlib
 
     digest = hashlib.sha256()
-
-    def add(name: str, tensor: torch.Tensor) -> None:
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-
     for name, tensor in sorted(model.state_dict().items()):
-        add(name, tensor)
+        update_with_tensor(digest, name, tensor)
     for part, batches in (("train", train), ("val", val)):
         for i, batch in enumerate(batches):
             for key in sorted(batch):
                 if isinstance(batch[key], torch.Tensor):
-                    add(f"{part}{i}.{key}", batch[key])
+                    update_with_tensor(digest, f"{part}{i}.{key}", batch[key])
     return digest.hexdigest()
 
 

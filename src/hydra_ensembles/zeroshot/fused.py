@@ -74,7 +74,8 @@ class ZeroShotHydra(nn.Module):
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """The fused input tower in ``input_tower/`` (a Hydra save), then the class embeddings and
-        this config (classes, templates, scale, poolings, head sets), checksummed, written last."""
+        this config (classes, templates, scale, poolings, head sets, calibration), checksummed,
+        written last."""
         path = Path(path)
         self.input_hydra.save_pretrained(path / INPUT_TOWER_DIR)
         config = {
@@ -83,6 +84,7 @@ class ZeroShotHydra(nn.Module):
             "library_version": __version__,
             "dual_encoder": {k: v for k, v in self.config.to_dict().items() if not k.startswith("hydra_")},
             "head_sets": [hs.to_dict() for hs in self.head_sets],
+            "calibration": getattr(self.config, "hydra_calibration", None),
         }
         return write_saved(path, CONFIG_NAME, config, {"class_embeddings": self.class_embeddings})
 
@@ -113,6 +115,7 @@ class ZeroShotHydra(nn.Module):
             model = cls(hydra, state["class_embeddings"], dual, head_sets)
         except ValueError as exc:
             raise ZeroShotLoadError(f"{path}: {exc}") from exc
+        model.config.hydra_calibration = config.get("calibration")  # `evaluation.calibrate`'s record
         return model.to(device or "cpu").eval()
 
     def extra_repr(self) -> str:
