@@ -21,6 +21,7 @@ from transformers import (
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
+from hydra_ensembles.evaluation import calibrate
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.models import load_tokenizer
@@ -63,6 +64,18 @@ def w(tmp_path_factory):
     shutil.copytree(root / "model", root / "bad-config")
     config = json.loads((root / "bad-config" / "config.json").read_text())
     (root / "bad-config" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 5}))
+
+    val = {**tokenizer([f"text {i}" for i in range(8)], return_tensors="pt"), "labels": torch.arange(8) % 2}
+    calibrate(model, [val], progress=False)
+    model.save_pretrained(root / "calibrated")  # with its calibration in config.json
+    tokenizer.save_pretrained(root / "calibrated")
+    shutil.copytree(root / "calibrated", root / "bad-calibration")
+    saved = json.loads((root / "calibrated" / "config.json").read_text())
+    saved["hydra_calibration"]["temperature"] = -1
+    (root / "bad-calibration" / "config.json").write_text(json.dumps(saved))
+    shutil.copytree(root / "calibrated", root / "other-weights-calibration")
+    saved["hydra_calibration"] = {**saved["hydra_calibration"], "temperature": 1.0, "model_sha256": "0" * 64}
+    (root / "other-weights-calibration" / "config.json").write_text(json.dumps(saved))
 
     shutil.copytree(root / "model", root / "fewer-layers")
     (root / "fewer-layers" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
@@ -217,6 +230,24 @@ CASES = [
         "report",
     ),
     ("broken-member-json", lambda w: evaluate(w, method="member-broken"), "not valid JSON", "report"),
+    (
+        "malformed-saved-calibration",
+        lambda w: predict(w, model="bad-calibration"),
+        "temperature must be positive",
+        "p.csv",
+    ),
+    (
+        "calibration-of-other-weights",
+        lambda w: predict(w, model="other-weights-calibration"),
+        "fit on other weights",
+        "p.csv",
+    ),
+    (
+        "flag-score-other-than-the-saved-calibration",
+        lambda w: predict(w, "--flag-score", "energy", model="calibrated"),
+        "saved calibration flags on msp keeping 95%",
+        "p.csv",
+    ),
     ("num-labels-contradicts-head", lambda w: score(w, "--num-labels", "5"), "contradicts", "out.json"),
     (
         "config-fewer-layers-than-weights",

@@ -14,6 +14,8 @@ from transformers import (
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
+from hydra_ensembles.data import load_spec, to_batches
+from hydra_ensembles.evaluation import predict, saved_calibration
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
@@ -192,6 +194,60 @@ def test_score_build_eval(workspace, capsys):
     assert all(0 <= r["members_agreeing"] <= 1 and r["mutual_information"] >= -1e-9 for r in records)
 
 
+def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
+    """build --val-data calibrates the fused model and the members' ensemble; predict then flags
+    with the saved calibration (no --val-data), exactly as `Calibration.records` computes; a model
+    without one is predicted at temperature 1 with a warning and no flag."""
+    w, common = workspace, ["--batch-size", "8", "--max-length", "12"]
+    data, built, scores = ["--data", str(w / "train.csv")], tmp_path / "built", tmp_path / "taylor.json"
+    args = ["score", str(w / "model"), "--method", "taylor", "--heads-per-layer", "2", *data]
+    assert main([*args, "--out", str(scores), *common]) == 0
+    args = ["build", str(w / "model"), "--scores", str(scores), "--members", "2"]
+    args += ["--num-pruned", "2", "--fine-tune", *data, "--val-data", str(w / "train.csv"), "--epochs", "1"]
+    assert main([*args, "--keep", "0.9", "--out", str(built), *common]) == 0
+    saved = saved_calibration(load_any(str(built / "hydra")))
+    assert saved is not None and (saved.score, saved.keep, saved.examples) == ("msp", 0.9, 24)
+    assert saved.data == str(w / "train.csv") and len(saved.data_sha256) == 64
+    capsys.readouterr()
+
+    out = tmp_path / "p.csv"
+    assert (
+        main(["predict", str(built / "hydra"), "--data", str(w / "ood.csv"), "--out", str(out), *common]) == 0
+    )
+    assert "calibration saved with the model: temperature" in capsys.readouterr().out
+    rows = list(csv.DictReader(out.open()))
+    hydra = load_any(str(built / "hydra"))
+    batches = list(
+        to_batches(load_spec(str(w / "ood.csv"), labelled=False), load_tokenizer(str(built / "hydra")), 8, 12)
+    )
+    expected = saved.records(predict(hydra, batches, progress=False), ["money", "sport"])
+    assert [r["flagged"] == "True" for r in rows] == [e["flagged"] for e in expected]
+    assert [float(r["ood_score_msp"]) for r in rows] == pytest.approx([e["ood_score_msp"] for e in expected])
+
+    out = tmp_path / "m.jsonl"  # the members' saved ensemble, with its own calibration
+    assert (
+        main(["predict", str(built / "members"), "--data", str(w / "ood.csv"), "--out", str(out), *common])
+        == 0
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 10 and {"flagged", "mutual_information", "ood_score_msp"} <= set(records[0])
+    assert saved_calibration(load_any(str(built / "members"))).keep == 0.9
+    capsys.readouterr()
+
+    out = tmp_path / "one.csv"  # one member, saved before any calibration
+    assert main(["predict", str(built / "members" / "member-0"), *data, "--out", str(out), *common]) == 0
+    assert "carries no calibration and no --val-data" in capsys.readouterr().err
+    assert "flagged" not in next(csv.DictReader(out.open()))
+
+    out = tmp_path / "entropy.csv"  # another score needs data to fit it on
+    args = ["predict", str(built / "hydra"), *data, "--flag-score", "entropy", "--out", str(out), *common]
+    assert main(args) == 2 and not out.exists()
+    assert "saved calibration flags on msp keeping 90%" in capsys.readouterr().err
+    assert main([*args, "--val-data", str(w / "train.csv")]) == 0
+    assert "fit on --val-data (not saved with the model)" in capsys.readouterr().out
+    assert "ood_score_entropy" in next(csv.DictReader(out.open()))
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path, capsys, precision):
     """finetune -> score (Taylor, circuit) -> build (fine-tuned) -> eval -> predict with --precision
@@ -199,8 +255,10 @@ def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path,
     w, common = workspace, ["--batch-size", "8", "--max-length", "12", "--precision", precision]
     data = ["--data", str(w / "train.csv")]
     tuned = tmp_path / "tuned"
-    assert main(["finetune", str(w / "model"), *data, "--epochs", "1", "--out", str(tuned), *common]) == 0
+    args = ["finetune", str(w / "model"), *data, "--val-data", str(w / "train.csv"), "--epochs", "1"]
+    assert main([*args, "--out", str(tuned), *common]) == 0
     assert json.loads((tuned / "config.json").read_text())["hydra_training_precision"] == precision
+    assert saved_calibration(load_any(str(tuned))).precision == precision  # fit on --val-data
     assert f"computing in {precision} (requested" in capsys.readouterr().out
     taylor = tmp_path / "taylor.json"
     args = ["score", str(tuned), "--method", "taylor", "--heads-per-layer", "2", *data]

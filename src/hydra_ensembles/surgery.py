@@ -23,6 +23,9 @@ from .heads import HeadSet, HeadSetError
 
 KEPT_HEADS_KEY = "hydra_kept_heads"
 FINGERPRINT_KEY = "hydra_base_fingerprint"
+CALIBRATION_KEY = "hydra_calibration"
+"""Where a model's configuration holds its calibration (`evaluation.calibrate`), which is bound to
+its weights: a model made from it (pruned, fused, trained) starts without one."""
 
 
 # --------------------------------------------------------------------------- records
@@ -104,7 +107,16 @@ def prune(model: nn.Module, heads: HeadSet) -> nn.Module:
         adapter.set_attention(pruned, layer, q, k, v, o, num_heads=len(want), heads=want)
     setattr(pruned.config, KEPT_HEADS_KEY, HeadSet(dict(enumerate(target))).to_dict())
     setattr(pruned.config, FINGERPRINT_KEY, base_print)
+    forget_calibration(pruned)
     return pruned
+
+
+def forget_calibration(model: nn.Module) -> None:
+    """Remove the calibration from ``model``'s configuration: its function changed (pruned, fused,
+    trained), so the temperature and flag threshold fit for the old one no longer hold."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, CALIBRATION_KEY, None) is not None:
+        setattr(config, CALIBRATION_KEY, None)
 
 
 def slice_projections(

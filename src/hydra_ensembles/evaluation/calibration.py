@@ -4,9 +4,11 @@ A `Calibration` holds what turns a model's logits into calibrated probabilities 
 the temperature (one, shared by the members), the OOD score that decides the flag (higher = more
 likely OOD), the score's threshold (the value at or below which a share ``keep`` of the ID
 validation inputs fall), and what it was fit on: the data's name, the SHA-256 of its batches,
-the number of inputs and the precision the predictions were computed in.
+the number of inputs, the precision the predictions were computed in, and the SHA-256 of the
+model's weights (`surgery.fingerprint`): a calibration is refused for any other weights.
 
-`calibrate` fits it and records it in the model's configuration (``config.hydra_calibration``),
+`calibrate` fits it and records it in the model's configuration (``config.hydra_calibration``;
+pruning, fusing and fine-tuning a model leave the new model without it),
 which `save_pretrained` of a Hugging Face model, `save_member` and `HydraModel.save_pretrained`
 write with the configuration (and so cover by their checksums); `saved_calibration` reads it back
 from a loaded model. `hydra-ens predict` and `Calibration.records` then give calibrated, flagged
@@ -22,13 +24,11 @@ from typing import Any
 
 from ..io import batches_digest
 from ..precision import model_device, resolve_precision
+from ..surgery import CALIBRATION_KEY, fingerprint
 from .evaluate import OOD_SCORES
 from .predict import Predictions, predict
 from .temperature import fit_temperature
 from .uncertainty import flag_threshold, per_example
-
-CONFIG_KEY = "hydra_calibration"
-"""The configuration attribute a calibrated model carries its `Calibration` in (a JSON dict)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Calibration:
     data_sha256: str
     examples: int
     precision: str
+    model_sha256: str = ""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -66,14 +67,14 @@ class Calibration:
         data: str = "",
         data_sha256: str = "",
         precision: str = "",
+        model_sha256: str = "",
     ) -> Calibration:
         """Fit on labelled ID validation predictions: the temperature minimising their NLL, then the
         threshold of ``score`` (at that temperature) that keeps ``keep`` of them unflagged."""
         temperature = float(fit_temperature(id_validation))
         threshold = flag_threshold(id_validation, score, keep, temperature)
-        return cls(
-            temperature, score, threshold, keep, data, data_sha256, len(id_validation.labels), precision
-        )
+        examples = len(id_validation.labels)
+        return cls(temperature, score, threshold, keep, data, data_sha256, examples, precision, model_sha256)
 
     def records(self, predictions: Predictions, classes: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """One record per input (`per_example`), calibrated and flagged with these settings."""
@@ -113,6 +114,7 @@ class Calibration:
                 data_sha256=str(saved["data_sha256"]),
                 examples=int(saved["examples"]),
                 precision=str(saved["precision"]),
+                model_sha256=str(saved["model_sha256"]),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a saved calibration is malformed: {exc}") from None
@@ -137,13 +139,27 @@ def calibrate(
     compute = resolve_precision(precision, model_device(model))
     predictions = predict(model, batches, "calibration", progress=progress, precision=precision)
     calibration = Calibration.fit(
-        predictions, score, keep, data=data, data_sha256=batches_digest(batches), precision=compute.name
+        predictions,
+        score,
+        keep,
+        data=data,
+        data_sha256=batches_digest(batches),
+        precision=compute.name,
+        model_sha256=fingerprint(model),
     )
-    setattr(model.config, CONFIG_KEY, calibration.to_dict())
+    setattr(model.config, CALIBRATION_KEY, calibration.to_dict())
     return calibration
 
 
 def saved_calibration(model: Any) -> Calibration | None:
     """The `Calibration` recorded in ``model``'s configuration, or None where it has none."""
-    saved = getattr(getattr(model, "config", None), CONFIG_KEY, None)
-    return None if saved is None else Calibration.from_dict(saved)
+    saved = getattr(getattr(model, "config", None), CALIBRATION_KEY, None)
+    if saved is None:
+        return None
+    calibration = Calibration.from_dict(saved)
+    if calibration.model_sha256 != fingerprint(model):
+        raise ValueError(
+            "the calibration recorded in the model's configuration was fit on other weights (the model "
+            "was trained, pruned or cast since): fit it again (evaluation.calibrate, or --val-data)"
+        )
+    return calibration

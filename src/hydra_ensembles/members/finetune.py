@@ -31,6 +31,7 @@ from ..io import MANIFEST, load_file_set, save_file_set, update_with_tensor
 from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import check_precision, resolve_precision
 from ..serialization import check_finite, first_non_finite
+from ..surgery import forget_calibration
 
 PARTS = ("attention", "mlp", "norm", "head", "embeddings")
 
@@ -179,6 +180,7 @@ def fine_tune(
         )
     check_finite(model.named_parameters(), "the model to fine-tune")
     train_batches, val_batches = _checked_batches(model, train, val, config)
+    forget_calibration(model)  # fit for the weights before training
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     try:
         run = _Run.start(model, train_batches, val_batches, config, checkpoint_dir, progress)

@@ -11,7 +11,7 @@ from torch import nn
 from ..heads import HeadSet
 from ..models import build_model
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
-from ..surgery import FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
+from ..surgery import CALIBRATION_KEY, FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
 from .batch_ensemble import BATCH_ENSEMBLE_KEY, batch_ensemble
 from .head_ensemble import HEAD_ENSEMBLE_KEY, head_ensemble
 from .mimo import MIMO_KEY, install_mimo
@@ -89,6 +89,7 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     heads_members = config.pop(HEAD_ENSEMBLE_KEY, None)
     packing = config.pop(PACKED_KEY, None)
     mimo_inputs = config.pop(MIMO_KEY, None)
+    calibration = config.pop(CALIBRATION_KEY, None)  # restored once the weights are in place
     model = build_model(meta["model_class"], config, meta.get("attn_implementation"))
     if packing:  # the config holds the packed widths already; the layers are swapped here
         model = pack_layers(model, int(packing["members"]), int(packing["alpha"]), int(packing["gamma"]))
@@ -104,4 +105,5 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     dtype = next(iter(state.values())).dtype
     model.to(dtype).load_state_dict(state, strict=True)
     assert kept_heads(model) is not None
+    setattr(model.config, CALIBRATION_KEY, calibration)
     return model.eval().to(torch.device("cpu"))

@@ -9,6 +9,7 @@ input embedding and member m's class embeddings; the prediction is the mean of m
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..fusion import HydraModel, fuse
 from ..heads import HeadSet
 from ..outputs import EnsembleOutput
 from ..serialization import read_saved, write_saved
-from ..surgery import kept_heads, prune
+from ..surgery import CALIBRATION_KEY, kept_heads, prune
 from .model import DualEncoderClassifier, DualEncoderConfig
 from .towers import EncoderTower, cosine_logits, pool
 
@@ -169,4 +170,6 @@ def fuse_dual_encoder(
         for _, label in tqdm(parts, desc="class embeddings", leave=False, disable=not progress or None)
     ]
     resolved = [HeadSet(dict(enumerate(hs.resolve(original)))) for hs in head_sets]
-    return ZeroShotHydra(hydra, torch.stack(classes), model.config, resolved).eval()
+    config = copy.deepcopy(model.config)  # its own, so that a calibration fit for it is its alone
+    setattr(config, CALIBRATION_KEY, None)
+    return ZeroShotHydra(hydra, torch.stack(classes), config, resolved).eval()

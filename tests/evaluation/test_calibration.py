@@ -1,0 +1,150 @@
+"""A model's calibration: fit like its parts, recorded in the configuration, saved and loaded with
+every kind of saved model, refused where damaged."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import hydra_ensembles as he
+from hydra_ensembles.evaluation import (
+    Calibration,
+    Predictions,
+    calibrate,
+    fit_temperature,
+    flag_threshold,
+    per_example,
+    predict,
+    saved_calibration,
+)
+from hydra_ensembles.io import batches_digest
+from hydra_ensembles.loading import load_any
+from hydra_ensembles.members import DeepEnsemble, FineTuneConfig, fine_tune
+from hydra_ensembles.precision import resolve_precision
+from hydra_ensembles.surgery import fingerprint
+from hydra_ensembles.zeroshot import ZeroShotHydra, fuse_dual_encoder
+from tests.factories import image_inputs, labelled, text_inputs, tiny_bert, tiny_clip_zero_shot
+
+
+def _val(batches: int = 3, batch: int = 24) -> list[dict]:
+    return [labelled(text_inputs(batch, seed=b), seed=b) for b in range(batches)]
+
+
+def test_fit_is_the_temperature_then_the_threshold_at_it():
+    rng = np.random.default_rng(0)
+    preds = Predictions(rng.normal(size=(3, 80, 4)) * 3, rng.integers(0, 4, 80))
+    calibration = Calibration.fit(preds, "entropy", keep=0.9, data="v.csv", data_sha256="ab" * 32)
+    temperature = fit_temperature(preds)
+    assert calibration.temperature == pytest.approx(temperature, rel=1e-12)
+    assert calibration.threshold == flag_threshold(preds, "entropy", 0.9, calibration.temperature)
+    assert (calibration.score, calibration.keep, calibration.examples) == ("entropy", 0.9, 80)
+    expected = per_example(preds, None, calibration.temperature, "entropy", calibration.threshold)
+    assert calibration.records(preds) == expected
+    assert np.mean([r["flagged"] for r in expected]) <= 0.1 + 1e-9  # 90% of validation kept
+    assert Calibration.from_dict(json.loads(json.dumps(calibration.to_dict()))) == calibration
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"temperature": 0.0}, "temperature must be positive"),
+        ({"temperature": float("nan")}, "temperature must be positive"),
+        ({"score": "msq"}, "unknown OOD score"),
+        ({"threshold": float("inf")}, "threshold must be finite"),
+        ({"keep": 1.5}, "keep must be in"),
+        ({"examples": 0}, "at least one input"),
+        ({"extra": 1}, "has the fields"),
+        ({"temperature": "warm"}, "malformed"),
+    ],
+)
+def test_a_malformed_saved_calibration_is_refused(change, message):
+    good = Calibration(1.2, "msp", 0.3, 0.95, "v.csv", "0" * 64, 50, "fp32", "1" * 64).to_dict()
+    with pytest.raises(ValueError, match=message):
+        Calibration.from_dict({**good, **change})
+
+
+def test_calibrate_records_what_it_fit_on_in_the_configuration():
+    model, val = tiny_bert(labels=3, init_range=0.3), _val()
+    calibration = calibrate(model, val, "msp", data="val.csv", progress=False)  # the run's precision
+    assert saved_calibration(model) == calibration
+    assert calibration.data == "val.csv" and calibration.data_sha256 == batches_digest(val)
+    precision = resolve_precision("auto").name
+    assert calibration.examples == 72 and calibration.precision == precision
+    preds = predict(model, val, progress=False)
+    digest = batches_digest(val)
+    weights = fingerprint(model)
+    fit = Calibration.fit(
+        preds, data="val.csv", data_sha256=digest, precision=precision, model_sha256=weights
+    )
+    assert calibration == fit
+    assert batches_digest(val) != batches_digest(_val(batches=2))
+    with pytest.raises(ValueError, match="labelled ID validation"):
+        calibrate(model, [text_inputs()])
+
+
+def test_every_saved_model_carries_its_calibration(tmp_path):
+    """A Hugging Face classifier, a member, a Hydra model and a saved ensemble: calibrated, saved,
+    loaded (by `load_any`, as the CLI does) with the same calibration; without one, None."""
+    val = _val()
+    base = tiny_bert(labels=3, init_range=0.3)
+    heads = [he.HeadSet({0: [0, 1]}), he.HeadSet({1: [2, 3]})]
+    members = [he.prune(base, hs) for hs in heads]
+    models = {
+        "hf": base,
+        "member": members[0],
+        "hydra": he.fuse(members, mlp="exact"),
+        "ensemble": DeepEnsemble(members),
+    }
+    assert saved_calibration(models["hydra"]) is None
+    for name, model in models.items():
+        fitted = calibrate(model, val, "energy", keep=0.8, data=name, progress=False)
+        {
+            "hf": lambda m, p: m.save_pretrained(p),
+            "member": he.save_member,
+            "hydra": he.HydraModel.save_pretrained,
+            "ensemble": DeepEnsemble.save_pretrained,
+        }[name](model, tmp_path / name)
+        assert saved_calibration(load_any(str(tmp_path / name))) == fitted, name
+    assert saved_calibration(models["member"]) is not None and saved_calibration(members[1]) is None
+
+
+def test_a_zero_shot_hydra_carries_its_calibration(tmp_path):
+    dual = tiny_clip_zero_shot()
+    model = fuse_dual_encoder(dual, [he.HeadSet({0: [0]}), he.HeadSet({1: [1]})])
+    batches = [labelled(image_inputs(20), labels=3)]
+    fitted = calibrate(model, batches, progress=False)
+    model.save_pretrained(tmp_path / "zs")
+    assert saved_calibration(ZeroShotHydra.from_pretrained(tmp_path / "zs")) == fitted
+
+
+def test_an_edited_calibration_is_refused_by_the_checksum(tmp_path):
+    members = [he.prune(tiny_bert(init_range=0.3), he.HeadSet({0: [m]})) for m in range(2)]
+    hydra = he.fuse(members)
+    calibrate(hydra, _val(), progress=False)
+    hydra.save_pretrained(tmp_path / "h")
+    config_file = tmp_path / "h" / "hydra_config.json"
+    saved = json.loads(config_file.read_text())
+    saved["base_config"]["hydra_calibration"]["threshold"] = 0.99  # flags nothing any more
+    config_file.write_text(json.dumps(saved))
+    with pytest.raises(he.HydraLoadError, match="checksum"):
+        he.load_hydra(tmp_path / "h")
+
+
+def test_a_calibration_holds_for_its_weights_only():
+    """Models made from a calibrated one (pruned, fused, fine-tuned) start without its calibration;
+    one whose weights changed in place refuses it."""
+    model, val = tiny_bert(labels=3, init_range=0.3), _val()
+    calibrate(model, val, progress=False)
+    pruned = he.prune(model, he.HeadSet({0: [0, 1]}))
+    assert saved_calibration(pruned) is None
+    assert saved_calibration(he.fuse(model, [he.HeadSet({0: [0]}), he.HeadSet({1: [1]})])) is None
+    assert saved_calibration(he.fuse([pruned, he.prune(model, he.HeadSet({1: [2]}))])) is None
+    tuned = copy.deepcopy(model)
+    fine_tune(tuned, val, config=FineTuneConfig(epochs=1), progress=False)
+    assert saved_calibration(tuned) is None and saved_calibration(model) is not None
+    with torch.no_grad():
+        model.classifier.bias.add_(0.5)  # shifts every logit: the old temperature no longer holds
+    with pytest.raises(ValueError, match="fit on other weights"):
+        saved_calibration(model)
