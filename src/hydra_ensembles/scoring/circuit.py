@@ -411,14 +411,15 @@ class _Extraction:
             order.base_score = objective_value(self.objective, logits[0], id_labels, logits[1])
         if self.exact is not None:
             self.exact.error = error
-        bar = tqdm(
-            total=budget,
-            initial=min(len(order.removed), budget),
-            desc=f"circuit ({self.objective})",
+        bar = tqdm(  # counts candidate evaluations, what a step's time is proportional to
+            desc=f"circuit ({self.objective}, {budget} heads)",
+            unit="candidate",
             disable=not progress or rank != 0 or None,
         )
         while len(order.removed) < budget:
             candidates, since_refresh = self._candidates(known, since_refresh)
+            bar.total = bar.n + self._work_left(len(candidates), budget - len(order.removed), since_refresh)
+            bar.refresh()
             logits = self._logits(candidates, rank, world)
             scores = {c: _both(self.objective, ids, id_labels, oods) for c, (ids, oods) in logits.items()}
             choices = candidates
@@ -436,10 +437,25 @@ class _Extraction:
                 known = {c: v for c, v in {**known, **scores}.items() if c != best}
             if checkpoint is not None and rank == 0:
                 self._save(checkpoint, key, order, known, since_refresh)
-            bar.update()
-            bar.set_postfix(S=f"{scores[best][0]:.4f}", removed=f"L{best[0]}H{best[1]}")
+            bar.set_postfix(
+                step=f"{len(order.removed)}/{budget}",
+                S=f"{scores[best][0]:.4f}",
+                removed=f"L{best[0]}H{best[1]}",
+            )
+            bar.update(len(candidates))
         bar.close()
         return order
+
+    def _work_left(self, candidates: int, steps: int, since_refresh: int) -> int:
+        """An estimate of the candidate evaluations of the ``steps`` steps left, this one's
+        ``candidates`` first: one fewer each step (exact methods); the shortlist, and every head
+        remaining at each refresh (lazy)."""
+        if not self.lazy:
+            return sum(max(candidates - j, 1) for j in range(steps))
+        remaining = int((self.masks.mask > 0).sum())
+        every = self.lazy["refresh_every"]
+        refreshes = (since_refresh + steps) // (every + 1)
+        return candidates + (steps - 1 - refreshes) * self.lazy["shortlist"] + refreshes * remaining
 
     def _candidates(self, known: dict, since_refresh: int) -> tuple[list[Head], int]:
         """Heads that may go next (every one, or lazily the best-known few) and the steps since
