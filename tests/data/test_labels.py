@@ -123,3 +123,15 @@ def test_npz_pixels_and_labels_are_checked(tmp_path):
     np.savez(tmp_path / "float.npz", x=x + 0.5, y=np.array([0.0, 1.0]))
     data = load_npz(tmp_path / "float.npz")
     assert data.labels == [0, 1] and data.images.max() == 0.5
+
+
+def test_a_table_is_numbered_by_the_models_classes_when_given(tmp_path):
+    """A validation file holding only "positive" rows: by the file's own names it would be class
+    0, which the model calls "negative"; by the model's classes it is class 1."""
+    file = tmp_path / "val.csv"
+    file.write_text("text,label\ngreat,positive\nsuperb,positive\n")
+    assert load_text_table(file).labels == [0, 0]  # the file's own names, sorted
+    data = load_text_table(file, classes=["negative", "positive"])
+    assert data.labels == [1, 1] and data.classes == ["negative", "positive"]
+    with pytest.raises(ValueError, match=r"classes \['positive'\] are not classes of the model"):
+        load_text_table(file, classes=["neg", "pos"])

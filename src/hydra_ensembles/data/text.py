@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .labels import parse_labels
+from .labels import align_labels, parse_labels
 
 
 class MissingDataError(RuntimeError):
@@ -124,12 +124,18 @@ def batches(
 
 
 def load_text_table(
-    path: str | Path, text_column: str = "text", label_column: str | None = "label"
+    path: str | Path,
+    text_column: str = "text",
+    label_column: str | None = "label",
+    classes: Sequence[str] | None = None,
 ) -> TextDataset:
     """Texts (and labels) from a CSV/TSV or JSON Lines file.
 
-    Labels may be integers or class names (sorted into integer ids). Without ``label_column``
-    (e.g. OOD data) every label is 0 and ``classes`` is empty.
+    Labels may be integers or class names. ``classes``: the model's class names (e.g.
+    ``list(model.config.id2label.values())``), which number the labels: a file holding only some
+    classes keeps the model's ids, and a name the model lacks is refused. Without ``classes`` the
+    file's own names are sorted into ids (right only for a file holding every class). Without
+    ``label_column`` (e.g. OOD data) every label is 0 and ``classes`` is empty.
     """
     import csv
     import json
@@ -163,8 +169,9 @@ def load_text_table(
     ids = [f"{path.name}/{i}" for i in range(len(rows))]
     if not label_column:
         return TextDataset(texts, [0] * len(texts), ids, [])
-    labels, classes = parse_labels([r.get(label_column) for r in rows], str(path), label_column)
-    return TextDataset(texts, labels, ids, classes)
+    labels, names = parse_labels([r.get(label_column) for r in rows], str(path), label_column)
+    dataset = TextDataset(texts, labels, ids, names)
+    return dataset if classes is None else align_labels(dataset, list(classes), len(classes), str(path))
 
 
 def _table_rows(reader, path: Path) -> list[dict]:
