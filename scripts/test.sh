@@ -2,8 +2,8 @@
 # Tests: set up the environment, lint, run the test suite in fp32 (slow tests excluded; `-m slow`
 # runs them), then run the tests of every path that depends on the precision again in bf16 and
 # in fp16 (tiny models; tests of pretrained checkpoints, and tests that name their precision and
-# so ran in the fp32 pass already, are skipped there). Arguments go to the fp32 run only, and
-# skip the reruns.
+# so ran in the fp32 pass already, and the tests that compare one process with two, are skipped
+# there). Arguments go to the fp32 run only, and skip the reruns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -23,5 +23,5 @@ PRECISION_PATHS=(
 for precision in bf16 fp16; do
     echo "--- the precision-dependent tests in $precision"
     HYDRA_PRECISION=$precision .venv/bin/python -m pytest -q -m "not slow and not real_model" \
-        -k "not bf16 and not fp16 and not fp32" "${PRECISION_PATHS[@]}"
+        -k "not bf16 and not fp16 and not fp32 and not two_process" "${PRECISION_PATHS[@]}"
 done

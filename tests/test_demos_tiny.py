@@ -100,7 +100,7 @@ def test_zero_shot_demo_on_a_tiny_encoder(tmp_path, tiny):
     _check_precision_rows(report, result["results"], fp32_row=False)
 
 
-def test_image_demo_on_a_tiny_vit_with_packed_and_mimo(tmp_path, monkeypatch):
+def test_image_demo_on_a_tiny_vit_with_packed_and_mimo(tmp_path, monkeypatch, capsys):
     """The image demo's from-scratch path (the small-ViT model, Packed-Ensembles and MIMO from
     scratch, the shifted and OOD image sets) on a 2-layer ViT of 4 heads."""
     tiny = {**SMALL_VITS[SCRATCH_IMAGE_MODEL], "hidden_size": 16, "num_hidden_layers": 2}
@@ -125,7 +125,13 @@ def test_image_demo_on_a_tiny_vit_with_packed_and_mimo(tmp_path, monkeypatch):
     )
     result = run_demo(config)
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "image benchmark" in report and "trained from scratch" in report
+    assert "image benchmark" in report and "trained from scratch" in report and "ELPV" in report
     rows = {"Hydra (Circ)", "Packed-Ensembles (M=2, α=2, from scratch)", "MIMO (M=2, ρ=0.5, batch repeat 4)"}
-    assert rows <= set(result["results"])
+    assert rows <= set(result["results"]) and rows - {"Hydra (Circ)"} <= set(result["cost"]["methods"])
+    assert not any("from pretrained" in name for name in result["results"])  # nothing pretrained
+    assert "MC Dropout" in result["results"]  # the scratch ViT has dropout to sample
+    for method in result["results"].values():
+        assert set(method["ood"]) == {"fashion-held-out", "mnist", "textures"}  # ELPV: validation only
+        assert len(method["shift"]) == 6 * 5 and "gaussian_noise@5" in method["shift"]
+    assert "images of 1x28x28" in capsys.readouterr().out
     _check_precision_rows(report, result["results"], fp32_row=True)
