@@ -100,9 +100,9 @@ def test_zero_shot_demo_on_a_tiny_encoder(tmp_path, tiny):
     _check_precision_rows(report, result["results"], fp32_row=False)
 
 
-def test_image_demo_on_a_tiny_vit_with_packed_and_mimo(tmp_path, monkeypatch, capsys):
-    """The image demo's from-scratch path (the small-ViT model, Packed-Ensembles and MIMO from
-    scratch, the shifted and OOD image sets) on a 2-layer ViT of 4 heads."""
+def test_image_demo_on_a_tiny_vit_with_every_opt_in_row(tmp_path, monkeypatch, capsys):
+    """The image demo's from-scratch path (the small-ViT model; Packed-Ensembles and MIMO from
+    scratch, BatchEnsemble, Wanda; the shifted and OOD image sets) on a 2-layer ViT of 4 heads."""
     tiny = {**SMALL_VITS[SCRATCH_IMAGE_MODEL], "hidden_size": 16, "num_hidden_layers": 2}
     tiny |= {"num_attention_heads": 4, "intermediate_size": 32}
     monkeypatch.setitem(SMALL_VITS, "vit-tiny", tiny)
@@ -121,6 +121,8 @@ def test_image_demo_on_a_tiny_vit_with_packed_and_mimo(tmp_path, monkeypatch, ca
         cache_dir=tmp_path / "cache",
         packed=True,
         mimo=True,
+        batch_ensemble=True,
+        wanda=True,
         **{k: v for k, v in COMMON.items() if not k.endswith("length")},  # tokens: text only
     )
     result = run_demo(config)
@@ -128,6 +130,7 @@ def test_image_demo_on_a_tiny_vit_with_packed_and_mimo(tmp_path, monkeypatch, ca
     assert "image benchmark" in report and "trained from scratch" in report and "ELPV" in report
     rows = {"Hydra (Circ)", "Packed-Ensembles (M=2, α=2, from scratch)", "MIMO (M=2, ρ=0.5, batch repeat 4)"}
     assert rows <= set(result["results"]) and rows - {"Hydra (Circ)"} <= set(result["cost"]["methods"])
+    assert {"BatchEnsemble (M=2)", "Wanda (unstructured, single pruned)"} <= set(result["results"])
     assert not any("from pretrained" in name for name in result["results"])  # nothing pretrained
     assert "MC Dropout" in result["results"]  # the scratch ViT has dropout to sample
     for method in result["results"].values():
