@@ -186,6 +186,10 @@ def w(tmp_path_factory):
     return root
 
 
+def finetune(w, *extra, out="tuned"):
+    return ["finetune", str(w / "model"), "--data", str(w / "train.csv"), *extra, "--out", str(w / out)]
+
+
 def score(w, *extra, data="train.csv", out="out.json", model="model"):
     return ["score", str(w / model), "--data", str(w / data), "--out", str(w / out), *extra]
 
@@ -235,6 +239,12 @@ CASES = [
         lambda w: predict(w, model="bad-calibration"),
         "temperature must be positive",
         "p.csv",
+    ),
+    (
+        "finetune-flag-score-a-single-model-lacks",
+        lambda w: finetune(w, "--val-data", str(w / "train.csv"), "--flag-score", "mutual_information"),
+        "a single fine-tuned model has none",
+        "tuned",
     ),
     (
         "calibration-of-other-weights",

@@ -521,6 +521,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     out = check_output_dir(
         args.out, finished="config.json", resumable=(), overwrite=args.overwrite, replaced=True
     )
+    if args.val_data and args.flag_score == "mutual_information":
+        raise ValueError(
+            "--flag-score mutual_information measures members' disagreement: a single fine-tuned "
+            "model has none to calibrate; choose msp, max_logit, energy or entropy"
+        )
     dataset = load_spec(args.data, args.text_column, args.label_column)
     classes = len(dataset.classes)
     if not classes:
