@@ -680,10 +680,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from functools import partial
 
     from . import reporting
-    from .evaluation import Calibration, ood_scores, per_example, saved_calibration
+    from .evaluation import fit_calibration, ood_scores, per_example, saved_calibration
     from .evaluation import predict as predict_any
-    from .io import atomic_write_text, batches_digest, check_output_file
-    from .precision import model_device, resolve_precision
+    from .io import atomic_write_text, check_output_file
 
     out = check_output_file(args.out, (".csv", ".jsonl"))
     predict = partial(predict_any, precision=args.precision)
@@ -710,11 +709,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     _say_precision(args)
     val = None
     if val_batches is not None:
-        val = predict(model, val_batches, "validation")
-        compute = resolve_precision(args.precision, model_device(model))
-        digest = batches_digest(val_batches)
-        calibration = Calibration.fit(
-            val, flag_score, args.keep or 0.95, data=args.val_data, data_sha256=digest, precision=compute.name
+        calibration, val = fit_calibration(
+            model, val_batches, flag_score, args.keep or 0.95, data=args.val_data, precision=args.precision
         )
         print(f"calibration fit on --val-data (not saved with the model): {calibration.describe()}")
     elif calibration is not None:

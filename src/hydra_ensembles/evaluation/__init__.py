@@ -1,7 +1,7 @@
 """Evaluation: predictions of any model or ensemble, temperature scaling, metrics, shift."""
 
 from .bootstrap import MAIN_METRICS, add_comparisons, add_intervals, bootstrap_draws
-from .calibration import Calibration, calibrate, saved_calibration
+from .calibration import Calibration, calibrate, fit_calibration, saved_calibration
 from .evaluate import OOD_SCORES, evaluate_predictions, main_row, ood_scores, summarise_ood
 from .predict import Predictions, predict
 from .run import EvalData, MethodPredictions, evaluate_method, predict_method
@@ -34,6 +34,7 @@ __all__ = [
     "corrupt_texts",
     "evaluate_method",
     "evaluate_predictions",
+    "fit_calibration",
     "fit_temperature",
     "flag_threshold",
     "main_row",

@@ -17,6 +17,7 @@ records with no validation data at hand. Never fit a calibration on OOD test dat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -120,6 +121,30 @@ class Calibration:
             raise ValueError(f"a saved calibration is malformed: {exc}") from None
 
 
+def fit_calibration(
+    model: Any,
+    id_validation: Iterable[dict[str, Any]],
+    score: str = "msp",
+    keep: float = 0.95,
+    *,
+    data: str = "",
+    precision: str = "auto",
+    progress: bool = True,
+) -> tuple[Calibration, Predictions]:
+    """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
+    included) fit on labelled ID validation batches, with the predictions it was fit on; nothing
+    is recorded in the model (`calibrate` does, for one model)."""
+    batches = list(id_validation)
+    if not batches or not all("labels" in batch for batch in batches):
+        raise ValueError("calibration needs labelled ID validation batches (every batch with labels)")
+    compute = resolve_precision(precision, model_device(model))
+    predictions = predict(model, batches, "calibration", progress=progress, precision=precision)
+    calibration = Calibration.fit(
+        predictions, score, keep, data=data, data_sha256=batches_digest(batches), precision=compute.name
+    )
+    return calibration, predictions
+
+
 def calibrate(
     model: Any,
     id_validation: Iterable[dict[str, Any]],
@@ -130,23 +155,14 @@ def calibrate(
     precision: str = "auto",
     progress: bool = True,
 ) -> Calibration:
-    """Fit ``model``'s `Calibration` on labelled ID validation batches and record it in its
-    configuration (saved with the model from then on). ``model`` is a Hydra model, a member or a
-    Hugging Face classifier; ``data`` names the batches' source in the record."""
-    batches = list(id_validation)
-    if not batches or not all("labels" in batch for batch in batches):
-        raise ValueError("calibration needs labelled ID validation batches (every batch with labels)")
-    compute = resolve_precision(precision, model_device(model))
-    predictions = predict(model, batches, "calibration", progress=progress, precision=precision)
-    calibration = Calibration.fit(
-        predictions,
-        score,
-        keep,
-        data=data,
-        data_sha256=batches_digest(batches),
-        precision=compute.name,
-        model_sha256=fingerprint(model),
+    """Fit ``model``'s `Calibration` on labelled ID validation batches (`fit_calibration`), bind
+    it to the model's weights and record it in its configuration (saved with the model from then
+    on). ``model`` is a Hydra model, a member, an ensemble of members or a Hugging Face
+    classifier; ``data`` names the batches' source in the record."""
+    fitted, _ = fit_calibration(
+        model, id_validation, score, keep, data=data, precision=precision, progress=progress
     )
+    calibration = dataclasses.replace(fitted, model_sha256=fingerprint(model))
     setattr(model.config, CALIBRATION_KEY, calibration.to_dict())
     return calibration
 
