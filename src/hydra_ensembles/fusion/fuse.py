@@ -19,7 +19,14 @@ from ..layers import (
     MemberHeadBias,
     PerMemberModule,
 )
-from ..surgery import CALIBRATION_KEY, FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, slice_projections
+from ..surgery import (
+    CALIBRATION_KEY,
+    FINGERPRINT_KEY,
+    KEPT_HEADS_KEY,
+    forget_calibration,
+    kept_heads,
+    slice_projections,
+)
 from .model import FusionPolicy, HydraModel, member_bias_stride
 
 
@@ -195,9 +202,10 @@ def _structural_config(model: nn.Module) -> dict[str, Any]:
 def _clean_copy(model: nn.Module) -> nn.Module:
     """A deep copy whose config no longer claims to be one pruned member (nor its calibration)."""
     copied = copy.deepcopy(model)
-    for key in (KEPT_HEADS_KEY, FINGERPRINT_KEY, CALIBRATION_KEY):
+    for key in (KEPT_HEADS_KEY, FINGERPRINT_KEY):
         if hasattr(copied.config, key):
             delattr(copied.config, key)
+    forget_calibration(copied)
     return copied
 
 

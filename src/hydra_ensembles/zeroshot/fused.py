@@ -25,7 +25,7 @@ from ..fusion import HydraModel, fuse
 from ..heads import HeadSet
 from ..outputs import EnsembleOutput
 from ..serialization import read_saved, write_saved
-from ..surgery import CALIBRATION_KEY, kept_heads, prune
+from ..surgery import forget_calibration, kept_heads, prune
 from .model import DualEncoderClassifier, DualEncoderConfig
 from .towers import EncoderTower, cosine_logits, pool
 
@@ -170,6 +170,7 @@ def fuse_dual_encoder(
         for _, label in tqdm(parts, desc="class embeddings", leave=False, disable=not progress or None)
     ]
     resolved = [HeadSet(dict(enumerate(hs.resolve(original)))) for hs in head_sets]
-    config = copy.deepcopy(model.config)  # its own, so that a calibration fit for it is its alone
-    setattr(config, CALIBRATION_KEY, None)
-    return ZeroShotHydra(hydra, torch.stack(classes), config, resolved).eval()
+    # its own config, so that a calibration fit for it is its alone
+    fused = ZeroShotHydra(hydra, torch.stack(classes), copy.deepcopy(model.config), resolved).eval()
+    forget_calibration(fused)
+    return fused
