@@ -15,7 +15,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # 20 s faster here (the bytecode is needed up front: PYTHONDONTWRITEBYTECODE may be set).
     "$PY" -m pip install --quiet --no-compile --upgrade pip
     "$PY" -m pip install --quiet --no-compile "torch==2.13.0"
-    "$PY" -m pip install --quiet --no-compile -e ".[models,test,hf]"
+    "$PY" -m pip install --quiet --no-compile -e ".[test]"
     # bytecode is only a speed-up, so a failure here never stops the set-up: some installed files
     # are not valid Python (templates, py2 test data) and fail to compile, as pip's own step
     # silently skips them

@@ -77,6 +77,7 @@ def test_bench_command(tmp_path, capsys):
                 "0",
                 "--out",
                 str(tmp_path / "b"),
+                "--onnx",
             ]
         )
         == 0
@@ -91,6 +92,13 @@ def test_bench_command(tmp_path, capsys):
     timed = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert set(timed["dtypes"]) == {"bfloat16", "float16", "float32"}
     assert "fp16 (requested" in timed["precision"]
+    # onnxruntime's latency beside PyTorch's, float32 only; the fused model's multiply-adds
+    onnx = timed["dtypes"]["float32"]["Hydra (fused) onnxruntime"]
+    fused = timed["dtypes"]["float32"]["Hydra (fused)"]
+    assert onnx["latency"]["2"]["median_ms"] > 0 and onnx["gmacs_per_input"] == fused["gmacs_per_input"]
+    assert "peak_memory_mb" not in onnx
+    assert "Hydra (fused) onnxruntime" not in timed["dtypes"]["bfloat16"]
+    assert "| Hydra (fused) onnxruntime |" in (tmp_path / "b" / "bench.md").read_text()
     capsys.readouterr()
 
 

@@ -10,6 +10,7 @@ from transformers import (
     BertForSequenceClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
+    pipeline,
 )
 
 import hydra_ensembles as he
@@ -246,6 +247,23 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     assert main([*args, "--val-data", str(w / "train.csv")]) == 0
     assert "fit on --val-data (not saved with the model)" in capsys.readouterr().out
     assert "ood_score_entropy" in next(csv.DictReader(out.open()))
+
+    # what build saved serves through transformers' pipeline with predict's flags
+    texts = [row["text"] for row in csv.DictReader((w / "ood.csv").open())]
+    for folder, written in ((built / "hydra", "p.csv"), (built / "members", "m.jsonl")):
+        served = pipeline("hydra-text-classification", model=str(folder), truncation=True, max_length=12)
+        records = served(texts, batch_size=8)
+        if written.endswith(".csv"):
+            rows = [
+                {**r, "flagged": r["flagged"] == "True"} for r in csv.DictReader((tmp_path / written).open())
+            ]
+        else:
+            rows = [json.loads(line) for line in (tmp_path / written).read_text().splitlines()]
+        assert [r["flagged"] for r in records] == [r["flagged"] for r in rows]
+        assert [r["predicted"] for r in records] == [r["predicted"] for r in rows]
+        assert [r["ood_score_msp"] for r in records] == pytest.approx(
+            [float(r["ood_score_msp"]) for r in rows]
+        )
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

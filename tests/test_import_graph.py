@@ -27,8 +27,7 @@ def test_a_cycle_is_found():
 
 def test_the_library_does_not_import_the_application_layer():
     app = {
-        f"hydra_ensembles.{m}"
-        for m in ("cli", "experiment", "zero_shot_demo", "analyze", "tasks", "bench", "loading")
+        f"hydra_ensembles.{m}" for m in ("cli", "experiment", "zero_shot_demo", "analyze", "tasks", "bench")
     }
     graph = import_graph.import_graph()
     library = [m for m in graph if m not in app and m != "hydra_ensembles"]

@@ -86,6 +86,7 @@ def test_save_member_failing_midway_over_an_old_member_keeps_the_old_one(tmp_pat
     loaded = he.load_member(tmp_path / "member")  # still the old member, complete and checked
     assert he.kept_heads(loaded) == he.kept_heads(old)
     assert sorted(p.name for p in (tmp_path / "member").iterdir()) == [
+        "config.json",
         "member_config.json",
         "model.safetensors",
     ]

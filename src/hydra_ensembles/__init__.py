@@ -4,7 +4,7 @@ Prune attention heads in M different ways, optionally fine-tune each pruned memb
 members into one model that predicts like their ensemble in a single forward pass.
 """
 
-from . import layers, metrics
+from . import layers, metrics, serving
 from ._version import __version__
 from .adapters import UnsupportedModelError, get_adapter, register_adapter
 from .fusion import (
@@ -49,6 +49,7 @@ __all__ = [
     "register_adapter",
     "sample_members",
     "save_member",
+    "serving",
     "taylor_head_set",
     "taylor_scores",
 ]

@@ -87,8 +87,9 @@ class ExamplePool:
 
 
 def batch_rows(inputs: dict[str, Any]) -> int:
-    """dim 0 of the first tensor input (the batch size)."""
-    return int(next(v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0).shape[0])
+    """dim 0 of the first tensor input (the batch size). Never converted with ``int``: under
+    ``torch.export`` it stays symbolic, so an exported graph keeps a dynamic batch axis."""
+    return next(v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0).shape[0]
 
 
 def slice_rows(inputs: dict[str, Any], start: int, stop: int, batch: int) -> dict[str, Any]:

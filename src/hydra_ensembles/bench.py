@@ -14,6 +14,7 @@ import random
 import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -108,11 +109,14 @@ def run_bench(
     test_batch: int = 64,
     progress: Callable[[str], None] = print,
     device: str | torch.device = "cpu",
+    onnx: bool = False,
 ) -> dict[str, Any]:
     """Measure every method on ``device``; ``make_inputs(batch)`` builds one input batch (on CPU).
 
     ``dtypes`` (torch dtype names): default float32, plus bfloat16/float16 where ``auto``
-    precision picks it on ``device``."""
+    precision picks it on ``device``. ``onnx``: the fused model exported to ONNX (`serving.onnx`)
+    and run by onnxruntime is timed beside the others (float32 on a CPU; its multiply-adds are the
+    fused model's, its peak memory is not measured: onnxruntime allocates outside torch)."""
     device = torch.device(device)
     if dtypes is None:
         auto = resolve_precision("auto", device)
@@ -125,10 +129,14 @@ def run_bench(
     make_inputs = partial(_inputs_on, make_inputs, device)
     built: dict[str, dict[str, Callable[[dict], Any]]] = {}
     for dtype_name in dtypes:
-        methods, params = _build_methods(model, head_sets, getattr(torch, dtype_name), device)
+        dtype = getattr(torch, dtype_name)
+        with_onnx = onnx and dtype == torch.float32 and device.type == "cpu"
+        methods, params = _build_methods(model, head_sets, dtype, device, with_onnx, make_inputs(1))
         built[dtype_name] = methods
         one = make_inputs(1)
-        macs = {name: multiply_adds(partial(f, one)) for name, f in methods.items()}
+        macs = {name: multiply_adds(partial(f, one)) for name, f in methods.items() if name != ORT}
+        if ORT in methods:  # the same graph; torch's counter does not see onnxruntime
+            macs[ORT] = macs["Hydra (fused)"]
         table: dict[str, Any] = {
             name: {"params": params[name], "gmacs_per_input": macs[name] / 1e9, "latency": {}}
             for name in methods
@@ -146,7 +154,8 @@ def run_bench(
                 }
             if batch == max(batch_sizes):
                 for name, f in methods.items():
-                    table[name]["peak_memory_mb"] = peak_memory(partial(f, x)) / 2**20
+                    if name != ORT:
+                        table[name]["peak_memory_mb"] = peak_memory(partial(f, x)) / 2**20
         if test_set:
             progress(f"[{dtype_name}] whole test set: {test_set} inputs in batches of {test_batch}")
             chunks = [make_inputs(min(test_batch, test_set - i)) for i in range(0, test_set, test_batch)]
@@ -183,12 +192,18 @@ def _inputs_on(make_inputs: Callable[[int], dict], device: torch.device, batch: 
 
 
 def _build_methods(
-    model: torch.nn.Module, head_sets: Sequence[HeadSet], dtype: torch.dtype, device: torch.device
+    model: torch.nn.Module,
+    head_sets: Sequence[HeadSet],
+    dtype: torch.dtype,
+    device: torch.device,
+    onnx: bool = False,
+    example: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, Callable[[dict], Any]], dict[str, int]]:
     """The methods of the benchmark in ``dtype`` on ``device``, and their parameter counts.
 
     BatchEnsemble (M members in one model, all of them computed on M x B rows) is timed beside
-    them as the other one-model ensemble."""
+    them as the other one-model ensemble; with ``onnx``, the fused model run by onnxruntime, with
+    the inputs named as in ``example``."""
     single = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
     ensemble = [single] + [copy.deepcopy(single) for _ in head_sets[1:]]
     members = [prune(single, hs).eval() for hs in head_sets]
@@ -208,7 +223,27 @@ def _build_methods(
         "Hydra (fused)": count_parameters(hydra),
         "BatchEnsemble": count_parameters(batch),
     }
+    if onnx:
+        methods[ORT] = _onnxruntime_method(hydra, list(example or {}))
+        params[ORT] = params["Hydra (fused)"]
     return methods, params
+
+
+ORT = "Hydra (fused) onnxruntime"
+
+
+def _onnxruntime_method(hydra: torch.nn.Module, input_names: list[str]) -> Callable[[dict], Any]:
+    """The fused model exported (and checked against PyTorch) and loaded into onnxruntime."""
+    import tempfile
+
+    import onnxruntime
+
+    from .serving.onnx import ONNX_NAME, export_onnx
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = export_onnx(hydra, Path(folder) / "onnx", input_names=input_names)
+        session = onnxruntime.InferenceSession(str(out / ONNX_NAME), providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {k: v.numpy() for k, v in x.items()})
 
 
 def check_targets(results: dict[str, Any]) -> list[str]:
@@ -260,7 +295,7 @@ def markdown_table(results: dict[str, Any], machine: str, setting: str) -> str:
                 f"{row['latency'][batches[-1]]['p90_ms']:.1f}",
                 f"{row['params'] / 1e6:.1f}",
                 f"{row['gmacs_per_input']:.2f}",
-                f"{row.get('peak_memory_mb', float('nan')):.0f}",
+                f"{row['peak_memory_mb']:.0f}" if "peak_memory_mb" in row else "n/a",
             ]
             if "test_set_s" in row:
                 cells.append(f"{row['test_set_s']:.1f}")

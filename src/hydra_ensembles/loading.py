@@ -3,6 +3,7 @@ ensemble of members, or a Hugging Face classifier."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from torch import nn
@@ -18,16 +19,29 @@ from .zeroshot.fused import CONFIG_NAME as ZERO_SHOT_CONFIG
 from .zeroshot.fused import ZeroShotHydra
 
 
+def load_saved(path: str | os.PathLike) -> tuple[nn.Module, str]:
+    """A classifier folder the library saved, with its format: a fused Hydra model (``"fused"``),
+    a member (``"member"``) or an ensemble of members (``"ensemble"``, a `DeepEnsemble`); ValueError
+    for any other folder."""
+    folder = Path(path)
+    if (folder / HYDRA_CONFIG).is_file():
+        return HydraModel.from_pretrained(folder), "fused"
+    if (folder / MEMBER_CONFIG).is_file():
+        return load_member(folder), "member"
+    if (folder / ENSEMBLE_CONFIG).is_file():
+        return DeepEnsemble.from_pretrained(folder), "ensemble"
+    raise ValueError(
+        f"{folder} holds no {HYDRA_CONFIG}, {MEMBER_CONFIG} or {ENSEMBLE_CONFIG}: not a classifier "
+        "saved by hydra-ensembles (or the save did not finish)"
+    )
+
+
 def load_any(path: str, num_labels: int | None = None) -> nn.Module:
     """A saved zero-shot Hydra, Hydra model, member or ensemble of members (`DeepEnsemble`), or a
     Hugging Face classifier (hub id or directory; ``num_labels=None`` keeps its saved head)."""
     folder = Path(path)
     if (folder / ZERO_SHOT_CONFIG).is_file():
         return ZeroShotHydra.from_pretrained(folder)
-    if (folder / HYDRA_CONFIG).is_file():
-        return HydraModel.from_pretrained(folder)
-    if (folder / MEMBER_CONFIG).is_file():
-        return load_member(folder)
-    if (folder / ENSEMBLE_CONFIG).is_file():
-        return DeepEnsemble.from_pretrained(folder)
+    if any((folder / name).is_file() for name in (HYDRA_CONFIG, MEMBER_CONFIG, ENSEMBLE_CONFIG)):
+        return load_saved(folder)[0]
     return load_classifier(path, num_labels=num_labels)

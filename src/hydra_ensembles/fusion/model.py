@@ -14,6 +14,7 @@ from torch import nn
 from .._version import __version__
 from ..adapters import ArchitectureAdapter, get_adapter
 from ..batching import batch_rows, repeat_call, repeat_rows, slice_rows
+from ..configuration import write_hf_config
 from ..heads import HeadSet
 from ..layers import (
     FusedMultiHeadAttention,
@@ -225,7 +226,8 @@ class HydraModel(nn.Module):
         return EnsembleOutput.from_member_logits(member_logits, labels, logits=member_logits, **members)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
-        """Write ``hydra_config.json`` and ``model.safetensors`` (atomically) to ``path``."""
+        """Write ``hydra_config.json`` and ``model.safetensors`` (atomically) to ``path``, then the
+        ``config.json`` that routes ``transformers``' Auto classes and ``pipeline`` to it."""
         dtypes = {str(p.dtype).removeprefix("torch.") for p in self.model.parameters()}
         config = {
             "format": FORMAT,
@@ -240,7 +242,9 @@ class HydraModel(nn.Module):
             "layout": list(self.layout),
             "trunk_layers": self.trunk_layers,
         }
-        return write_saved(path, CONFIG_NAME, config, self.model.state_dict())
+        saved = write_saved(path, CONFIG_NAME, config, self.model.state_dict())
+        write_hf_config(saved, self.model.config, "fused")
+        return saved
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device | None = None) -> HydraModel:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..batching import batch_rows, member_stacked
+from ..configuration import write_hf_config
 from ..io import atomic_write_json, read_json
 from ..outputs import EnsembleOutput
 from .batch_ensemble import batch_ensemble_members
@@ -60,7 +61,7 @@ class DeepEnsemble(nn.Module):
         names = [f"member-{m}" for m in range(self.num_members)]
         for name, member in zip(names, self.members, strict=True):
             save_member(member, path / name)
-        return write_ensemble_index(path, names, self.config.hydra_calibration)
+        return write_ensemble_index(path, names, self.config, self.config.hydra_calibration)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:
@@ -86,15 +87,20 @@ def read_ensemble_index(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_ensemble_index(
-    path: str | os.PathLike, names: Sequence[str], calibration: dict[str, Any] | None = None
+    path: str | os.PathLike,
+    names: Sequence[str],
+    config: Any,
+    calibration: dict[str, Any] | None = None,
 ) -> Path:
     """Record that the saved members ``path/<name>`` form one ensemble (written after them, so
     its presence means every member is complete), with the ensemble's calibration where it has
-    one: what `DeepEnsemble.from_pretrained` reads."""
+    one: what `DeepEnsemble.from_pretrained` reads. Then the ``config.json`` (from the members'
+    configuration ``config``) that routes ``transformers``' Auto classes to it."""
     index = {"format": FORMAT, "members": list(names)}
     if calibration is not None:
         index["calibration"] = calibration
     atomic_write_json(Path(path) / CONFIG_NAME, index)
+    write_hf_config(path, config, "ensemble")
     return Path(path)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..configuration import write_hf_config
 from ..heads import HeadSet
 from ..models import build_model
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
@@ -30,7 +31,8 @@ class MemberLoadError(ValueError):
 
 def save_member(model: nn.Module, path: str | os.PathLike) -> Path:
     """Write a (pruned, BatchEnsemble, head-ensemble, Packed-Ensemble or MIMO) model: its config
-    with the kept heads (and members), and its weights."""
+    with the kept heads (and members), and its weights; then the ``config.json`` that routes
+    ``transformers``' Auto classes and ``pipeline`` to it."""
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -38,7 +40,9 @@ def save_member(model: nn.Module, path: str | os.PathLike) -> Path:
         "config": model.config.to_dict(),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
     }
-    return write_saved(path, CONFIG_NAME, meta, model.state_dict())
+    saved = write_saved(path, CONFIG_NAME, meta, model.state_dict())
+    write_hf_config(saved, model.config, "member")
+    return saved
 
 
 def load_member(path: str | os.PathLike) -> nn.Module:

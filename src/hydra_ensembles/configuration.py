@@ -1,0 +1,58 @@
+"""`HydraConfig`: what Hugging Face's Auto classes read from a saved Hydra model, member or ensemble.
+
+Every classifier folder the library saves (a fused Hydra model, a pruned member, an ensemble of
+members) also holds a ``config.json`` of ``model_type`` ``"hydra-ensembles"``. It only routes
+``AutoConfig``/``AutoModelFor...Classification``/``pipeline`` to `serving.HydraForSequenceClassification`
+(or ``...ForImageClassification``), whose ``from_pretrained`` rebuilds the model from the library's
+own checked files; the class names are read from those files too, never from ``config.json``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import PretrainedConfig
+
+from .io import atomic_write_json
+
+HF_CONFIG_NAME = "config.json"
+MODEL_TYPE = "hydra-ensembles"
+SAVED_FORMATS = ("fused", "member", "ensemble")
+
+
+class HydraConfig(PretrainedConfig):
+    """A saved model's format (``saved_format``: fused, member or ensemble), the family of the model
+    it was made from (``base_model_type``) and its classes (``id2label``)."""
+
+    model_type = MODEL_TYPE
+
+    def __init__(self, saved_format: str = "fused", base_model_type: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if saved_format not in SAVED_FORMATS:
+            raise ValueError(f"saved_format must be one of {SAVED_FORMATS}, got {saved_format!r}")
+        self.saved_format = saved_format
+        self.base_model_type = base_model_type
+
+    @classmethod
+    def describing(cls, base_config: PretrainedConfig, saved_format: str) -> HydraConfig:
+        """The config of a model saved as ``saved_format`` whose own configuration is ``base_config``."""
+        return cls(
+            saved_format=saved_format,
+            base_model_type=getattr(base_config, "model_type", None),
+            id2label=dict(getattr(base_config, "id2label", None) or {}),
+            problem_type="single_label_classification",
+        )
+
+
+def write_hf_config(path: str | os.PathLike, base_config: Any, saved_format: str) -> Path | None:
+    """Write ``config.json`` (a `HydraConfig`) into ``path`` before the model's own files, so that
+    the Auto classes and ``pipeline`` find the model; nothing for a model without a Hugging Face
+    configuration."""
+    if not isinstance(base_config, PretrainedConfig):
+        return None
+    config = HydraConfig.describing(base_config, saved_format)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(path / HF_CONFIG_NAME, config.to_dict())

@@ -1,0 +1,183 @@
+"""Saved Hydra models, members and ensembles as Hugging Face models.
+
+Importing ``hydra_ensembles`` registers `HydraConfig` with ``AutoConfig`` and the classes below with
+``AutoModelForSequenceClassification`` and ``AutoModelForImageClassification``, so a folder the
+library saved loads with the Auto classes and serves through ``transformers.pipeline``::
+
+    model = AutoModelForSequenceClassification.from_pretrained("built/hydra")
+    classify = pipeline("text-classification", model="built/hydra")
+
+The model's ``logits`` are the log of the ensemble's calibrated probabilities (the mean of the
+members' softmaxes at the saved temperature): a softmax of them, as every pipeline applies, gives
+those probabilities exactly, and their argmax is the ensemble's prediction. ``logits_per_member``
+keeps the members' own logits (batch first) for the uncertainty fields, which the pipelines of
+`serving.pipelines` add per input. Loading goes through the library's checked loaders
+(safetensors and JSON, checksums verified); ``config.json`` only routes the Auto classes here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    PreTrainedModel,
+)
+from transformers.utils import ModelOutput
+
+from ..configuration import MODEL_TYPE, HydraConfig
+from ..evaluation.calibration import Calibration, saved_calibration
+from ..fusion.model import HydraModel
+from ..loading import load_saved
+from ..members.ensemble import DeepEnsemble, as_ensemble
+from ..members.storage import save_member
+from ..outputs import ensemble_log_probs
+
+__all__ = [
+    "HydraClassifierOutput",
+    "HydraForImageClassification",
+    "HydraForSequenceClassification",
+    "HydraPreTrainedModel",
+    "register_auto_classes",
+]
+
+
+@dataclass
+class HydraClassifierOutput(ModelOutput):
+    """``logits`` (batch, classes): log of the calibrated ensemble probabilities;
+    ``logits_per_member`` (batch, members, classes): the members' logits before calibration;
+    ``loss``: the NLL of ``labels`` under the calibrated ensemble, when given."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    logits_per_member: torch.Tensor | None = None
+
+
+class HydraPreTrainedModel(PreTrainedModel):
+    """A saved Hydra model, member or ensemble of members behind Hugging Face's model interface.
+
+    ``ensemble`` is the library's model (`HydraModel`, `DeepEnsemble`, a pruned member or any
+    classifier `members.as_ensemble` takes); ``calibration`` its `Calibration` (read from the saved
+    model; None: temperature 1 and no OOD flag). Build one with `from_pretrained` (a folder) or
+    `from_ensemble` (a model in memory).
+    """
+
+    config_class = HydraConfig
+    base_model_prefix = "ensemble"
+    main_input_name = "input_ids"
+    _supports_sdpa = True
+
+    def __init__(
+        self, config: HydraConfig, ensemble: nn.Module | None = None, calibration: Calibration | None = None
+    ) -> None:
+        super().__init__(config)
+        if ensemble is None:
+            raise TypeError(
+                f"{type(self).__name__} wraps a trained model: build it with from_pretrained(path) "
+                "or from_ensemble(model)"
+            )
+        self.ensemble = as_ensemble(ensemble)
+        self.calibration = calibration
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Nothing: every weight comes from the wrapped model, never from an initialiser."""
+
+    @property
+    def temperature(self) -> float:
+        return self.calibration.temperature if self.calibration is not None else 1.0
+
+    @classmethod
+    def from_ensemble(cls, model: nn.Module, saved_format: str | None = None) -> HydraPreTrainedModel:
+        """Wrap a model in memory with the calibration recorded in it (`evaluation.calibrate`)."""
+        base = model.config
+        if saved_format is None:
+            saved_format = (
+                "fused"
+                if isinstance(model, HydraModel)
+                else "ensemble"
+                if isinstance(model, DeepEnsemble)
+                else "member"
+            )
+        config = HydraConfig.describing(base, saved_format)
+        config.name_or_path = getattr(base, "name_or_path", "")
+        return cls(config, model, saved_calibration(model))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *args: Any,
+        config: HydraConfig | None = None,
+        dtype: Any = None,
+        torch_dtype: Any = None,
+        device_map: Any = None,
+        **kwargs: Any,
+    ) -> HydraPreTrainedModel:
+        """A folder written by the library (`HydraModel.save_pretrained`, `save_member`,
+        `DeepEnsemble.save_pretrained`, ``hydra-ens build``), loaded by its checked loader.
+        ``dtype`` (``"auto"``/None: as saved) casts the weights after the calibration was read;
+        ``device_map`` may name one device. Other Hugging Face loading options are ignored."""
+        folder = Path(pretrained_model_name_or_path)
+        if not folder.is_dir():
+            raise OSError(
+                f"{pretrained_model_name_or_path} is not a folder saved by hydra-ensembles (hub ids are "
+                "not fetched: download the folder first)"
+            )
+        model, saved_format = load_saved(folder)
+        wrapped = cls.from_ensemble(model, saved_format)
+        wrapped.config.name_or_path = str(pretrained_model_name_or_path)
+        dtype = dtype if dtype is not None else torch_dtype
+        if isinstance(dtype, str) and dtype != "auto":
+            dtype = getattr(torch, dtype)
+        if isinstance(dtype, torch.dtype):
+            wrapped.to(dtype)
+        if isinstance(device_map, (str, torch.device, int)):
+            wrapped.to(device_map if not isinstance(device_map, int) else f"cuda:{device_map}")
+        return wrapped.eval()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """Save in the library's format the model was loaded from (Hugging Face saving options
+        are ignored); the calibration stays recorded in the model's configuration."""
+        model = self.ensemble
+        if self.config.saved_format == "member" and isinstance(model, DeepEnsemble):
+            save_member(model.members[0], save_directory)
+        else:
+            model.save_pretrained(save_directory)
+
+    def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> HydraClassifierOutput:
+        inputs = {k: v for k, v in inputs.items() if v is not None}
+        member_logits = self.ensemble(**inputs).member_logits  # (M, B, C)
+        logits = ensemble_log_probs(member_logits / self.temperature)
+        loss = None if labels is None else F.nll_loss(logits, labels.to(logits.device))
+        return HydraClassifierOutput(
+            loss=loss, logits=logits, logits_per_member=member_logits.transpose(0, 1)
+        )
+
+
+class HydraForSequenceClassification(HydraPreTrainedModel):
+    """A saved Hydra text classifier for ``AutoModelForSequenceClassification`` and pipelines."""
+
+
+class HydraForImageClassification(HydraPreTrainedModel):
+    """A saved Hydra image classifier for ``AutoModelForImageClassification`` and pipelines."""
+
+    main_input_name = "pixel_values"
+
+
+def register_auto_classes() -> None:
+    """Register `HydraConfig` and the classes above with ``transformers``' Auto classes (once)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if MODEL_TYPE in CONFIG_MAPPING:
+        return
+    AutoConfig.register(MODEL_TYPE, HydraConfig)
+    AutoModelForSequenceClassification.register(HydraConfig, HydraForSequenceClassification)
+    AutoModelForImageClassification.register(HydraConfig, HydraForImageClassification)

@@ -1,0 +1,267 @@
+"""Export a saved classifier (fused Hydra model, member, ensemble) as one ONNX graph.
+
+The graph holds every member and the aggregation: from the preprocessor's tensors (``input_ids``,
+``attention_mask``, ... or ``pixel_values``), with dynamic batch and sequence axes, to
+
+- ``logits`` (batch, classes): log of the calibrated ensemble probabilities (the saved temperature
+  is part of the graph): ``softmax(logits)`` are the probabilities, ``argmax`` the prediction;
+- ``logits_per_member`` (batch, members, classes): the members' logits before calibration.
+
+Beside ``model.onnx``, ``calibration.json`` holds the class names, the input and output names and
+the saved `Calibration` (temperature, OOD score and flag threshold), so a server with only
+onnxruntime computes the flag: for the ``msp`` score, ``1 - max(softmax(logits)) > threshold``.
+The preprocessor (tokenizer or image processor) is saved beside them. The export is checked: the
+graph is run by onnxruntime on the export's inputs and compared with PyTorch before it is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig
+
+from ..configuration import HF_CONFIG_NAME, MODEL_TYPE
+from ..fusion.model import HydraModel
+from ..io import atomic_dir, atomic_write_json
+from ..models import VISION_MODEL_TYPES
+from .modeling import HydraPreTrainedModel
+
+ONNX_NAME = "model.onnx"
+SIDECAR_NAME = "calibration.json"
+OUTPUT_NAMES = ("logits", "logits_per_member")
+TOLERANCE = 1e-4
+"""The largest difference (fp32) accepted between onnxruntime's outputs and PyTorch's."""
+
+__all__ = ["ONNX_NAME", "OUTPUT_NAMES", "SIDECAR_NAME", "ExportError", "export_onnx"]
+
+
+class ExportError(RuntimeError):
+    """The exported graph cannot be written, or does not compute what the model computes."""
+
+
+class _Graph(nn.Module):
+    """The wrapped model's forward with named tensor inputs and a tuple of outputs."""
+
+    def __init__(self, model: HydraPreTrainedModel, input_names: Sequence[str]) -> None:
+        super().__init__()
+        self.model, self.input_names = model, tuple(input_names)
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(**dict(zip(self.input_names, tensors, strict=True)))
+        return out.logits, out.logits_per_member
+
+
+def export_onnx(
+    model: nn.Module | str | os.PathLike,
+    out: str | os.PathLike,
+    preprocessor: Any = None,
+    input_names: Sequence[str] | None = None,
+    opset: int = 18,
+    check: bool = True,
+) -> Path:
+    """Write ``model.onnx``, ``calibration.json`` and the preprocessor into the folder ``out``
+    (replaced as a whole, atomically) and return it.
+
+    ``model``: a folder saved by the library or a model in memory (its recorded calibration is
+    used). ``preprocessor``: the tokenizer or image processor (default: the one saved in the
+    model's folder); its ``model_input_names`` name the graph's inputs unless ``input_names`` does.
+    ``check``: run the graph with onnxruntime on several batch sizes (and sequence lengths) and
+    raise `ExportError` where an output differs from PyTorch's by more than 1e-4 (the largest
+    difference is recorded in ``calibration.json``). A model in memory must be float32.
+    """
+    source = None
+    if isinstance(model, (str, os.PathLike)):
+        source = Path(model)
+        wrapped = _load(source)
+        if preprocessor is None:
+            preprocessor = _saved_preprocessor(source)
+        wrapped.float()  # loaded for the export alone
+    elif isinstance(model, HydraPreTrainedModel):
+        wrapped = model
+    else:
+        wrapped = HydraPreTrainedModel.from_ensemble(model)
+    if any(p.dtype != torch.float32 for p in wrapped.parameters()):
+        raise ExportError("the graph is exported in fp32: give a float32 model (model.float())")
+    wrapped.eval()
+    config = _base_config(wrapped)
+    vision = config.model_type in VISION_MODEL_TYPES
+    names = list(input_names or _input_names(preprocessor, vision))
+    example = _example_inputs(config, names, vision, batch=2, tokens=8)
+    hydra = [m for m in wrapped.modules() if isinstance(m, HydraModel)]
+    chunking = [h.chunk_rows for h in hydra]
+    for h in hydra:  # one forward for the whole batch: chunks would fix the batch size in the graph
+        h.chunk_rows = None
+    try:
+        graph = _Graph(wrapped, names).eval()
+        program = _export(graph, example, names, vision, opset)
+        difference = _check(program, graph, config, names, vision) if check else None
+    finally:
+        for h, rows in zip(hydra, chunking, strict=True):
+            h.chunk_rows = rows
+    sidecar = {
+        "format": "hydra-ensembles/onnx",
+        "classes": [str(config.id2label[i]) for i in range(int(config.num_labels))],
+        "inputs": names,
+        "outputs": {
+            "logits": "(batch, classes): log of the calibrated ensemble probabilities",
+            "logits_per_member": "(batch, members, classes): the members' logits before calibration",
+        },
+        "members": int(wrapped.ensemble.num_members),
+        "calibration": None if wrapped.calibration is None else wrapped.calibration.to_dict(),
+        "base_model_type": config.model_type,
+        "max_difference_from_pytorch": difference,
+    }
+    out = Path(out)
+    if source is not None and (
+        out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
+    ):
+        raise ExportError(f"{out} is or lies inside the model folder {source}: choose another output")
+
+    def write(folder: Path) -> None:
+        program.save(str(folder / ONNX_NAME))
+        if preprocessor is not None:
+            preprocessor.save_pretrained(folder)
+        atomic_write_json(folder / SIDECAR_NAME, sidecar)
+
+    return atomic_dir(out, write)
+
+
+def _load(folder: Path) -> HydraPreTrainedModel:
+    """A folder the library saved, or a Hugging Face classifier folder (``hydra-ens finetune``'s)
+    with a trained head."""
+    from ..loading import load_any
+    from ..models import untrained_weights
+    from ..zeroshot.fused import CONFIG_NAME as ZERO_SHOT_CONFIG
+
+    if (folder / ZERO_SHOT_CONFIG).is_file():
+        raise ExportError(f"{folder} is a zero-shot Hydra model: ONNX export takes classifiers")
+    if (folder / HF_CONFIG_NAME).is_file() and AutoConfig.from_pretrained(folder).model_type == MODEL_TYPE:
+        return HydraPreTrainedModel.from_pretrained(folder)
+    model = load_any(str(folder))
+    if untrained := untrained_weights(model):
+        raise ExportError(
+            f"{folder} has no trained classifier head ({', '.join(untrained[:2])} would be random)"
+        )
+    return HydraPreTrainedModel.from_ensemble(model)
+
+
+def _base_config(wrapped: HydraPreTrainedModel):
+    ensemble = wrapped.ensemble
+    return ensemble.config if hasattr(ensemble, "config") else ensemble.members[0].config
+
+
+def _saved_preprocessor(folder: Path) -> Any:
+    """The tokenizer or image processor saved in ``folder`` (for a saved ensemble, in its first
+    member's folder), or None."""
+    from ..members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
+    from ..members.ensemble import read_ensemble_index
+    from ..models import load_image_processor, load_tokenizer
+
+    if (folder / ENSEMBLE_CONFIG).is_file() and not (folder / "tokenizer_config.json").is_file():
+        folder = folder / read_ensemble_index(folder)["members"][0]
+    if (folder / "tokenizer_config.json").is_file():
+        return load_tokenizer(str(folder))
+    if (folder / "preprocessor_config.json").is_file():
+        return load_image_processor(str(folder))
+    return None
+
+
+def _input_names(preprocessor: Any, vision: bool) -> list[str]:
+    names = getattr(preprocessor, "model_input_names", None)
+    if names:
+        return list(names)
+    return ["pixel_values"] if vision else ["input_ids", "attention_mask"]
+
+
+def _example_inputs(config: Any, names: Sequence[str], vision: bool, batch: int, tokens: int, seed: int = 0):
+    """Random inputs of the model's shapes: token ids within the vocabulary, a mask with padding in
+    every other row, zero token types; images of the configured size."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = []
+    for name in names:
+        if name == "pixel_values":
+            size = int(config.image_size)
+            tensors.append(torch.randn(batch, int(config.num_channels), size, size, generator=g))
+        elif name == "input_ids":
+            tensors.append(torch.randint(1, int(config.vocab_size), (batch, tokens), generator=g))
+        elif name == "attention_mask":
+            mask = torch.ones(batch, tokens, dtype=torch.long)
+            for row in range(1, batch, 2):
+                mask[row, max(1, tokens - 2 - row) :] = 0
+            tensors.append(mask)
+        elif name == "token_type_ids":
+            tensors.append(torch.zeros(batch, tokens, dtype=torch.long))
+        else:
+            raise ExportError(f"the graph cannot take the input {name!r}: give input_names the model takes")
+    return tuple(tensors)
+
+
+def _export(graph: nn.Module, example: tuple, names: Sequence[str], vision: bool, opset: int):
+    try:
+        import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
+    except ImportError as exc:
+        raise ExportError(
+            "ONNX export needs onnx and onnxscript: pip install 'hydra-ensembles[onnx]'"
+        ) from exc
+    batch = torch.export.Dim("batch")
+    sequence = torch.export.Dim("sequence")
+    shapes = tuple(
+        {0: batch} if vision or name == "pixel_values" else {0: batch, 1: sequence} for name in names
+    )
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # notes on operators of packages not installed
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the exporter's deprecation notes, not the user's concern
+            return torch.onnx.export(
+                graph,
+                example,
+                dynamo=True,
+                dynamic_shapes=(shapes,),  # one structure for forward's *tensors
+                input_names=list(names),
+                output_names=list(OUTPUT_NAMES),
+                opset_version=opset,
+                verbose=False,
+            )
+    except Exception as exc:  # the exporter raises many kinds; one line with the cause
+        lines = str(exc).splitlines()
+        cause = next((line for line in lines if line.startswith("<class")), lines[0] if lines else "")
+        raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {cause}") from exc
+    finally:
+        exporter_log.setLevel(level)
+
+
+def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vision: bool) -> float:
+    """Run the graph with onnxruntime on several shapes; ExportError where it differs from PyTorch."""
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise ExportError(
+            "checking the export needs onnxruntime: pip install 'hydra-ensembles[onnx]'"
+        ) from exc
+    session = onnxruntime.InferenceSession(
+        program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    worst = 0.0
+    for seed, (batch, tokens) in enumerate([(1, 5), (3, 11), (5, 16)]):
+        inputs = _example_inputs(config, names, vision, batch, tokens, seed=seed + 1)
+        with torch.no_grad():
+            expected = graph(*inputs)
+        got = session.run(list(OUTPUT_NAMES), {n: t.numpy() for n, t in zip(names, inputs, strict=True)})
+        for name, ours, theirs in zip(OUTPUT_NAMES, expected, got, strict=True):
+            diff = float((torch.from_numpy(theirs) - ours).abs().max())
+            if not diff <= TOLERANCE:
+                raise ExportError(
+                    f"the exported graph's {name} differs from PyTorch's by {diff:.3g} (batch {batch}, "
+                    f"{tokens} tokens; at most {TOLERANCE} is accepted): not written"
+                )
+            worst = max(worst, diff)
+    return worst

@@ -1,0 +1,97 @@
+"""Pipelines that return, per input, the calibrated prediction with its uncertainty and OOD flag.
+
+Importing ``hydra_ensembles`` registers two pipeline tasks with ``transformers``:
+
+    classify = pipeline("hydra-text-classification", model="built/hydra")
+    classify("the match ended in a draw")
+    # {'label': 'sport', 'score': 0.91, 'predicted': 'sport', 'confidence': 0.91, 'p_sport': 0.91,
+    #  ..., 'entropy': 0.31, 'mutual_information': 0.02, 'members_agreeing': 1.0,
+    #  'ood_score_msp': 0.09, 'flagged': False}
+
+and ``"hydra-image-classification"`` alike. Each record is `Calibration.records`' (the same fields
+``hydra-ens predict`` writes), with ``label`` and ``score`` as the standard classification
+pipelines name them. The model is a saved Hydra model, member or ensemble (through
+`HydraPreTrainedModel`) or any Hugging Face classifier (an ensemble of one; a calibration
+``hydra-ens finetune --val-data`` recorded in it is used). Without a calibration the probabilities
+are at temperature 1 and no record holds ``flagged``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import (
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    ImageClassificationPipeline,
+    TextClassificationPipeline,
+)
+from transformers.pipelines import PIPELINE_REGISTRY
+
+from ..evaluation.calibration import Calibration, saved_calibration
+from ..evaluation.predict import Predictions
+from ..evaluation.uncertainty import per_example
+from .modeling import HydraPreTrainedModel
+
+TEXT_TASK = "hydra-text-classification"
+IMAGE_TASK = "hydra-image-classification"
+
+__all__ = ["IMAGE_TASK", "TEXT_TASK", "HydraImageClassificationPipeline", "HydraTextClassificationPipeline"]
+
+
+class _UncertaintyRecords:
+    """Postprocessing shared by both pipelines: one `per_example` record per input."""
+
+    model: Any
+
+    def _calibration(self) -> Calibration | None:
+        if not hasattr(self, "_cached_calibration"):
+            model = self.model
+            self._cached_calibration = (
+                model.calibration if isinstance(model, HydraPreTrainedModel) else saved_calibration(model)
+            )
+        return self._cached_calibration
+
+    def _sanitize_parameters(self, **kwargs: Any):
+        preprocess, forward, _ = super()._sanitize_parameters(**kwargs)
+        return preprocess, forward, {}
+
+    def postprocess(self, model_outputs: Any, **_: Any) -> dict[str, Any]:
+        per_member = model_outputs.get("logits_per_member")
+        if per_member is None:  # a Hugging Face classifier: an ensemble of one
+            per_member = model_outputs["logits"][:, None]
+        predictions = Predictions(per_member.float().transpose(0, 1).cpu().numpy())
+        config = self.model.config
+        classes = [str(config.id2label[i]) for i in range(predictions.num_classes)]
+        calibration = self._calibration()
+        records = (
+            calibration.records(predictions, classes) if calibration else per_example(predictions, classes)
+        )
+        record = records[0]
+        return {"label": record["predicted"], "score": record["confidence"], **record}
+
+
+class HydraTextClassificationPipeline(_UncertaintyRecords, TextClassificationPipeline):
+    """``text-classification`` with the uncertainty fields and the OOD flag (one dict per input)."""
+
+
+class HydraImageClassificationPipeline(_UncertaintyRecords, ImageClassificationPipeline):
+    """``image-classification`` with the uncertainty fields and the OOD flag (one dict per input)."""
+
+
+def register_pipelines() -> None:
+    """Register the two tasks with ``transformers.pipeline`` (once)."""
+    if TEXT_TASK in PIPELINE_REGISTRY.get_supported_tasks():
+        return
+    PIPELINE_REGISTRY.register_pipeline(
+        TEXT_TASK,
+        pipeline_class=HydraTextClassificationPipeline,
+        pt_model=AutoModelForSequenceClassification,
+        type="text",
+    )
+    PIPELINE_REGISTRY.register_pipeline(
+        IMAGE_TASK,
+        pipeline_class=HydraImageClassificationPipeline,
+        pt_model=AutoModelForImageClassification,
+        type="image",
+    )

@@ -1,0 +1,129 @@
+"""ONNX export: one graph whose onnxruntime outputs equal PyTorch's, on any batch size and length."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, ViTImageProcessor
+
+import hydra_ensembles as he
+from hydra_ensembles.cli import main
+from hydra_ensembles.evaluation import Predictions, saved_calibration
+from hydra_ensembles.loading import load_any
+from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.serving.onnx import ExportError, export_onnx
+
+from .conftest import CLASSES, HEAD_SETS, tiny_image_classifier
+
+TOLERANCE = 1e-4  # fp32, as the export promises
+
+
+def _text_inputs(batch: int, tokens: int, seed: int) -> dict[str, np.ndarray]:
+    g = np.random.default_rng(seed)
+    mask = np.ones((batch, tokens), dtype=np.int64)
+    mask[1::2, max(1, tokens // 2) :] = 0  # padding in every other row
+    return {
+        "input_ids": g.integers(1, 30522, (batch, tokens)),
+        "token_type_ids": np.zeros((batch, tokens), dtype=np.int64),
+        "attention_mask": mask,
+    }
+
+
+@pytest.fixture(scope="module")
+def exported(saved, tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnx")
+    return {kind: export_onnx(saved[kind], root / kind) for kind in ("calibrated", "ensemble")}
+
+
+@pytest.mark.parametrize("kind", ["calibrated", "ensemble"])
+@pytest.mark.parametrize(("batch", "tokens"), [(1, 1), (2, 7), (6, 19), (13, 40)])
+def test_onnxruntime_equals_pytorch_on_any_batch_and_length(saved, exported, kind, batch, tokens):
+    session = onnxruntime.InferenceSession(str(exported[kind] / "model.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "token_type_ids", "attention_mask"]
+    inputs = _text_inputs(batch, tokens, seed=batch * 100 + tokens)
+    logits, per_member = session.run(["logits", "logits_per_member"], inputs)
+    model = AutoModelForSequenceClassification.from_pretrained(saved[kind])
+    with torch.no_grad():
+        expected = model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+    assert np.abs(logits - expected.logits.numpy()).max() <= TOLERANCE
+    assert np.abs(per_member - expected.logits_per_member.numpy()).max() <= TOLERANCE
+    assert per_member.shape == (batch, len(HEAD_SETS), len(CLASSES))
+
+
+def test_the_sidecar_carries_the_calibration_and_the_flag_follows_from_the_outputs(saved, exported):
+    sidecar = json.loads((exported["calibrated"] / "calibration.json").read_text())
+    calibration = saved_calibration(load_any(str(saved["calibrated"])))
+    assert sidecar["calibration"] == calibration.to_dict()
+    assert sidecar["classes"] == list(CLASSES.values()) and sidecar["members"] == len(HEAD_SETS)
+    assert sidecar["max_difference_from_pytorch"] <= TOLERANCE
+    session = onnxruntime.InferenceSession(str(exported["calibrated"] / "model.onnx"))
+    inputs = _text_inputs(9, 11, seed=3)
+    logits, per_member = session.run(["logits", "logits_per_member"], inputs)
+    # the flag from the graph's calibrated logits alone equals the library's records
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    flags = (1 - probs.max(-1)) > sidecar["calibration"]["threshold"]
+    records = calibration.records(Predictions(per_member.transpose(1, 0, 2)), sidecar["classes"])
+    assert flags.tolist() == [r["flagged"] for r in records]
+    assert np.allclose(probs.max(-1), [r["confidence"] for r in records], atol=1e-6)
+    # the preprocessor is beside the graph
+    assert load_tokenizer(str(exported["calibrated"]))("a text")["input_ids"]
+
+
+def test_the_graph_runs_without_torch_or_hydra_ensembles(exported):
+    script = f"""
+import sys
+sys.modules["torch"] = None
+sys.modules["hydra_ensembles"] = None
+import json, numpy as np, onnxruntime
+folder = {str(exported["calibrated"])!r}
+sidecar = json.load(open(folder + "/calibration.json"))
+session = onnxruntime.InferenceSession(folder + "/model.onnx")
+feed = {{name: np.ones((3, 5), dtype=np.int64) for name in sidecar["inputs"]}}
+logits, per_member = session.run(None, feed)
+print(logits.shape, per_member.shape)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"(3, {len(CLASSES)}) (3, {len(HEAD_SETS)}, {len(CLASSES)})"
+
+
+def test_a_fused_vision_model_exports_with_a_dynamic_batch(tmp_path):
+    hydra = he.fuse(tiny_image_classifier(), list(HEAD_SETS))
+    processor = ViTImageProcessor(size={"height": 8, "width": 8})
+    out = export_onnx(hydra, tmp_path / "onnx", preprocessor=processor)
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+    for batch in (1, 4, 9):
+        pixels = torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(batch))
+        logits, per_member = session.run(None, {"pixel_values": pixels.numpy()})
+        with torch.no_grad():
+            output = hydra(pixel_values=pixels)
+        assert np.abs(per_member - output.member_logits.transpose(0, 1).numpy()).max() <= TOLERANCE
+        assert np.abs(np.exp(logits) - output.probs.numpy()).max() <= TOLERANCE  # temperature 1
+    assert (out / "preprocessor_config.json").is_file()
+
+
+def test_export_refuses_what_it_cannot_write_faithfully(saved, tmp_path):
+    with pytest.raises(ExportError, match="lies inside the model folder"):
+        export_onnx(saved["fused"], saved["fused"] / "onnx")
+    low = he.fuse(tiny_image_classifier(), list(HEAD_SETS)).to(torch.bfloat16)
+    with pytest.raises(ExportError, match="float32"):
+        export_onnx(low, tmp_path / "low")
+    assert not (tmp_path / "low").exists()
+
+
+def test_the_cli_exports_and_refuses_a_finished_output(saved, tmp_path, capsys):
+    assert main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "onnx")]) == 0
+    said = capsys.readouterr().out
+    assert "exported 3 member(s)" in said and "temperature" in said
+    assert (tmp_path / "onnx" / "model.onnx").is_file()
+    with pytest.raises(SystemExit):  # argparse: only onnx is a format
+        main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "x"), "--format", "tflite"])
+    assert main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "onnx")]) != 0
+    assert "--overwrite" in capsys.readouterr().err

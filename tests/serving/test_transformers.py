@@ -1,0 +1,188 @@
+"""Saved models through transformers' Auto classes and pipelines, against explicit computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import (
+    AutoConfig,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    ViTImageProcessor,
+    pipeline,
+)
+
+import hydra_ensembles as he
+from hydra_ensembles.evaluation import Predictions, predict, saved_calibration
+from hydra_ensembles.evaluation.uncertainty import per_example
+from hydra_ensembles.loading import load_any
+from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.serving import HydraForSequenceClassification, HydraPreTrainedModel
+
+from ..factories import rounding_tolerance
+from .conftest import CLASSES, HEAD_SETS, TEXTS, tiny_image_classifier
+
+
+def _explicit_probs(model, inputs, temperature=1.0):
+    """The mean of the members' softmaxes at ``temperature``, members run one by one."""
+    members = model.members if hasattr(model, "members") else [model]
+    with torch.no_grad():
+        return torch.stack([(m(**inputs).logits / temperature).softmax(-1) for m in members]).mean(0)
+
+
+def _inputs(folder, texts=TEXTS):
+    return dict(load_tokenizer(str(folder))(texts, padding=True, return_tensors="pt"))
+
+
+@pytest.mark.parametrize("kind", ["calibrated", "fused", "member", "ensemble"])
+def test_auto_model_gives_the_calibrated_ensemble_probabilities(saved, kind):
+    folder = saved[kind]
+    assert AutoConfig.from_pretrained(folder).model_type == "hydra-ensembles"
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert isinstance(model, HydraForSequenceClassification)
+    assert model.config.id2label == CLASSES
+    library = load_any(str(folder))
+    calibration = saved_calibration(library)
+    assert (calibration is None) == (kind in ("fused", "member"))
+    temperature = calibration.temperature if calibration else 1.0
+    assert model.temperature == temperature
+    x = _inputs(folder)
+    with torch.no_grad():
+        out = model(**x)
+    if kind in ("calibrated", "fused"):  # the fused model's own member logits
+        with torch.no_grad():
+            expected = (library(**x).member_logits / temperature).softmax(-1).mean(0)
+    else:  # members run one by one
+        expected = _explicit_probs(library, x, temperature)
+    assert torch.allclose(out.logits.softmax(-1), expected, atol=1e-6)
+    members = 1 if kind == "member" else len(HEAD_SETS)
+    assert out.logits_per_member.shape == (len(TEXTS), members, len(CLASSES))
+
+
+def test_the_fused_model_served_equals_its_members_run_one_by_one(saved):
+    model = AutoModelForSequenceClassification.from_pretrained(saved["calibrated"])
+    ensemble = load_any(str(saved["ensemble"]))  # the same pruned members, unfused
+    x = _inputs(saved["calibrated"])
+    with torch.no_grad():
+        served = model(**x).logits_per_member.transpose(0, 1)
+        explicit = torch.stack([m(**x).logits for m in ensemble.members])
+    # exact fusion of attention; the MLPs are merged (identical here: one base, no fine-tuning)
+    assert torch.allclose(served, explicit, atol=1e-5)
+
+
+def test_the_uncertainty_pipeline_returns_the_records_predict_writes(saved):
+    folder = saved["calibrated"]
+    classify = pipeline("hydra-text-classification", model=str(folder))
+    records = classify(TEXTS, batch_size=3)
+    library = load_any(str(folder))
+    calibration = saved_calibration(library)
+    expected = calibration.records(
+        predict(library, [_inputs(folder)], progress=False), list(CLASSES.values())
+    )
+    assert len(records) == len(expected)
+    for got, want in zip(records, expected, strict=True):
+        assert got["label"] == want["predicted"] and got["score"] == pytest.approx(
+            want["confidence"], abs=1e-6
+        )
+        assert set(got) == {"label", "score", *want}
+        for key, value in want.items():
+            assert got[key] == (value if isinstance(value, (str, bool)) else pytest.approx(value, abs=1e-6))
+    assert {"flagged", "mutual_information", "ood_score_msp"} <= set(records[0])
+    # the standard task gives the same calibrated probability of the predicted class
+    standard = pipeline("text-classification", model=str(folder))(TEXTS)
+    assert [r["label"] for r in standard] == [r["label"] for r in records]
+    assert [r["score"] for r in standard] == pytest.approx([r["score"] for r in records], abs=1e-6)
+
+
+def test_the_uncertainty_pipeline_serves_a_plain_classifier_as_an_ensemble_of_one(saved, tmp_path):
+    plain = tiny_text_classifier_saved(tmp_path)
+    records = pipeline("hydra-text-classification", model=str(plain))(TEXTS[:2])
+    assert "mutual_information" not in records[0] and "flagged" not in records[0]
+    loaded = load_any(str(plain))
+    predictions = predict(loaded, [_inputs(plain, TEXTS[:2])], progress=False)
+    expected = per_example(predictions, list(CLASSES.values()))
+    assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=1e-6)
+
+
+def tiny_text_classifier_saved(folder):
+    from .conftest import tiny_text_classifier
+
+    tiny_text_classifier().save_pretrained(folder)
+    load_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_low_precision_load_keeps_the_calibration_and_stays_within_rounding(saved, precision):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    folder = saved["calibrated"]
+    reference = AutoModelForSequenceClassification.from_pretrained(folder)
+    low = AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype)
+    assert low.calibration == reference.calibration  # read before the cast: not refused
+    assert next(low.parameters()).dtype == dtype
+    x = _inputs(folder)
+    with torch.no_grad():
+        ref, got = reference(**x), low(**x)
+    assert got.logits.dtype == torch.float32  # aggregation in fp32
+    tol = rounding_tolerance(precision, ref.logits_per_member, layers=2, fp32=0.0)
+    assert torch.allclose(got.logits_per_member.float(), ref.logits_per_member, atol=tol)
+    assert torch.allclose(got.logits.softmax(-1), ref.logits.softmax(-1), atol=tol)
+    records = pipeline("hydra-text-classification", model=str(folder), dtype=dtype)(TEXTS)
+    assert all("flagged" in r for r in records)
+
+
+def test_image_pipelines_serve_a_fused_vision_model(tmp_path):
+    base = tiny_image_classifier()
+    hydra = he.fuse(base, list(HEAD_SETS))
+    ViTImageProcessor(size={"height": 8, "width": 8}).save_pretrained(tmp_path)
+    hydra.save_pretrained(tmp_path)
+    model = AutoModelForImageClassification.from_pretrained(tmp_path)
+    assert type(model).__name__ == "HydraForImageClassification"
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)) for _ in range(3)]
+    records = pipeline("hydra-image-classification", model=str(tmp_path))(images)
+    pixels = ViTImageProcessor(size={"height": 8, "width": 8})(images, return_tensors="pt")
+    predictions = Predictions(hydra(**pixels).member_logits.detach().numpy())
+    expected = per_example(predictions, list(CLASSES.values()))
+    assert [r["predicted"] for r in records] == [r["predicted"] for r in expected]
+    assert [r["entropy"] for r in records] == pytest.approx([r["entropy"] for r in expected], abs=1e-6)
+    standard = pipeline("image-classification", model=str(tmp_path), top_k=1)(images)
+    assert [s[0]["label"] for s in standard] == [r["label"] for r in records]
+
+
+def test_loading_goes_through_the_checked_loader(saved, tmp_path):
+    import shutil
+
+    folder = tmp_path / "tampered"
+    shutil.copytree(saved["fused"], folder)
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(he.HydraLoadError, match="does not match the checksum"):
+        AutoModelForSequenceClassification.from_pretrained(folder)
+    with pytest.raises(OSError, match="not a folder saved by hydra-ensembles"):
+        HydraForSequenceClassification.from_pretrained(tmp_path / "missing")
+    with pytest.raises(TypeError, match="wraps a trained model"):
+        HydraForSequenceClassification(AutoConfig.from_pretrained(saved["fused"]))
+
+
+@pytest.mark.parametrize("kind", ["calibrated", "member", "ensemble"])
+def test_save_pretrained_keeps_the_library_format_and_the_calibration(saved, tmp_path, kind):
+    model = AutoModelForSequenceClassification.from_pretrained(saved[kind])
+    model.save_pretrained(tmp_path / "again")
+    again = AutoModelForSequenceClassification.from_pretrained(tmp_path / "again")
+    assert again.config.saved_format == model.config.saved_format
+    assert again.calibration == model.calibration
+    x = _inputs(saved[kind])
+    with torch.no_grad():
+        assert torch.equal(again(**x).logits, model(**x).logits)
+
+
+def test_a_model_in_memory_wraps_with_its_recorded_calibration(saved):
+    library = load_any(str(saved["calibrated"]))
+    wrapped = HydraPreTrainedModel.from_ensemble(library)
+    assert wrapped.calibration == saved_calibration(library)
+    assert wrapped.config.saved_format == "fused"
