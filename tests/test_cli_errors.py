@@ -210,6 +210,10 @@ def predict(w, *extra, model="model", data="train.csv", out="p.csv"):
     return ["predict", str(w / model), "--data", str(w / data), "--out", str(w / out), *extra]
 
 
+def export(w, model="hydra", out="onnx"):
+    return ["export", str(w / model), "--format", "onnx", "--out", str(w / out)]
+
+
 def zero_shot(w):
     data = ["--data", str(w / "train.csv"), "--ood-data", str(w / "unlabelled.csv")]
     return ["zero-shot", str(w / "model"), *data, "--out", str(w / "zs")]
@@ -292,6 +296,10 @@ CASES = [
     ("images-to-text-model", lambda w: score(w, data="images.npz"), "holds images", "out.json"),
     ("text-to-image-model", lambda w: score(w, model="vit"), "holds texts", "out.json"),
     ("hydra-without-tokenizer", lambda w: predict(w, model="hydra"), "--tokenizer", "p.csv"),
+    # export: never a graph that differs from the model, never into the model's folder
+    ("export-tampered-weights", lambda w: export(w, model="hydra-tampered"), "checksum", "onnx"),
+    ("export-into-the-model", lambda w: export(w, out="hydra/onnx"), "lies inside the input", "hydra/onnx"),
+    ("export-random-head", lambda w: export(w, model="base"), "no trained classifier head", "onnx"),
     # head-set files
     ("heads-file-missing", lambda w: fuse(w, "no-heads.json"), "does not exist", "fused"),
     ("heads-truncated-json", lambda w: fuse(w, "heads-truncated.json"), "not valid JSON", "fused"),

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from . import reporting
-from .analysis import proposition1
+from .analysis import STUDIES, proposition1
 from .analysis.representations import centroid_distances, head_vectors, pca_2d
 from .evaluation import (
     EvalData,
@@ -61,7 +61,6 @@ from .scoring import removal_ranking
 from .surgery import heads_per_layer, prune
 from .tasks import Dataset
 
-STUDIES = ("prop1", "heads", "members", "merge")
 CORRUPTION = {"text": "char_typos", "image": "gaussian_noise"}
 """The noise of Proposition 1's noisy data, per task (severity `AnalysisConfig.severity`)."""
 

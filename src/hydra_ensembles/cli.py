@@ -1404,7 +1404,7 @@ def _add_demo_command(sub) -> None:
 
 
 def _add_analyze_command(sub) -> None:
-    from .analyze import STUDIES
+    from .analysis import STUDIES
 
     analyze = sub.add_parser(
         "analyze",

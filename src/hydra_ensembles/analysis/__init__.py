@@ -11,7 +11,12 @@ from .curvature import (
     pruning_perturbation,
 )
 
+STUDIES = ("prop1", "heads", "members", "merge")
+"""The studies `hydra-ens analyze` runs: Proposition 1's conditions, what heads represent, the
+number of members, and merged vs exact fusion."""
+
 __all__ = [
+    "STUDIES",
     "Proposition1Result",
     "attention_parameters",
     "gradient",

@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from PIL.Image import DecompressionBombError
-
 from .images import ImageDataset, pil_array, stack_images
 from .labels import parse_labels
 from .text import TextDataset, checked_texts
@@ -97,6 +95,8 @@ def _convert(data: Any, name: str, text_column: str | None, label_column: str | 
     labels, classes = _labels(data, name, label_column) if labelled else ([0] * len(data), [])
     ids = [f"{name}/{i}" for i in range(len(data))]
     if image_column is not None:
+        from PIL.Image import DecompressionBombError  # images only: pillow is the images extra
+
         grey = ("L", "1", "I", "F")
         try:
             arrays = [pil_array(image, grayscale=image.mode in grey) for image in data[image_column]]

@@ -42,7 +42,7 @@ TOLERANCE = 1e-4
 __all__ = ["ONNX_NAME", "OUTPUT_NAMES", "SIDECAR_NAME", "ExportError", "export_onnx"]
 
 
-class ExportError(RuntimeError):
+class ExportError(ValueError):
     """The exported graph cannot be written, or does not compute what the model computes."""
 
 
