@@ -6,6 +6,9 @@ from pathlib import Path
 
 import torch
 
+from hydra_ensembles.loading import load_any
+from hydra_ensembles.models import load_classifier, load_tokenizer
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -15,11 +18,27 @@ def _python_blocks(page: str) -> list[str]:
 
 def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     readme, api = _python_blocks("README.md"), _python_blocks("docs/python-api.md")
-    assert len(readme) == 2 and len(api) == 2, "the Python blocks changed: keep this test in step"
+    assert len(readme) == 3 and len(api) == 2, "the Python blocks changed: keep this test in step"
     monkeypatch.chdir(tmp_path)
+    # the quick start on one's own CSV: a classifier `finetune` made, train.csv and val.csv
+    classifier = load_classifier("minilm-l6", num_labels=2)
+    classifier.config.id2label, classifier.config.label2id = (
+        {0: "money", 1: "sport"},
+        {"money": 0, "sport": 1},
+    )
+    classifier.save_pretrained(tmp_path / "tuned")
+    load_tokenizer().save_pretrained(tmp_path / "tuned")
+    for name, n in (("train.csv", 8), ("val.csv", 6)):
+        rows = [f"goal match team {i},sport" for i in range(n)] + [f"bank shares {i},money" for i in range(n)]
+        (tmp_path / name).write_text("text,label\n" + "\n".join(rows) + "\n")
+    csv_namespace: dict = {}
+    exec(compile(readme[0], "README.md", "exec"), csv_namespace)
+    built = csv_namespace["built"]
+    assert built.calibration is not None and len(built.members) == 3
+    assert load_any(str(tmp_path / "built" / "hydra")).config.id2label == {0: "money", 1: "sport"}
     namespace: dict = {}
     with torch.no_grad():
-        exec(compile(readme[0], "README.md", "exec"), namespace)  # the quick start
+        exec(compile(readme[1], "README.md", "exec"), namespace)  # the building blocks
     out = namespace["out"]
     assert out.member_logits.shape == (3, 1, 4) and out.probs.shape == (1, 4)
     assert (tmp_path / "runs" / "readme-hydra" / "hydra_config.json").is_file()
@@ -35,9 +54,7 @@ def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     assert saved.data == "bbc-news:val" and saved.examples == 16
     again = namespace["predict"](namespace["hydra"], namespace["ood_val"])
     assert namespace["records"] == saved.records(again, namespace["news"].classes)
-    # the serving example, on that calibrated model saved as build saves it
-    namespace["tokenizer"].save_pretrained(tmp_path / "built" / "hydra")
-    namespace["hydra"].save_pretrained(tmp_path / "built" / "hydra")
-    exec(compile(readme[1], "README.md", "exec"), namespace)
+    # the serving example, on what the CSV quick start built
+    exec(compile(readme[2], "README.md", "exec"), namespace)
     served = namespace["uncertain"]("The match ended in a draw.")[0]
     assert {"flagged", "mutual_information", "ood_score_msp", "entropy"} <= set(served)

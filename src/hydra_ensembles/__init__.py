@@ -7,6 +7,7 @@ members into one model that predicts like their ensemble in a single forward pas
 from . import layers, metrics, serving
 from ._version import __version__
 from .adapters import UnsupportedModelError, get_adapter, register_adapter
+from .build import Build, BuildConfig, build_hydra
 from .fusion import (
     FusionError,
     FusionPolicy,
@@ -23,6 +24,8 @@ from .surgery import HeadAblation, ablate, kept_heads, prune
 
 __all__ = [
     "AutoMember",
+    "Build",
+    "BuildConfig",
     "CircuitOrder",
     "FusionError",
     "FusionPolicy",
@@ -36,6 +39,7 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "ablate",
+    "build_hydra",
     "extract_circuit",
     "fuse",
     "get_adapter",

@@ -363,14 +363,14 @@ def _ranking(scores_file: str, model):
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
+    import dataclasses
     import shutil
 
+    from .build import BuildConfig, build_hydra, save_with_preprocessor
     from .data.labels import check_trainable
-    from .fusion import fuse
     from .io import check_output_dir
-    from .members import FineTuneConfig, fine_tune, member_overlap, sample_members, save_member
-    from .members.ensemble import DeepEnsemble, write_ensemble_index
-    from .surgery import heads_per_layer, prune
+    from .members import FineTuneConfig, member_overlap
+    from .surgery import heads_per_layer
 
     out = check_output_dir(
         args.out,
@@ -381,54 +381,56 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.fine_tune and not args.data:
         raise ValueError("--fine-tune needs --data (labelled training data)")
     model = _load_model(args.model, args)
-    heads = sample_members(
-        _ranking(args.scores, model),
-        args.members,
-        heads_per_layer=args.heads_per_layer,
-        num_pruned=args.num_pruned,
-        pool_size=args.pool_size,
-        seed=args.seed,
-    )
-    counts = heads_per_layer(model)
-    overlap = member_overlap(heads, counts)
-    print(f"{len(heads)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
-    members = [prune(model, hs) for hs in heads]
+    ranking = _ranking(args.scores, model)
     preprocessor = _preprocessor_for(args.preprocessor or args.model)
     _say_precision(args)
+    train, classes = None, None
     if args.fine_tune:
         dataset, train = _data_batches(args.data, args, preprocessor, model=model)
         check_trainable(dataset.labels, dataset.classes, args.data)
-        val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
-        for member in members:  # saved models name their classes (hydra-ens predict reads them)
-            _name_classes(member, dataset.classes)
-        for m, member in enumerate(members):
-            config = FineTuneConfig(
-                epochs=args.epochs,
-                lr=args.lr,
-                seed=args.seed + m,
-                patience=args.patience,
-                precision=args.precision,
-            )
-            print(f"member {m + 1} of {len(members)}", file=sys.stderr)
-            result = fine_tune(member, train, val, config, checkpoint_dir=out / "checkpoints" / f"member-{m}")
-            _print_history(result, config, val)
-            member.config.hydra_training_precision = args.precision  # saved with its config
-            _save_preprocessor(preprocessor, out / "members" / f"member-{m}")
-            save_member(member, out / "members" / f"member-{m}")
-        calibration = None
-        if val is not None:  # the members' explicit ensemble, calibrated as one model
-            print("the members' ensemble (members/):", end=" ")
-            calibration = _calibrate(DeepEnsemble(members), val, args, args.val_data).to_dict()
-        names = [f"member-{m}" for m in range(len(members))]
-        _save_preprocessor(preprocessor, out / "members")  # for pipeline(model="built/members")
-        write_ensemble_index(out / "members", names, members[0].config, calibration)
-    hydra = fuse(members, mlp=args.mlp)
-    if args.val_data:
-        val = _data_batches(args.val_data, args, preprocessor, model=hydra)[1]
-        print("the fused model (hydra/):", end=" ")
-        _calibrate(hydra, val, args, args.val_data)
-    _save_preprocessor(preprocessor, out / "hydra")
-    hydra.save_pretrained(out / "hydra")  # its config last: the marker of a finished build
+        classes = list(dataset.classes)  # saved models name their classes (predict, pipelines)
+    val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    tuning = None
+    if args.fine_tune:
+        tuning = FineTuneConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, patience=args.patience)
+    config = BuildConfig(
+        num_members=args.members,
+        num_pruned=args.num_pruned,
+        heads_per_layer=args.heads_per_layer,
+        pool_size=args.pool_size,
+        seed=args.seed,
+        fine_tune=tuning,
+        mlp=args.mlp,
+        flag_score=args.flag_score,
+        keep=args.keep,
+        precision=args.precision,
+    )
+
+    def trained(m: int, member, result) -> None:  # each member saved as soon as it is trained
+        _print_history(result, dataclasses.replace(tuning, seed=args.seed + m), val)
+        save_with_preprocessor(member, out / "members" / f"member-{m}", preprocessor)
+
+    built = build_hydra(
+        model,
+        train,
+        val,
+        config=config,
+        ranking=ranking,
+        classes=classes,
+        validation_name=args.val_data or "",
+        checkpoint_dir=out / "checkpoints",
+        on_member=trained,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    overlap = member_overlap(built.head_sets, heads_per_layer(model))
+    print(f"{len(built.head_sets)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
+    for what, calibration in (
+        ("members' ensemble (members/)", built.members_calibration),
+        ("fused model (hydra/)", built.calibration),
+    ):
+        if calibration is not None:
+            print(f"the {what}: calibration: {calibration.describe()}")
+    built.save_pretrained(out, preprocessor, members_saved=True)  # the fused model's config last
     if not args.keep_checkpoints:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
     print(f"saved the fused model to {out / 'hydra'}")
@@ -436,6 +438,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_zero_shot(args: argparse.Namespace) -> int:
+    from .build import save_preprocessor
     from .data import load_spec
     from .io import atomic_write_json, check_output_dir
     from .members import member_overlap, sample_members
@@ -484,19 +487,11 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     )
     model = fuse_dual_encoder(dual, heads, progress=True)
     _calibrate(model, id_val, args, args.data)  # on the ID validation data the circuit used
-    _save_preprocessor(preprocessor, out / "zero-shot")
+    save_preprocessor(preprocessor, out / "zero-shot")
     model.save_pretrained(out / "zero-shot")  # its config last: the marker of a finished run
     (out / "circuit-checkpoint.json").unlink(missing_ok=True)
     print(f"saved the zero-shot Hydra to {out / 'zero-shot'} (hydra-ens eval/predict take it)")
     return 0
-
-
-def _save_preprocessor(preprocessor, folder: Path) -> None:
-    """Save the tokenizer or image processor beside a saved model, so that eval and predict
-    find it there (no --tokenizer needed)."""
-    if preprocessor is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        preprocessor.save_pretrained(folder)
 
 
 def _print_history(result, config, val: list[dict] | None) -> None:
@@ -540,6 +535,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     directory with its preprocessor and class names: what score and build start from."""
     import shutil
 
+    from .build import name_classes
     from .data import load_spec
     from .data.labels import check_trainable
     from .io import atomic_dir, check_output_dir
@@ -565,7 +561,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     preprocessor = _preprocessor_for(args.preprocessor or args.model)
     dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
-    _name_classes(model, dataset.classes)
+    name_classes(model, dataset.classes)
     config = FineTuneConfig(
         epochs=args.epochs,
         lr=args.lr,
@@ -602,13 +598,6 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str):
     calibration = calibrate(model, batches, args.flag_score, args.keep, data=data, precision=args.precision)
     print(f"calibration: {calibration.describe()}")
     return calibration
-
-
-def _name_classes(model, classes: list[str]) -> None:
-    """Record the training data's class names in ``model.config`` (where they fit its head)."""
-    if classes and len(classes) == model.config.num_labels:
-        model.config.id2label = dict(enumerate(classes))
-        model.config.label2id = {name: i for i, name in enumerate(classes)}
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

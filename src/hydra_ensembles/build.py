@@ -1,0 +1,223 @@
+"""From one classifier and labelled data to a fused, calibrated Hydra model: the whole method as one
+call (`build_hydra`), which ``hydra-ens build`` runs with flags.
+
+    config = BuildConfig(num_pruned=24, fine_tune=FineTuneConfig(epochs=1))
+    built = build_hydra(model, train, validation, config=config)
+    built.save_pretrained("built/", preprocessor=tokenizer)
+
+Steps: rank the heads (a given ranking; else greedy circuit extraction where OOD validation data
+is given, Taylor importance on the ID validation data otherwise), sample diverse members, prune,
+fine-tune each member (optional, resumable per member), fuse, and fit the temperature and the OOD
+flag threshold on the labelled ID validation data (`evaluation.calibrate`): the fused model, and,
+with fine-tuned members, their explicit ensemble, each carry their own calibration. OOD data is
+only ever used to rank heads, never to calibrate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .evaluation.calibration import Calibration, calibrate
+from .fusion import fuse
+from .fusion.model import HydraModel
+from .heads import HeadSet
+from .members import FineTuneConfig, FineTuneResult, fine_tune, sample_members, save_member
+from .members.ensemble import DeepEnsemble, write_ensemble_index
+from .scoring import CircuitOrder, extract_circuit, taylor_scores
+from .surgery import prune
+
+__all__ = [
+    "Build",
+    "BuildConfig",
+    "build_hydra",
+    "name_classes",
+    "save_preprocessor",
+    "save_with_preprocessor",
+]
+
+Ranking = CircuitOrder | torch.Tensor
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """How `build_hydra` builds: give exactly one of ``num_pruned`` (heads each member prunes in
+    total) or ``heads_per_layer`` (heads each member keeps per layer); ``pool_size`` is the number
+    of least useful heads members are sampled from (`members.sample_members`); ``budget`` the
+    heads circuit extraction ranks (default: the pool, or twice the heads pruned). ``fine_tune``:
+    None leaves the members untrained (zero-shot members; fusion is then exact); member m trains
+    with seed ``fine_tune.seed + m``. ``flag_score`` and ``keep`` set the OOD flag (`Calibration`)."""
+
+    num_members: int = 3
+    num_pruned: int | None = None
+    heads_per_layer: int | None = None
+    pool_size: int | None = None
+    budget: int | None = None
+    seed: int = 0
+    fine_tune: FineTuneConfig | None = None
+    mlp: str = "merge"
+    flag_score: str = "msp"
+    keep: float = 0.95
+    precision: str = "auto"
+
+
+@dataclass
+class Build:
+    """What `build_hydra` made: the fused model, its members (pruned, maybe fine-tuned), their head
+    sets, the ranking they were sampled from, each member's training history, and the fused
+    model's and the members' ensemble's calibrations (None without validation data)."""
+
+    hydra: HydraModel
+    members: list[nn.Module]
+    head_sets: list[HeadSet]
+    ranking: Ranking
+    histories: list[FineTuneResult] = field(default_factory=list)
+    calibration: Calibration | None = None
+    members_calibration: Calibration | None = None
+
+    def save_pretrained(
+        self, out: str | os.PathLike, preprocessor: Any = None, members_saved: bool = False
+    ) -> Path:
+        """``out/hydra`` (the fused model) and, for fine-tuned members, ``out/members`` (each member
+        and their ensemble, which `DeepEnsemble.from_pretrained` loads), each with the preprocessor
+        saved beside the model; the fused model's config is written last. ``members_saved``: the
+        members are in ``out/members/member-<m>`` already (saved as each was trained)."""
+        out = Path(out)
+        if self.histories:
+            names = [f"member-{m}" for m in range(len(self.members))]
+            for name, member in zip(names, self.members, strict=True):
+                if not members_saved:
+                    save_with_preprocessor(member, out / "members" / name, preprocessor)
+            save_preprocessor(preprocessor, out / "members")
+            members = self.members_calibration.to_dict() if self.members_calibration else None
+            write_ensemble_index(out / "members", names, self.members[0].config, members)
+        save_with_preprocessor(self.hydra, out / "hydra", preprocessor)
+        return out
+
+
+def build_hydra(
+    model: nn.Module,
+    train: Sequence[dict[str, Any]] | None = None,
+    validation: Sequence[dict[str, Any]] | None = None,
+    ood_validation: Sequence[dict[str, Any]] | None = None,
+    config: BuildConfig = BuildConfig(),
+    *,
+    ranking: Ranking | None = None,
+    classes: Sequence[str] | None = None,
+    validation_name: str = "",
+    checkpoint_dir: str | os.PathLike | None = None,
+    on_member: Callable[[int, nn.Module, FineTuneResult], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    progress: bool = True,
+) -> Build:
+    """Build a fused, calibrated Hydra model from ``model`` (a fine-tuned classifier; see the module
+    docstring). ``train`` and ``validation`` are labelled batches (``validation`` is ID data: it
+    ranks heads by Taylor importance when no ``ranking`` or ``ood_validation`` is given, stops
+    fine-tuning with ``patience`` and fits the calibration); ``ood_validation`` unlabelled OOD
+    batches for circuit extraction. ``classes`` names the model's classes in every member's
+    configuration. ``checkpoint_dir``: each member's fine-tuning checkpoints
+    (``member-<m>/``), so a rerun resumes. ``on_member(m, member, result)`` is called after each
+    member's fine-tuning, ``log`` with one line per step."""
+    say = log or (lambda line: None)
+    train, validation = _listed(train), _listed(validation)
+    if config.fine_tune is not None and not train:
+        raise ValueError("fine-tuning members needs labelled training batches (train)")
+    if ranking is None:
+        ranking = _rank(model, validation, ood_validation, config, progress, say)
+    head_sets = sample_members(
+        ranking,
+        config.num_members,
+        heads_per_layer=config.heads_per_layer,
+        num_pruned=config.num_pruned,
+        pool_size=config.pool_size,
+        seed=config.seed,
+    )
+    members = [prune(model, hs) for hs in head_sets]
+    for member in members:
+        name_classes(member, classes)
+    histories = []
+    if config.fine_tune is not None:
+        for m, member in enumerate(members):
+            settings = dataclasses.replace(
+                config.fine_tune, seed=config.fine_tune.seed + m, precision=config.precision
+            )
+            say(f"member {m + 1} of {len(members)}")
+            folder = None if checkpoint_dir is None else Path(checkpoint_dir) / f"member-{m}"
+            result = fine_tune(member, train, validation, settings, checkpoint_dir=folder, progress=progress)
+            member.config.hydra_training_precision = config.precision  # saved with its config
+            histories.append(result)
+            if on_member is not None:
+                on_member(m, member, result)
+    built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking, histories)
+    if validation:
+        if histories:  # the members' explicit ensemble, calibrated as one model
+            built.members_calibration = _calibrate(DeepEnsemble(members), validation, config, validation_name)
+            say(f"the members' ensemble: {built.members_calibration.describe()}")
+        built.calibration = _calibrate(built.hydra, validation, config, validation_name)
+        say(f"the fused model: {built.calibration.describe()}")
+    return built
+
+
+def _listed(batches: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    return None if batches is None else list(batches)
+
+
+def _rank(model, validation, ood_validation, config: BuildConfig, progress: bool, say) -> Ranking:
+    """Circuit extraction with OOD validation data, Taylor importance without."""
+    if not validation:
+        raise ValueError("ranking heads needs labelled ID validation batches (validation), or give ranking")
+    if ood_validation is None:
+        say("ranking heads by Taylor importance on the ID validation data")
+        return taylor_scores(model, validation, progress=progress, precision=config.precision)
+    pruned = config.num_pruned or 0
+    budget = config.budget or config.pool_size or 2 * pruned
+    if not budget:
+        raise ValueError("circuit extraction needs a budget: give budget, pool_size or num_pruned")
+    say(f"ranking heads by circuit extraction (budget {budget}) on ID and OOD validation data")
+    return extract_circuit(
+        model, validation, list(ood_validation), budget=budget, progress=progress, precision=config.precision
+    )
+
+
+def _calibrate(model, validation, config: BuildConfig, name: str) -> Calibration:
+    return calibrate(
+        model,
+        validation,
+        config.flag_score,
+        config.keep,
+        data=name,
+        precision=config.precision,
+        progress=False,
+    )
+
+
+def name_classes(model: nn.Module, classes: Sequence[str] | None) -> None:
+    """Record class names in ``model.config`` (where they fit its head), so saved models and
+    pipelines name their predictions."""
+    if classes and len(classes) == model.config.num_labels:
+        model.config.id2label = dict(enumerate(classes))
+        model.config.label2id = {name: i for i, name in enumerate(classes)}
+
+
+def save_with_preprocessor(model: nn.Module, folder: Path, preprocessor: Any = None) -> Path:
+    """The preprocessor first (its files are then covered by the model's checksums), then the
+    model in the library's format (`save_member` for a member, else its own ``save_pretrained``)."""
+    save_preprocessor(preprocessor, folder)
+    if isinstance(model, HydraModel):
+        return model.save_pretrained(folder)
+    return save_member(model, folder)
+
+
+def save_preprocessor(preprocessor: Any, folder: Path) -> None:
+    """Save the tokenizer or image processor into ``folder`` (nothing for None), so that predict,
+    export and pipelines find it beside the model."""
+    if preprocessor is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        preprocessor.save_pretrained(folder)

@@ -1,0 +1,85 @@
+"""build_hydra: the method in one call equals its steps done by hand, ranks heads the documented
+way, calibrates on ID validation only, and saves what pipelines and predict load."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+import hydra_ensembles as he
+from hydra_ensembles.evaluation import saved_calibration
+from hydra_ensembles.loading import load_any
+from hydra_ensembles.members import FineTuneConfig, fine_tune
+from hydra_ensembles.scoring import CircuitOrder
+
+from .factories import labelled, text_inputs, tiny_bert
+
+pytestmark = pytest.mark.filterwarnings("ignore:temperature fit on only")  # tiny validation sets
+
+
+def _batches(n: int, seed: int, labels: bool = True) -> list[dict[str, torch.Tensor]]:
+    batches = [text_inputs(batch=6, tokens=7, seed=seed + i) for i in range(n)]
+    return [labelled(b, seed=seed + i) for i, b in enumerate(batches)] if labels else batches
+
+
+def test_without_training_it_equals_taylor_ranking_sampling_and_fusion_by_hand():
+    model, val = tiny_bert(), _batches(2, seed=10)
+    config = he.BuildConfig(num_members=3, num_pruned=2, pool_size=4, seed=3, precision="fp32")
+    built = he.build_hydra(model, validation=val, config=config, progress=False)
+    scores = he.taylor_scores(model, val, precision="fp32")
+    assert torch.equal(built.ranking, scores)  # no OOD data: Taylor on the ID validation data
+    heads = he.sample_members(scores, 3, num_pruned=2, pool_size=4, seed=3)
+    assert built.head_sets == heads and built.histories == []
+    by_hand = he.fuse([he.prune(model, hs) for hs in heads])
+    x = text_inputs(batch=5, seed=99)
+    with torch.no_grad():
+        assert torch.equal(built.hydra(**x).member_logits, by_hand(**x).member_logits)
+    assert saved_calibration(built.hydra) == built.calibration and built.members_calibration is None
+
+
+def test_with_ood_validation_heads_are_ranked_by_a_circuit():
+    model, val, ood = tiny_bert(), _batches(1, seed=20), _batches(1, seed=30, labels=False)
+    config = he.BuildConfig(num_members=2, num_pruned=2, budget=3, precision="fp32")
+    built = he.build_hydra(model, validation=val, ood_validation=ood, config=config, progress=False)
+    assert isinstance(built.ranking, CircuitOrder) and len(built.ranking.removed) == 3
+
+
+def test_fine_tuned_members_equal_fine_tuning_by_hand_and_save_for_serving(tmp_path):
+    model, train, val = tiny_bert(), _batches(2, seed=40), _batches(1, seed=50)
+    tuning = FineTuneConfig(epochs=1, lr=1e-3, seed=5)
+    config = he.BuildConfig(num_members=2, num_pruned=2, pool_size=4, fine_tune=tuning, precision="fp32")
+    ranking = he.taylor_scores(model, val, precision="fp32")
+    seen = []
+    built = he.build_hydra(
+        model, train, val, config=config, ranking=ranking, classes=["a", "b", "c"],
+        on_member=lambda m, member, result: seen.append(m), progress=False,
+    )  # fmt: skip
+    assert seen == [0, 1] and len(built.histories) == 2
+    x = text_inputs(batch=4, seed=7)
+    for m, (member, hs) in enumerate(zip(built.members, built.head_sets, strict=True)):
+        by_hand = he.prune(model, hs)
+        fine_tune(
+            by_hand, train, val, dataclasses.replace(tuning, seed=5 + m, precision="fp32"), progress=False
+        )
+        with torch.no_grad():
+            assert torch.allclose(member(**x).logits, by_hand(**x).logits, atol=1e-6)
+    assert built.members[0].config.id2label == {0: "a", 1: "b", 2: "c"}
+    assert built.members_calibration is not None and built.calibration is not None
+    built.save_pretrained(tmp_path / "built")
+    assert saved_calibration(load_any(str(tmp_path / "built" / "hydra"))) == built.calibration
+    assert saved_calibration(load_any(str(tmp_path / "built" / "members"))) == built.members_calibration
+    served = AutoModelForSequenceClassification.from_pretrained(tmp_path / "built" / "hydra")
+    assert served.config.id2label == {0: "a", 1: "b", 2: "c"}
+
+
+def test_bad_requests_are_refused_before_any_work():
+    model = tiny_bert()
+    with pytest.raises(ValueError, match="training batches"):
+        he.build_hydra(
+            model, validation=_batches(1, 1), config=he.BuildConfig(num_pruned=2, fine_tune=FineTuneConfig())
+        )
+    with pytest.raises(ValueError, match="ID validation"):
+        he.build_hydra(model, config=he.BuildConfig(num_pruned=2))
