@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score, roc_curve
 from torchmetrics.functional.classification import (
@@ -29,6 +29,10 @@ def _random_probs(seed: int, n: int = 200, c: int = 5, sharpness: float = 3.0):
 @given(st.integers(0, 10_000), st.integers(1, 300), st.integers(2, 7))
 def test_classification_metrics_match_references(seed, n, c):
     probs, labels = _random_probs(seed, n, c)
+    # torchmetrics bins float32 confidences: one within float32 rounding of a bin edge k/15 can
+    # land in the next bin there (ours bins the float64 value: see the next test)
+    edges = np.arange(16) / 15
+    assume(np.abs(probs.max(-1)[:, None] - edges).min() > 1e-7)
     got = he.metrics.classification(probs, labels)
     assert got["acc"] == pytest.approx((probs.argmax(-1) == labels).mean())
     assert got["nll"] == pytest.approx(log_loss(labels, probs, labels=list(range(c))), rel=1e-6)
@@ -39,6 +43,15 @@ def test_classification_metrics_match_references(seed, n, c):
     ).item()
     assert got["ece"] == pytest.approx(reference_ece, abs=1e-6)
     assert 0 <= got["aece"] <= 1
+
+
+def test_ece_bins_a_confidence_just_below_an_edge_by_its_own_value():
+    below = np.nextafter(8 / 15, 0.0)  # in float32 it would round onto the edge 8/15
+    probs = np.array([[below, 1 - below], [0.55, 0.45]])
+    # bin 7 holds the first input (correct), bin 8 the second (wrong); binned together (float32
+    # binning) the gap would be 2/2 * |0.5 - (below + 0.55) / 2| = 0.042 instead of 0.508
+    expected = 0.5 * abs(1 - below) + 0.5 * abs(0 - 0.55)
+    assert M.ece(probs, [0, 1]) == pytest.approx(expected, abs=1e-12)
 
 
 def test_adaptive_ece_equal_mass_bins_by_hand():
