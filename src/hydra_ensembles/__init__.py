@@ -4,10 +4,11 @@ Prune attention heads in M different ways, optionally fine-tune each pruned memb
 members into one model that predicts like their ensemble in a single forward pass.
 """
 
-from . import layers, metrics, serving
+from . import layers, metrics
 from ._version import __version__
 from .adapters import UnsupportedModelError, get_adapter, register_adapter
 from .build import Build, BuildConfig, build_hydra
+from .configuration import on_first_config, register_config
 from .fusion import (
     FusionError,
     FusionPolicy,
@@ -21,6 +22,14 @@ from .heads import HeadSet, HeadSetError
 from .members import AutoMember, MemberLoadError, load_member, member_overlap, sample_members, save_member
 from .scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
 from .surgery import HeadAblation, ablate, kept_heads, prune
+
+
+def _register_serving() -> None:
+    from . import serving  # noqa: F401  (registers the Auto model classes and pipeline tasks)
+
+
+register_config()  # saved models load with AutoConfig / AutoModel... and serve through pipeline
+on_first_config(_register_serving)
 
 __all__ = [
     "AutoMember",
@@ -53,7 +62,6 @@ __all__ = [
     "register_adapter",
     "sample_members",
     "save_member",
-    "serving",
     "taylor_head_set",
     "taylor_scores",
 ]

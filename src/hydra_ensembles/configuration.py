@@ -10,10 +10,11 @@ own checked files; the class names are read from those files too, never from ``c
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from .io import atomic_write_json
 
@@ -34,6 +35,7 @@ class HydraConfig(PretrainedConfig):
             raise ValueError(f"saved_format must be one of {SAVED_FORMATS}, got {saved_format!r}")
         self.saved_format = saved_format
         self.base_model_type = base_model_type
+        _first_use()
 
     @classmethod
     def describing(cls, base_config: PretrainedConfig, saved_format: str) -> HydraConfig:
@@ -44,6 +46,27 @@ class HydraConfig(PretrainedConfig):
             id2label=dict(getattr(base_config, "id2label", None) or {}),
             problem_type="single_label_classification",
         )
+
+
+_FIRST_USE: list[Callable[[], None]] = []
+
+
+def on_first_config(hook: Callable[[], None]) -> None:
+    """Call ``hook`` once, when the first `HydraConfig` is made. `hydra_ensembles` registers the
+    serving classes and pipeline tasks this way: ``AutoModel...from_pretrained(folder)`` and
+    ``pipeline(task, model=folder)`` read the folder's config before they look a class or task
+    up, so importing transformers' modelling and pipeline code waits until a saved model is used."""
+    _FIRST_USE.append(hook)
+
+
+def _first_use() -> None:
+    while _FIRST_USE:
+        _FIRST_USE.pop(0)()
+
+
+def register_config() -> None:
+    """Register `HydraConfig` with ``AutoConfig`` (idempotent)."""
+    AutoConfig.register(MODEL_TYPE, HydraConfig, exist_ok=True)
 
 
 def write_hf_config(path: str | os.PathLike, base_config: Any, saved_format: str) -> Path | None:

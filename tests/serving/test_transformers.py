@@ -186,3 +186,25 @@ def test_a_model_in_memory_wraps_with_its_recorded_calibration(saved):
     wrapped = HydraPreTrainedModel.from_ensemble(library)
     assert wrapped.calibration == saved_calibration(library)
     assert wrapped.config.saved_format == "fused"
+
+
+def test_importing_the_library_is_enough_for_auto_classes_and_pipeline_tasks(saved):
+    """In a fresh process: `import hydra_ensembles` registers the config; the first saved model
+    read registers the model classes and the pipeline tasks before transformers looks them up."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+import hydra_ensembles
+assert "hydra_ensembles.serving" not in sys.modules  # transformers' modelling code not imported yet
+from transformers import AutoModelForSequenceClassification, pipeline
+print(type(AutoModelForSequenceClassification.from_pretrained({str(saved["member"])!r})).__name__)
+print(sorted(pipeline("hydra-text-classification", model={str(saved["calibrated"])!r})("a text")[0])[:3])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == [
+        "HydraForSequenceClassification",
+        "['confidence', 'entropy', 'flagged']",
+    ]

@@ -1,8 +1,9 @@
 """Saved Hydra models, members and ensembles as Hugging Face models.
 
-Importing ``hydra_ensembles`` registers `HydraConfig` with ``AutoConfig`` and the classes below with
-``AutoModelForSequenceClassification`` and ``AutoModelForImageClassification``, so a folder the
-library saved loads with the Auto classes and serves through ``transformers.pipeline``::
+Importing ``hydra_ensembles`` registers `HydraConfig` with ``AutoConfig``; the classes below are
+registered with ``AutoModelForSequenceClassification`` and ``AutoModelForImageClassification``
+when this module is imported, which the first `HydraConfig` does (`configuration.on_first_config`),
+so a folder the library saved loads with the Auto classes and serves through ``transformers.pipeline``::
 
     model = AutoModelForSequenceClassification.from_pretrained("built/hydra")
     classify = pipeline("text-classification", model="built/hydra")
@@ -26,14 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import (
-    AutoConfig,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     PreTrainedModel,
 )
 from transformers.utils import ModelOutput
 
-from ..configuration import MODEL_TYPE, HydraConfig
+from ..configuration import HydraConfig, register_config
 from ..evaluation.calibration import Calibration, saved_calibration
 from ..fusion.model import HydraModel
 from ..loading import load_saved
@@ -174,10 +174,6 @@ class HydraForImageClassification(HydraPreTrainedModel):
 
 def register_auto_classes() -> None:
     """Register `HydraConfig` and the classes above with ``transformers``' Auto classes (once)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    if MODEL_TYPE in CONFIG_MAPPING:
-        return
-    AutoConfig.register(MODEL_TYPE, HydraConfig)
-    AutoModelForSequenceClassification.register(HydraConfig, HydraForSequenceClassification)
-    AutoModelForImageClassification.register(HydraConfig, HydraForImageClassification)
+    register_config()
+    AutoModelForSequenceClassification.register(HydraConfig, HydraForSequenceClassification, exist_ok=True)
+    AutoModelForImageClassification.register(HydraConfig, HydraForImageClassification, exist_ok=True)
