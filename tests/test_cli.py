@@ -196,6 +196,7 @@ def _analysis_runs_on_the_demos_cached_models(config: DemoConfig, tmp_path) -> N
     assert {p.name for p in (out / "plots").iterdir()} == {"head_pca.png", "members.png"}
 
 
+@pytest.mark.slow  # about 40 s; the same code runs on a tiny ViT in tests/test_demos_tiny.py
 def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys):
     """The image demo on the pretrained DINOv2-S (the from-scratch ViT's path, Packed-Ensembles
     and MIMO included, runs on a tiny ViT in tests/test_demos_tiny.py)."""

@@ -10,6 +10,7 @@ from hydra_ensembles.experiment import DemoConfig
 from hydra_ensembles.zero_shot_demo import run_zero_shot_demo
 
 
+@pytest.mark.slow  # about 30 s; the same code runs on a tiny encoder in tests/test_demos_tiny.py
 @pytest.mark.real_model
 def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsys, monkeypatch):
     config = DemoConfig.preset(
