@@ -159,9 +159,7 @@ def build_hydra(
     if validation:
         if histories:  # the members' explicit ensemble, calibrated as one model
             built.members_calibration = _calibrate(DeepEnsemble(members), validation, config, validation_name)
-            say(f"the members' ensemble: {built.members_calibration.describe()}")
         built.calibration = _calibrate(built.hydra, validation, config, validation_name)
-        say(f"the fused model: {built.calibration.describe()}")
     return built
 
 

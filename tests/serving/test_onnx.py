@@ -127,3 +127,27 @@ def test_the_cli_exports_and_refuses_a_finished_output(saved, tmp_path, capsys):
         main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "x"), "--format", "tflite"])
     assert main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "onnx")]) != 0
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_fine_tuned_dinov2_members_export_with_a_dynamic_batch(tmp_path):
+    """Fine-tuned members keep their own layer scales (per-member modules), whose row count once
+    fixed the exported batch size."""
+    from ..factories import image_inputs, tiny_dinov2
+
+    base = tiny_dinov2()
+    members = [he.prune(base, hs) for hs in (he.HeadSet({0: [0, 1]}), he.HeadSet({1: [2, 3]}))]
+    with torch.no_grad():  # as if fine-tuned: every parameter moved, differently per member
+        for m, member in enumerate(members):
+            for p in member.parameters():
+                p.add_(0.01 * (m + 1) * torch.randn_like(p))
+    hydra = he.fuse(members, mlp="merge")
+    kinds = {entry["kind"] for entry in hydra.layout}
+    assert "per_member" in kinds or "grouped_layer_norm" in kinds
+    out = export_onnx(hydra, tmp_path / "onnx", input_names=["pixel_values"])
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+    for batch in (1, 3, 7):
+        x = image_inputs(batch=batch, seed=batch)["pixel_values"]
+        _logits, per_member = session.run(None, {"pixel_values": x.numpy()})
+        with torch.no_grad():
+            expected = hydra(pixel_values=x).member_logits.transpose(0, 1)
+        assert np.abs(per_member - expected.numpy()).max() <= TOLERANCE

@@ -227,7 +227,9 @@ class PerMemberModule(nn.Module):
 
 
 def _stacked_rows(args: tuple, kwargs: dict) -> int | None:
+    """dim 0 of the first tensor argument; never converted with ``int`` (it stays symbolic under
+    ``torch.export``, so an exported graph keeps a dynamic batch axis)."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return int(value.shape[0])
+            return value.shape[0]
     return None
