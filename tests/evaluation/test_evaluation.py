@@ -102,3 +102,23 @@ def test_evaluate_predictions_summary():
     )
     with pytest.raises(ValueError, match="near' or 'far"):
         evaluate_predictions(id_preds, {"x": ("medium", near)})
+
+
+def test_a_temperature_the_validation_data_cannot_set_is_not_sent_to_zero():
+    """A single model with no validation error, or an ensemble whose every error has a dissenting
+    member, has an NLL that keeps falling as T -> 0 (one-hot votes); the fit keeps T = 1 and
+    says so instead of returning a temperature that makes every prediction certain."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 120)
+    single = rng.normal(size=(1, 120, 3))
+    single[0, np.arange(120), labels] += 10.0  # every input right
+    with pytest.warns(UserWarning, match="cannot set a temperature"):
+        assert fit_temperature(Predictions(single, labels)) == 1.0
+    members = np.repeat(single, 3, axis=0)
+    wrong = (labels[:4] + 1) % 3
+    members[1, np.arange(4), wrong] += 20.0  # four errors, each with two members dissenting
+    with pytest.warns(UserWarning, match="cannot set a temperature"):
+        assert fit_temperature(Predictions(members, labels)) == 1.0
+    members[:, 4, (labels[4] + 1) % 3] += 20.0  # a unanimous error: the data sets a temperature
+    fitted = fit_temperature(Predictions(members, labels))
+    assert 0.05 <= fitted < 10

@@ -45,5 +45,29 @@ def fit_temperature(predictions: Predictions, per_member: bool = False) -> float
             stacklevel=2,
         )
     if per_member:
-        return np.array([_fit(logits[m : m + 1], labels) for m in range(logits.shape[0])])
-    return _fit(logits, labels)
+        return np.array([_checked(logits[m : m + 1], labels) for m in range(logits.shape[0])])
+    return _checked(logits, labels)
+
+
+def _checked(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The fitted temperature, or 1 where the data cannot set one: when no validation input is
+    wrong with every member agreeing (a single model without validation errors, an ensemble whose
+    every error has a dissenting member), the NLL's limit as T -> 0 (one-hot votes) is finite and
+    may lie below every finite temperature's, so the fit runs towards 0 and would make every
+    prediction certain, confidently wrong on the first unanimous error."""
+    temperature = _fit(logits, labels)
+    votes = (logits.argmax(-1) == labels[None]).double().mean(0)  # members right, per input
+    if bool((votes == 0).any()):
+        return temperature
+    limit = float(-votes.log().mean())
+    with torch.no_grad():
+        fitted = float(ensemble_nll(logits / temperature, labels))
+    if limit > fitted + 1e-9:
+        return temperature
+    warnings.warn(
+        f"the validation NLL keeps falling as the temperature goes to 0 (fit: {temperature:.2g}): no "
+        "validation input is wrong with every member agreeing, so the data cannot set a temperature; "
+        "temperature 1 is kept (fit on more validation data)",
+        stacklevel=3,
+    )
+    return 1.0
