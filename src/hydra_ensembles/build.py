@@ -53,7 +53,9 @@ class BuildConfig:
     of least useful heads members are sampled from (`members.sample_members`); ``budget`` the
     heads circuit extraction ranks (default: the pool, or twice the heads pruned). ``fine_tune``:
     None leaves the members untrained (zero-shot members; fusion is then exact); member m trains
-    with seed ``fine_tune.seed + m``. ``flag_score`` and ``keep`` set the OOD flag (`Calibration`)."""
+    with seed ``fine_tune.seed + m``. ``shared_layers=k`` gives every member member 0's heads in
+    the first k layers (a shared trunk `fuse` runs once). ``flag_score`` and ``keep`` set the OOD
+    flag (`Calibration`)."""
 
     num_members: int = 3
     num_pruned: int | None = None
@@ -61,6 +63,7 @@ class BuildConfig:
     pool_size: int | None = None
     budget: int | None = None
     seed: int = 0
+    shared_layers: int = 0
     fine_tune: FineTuneConfig | None = None
     mlp: str = "merge"
     flag_score: str = "msp"
@@ -114,6 +117,7 @@ def build_hydra(
     validation_name: str = "",
     checkpoint_dir: str | os.PathLike | None = None,
     on_member: Callable[[int, nn.Module, FineTuneResult], None] | None = None,
+    make_member: Callable[[int, HeadSet], nn.Module] | None = None,
     log: Callable[[str], None] | None = None,
     progress: bool = True,
 ) -> Build:
@@ -124,7 +128,9 @@ def build_hydra(
     batches for circuit extraction. ``classes`` names the model's classes in every member's
     configuration. ``checkpoint_dir``: each member's fine-tuning checkpoints
     (``member-<m>/``), so a rerun resumes. ``on_member(m, member, result)`` is called after each
-    member's fine-tuning, ``log`` with one line per step."""
+    member's fine-tuning, ``log`` with one line per step. ``make_member(m, head_set)`` replaces
+    pruning and fine-tuning member m (a cache of trained members, such as the demo's, plugs in
+    here; ``config.fine_tune`` is then not used)."""
     say = log or (lambda line: None)
     train, validation = _listed(train), _listed(validation)
     if config.fine_tune is not None and not train:
@@ -138,7 +144,14 @@ def build_hydra(
         num_pruned=config.num_pruned,
         pool_size=config.pool_size,
         seed=config.seed,
+        shared_layers=config.shared_layers,
     )
+    if make_member is not None:
+        members = [make_member(m, hs) for m, hs in enumerate(head_sets)]
+        built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking)
+        if validation:
+            built.calibration = _calibrate(built.hydra, validation, config, validation_name)
+        return built
     members = [prune(model, hs) for hs in head_sets]
     for member in members:
         name_classes(member, classes)

@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from . import reporting
 from .batching import model_inputs
+from .build import Build, BuildConfig, build_hydra
 from .cost import count_parameters, interleaved_latency, median, multiply_adds
 from .data import to_batches as data_batches
 from .evaluation import (
@@ -52,7 +53,6 @@ from .evaluation import (
     predict,
     predict_method,
 )
-from .fusion import fuse
 from .heads import HeadSet
 from .io import atomic_write, atomic_write_json, atomic_write_text, batches_digest, update_with_tensor
 from .members import (
@@ -1080,31 +1080,40 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
     with ``trunk_study`` Hydra (Circ) with a shared trunk of L/3 and L/2 layers."""
     config = run.config
     layers = base.config.num_hidden_layers
-    sample = config.sample_member_heads
     member = partial(pruned_member, run, base)
 
-    member_heads = {"taylor": sample(rankings.taylor), "circ": sample(rankings.circuit)}
+    def hydra(ranking, kind: str, trunk: int = 0) -> Build:
+        """Members pruned from ``ranking`` and fine-tuned (cached), fused: `build.build_hydra`."""
+        settings = BuildConfig(
+            num_members=config.members,
+            num_pruned=config.pruned_per_member,
+            pool_size=config.pool_size,
+            seed=config.seed,
+            shared_layers=trunk,
+            mlp="merge",
+        )
+        suffix = f" (trunk {trunk})" if trunk else ""
+        return build_hydra(
+            base,
+            config=settings,
+            ranking=ranking,
+            make_member=lambda m, hs: member(f"{kind} member {m}{suffix}", hs, m, trunk),
+        )
+
     singles = {
         "Taylor": member("Taylor (single pruned)", rankings.taylor_single, 0),
         "CircAvg": member("CircAvg (single pruned)", rankings.circuit.head_set(config.pruned_per_member), 0),
     }
     if config.wanda:
         singles["Wanda"] = _wanda_member(run, base, singles["Taylor"])
-    members = {
-        kind: [member(f"{kind} member {m}", hs, m) for m, hs in enumerate(sets)]
-        for kind, sets in member_heads.items()
-    }
-    hydras = {
-        "Hydra (Taylor)": fuse(members["taylor"], mlp="merge").eval(),
-        "Hydra (Circ)": fuse(members["circ"], mlp="merge").eval(),
-    }
+    built = {"taylor": hydra(rankings.taylor, "taylor"), "circ": hydra(rankings.circuit, "circ")}
+    member_heads = {kind: b.head_sets for kind, b in built.items()}
+    hydras = {"Hydra (Taylor)": built["taylor"].hydra.eval(), "Hydra (Circ)": built["circ"].hydra.eval()}
     trunks = {}
     for trunk in sorted({layers // 3, layers // 2}) if config.trunk_study else []:
-        models = [
-            member(f"circ member {m} (trunk {trunk})", hs, m, trunk)
-            for m, hs in enumerate(sample(rankings.circuit, trunk))
-        ]
-        trunks[f"Hydra (Circ, shared trunk {trunk}/{layers})"] = fuse(models, mlp="merge").eval()
+        trunks[f"Hydra (Circ, shared trunk {trunk}/{layers})"] = hydra(
+            rankings.circuit, "circ", trunk
+        ).hydra.eval()
     return PrunedModels(singles, member_heads, hydras, trunks)
 
 
