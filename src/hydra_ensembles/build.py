@@ -146,18 +146,14 @@ def build_hydra(
         seed=config.seed,
         shared_layers=config.shared_layers,
     )
+    histories = []
     if make_member is not None:
         members = [make_member(m, hs) for m, hs in enumerate(head_sets)]
-        built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking)
-        if validation:
-            built.calibration = _calibrate(built.hydra, validation, config, validation_name)
-        return built
-    members = [prune(model, hs) for hs in head_sets]
-    for member in members:
-        name_classes(member, classes)
-    histories = []
-    if config.fine_tune is not None:
-        for m, member in enumerate(members):
+    else:
+        members = [prune(model, hs) for hs in head_sets]
+        for member in members:
+            name_classes(member, classes)
+        for m, member in enumerate(members if config.fine_tune is not None else []):
             settings = dataclasses.replace(
                 config.fine_tune, seed=config.fine_tune.seed + m, precision=config.precision
             )

@@ -202,17 +202,13 @@ def _preprocessor_for(model_path: str):
     from transformers import AutoConfig
 
     from .configuration import MODEL_TYPE
+    from .loading import saved_preprocessor
     from .members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
-    from .members.ensemble import read_ensemble_index
     from .models import VISION_MODEL_TYPES, load_image_processor, load_tokenizer, resolve_model_path
 
-    folder = Path(model_path)
-    if (folder / ENSEMBLE_CONFIG).is_file():  # a saved ensemble: its first member's
-        return _preprocessor_for(str(folder / read_ensemble_index(folder)["members"][0]))
-    if (folder / "tokenizer_config.json").is_file():
-        return load_tokenizer(model_path)
-    if (folder / "preprocessor_config.json").is_file():
-        return load_image_processor(model_path)
+    found = saved_preprocessor(model_path)
+    if found is not None or (Path(model_path) / ENSEMBLE_CONFIG).is_file():
+        return found
     try:
         config = AutoConfig.from_pretrained(resolve_model_path(model_path))
     except (OSError, ValueError):

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
 from .fusion.model import CONFIG_NAME as HYDRA_CONFIG
 from .fusion.model import HydraModel
 from .members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
-from .members.ensemble import DeepEnsemble
+from .members.ensemble import DeepEnsemble, read_ensemble_index
 from .members.storage import CONFIG_NAME as MEMBER_CONFIG
 from .members.storage import load_member
-from .models import load_classifier
+from .models import load_classifier, load_image_processor, load_tokenizer
 from .zeroshot.fused import CONFIG_NAME as ZERO_SHOT_CONFIG
 from .zeroshot.fused import ZeroShotHydra
 
@@ -34,6 +35,20 @@ def load_saved(path: str | os.PathLike) -> tuple[nn.Module, str]:
         f"{folder} holds no {HYDRA_CONFIG}, {MEMBER_CONFIG} or {ENSEMBLE_CONFIG}: not a classifier "
         "saved by hydra-ensembles (or the save did not finish)"
     )
+
+
+def saved_preprocessor(path: str | os.PathLike) -> Any:
+    """The tokenizer or image processor saved in a model's folder (for a saved ensemble without
+    one of its own: its first member's), or None where there is none."""
+    folder = Path(path)
+    own = any((folder / name).is_file() for name in ("tokenizer_config.json", "preprocessor_config.json"))
+    if not own and (folder / ENSEMBLE_CONFIG).is_file():
+        folder = folder / read_ensemble_index(folder)["members"][0]
+    if (folder / "tokenizer_config.json").is_file():
+        return load_tokenizer(str(folder))
+    if (folder / "preprocessor_config.json").is_file():
+        return load_image_processor(str(folder))
+    return None
 
 
 def load_any(path: str, num_labels: int | None = None) -> nn.Module:

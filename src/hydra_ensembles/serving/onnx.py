@@ -25,11 +25,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig
 
-from ..configuration import HF_CONFIG_NAME, MODEL_TYPE
 from ..fusion.model import HydraModel
 from ..io import atomic_dir, atomic_write_json
+from ..loading import load_any, saved_preprocessor
 from ..models import VISION_MODEL_TYPES
 from .modeling import HydraPreTrainedModel
 
@@ -81,7 +80,7 @@ def export_onnx(
         source = Path(model)
         wrapped = _load(source)
         if preprocessor is None:
-            preprocessor = _saved_preprocessor(source)
+            preprocessor = saved_preprocessor(source)
         wrapped.float()  # loaded for the export alone
     elif isinstance(model, HydraPreTrainedModel):
         wrapped = model
@@ -136,14 +135,11 @@ def export_onnx(
 def _load(folder: Path) -> HydraPreTrainedModel:
     """A folder the library saved, or a Hugging Face classifier folder (``hydra-ens finetune``'s)
     with a trained head."""
-    from ..loading import load_any
     from ..models import untrained_weights
     from ..zeroshot.fused import CONFIG_NAME as ZERO_SHOT_CONFIG
 
     if (folder / ZERO_SHOT_CONFIG).is_file():
         raise ExportError(f"{folder} is a zero-shot Hydra model: ONNX export takes classifiers")
-    if (folder / HF_CONFIG_NAME).is_file() and AutoConfig.from_pretrained(folder).model_type == MODEL_TYPE:
-        return HydraPreTrainedModel.from_pretrained(folder)
     model = load_any(str(folder))
     if untrained := untrained_weights(model):
         raise ExportError(
@@ -155,22 +151,6 @@ def _load(folder: Path) -> HydraPreTrainedModel:
 def _base_config(wrapped: HydraPreTrainedModel):
     ensemble = wrapped.ensemble
     return ensemble.config if hasattr(ensemble, "config") else ensemble.members[0].config
-
-
-def _saved_preprocessor(folder: Path) -> Any:
-    """The tokenizer or image processor saved in ``folder`` (for a saved ensemble, in its first
-    member's folder), or None."""
-    from ..members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
-    from ..members.ensemble import read_ensemble_index
-    from ..models import load_image_processor, load_tokenizer
-
-    if (folder / ENSEMBLE_CONFIG).is_file() and not (folder / "tokenizer_config.json").is_file():
-        folder = folder / read_ensemble_index(folder)["members"][0]
-    if (folder / "tokenizer_config.json").is_file():
-        return load_tokenizer(str(folder))
-    if (folder / "preprocessor_config.json").is_file():
-        return load_image_processor(str(folder))
-    return None
 
 
 def _input_names(preprocessor: Any, vision: bool) -> list[str]:
