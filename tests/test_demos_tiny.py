@@ -67,13 +67,16 @@ def test_text_demo_on_a_tiny_model_with_every_opt_in_row(tmp_path, tiny):
         trunk_study=True,
         batch_ensemble=True,
         wanda=True,
+        oba=True,
         **COMMON,
     )
     first = run_demo(config)
     report = (tmp_path / "report" / "report.md").read_text()
     results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
     assert set(results) == set(first["results"])
-    assert {"Hydra (Circ)", "BatchEnsemble (M=2)", "Wanda (unstructured, single pruned)"} <= set(results)
+    unstructured = {"OBA (unstructured, single pruned)", "Wanda (unstructured, single pruned)"}
+    assert {"Hydra (Circ)", "BatchEnsemble (M=2)"} | unstructured <= set(results)
+    assert "OBA, Wanda: " in report and "of the attention and MLP weights zeroed" in report
     _check_precision_rows(report, results, fp32_row=True)
     again = run_demo(config)  # from the cache: the same numbers
     assert again["results"] == first["results"]
@@ -123,6 +126,7 @@ def test_image_demo_on_a_tiny_vit_with_every_opt_in_row(tmp_path, monkeypatch, c
         mimo=True,
         batch_ensemble=True,
         wanda=True,
+        oba=True,
         **{k: v for k, v in COMMON.items() if not k.endswith("length")},  # tokens: text only
     )
     result = run_demo(config)
@@ -131,6 +135,7 @@ def test_image_demo_on_a_tiny_vit_with_every_opt_in_row(tmp_path, monkeypatch, c
     rows = {"Hydra (Circ)", "Packed-Ensembles (M=2, α=2, from scratch)", "MIMO (M=2, ρ=0.5, batch repeat 4)"}
     assert rows <= set(result["results"]) and rows - {"Hydra (Circ)"} <= set(result["cost"]["methods"])
     assert {"BatchEnsemble (M=2)", "Wanda (unstructured, single pruned)"} <= set(result["results"])
+    assert "OBA (unstructured, single pruned)" in result["results"]
     assert not any("from pretrained" in name for name in result["results"])  # nothing pretrained
     assert "MC Dropout" in result["results"]  # the scratch ViT has dropout to sample
     for method in result["results"].values():

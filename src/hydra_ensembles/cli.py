@@ -148,6 +148,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "use_cache": not args.no_cache,
         "trunk_study": args.trunk_study,
         "batch_ensemble": args.batch_ensemble,
+        "oba": args.oba,
         "wanda": args.wanda,
         "packed": args.packed,
         "mimo": args.mimo,
@@ -1380,9 +1381,14 @@ def _add_demo_command(sub) -> None:
         "--mimo", action="store_true", help="also report MIMO (M inputs in one pass; rho 0.5, batch repeat 4)"
     )
     demo.add_argument(
+        "--oba",
+        action="store_true",
+        help="also report OBA (unstructured, second-order) at Taylor's parameter budget, fine-tuned",
+    )
+    demo.add_argument(
         "--wanda",
         action="store_true",
-        help="also report unstructured pruning (Wanda) at Taylor's parameter budget, fine-tuned",
+        help="also report Wanda (unstructured, |W| x input norm) at Taylor's parameter budget, fine-tuned",
     )
     precision_option(demo)
     demo.set_defaults(func=_cmd_demo)

@@ -71,7 +71,7 @@ from .members.lora import lora_fine_tune
 from .members.mimo import mimo, train_mimo
 from .members.packed import packed_ensemble
 from .members.sampling import least_useful_first
-from .members.unstructured import make_permanent, matched_sparsity, wanda_prune
+from .members.unstructured import make_permanent, matched_sparsity, unstructured_prune
 from .metrics import classification
 from .models import (
     DEFAULT_IMAGE_MODEL,
@@ -332,10 +332,13 @@ class DemoConfig:
     mimo_rho: float = 0.5
     mimo_batch_repeat: int = 4
     """The paper's MIMO settings (C.1.4): rho=0.5, batch_repeat=4."""
+    oba: bool = False
+    """Also report the paper's unstructured baseline, OBA (`members.unstructured`): the weights
+    with the lowest second-order Taylor scores (exact Hessian-vector product on the calibration
+    batches), as many as Taylor's single pruned model removes parameters, then fine-tuned like it
+    with its zeros kept."""
     wanda: bool = False
-    """Also report the unstructured baseline: Wanda (the paper's OBA is not implemented; see
-    `members.unstructured`) removing as many weights as Taylor's single pruned model removes,
-    then fine-tuned like it with its zeros kept."""
+    """Also report Wanda, the same way at the same budget (|W| x input norm, per output row)."""
     batch_ensemble_init_std: float = 0.1
     """Spread of BatchEnsemble's rank-1 factors around 1, chosen on ID validation NLL among
     0.05 / 0.1 / 0.5 (``python benchmarks/batch_ensemble_std.py --task text|image``): 0.1 for
@@ -800,7 +803,7 @@ class DemoRun:
 
     @property
     def calibration(self) -> list[dict]:
-        """The first 64 training items: what Taylor scores and Wanda calibrate on."""
+        """The first 64 training items: what Taylor scores and the unstructured baselines calibrate on."""
         return self.bench.train[: max(1, 64 // self.config.budget.batch_size)]
 
     def cached_model(self, label: str, kind: str, key: dict[str, Any], build: Callable[[], Any]) -> Any:
@@ -856,6 +859,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     timed = {m.cost_name: m.model for m in methods if m.cost_name}
     cost = run.stage.run("cost benchmark", lambda: cost_table(timed, run.bench.test[0], config, run.compute))
     meta = _report_meta(run, base, temperatures, pruned.member_heads)
+    meta.update(_unstructured_meta(base, pruned))
     _write_report(run, methods, results, heads, preds, meta, cost, curves, rankings, pruned)
     return {"results": results, "cost": cost, "meta": {**meta, "wall_s": run.stage.elapsed}}
 
@@ -1104,8 +1108,9 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
         "Taylor": member("Taylor (single pruned)", rankings.taylor_single, 0),
         "CircAvg": member("CircAvg (single pruned)", rankings.circuit.head_set(config.pruned_per_member), 0),
     }
-    if config.wanda:
-        singles["Wanda"] = _wanda_member(run, base, singles["Taylor"])
+    for name in UNSTRUCTURED:
+        if getattr(config, name.lower()):
+            singles[name] = _unstructured_member(run, base, singles["Taylor"], name)
     built = {"taylor": hydra(rankings.taylor, "taylor"), "circ": hydra(rankings.circuit, "circ")}
     member_heads = {kind: b.head_sets for kind, b in built.items()}
     hydras = {"Hydra (Taylor)": built["taylor"].hydra.eval(), "Hydra (Circ)": built["circ"].hydra.eval()}
@@ -1117,19 +1122,41 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
     return PrunedModels(singles, member_heads, hydras, trunks)
 
 
-def _wanda_member(run: DemoRun, base: torch.nn.Module, matched: torch.nn.Module) -> torch.nn.Module:
-    """Wanda at the parameter budget of ``matched`` (calibrated on the Taylor calibration
-    batches), fine-tuned with the members' settings, its zeros kept."""
+UNSTRUCTURED = ("OBA", "Wanda")
+"""The unstructured baselines, in table order; each has a `DemoConfig` flag of its name."""
+
+
+def _unstructured_member(
+    run: DemoRun, base: torch.nn.Module, matched: torch.nn.Module, name: str
+) -> torch.nn.Module:
+    """``name``'s unstructured pruning at the parameter budget of ``matched`` (calibrated on the
+    Taylor calibration batches), fine-tuned with the members' settings, its zeros kept."""
     settings = run.config.budget.config(0, member=True)
     sparsity = matched_sparsity(base, matched)
+    method = name.lower()
 
     def build() -> torch.nn.Module:
-        model = wanda_prune(base, run.calibration, sparsity)
+        model = unstructured_prune(base, run.calibration, sparsity, method)
         fine_tune(model, run.bench.train, None, settings, progress=True)
         return make_permanent(model)
 
-    key = model_key(run.bench, settings, base=run.base_settings, wanda=round(sparsity, 6))
-    return run.cached_model(f"Wanda ({sparsity:.1%} of layer weights) + fine-tune", "wanda", key, build)
+    key = model_key(run.bench, settings, base=run.base_settings, **{method: round(sparsity, 6)})
+    label = f"{name} ({sparsity:.1%} of layer weights) + fine-tune"
+    return run.cached_model(label, method, key, build)
+
+
+def _unstructured_meta(base: torch.nn.Module, pruned: PrunedModels) -> dict[str, str]:
+    """The budget of the unstructured rows, where there are any."""
+    names = [name for name in UNSTRUCTURED if name in pruned.singles]
+    if not names:
+        return {}
+    matched = pruned.singles["Taylor"]
+    removed = count_parameters(base) - count_parameters(matched)
+    return {
+        "unstructured budget": f"{', '.join(names)}: {matched_sparsity(base, matched):.1%} of the "
+        f"attention and MLP weights zeroed, as many parameters as the Taylor single pruned model "
+        f"removes ({removed:,} of {count_parameters(base):,}); run dense, so they cost what Single costs"
+    }
 
 
 def _pruned_member(base, heads: HeadSet, run: DemoRun, settings: FineTuneConfig) -> torch.nn.Module:
@@ -1160,9 +1187,9 @@ def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[M
         Method("Taylor (single pruned)", pruned.singles["Taylor"], f"{config.heads_per_layer}/{full_heads}"),
         Method("CircAvg (single pruned)", pruned.singles["CircAvg"], pruned_avg),
         *(
-            [Method("Wanda (unstructured, single pruned)", pruned.singles["Wanda"], full)]
-            if "Wanda" in pruned.singles
-            else []
+            Method(f"{name} (unstructured, single pruned)", pruned.singles[name], full)
+            for name in UNSTRUCTURED
+            if name in pruned.singles
         ),
         Method("Hydra (Taylor)", pruned.hydras["Hydra (Taylor)"], pruned_avg),
     ]
