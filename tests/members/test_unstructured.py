@@ -175,9 +175,12 @@ def test_a_low_precision_model_is_scored_on_a_float32_copy_of_its_weights(dtype)
     reference = oba_scores(low.float(), calib)
     low = low.to(dtype)
     flags = {n: p.requires_grad for n, p in low.named_parameters()}
-    scores = oba_scores(low, calib)
+    with torch.no_grad():  # scoring differentiates whatever the caller's grad mode
+        scores = oba_scores(low, calib)
+    with torch.inference_mode():  # batches made in inference mode too
+        again = oba_scores(low, [{k: v.clone() for k, v in b.items()} for b in calib])
     for path, s in scores.items():
-        assert torch.equal(s, reference[path])
+        assert torch.equal(s, reference[path]) and torch.equal(again[path], s)
     assert all(p.dtype == dtype for p in low.parameters())
     assert flags == {n: p.requires_grad for n, p in low.named_parameters()}
 

@@ -84,6 +84,8 @@ def _float32(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model).float()
 
 
+@torch.inference_mode(False)  # differentiable whatever the caller's mode (the copy too)
+@torch.enable_grad()
 def taylor_terms(
     model: nn.Module,
     calib: Iterable[dict[str, Any]],
@@ -101,7 +103,7 @@ def taylor_terms(
     unknown = set(direction) - set(weights)
     if unknown:
         raise ValueError(f"not prunable linears of this model: {sorted(unknown)[:3]}")
-    d = {p: direction[p].to(w.device, torch.float32) for p, w in weights.items() if p in direction}
+    d = {p: _normal(direction[p]).to(w.device, torch.float32) for p, w in weights.items() if p in direction}
     totals = {p: torch.zeros((2, *w.shape), dtype=torch.float64, device=w.device) for p, w in weights.items()}
     examples = sum(batch_rows(b) for b in batches)
     flags = {p: p.requires_grad for p in scored.parameters()}
@@ -123,6 +125,11 @@ def taylor_terms(
     return {p: t[0] for p, t in totals.items()}, {p: t[1] for p, t in totals.items()}
 
 
+def _normal(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a normal copy of a tensor made in inference mode (autograd cannot save those)."""
+    return tensor.clone() if tensor.is_inference() else tensor
+
+
 def _gradient_and_hvp(
     model: nn.Module,
     batch: dict[str, Any],
@@ -135,6 +142,7 @@ def _gradient_and_hvp(
     derivative of its own)."""
     params = list(weights.values())
     with sdpa_kernel(SDPBackend.MATH):
+        batch = {k: _normal(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         logits = model(**model_inputs(batch)).logits.float()
         loss = F.cross_entropy(logits, batch["labels"].to(logits.device), reduction="sum") / examples
         if not torch.isfinite(loss):
