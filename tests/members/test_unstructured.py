@@ -198,3 +198,7 @@ def test_oba_refuses_what_it_cannot_score():
         oba_scores(model, calib)
     with pytest.raises(ValueError, match="unknown unstructured method"):
         unstructured_prune(model, calib, 0.1, "magnitude")
+    masked = unstructured_prune(_tiny("bert")[0], calib, 0.1, "wanda")
+    with pytest.raises(ValueError, match="make_permanent"):
+        oba_scores(masked, calib)
+    assert oba_scores(make_permanent(masked), calib)
