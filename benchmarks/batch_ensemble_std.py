@@ -30,7 +30,7 @@ def main() -> None:
     config, bench, base = demo_starting_point(args.task)  # only the spread differs between runs
     for std in args.stds:
         t = time.perf_counter()
-        model = train_batch_ensemble(bench, config.budget, base, config.members, std)
+        model = train_batch_ensemble(bench, config.recipe, base, config.members, std)
         metrics = validation_scores(model, bench)
         print(
             f"{args.task}: BatchEnsemble init_std {std:g}: val NLL {metrics['nll']:.4f}, "

@@ -24,7 +24,7 @@ import time
 import torch
 
 from hydra_ensembles.data import batches, load_bbc_news, split_indices, stable_sample
-from hydra_ensembles.experiment import TrainingBudget
+from hydra_ensembles.experiment import TrainingRecipe
 from hydra_ensembles.members.finetune import fine_tune
 from hydra_ensembles.models import load_classifier, load_tokenizer, offline_by_default
 from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
@@ -75,7 +75,7 @@ def main() -> None:
     ]
     model = load_classifier(num_labels=5)  # BBC's 5 topic labels; tech never appears in training
     start = time.perf_counter()
-    fine_tune(model, train, None, TrainingBudget(epochs=1).config(0), progress=False)
+    fine_tune(model, train, None, TrainingRecipe(epochs=1).config(0), progress=False)
     print(f"fine-tuned MiniLM-L6 for 1 epoch on 320 texts in {time.perf_counter() - start:.0f} s")
     model.eval()
 

@@ -1,5 +1,5 @@
 """Choose LoRA-Ensemble's learning-rate multiple on the ID *validation* split (never on test or
-OOD data): LoRA fine-tunes of the demo's starting model with several multiples of the budget's
+OOD data): LoRA fine-tunes of the demo's starting model with several multiples of the recipe's
 learning rate, each scored by validation NLL and accuracy.
 
 Text: adapters on the pretrained MiniLM-L6; image: on the trained Single ViT, taken from the
@@ -31,11 +31,11 @@ def main() -> None:
     ensure_cpu_allocator_tuned()
     config, bench, base = demo_starting_point(args.task)
     for scale in args.scales:
-        budget = replace(config.budget, lora_lr_scale=scale)
+        recipe = replace(config.recipe, lora_lr_scale=scale)
         t = time.perf_counter()
-        metrics = validation_scores(train_lora(bench, budget, base, args.seed, config.lora_rank), bench)
+        metrics = validation_scores(train_lora(bench, recipe, base, args.seed, config.lora_rank), bench)
         print(
-            f"{args.task}: LoRA lr = {scale:g} x {config.budget.lr:g}: val NLL {metrics['nll']:.4f}, "
+            f"{args.task}: LoRA lr = {scale:g} x {config.recipe.lr:g}: val NLL {metrics['nll']:.4f}, "
             f"val acc {100 * metrics['acc']:.2f} ({time.perf_counter() - t:.0f} s)"
         )
 

@@ -155,7 +155,7 @@ def main() -> None:
     base = base.float().eval()
     for name, param in base.named_parameters():  # gradients of the attention and MLP weights only
         param.requires_grad_(any(name == f"{path}.weight" for path in prunable_linears(base)))
-    calib = bench.train[: max(1, 64 // config.budget.batch_size)]
+    calib = bench.train[: max(1, 64 // config.recipe.batch_size)]
     direction = {p: -m.weight.detach() for p, m in prunable_linears(base).items()}
     _, double_backward = taylor_terms(base, calib, direction)
     forward_mode = forward_over_reverse(base, calib, direction)

@@ -9,7 +9,7 @@ import torch
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
-from hydra_ensembles.experiment import DemoConfig, TrainingBudget, run_demo
+from hydra_ensembles.experiment import DemoConfig, TrainingRecipe, run_demo
 from hydra_ensembles.precision import resolve_precision
 from tests.factories import FAMILIES, text_inputs, tiny_bert
 
@@ -69,7 +69,7 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         ood_limit=12,
         shift_limit=4,
         members=2,
-        pruned_per_member=4,
+        num_pruned=4,
         pool_size=6,
         circuit_budget=6,
         circuit_id_items=6,
@@ -77,7 +77,7 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         circuit_length=16,
         max_length=24,
         mc_samples=2,
-        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=8),
+        recipe=TrainingRecipe(epochs=1, member_epochs=1, batch_size=8),
         out_dir=tmp_path / "report",
         cache_dir=tmp_path / "cache",
         bench_repeats=1,
@@ -124,11 +124,11 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         assert set(method["ood"]) == {"bbc-tech", "drug-reviews", "fortunes"}  # no validation OOD here
         assert 0 <= method["classification"]["acc"] <= 1
     # training-free pruning in the paper's Table 4 layout: Single is the unpruned base model, the
-    # pruned rows are the curves' points at the members' budget
+    # pruned rows are the curves' points at the heads each member prunes
     table = json.loads((tmp_path / "report" / "pruning_table.json").read_text())
     curves = json.loads((tmp_path / "report" / "pruning_curves.json").read_text())
     rows = table["results"]
-    assert table["heads_pruned"] == 4 and set(rows) == {"Single", "Taylor", "CircAvg"}
+    assert table["num_pruned"] == 4 and set(rows) == {"Single", "Taylor", "CircAvg"}
     assert rows["Single"]["classification"] == results["Single"]["classification"]
     assert rows["Single"]["ood_summary"]["msp"]["near"] == results["Single"]["ood_summary"]["msp"]["near"]
     assert [n for n, _ in curves["accuracy"]["CircAvg"]] == [0, 4, 6]
@@ -211,13 +211,13 @@ def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys):
         ood_limit=8,
         shift_limit=2,
         members=2,
-        pruned_per_member=4,
+        num_pruned=4,
         pool_size=6,
         circuit_budget=6,
         circuit_id_items=4,
         circuit_ood_items=4,
         mc_samples=2,
-        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=32, lr=1e-3),
+        recipe=TrainingRecipe(epochs=1, member_epochs=1, batch_size=32, lr=1e-3),
         out_dir=tmp_path / "report",
         cache_dir=tmp_path / "cache",
         bench_repeats=1,
@@ -250,12 +250,12 @@ def test_reduced_dinov2_demo_with_every_opt_in_baseline(tmp_path):
         test_limit=32,
         ood_limit=8,
         shift_limit=2,
-        pruned_per_member=4,
+        num_pruned=4,
         pool_size=6,
         circuit_budget=6,
         circuit_id_items=4,
         circuit_ood_items=4,
-        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=32, lr=1e-4),
+        recipe=TrainingRecipe(epochs=1, member_epochs=1, batch_size=32, lr=1e-4),
         out_dir=tmp_path / "report",
         cache_dir=tmp_path / "cache",
         bench_repeats=1,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from hydra_ensembles.experiment import DemoConfig, TrainingBudget, run_demo
+from hydra_ensembles.experiment import DemoConfig, TrainingRecipe, run_demo
 from hydra_ensembles.models import SCRATCH_IMAGE_MODEL, SMALL_VITS, load_tokenizer
 from hydra_ensembles.precision import resolve_precision
 from hydra_ensembles.zero_shot_demo import run_zero_shot_demo
@@ -58,10 +58,10 @@ def test_text_demo_on_a_tiny_model_with_every_opt_in_row(tmp_path, tiny):
         train_limit=16,
         test_limit=16,
         ood_limit=8,
-        pruned_per_member=3,
+        num_pruned=3,
         heads_per_layer=2,  # Taylor's single pruned model: 2 of 4 heads per layer
         mc_samples=2,
-        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=8),
+        recipe=TrainingRecipe(epochs=1, member_epochs=1, batch_size=8),
         out_dir=tmp_path / "report",
         cache_dir=tmp_path / "cache",
         trunk_study=True,
@@ -76,7 +76,7 @@ def test_text_demo_on_a_tiny_model_with_every_opt_in_row(tmp_path, tiny):
     assert set(results) == set(first["results"])
     unstructured = {"OBA (unstructured, single pruned)", "Wanda (unstructured, single pruned)"}
     assert {"Hydra (Circ)", "BatchEnsemble (M=2)"} | unstructured <= set(results)
-    assert "OBA, Wanda: " in report and "of the attention and MLP weights zeroed" in report
+    assert "unstructured pruning**: OBA, Wanda: " in report and "MLP weights zeroed" in report
     _check_precision_rows(report, results, fp32_row=True)
     again = run_demo(config)  # from the cache: the same numbers
     assert again["results"] == first["results"]
@@ -90,7 +90,7 @@ def test_zero_shot_demo_on_a_tiny_encoder(tmp_path, tiny):
         val_limit=12,
         test_limit=12,
         ood_limit=8,
-        pruned_per_member=3,
+        num_pruned=3,
         curve_step=2,
         out_dir=tmp_path / "report",
         cache_dir=tmp_path / "cache",
@@ -116,10 +116,10 @@ def test_image_demo_on_a_tiny_vit_with_every_opt_in_row(tmp_path, monkeypatch, c
         val_limit=16,
         test_limit=16,
         ood_limit=8,
-        pruned_per_member=3,
+        num_pruned=3,
         heads_per_layer=2,
         mc_samples=2,
-        budget=TrainingBudget(epochs=1, member_epochs=1, batch_size=16, lr=1e-3),
+        recipe=TrainingRecipe(epochs=1, member_epochs=1, batch_size=16, lr=1e-3),
         out_dir=tmp_path / "report",
         cache_dir=tmp_path / "cache",
         packed=True,

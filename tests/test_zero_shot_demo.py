@@ -21,7 +21,7 @@ def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsy
         ood_limit=12,
         shift_limit=4,
         members=2,
-        pruned_per_member=8,
+        num_pruned=8,
         pool_size=10,
         circuit_budget=10,
         circuit_id_items=4,

@@ -127,7 +127,7 @@ def _pruned_head_sets(run: DemoRun, base, rankings: Rankings) -> dict[str, HeadS
     """CircAvg's single pruned head set, Taylor's pruning as many heads (the demo's per-layer
     Taylor set where it does; else the lowest global Taylor scores), and a seeded random one."""
     counts = heads_per_layer(base)
-    circ = rankings.circuit.head_set(run.config.pruned_per_member)
+    circ = rankings.circuit.head_set(run.config.num_pruned)
     removed = sum(counts) - circ.num_kept(counts)
     taylor = rankings.taylor_single
     if sum(counts) - taylor.num_kept(counts) != removed:
@@ -162,7 +162,7 @@ def _prop1(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: 
 def _heads(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: Path) -> dict[str, Any]:
     counts = heads_per_layer(base)
     last = len(counts) - 1
-    circ = rankings.circuit.head_set(run.config.pruned_per_member)
+    circ = rankings.circuit.head_set(run.config.num_pruned)
     kept = set(circ.resolve(counts)[last])
     steps = removal_ranking(rankings.circuit)[last]
     models = {"dense": base, "CircAvg (pruned, not fine-tuned)": prune(base, circ)}

@@ -1383,12 +1383,12 @@ def _add_demo_command(sub) -> None:
     demo.add_argument(
         "--oba",
         action="store_true",
-        help="also report OBA (unstructured, second-order) at Taylor's parameter budget, fine-tuned",
+        help="also report OBA (unstructured, second-order), as many parameters as Taylor, fine-tuned",
     )
     demo.add_argument(
         "--wanda",
         action="store_true",
-        help="also report Wanda (unstructured, |W| x input norm) at Taylor's parameter budget, fine-tuned",
+        help="also report Wanda (unstructured, |W| x input norm), as many parameters as Taylor, fine-tuned",
     )
     precision_option(demo)
     demo.set_defaults(func=_cmd_demo)

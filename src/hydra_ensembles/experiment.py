@@ -7,8 +7,8 @@ Taylor scores and circuit extraction -> members -> fine-tune members -> fuse -> 
 method (Single, temperature scaling, MC dropout, Deep Ensembles of M fine-tunes and (D) of M
 heads on one backbone, LoRA-Ensemble, single pruned models, Hydra) -> cost benchmark -> report.
 
-Every method gets the same training budget: the same training data, epochs, learning rate,
-schedule, batch size and token length (`TrainingBudget`), with no early stopping (so no
+Every method gets the same training recipe: the same training data, epochs, learning rate,
+schedule, batch size and token length (`TrainingRecipe`), with no early stopping (so no
 per-epoch validation pass either: the validation split serves temperature scaling and
 selection scripts only); members start from the fine-tuned base
 (as in the paper's post-pruning fine-tuning), the other methods from the pretrained model. A
@@ -93,7 +93,7 @@ from .tasks import Dataset, Task, load_image_task, load_text_task
 
 
 @dataclass(frozen=True)
-class TrainingBudget:
+class TrainingRecipe:
     """The one training recipe every method uses (written into the report)."""
 
     epochs: int = 2
@@ -129,7 +129,7 @@ class TrainingBudget:
 TASKS = ("text", "image", "zero-shot")
 """The demo's tasks: supervised text and image, and zero-shot text with a dual encoder."""
 
-IMAGE_BUDGET = TrainingBudget(
+IMAGE_RECIPE = TrainingRecipe(
     epochs=5,
     member_epochs=2,
     lr=1e-3,
@@ -142,7 +142,7 @@ IMAGE_BUDGET = TrainingBudget(
 adapters on the trained image model use the same learning rate: on the ID validation split,
 1x / 3x / 10x gave NLL 0.496 / 0.497 / 0.516 (``python benchmarks/lora_lr.py --task image``)."""
 
-PRETRAINED_IMAGE_BUDGET = TrainingBudget(
+PRETRAINED_IMAGE_RECIPE = TrainingRecipe(
     epochs=1, member_epochs=1, lr=1e-4, lora_lr_scale=10.0, batch_size=32, weight_decay=0.05
 )
 """Fine-tuning DINOv2-S on 1,000 Fashion-MNIST images at 56 px (ID validation accuracy, 500
@@ -166,7 +166,7 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "curve_step": 8,
             "eval_precision": "fp32",
             "mc_samples": 8,
-            "budget": TrainingBudget(epochs=3, member_epochs=1),
+            "recipe": TrainingRecipe(epochs=3, member_epochs=1),
         },
     ),
     "image": (  # DINOv2-S, pretrained
@@ -180,14 +180,14 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "ood_limit": 200,
             "shift_limit": 30,
             "heads_per_layer": 5,
-            "pruned_per_member": 12,  # 12 of 72 heads (1/6): Taylor keeps 5 of 6 per layer
+            "num_pruned": 12,  # 12 of 72 heads (1/6): Taylor keeps 5 of 6 per layer
             "pool_size": 24,
             "circuit_budget": 24,
             "circuit_id_items": 16,
             "circuit_ood_items": 16,
             "curve_step": 8,
             "eval_batch_size": 128,
-            "budget": PRETRAINED_IMAGE_BUDGET,
+            "recipe": PRETRAINED_IMAGE_RECIPE,
         },
         {
             "train_limit": 10000,
@@ -196,13 +196,13 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "ood_limit": 1000,
             "shift_limit": 200,
             "heads_per_layer": 4,
-            "pruned_per_member": 24,  # the paper's share: 8 of 12 heads kept, here 4 of 6
+            "num_pruned": 24,  # the paper's share: 8 of 12 heads kept, here 4 of 6
             "pool_size": 48,
             "circuit_budget": 48,
             "circuit_id_items": 64,
             "circuit_ood_items": 64,
             "eval_precision": "fp32",
-            "budget": replace(PRETRAINED_IMAGE_BUDGET, epochs=2),
+            "recipe": replace(PRETRAINED_IMAGE_RECIPE, epochs=2),
         },
     ),
     "image-scratch": (  # the small ViT trained from scratch
@@ -217,7 +217,7 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "shift_limit": 200,
             "circuit_id_items": 64,
             "circuit_ood_items": 64,
-            "budget": IMAGE_BUDGET,
+            "recipe": IMAGE_RECIPE,
             "batch_ensemble_init_std": 0.05,
         },
         {
@@ -230,7 +230,7 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "circuit_ood_items": 256,
             "eval_precision": "fp32",
             "mc_samples": 8,
-            "budget": replace(IMAGE_BUDGET, epochs=3, member_epochs=1),
+            "recipe": replace(IMAGE_RECIPE, epochs=3, member_epochs=1),
         },
     ),
     "zero-shot": (  # no training: nothing to fine-tune, only to score and prune
@@ -245,7 +245,7 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "circuit_id_items": 12,
             "circuit_ood_items": 12,
             "circuit_length": 16,
-            "pruned_per_member": 12,  # 12 of 144 heads: the paper's share (24 of CLIP's 288)
+            "num_pruned": 12,  # 12 of 144 heads: the paper's share (24 of CLIP's 288)
             "pool_size": 24,
             "circuit_budget": 24,
             "curve_step": 12,
@@ -259,7 +259,7 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "circuit_id_items": 16,
             "circuit_ood_items": 16,
             "circuit_length": 32,
-            "pruned_per_member": 24,  # 24 of 288 heads: the paper's count on CLIP ViT-B/32
+            "num_pruned": 24,  # 24 of 288 heads: the paper's count on CLIP ViT-B/32
             "pool_size": 48,
             "circuit_budget": 48,
             "curve_step": 24,
@@ -289,7 +289,7 @@ class DemoConfig:
     shift_limit: int | None = 10
     members: int = 3
     heads_per_layer: int = 8
-    pruned_per_member: int = 24
+    num_pruned: int = 24
     pool_size: int = 48
     circuit_budget: int = 48
     circuit_id_items: int = 10
@@ -305,7 +305,7 @@ class DemoConfig:
     """Evaluation's own precision (``None``: ``precision``); ``--full`` evaluates in fp32."""
     mc_samples: int = 4
     lora_rank: int = 8
-    budget: TrainingBudget = field(default_factory=TrainingBudget)
+    recipe: TrainingRecipe = field(default_factory=TrainingRecipe)
     eval_batch_size: int = 64
     seed: int = 0
     cache_dir: Path = Path("runs/cache")
@@ -338,7 +338,7 @@ class DemoConfig:
     batches), as many as Taylor's single pruned model removes parameters, then fine-tuned like it
     with its zeros kept."""
     wanda: bool = False
-    """Also report Wanda, the same way at the same budget (|W| x input norm, per output row)."""
+    """Also report Wanda, pruning as many weights the same way (|W| x input norm, per output row)."""
     batch_ensemble_init_std: float = 0.1
     """Spread of BatchEnsemble's rank-1 factors around 1, chosen on ID validation NLL among
     0.05 / 0.1 / 0.5 (``python benchmarks/batch_ensemble_std.py --task text|image``): 0.1 for
@@ -381,13 +381,13 @@ class DemoConfig:
     def sample_member_heads(
         self, ranking: Any, shared_layers: int = 0, count: int | None = None
     ) -> list[HeadSet]:
-        """``count`` (default ``members``) head sets, each pruning ``pruned_per_member`` heads
+        """``count`` (default ``members``) head sets, each pruning ``num_pruned`` heads
         drawn (from ``seed``) from the ``pool_size`` least useful of ``ranking``; member m's set
         does not depend on ``count``."""
         return sample_members(
             ranking,
             self.members if count is None else count,
-            num_pruned=self.pruned_per_member,
+            num_pruned=self.num_pruned,
             pool_size=self.pool_size,
             seed=self.seed,
             shared_layers=shared_layers,
@@ -401,8 +401,8 @@ class DemoConfig:
         notes = [f"texts truncated to {self.max_length} tokens"] if text else []
         if self.task != "zero-shot":
             notes.append(
-                f"base and deep-ensemble members {start} {self.budget.epochs} epoch(s); pruned members "
-                f"fine-tuned {self.budget.member_epochs} epoch(s) from the base"
+                f"base and deep-ensemble members {start} {self.recipe.epochs} epoch(s); pruned members "
+                f"fine-tuned {self.recipe.member_epochs} epoch(s) from the base"
             )
         notes += [
             f"circuit extraction on {self.circuit_id_items} ID + {self.circuit_ood_items} OOD validation "
@@ -475,7 +475,7 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
 
     return Benchmark(
         task=task,
-        train=to_batches(task.train, config.budget.batch_size),
+        train=to_batches(task.train, config.recipe.batch_size),
         val=to_batches(task.val),
         test=to_batches(task.test),
         oods={name: (kind, to_batches(data)) for name, (kind, data) in task.ood_test.items()},
@@ -510,45 +510,45 @@ def train_model(bench: Benchmark, settings: FineTuneConfig) -> torch.nn.Module:
     return model
 
 
-def lora_settings(bench: Benchmark, budget: TrainingBudget, seed: int) -> FineTuneConfig:
+def lora_settings(bench: Benchmark, recipe: TrainingRecipe, seed: int) -> FineTuneConfig:
     """LoRA members train as long as pruned members where they start from the trained base."""
-    return budget.config(seed, member=bench.from_scratch, lora=True)
+    return recipe.config(seed, member=bench.from_scratch, lora=True)
 
 
 def train_lora(
-    bench: Benchmark, budget: TrainingBudget, base: torch.nn.Module, seed: int, rank: int
+    bench: Benchmark, recipe: TrainingRecipe, base: torch.nn.Module, seed: int, rank: int
 ) -> torch.nn.Module:
     """A merged LoRA member: adapters on the pretrained model (text) or, with nothing pretrained
     (image), on the trained Single model ``base``."""
     start = base if bench.from_scratch else bench.initial(seed)
-    merged, _ = lora_fine_tune(start, bench.train, None, lora_settings(bench, budget, seed), rank=rank)
+    merged, _ = lora_fine_tune(start, bench.train, None, lora_settings(bench, recipe, seed), rank=rank)
     return merged
 
 
-def batch_ensemble_settings(bench: Benchmark, budget: TrainingBudget) -> FineTuneConfig:
+def batch_ensemble_settings(bench: Benchmark, recipe: TrainingRecipe) -> FineTuneConfig:
     """BatchEnsemble trains as long as a member where it starts from the trained base."""
-    return budget.config(0, member=bench.from_scratch)
+    return recipe.config(0, member=bench.from_scratch)
 
 
 def train_batch_ensemble(
-    bench: Benchmark, budget: TrainingBudget, base: torch.nn.Module, members: int, init_std: float
+    bench: Benchmark, recipe: TrainingRecipe, base: torch.nn.Module, members: int, init_std: float
 ) -> torch.nn.Module:
     """A BatchEnsemble of the pretrained model (text) or of the trained Single model (image),
     fine-tuned with every member on the training data."""
     start = base if bench.from_scratch else bench.initial(0)
     model = batch_ensemble(start, members, init_std=init_std, seed=0)
-    fine_tune(model, bench.train, None, batch_ensemble_settings(bench, budget), progress=True)
+    fine_tune(model, bench.train, None, batch_ensemble_settings(bench, recipe), progress=True)
     return model
 
 
-def packed_settings(bench: Benchmark, budget: TrainingBudget, from_pretrained: bool) -> FineTuneConfig:
+def packed_settings(bench: Benchmark, recipe: TrainingRecipe, from_pretrained: bool) -> FineTuneConfig:
     """Packed-Ensembles from the pretrained weights train like a fine-tuned model; from scratch
-    they train every part (embeddings too) with the from-scratch ViT's step, ``IMAGE_BUDGET.lr``
+    they train every part (embeddings too) with the from-scratch ViT's step, ``IMAGE_RECIPE.lr``
     (untuned for this model), for the same number of epochs as every other method."""
-    settings = budget.config(0)
+    settings = recipe.config(0)
     if from_pretrained:
         return settings
-    return replace(settings, lr=IMAGE_BUDGET.lr, trainable=IMAGE_BUDGET.trainable)
+    return replace(settings, lr=IMAGE_RECIPE.lr, trainable=IMAGE_RECIPE.trainable)
 
 
 def train_packed(
@@ -561,30 +561,30 @@ def train_packed(
     return model
 
 
-def mimo_settings(bench: Benchmark, budget: TrainingBudget) -> FineTuneConfig:
+def mimo_settings(bench: Benchmark, recipe: TrainingRecipe) -> FineTuneConfig:
     """MIMO trains like BatchEnsemble, its image input layer (the patch projection) too."""
-    settings = batch_ensemble_settings(bench, budget)
+    settings = batch_ensemble_settings(bench, recipe)
     if "pixel_values" in bench.train[0] and "embeddings" not in settings.trainable:
         settings = replace(settings, trainable=(*settings.trainable, "embeddings"))
     return settings
 
 
 def train_mimo_model(
-    bench: Benchmark, budget: TrainingBudget, base: torch.nn.Module, members: int, rho: float, repeat: int
+    bench: Benchmark, recipe: TrainingRecipe, base: torch.nn.Module, members: int, rho: float, repeat: int
 ) -> torch.nn.Module:
     """MIMO from the pretrained model (or, with nothing pretrained, the trained Single ``base``)."""
     start = base if bench.from_scratch else bench.initial(0)
     model = mimo(start, members, seed=0)
-    train_mimo(model, bench.train, mimo_settings(bench, budget), rho=rho, batch_repeat=repeat)
+    train_mimo(model, bench.train, mimo_settings(bench, recipe), rho=rho, batch_repeat=repeat)
     return model
 
 
-def head_ensemble_settings(budget: TrainingBudget) -> FineTuneConfig:
+def head_ensemble_settings(recipe: TrainingRecipe) -> FineTuneConfig:
     """Deep Ensembles (D): the heads train on the frozen backbone's cached output until the ID
     validation NLL stops improving (patience 3, at most 30 epochs), at lr 1e-3, a linear probe's
     usual step (not tuned here). One epoch at the backbone's fine-tuning step, the first recipe,
     left three fresh heads badly under-fit (DINOv2: ECE 28%)."""
-    return replace(budget.config(0), epochs=30, lr=1e-3, patience=3)
+    return replace(recipe.config(0), epochs=30, lr=1e-3, patience=3)
 
 
 def train_heads(
@@ -602,7 +602,7 @@ def demo_starting_point(task: str) -> tuple[DemoConfig, Benchmark, torch.nn.Modu
     trained and cached): what baseline-selection scripts start from."""
     config = DemoConfig.preset(task)
     bench = prepare_benchmark(config, load_demo_task(config))
-    settings = config.budget.config(0)
+    settings = config.recipe.config(0)
     base = Cache(config.cache_dir, True).model(
         "finetuned", model_key(bench, settings), lambda: train_model(bench, settings)
     )
@@ -799,12 +799,12 @@ class DemoRun:
 
     @property
     def base_settings(self) -> dict[str, Any]:
-        return asdict(self.config.budget.config(self.config.model_seed(0)))
+        return asdict(self.config.recipe.config(self.config.model_seed(0)))
 
     @property
     def calibration(self) -> list[dict]:
         """The first 64 training items: what Taylor scores and the unstructured baselines calibrate on."""
-        return self.bench.train[: max(1, 64 // self.config.budget.batch_size)]
+        return self.bench.train[: max(1, 64 // self.config.recipe.batch_size)]
 
     def cached_model(self, label: str, kind: str, key: dict[str, Any], build: Callable[[], Any]) -> Any:
         return self.stage.run(label, lambda: self.cache.model(kind, key, build))
@@ -902,7 +902,7 @@ def start_run(config: DemoConfig) -> DemoRun:
     evaluation = resolve_precision(config.eval_precision or compute)
     # the resolved name, not "auto", goes into every cache key: a cache made in bf16 on one
     # machine is not reused as if it were fp32 on another
-    config = replace(config, precision=compute.name, budget=replace(config.budget, precision=compute.name))
+    config = replace(config, precision=compute.name, recipe=replace(config.recipe, precision=compute.name))
     print(f"precision: {compute}" + (f"; evaluation in {evaluation.name}" if evaluation != compute else ""))
     task = stage.run("load data", lambda: load_demo_task(config))
     for note in config.scaled_down():
@@ -915,7 +915,7 @@ def start_run(config: DemoConfig) -> DemoRun:
 
 def trained_single(run: DemoRun, seed: int) -> torch.nn.Module:
     """The Single model of ``seed`` (fine-tuned, or trained from scratch), cached."""
-    bench, settings = run.bench, run.config.budget.config(run.config.model_seed(seed))
+    bench, settings = run.bench, run.config.recipe.config(run.config.model_seed(seed))
     verb = "train from scratch" if bench.from_scratch else "fine-tune"
     return run.cached_model(
         f"{verb}: model (seed {seed})",
@@ -930,7 +930,7 @@ def pruned_member(
 ) -> torch.nn.Module:
     """``base`` pruned to ``heads`` and fine-tuned with the members' settings of ``seed`` (with
     ``trunk``: only the blocks after the first ``trunk``), cached."""
-    settings = run.config.budget.config(run.config.model_seed(seed), member=True)
+    settings = run.config.recipe.config(run.config.model_seed(seed), member=True)
     if trunk:  # the shared trunk stays as in the base: train only the later blocks
         settings = replace(settings, last_k_blocks=base.config.num_hidden_layers - trunk)
     key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk)
@@ -950,11 +950,11 @@ def _train_baselines(run: DemoRun) -> Baselines:
             "lora",
             model_key(
                 bench,
-                lora_settings(bench, config.budget, config.model_seed(s)),
+                lora_settings(bench, config.recipe, config.model_seed(s)),
                 rank=config.lora_rank,
                 start=start,
             ),
-            partial(train_lora, bench, config.budget, singles[0], config.model_seed(s), config.lora_rank),
+            partial(train_lora, bench, config.recipe, singles[0], config.model_seed(s), config.lora_rank),
         )
         for s in range(config.members)
     ]
@@ -963,7 +963,7 @@ def _train_baselines(run: DemoRun) -> Baselines:
         name = f"BatchEnsemble (M={config.members})"
         key = model_key(
             bench,
-            batch_ensemble_settings(bench, config.budget),
+            batch_ensemble_settings(bench, config.recipe),
             members=config.members,
             init_std=config.batch_ensemble_init_std,
             start=start,
@@ -971,14 +971,14 @@ def _train_baselines(run: DemoRun) -> Baselines:
         build = partial(
             train_batch_ensemble,
             bench,
-            config.budget,
+            config.recipe,
             singles[0],
             config.members,
             config.batch_ensemble_init_std,
         )
         one_model[name] = run.cached_model(f"fine-tune: {name}", "batch-ensemble", key, build)
     one_model.update(_packed_and_mimo(run, singles[0]))
-    settings = head_ensemble_settings(config.budget)
+    settings = head_ensemble_settings(config.recipe)
     heads = run.cached_model(
         f"train {config.members} heads on Single's backbone (Deep Ensemble (D))",
         "head-ensemble",
@@ -996,7 +996,7 @@ def _packed_and_mimo(run: DemoRun, base: torch.nn.Module) -> dict[str, torch.nn.
     for alpha, pretrained in packings if config.packed else []:
         start = "pretrained" if pretrained else "scratch"
         name = f"Packed-Ensembles (M={members}, α={alpha}, from {start})"
-        settings = packed_settings(bench, config.budget, pretrained)
+        settings = packed_settings(bench, config.recipe, pretrained)
         key = model_key(bench, settings, members=members, alpha=alpha, start=start)
         build = partial(train_packed, bench, settings, members, alpha, pretrained)
         models[name] = run.cached_model(f"train {name}", "packed", key, build)
@@ -1004,14 +1004,14 @@ def _packed_and_mimo(run: DemoRun, base: torch.nn.Module) -> dict[str, torch.nn.
         name = f"MIMO (M={members}, ρ={config.mimo_rho}, batch repeat {config.mimo_batch_repeat})"
         key = model_key(
             bench,
-            mimo_settings(bench, config.budget),
+            mimo_settings(bench, config.recipe),
             members=members,
             rho=config.mimo_rho,
             repeat=config.mimo_batch_repeat,
             start=run.base_settings if bench.from_scratch else "pretrained",
         )
         build = partial(
-            train_mimo_model, bench, config.budget, base, members, config.mimo_rho, config.mimo_batch_repeat
+            train_mimo_model, bench, config.recipe, base, members, config.mimo_rho, config.mimo_batch_repeat
         )
         models[name] = run.cached_model(f"train {name}", "mimo", key, build)
     return models
@@ -1052,7 +1052,7 @@ def rank_model(
     )
     circuit_key = {
         **key,
-        "budget": config.circuit_budget,
+        "recipe": config.circuit_budget,
         "id": config.circuit_id_items,
         "ood": config.circuit_ood_items,
         "objective": "avg",
@@ -1090,7 +1090,7 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
         """Members pruned from ``ranking`` and fine-tuned (cached), fused: `build.build_hydra`."""
         settings = BuildConfig(
             num_members=config.members,
-            num_pruned=config.pruned_per_member,
+            num_pruned=config.num_pruned,
             pool_size=config.pool_size,
             seed=config.seed,
             shared_layers=trunk,
@@ -1106,7 +1106,7 @@ def _build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pr
 
     singles = {
         "Taylor": member("Taylor (single pruned)", rankings.taylor_single, 0),
-        "CircAvg": member("CircAvg (single pruned)", rankings.circuit.head_set(config.pruned_per_member), 0),
+        "CircAvg": member("CircAvg (single pruned)", rankings.circuit.head_set(config.num_pruned), 0),
     }
     for name in UNSTRUCTURED:
         if getattr(config, name.lower()):
@@ -1129,9 +1129,9 @@ UNSTRUCTURED = ("OBA", "Wanda")
 def _unstructured_member(
     run: DemoRun, base: torch.nn.Module, matched: torch.nn.Module, name: str
 ) -> torch.nn.Module:
-    """``name``'s unstructured pruning at the parameter budget of ``matched`` (calibrated on the
+    """``name``'s unstructured pruning of as many parameters as ``matched`` lost (calibrated on the
     Taylor calibration batches), fine-tuned with the members' settings, its zeros kept."""
-    settings = run.config.budget.config(0, member=True)
+    settings = run.config.recipe.config(0, member=True)
     sparsity = matched_sparsity(base, matched)
     method = name.lower()
 
@@ -1146,14 +1146,14 @@ def _unstructured_member(
 
 
 def _unstructured_meta(base: torch.nn.Module, pruned: PrunedModels) -> dict[str, str]:
-    """The budget of the unstructured rows, where there are any."""
+    """What the unstructured rows prune, where there are any."""
     names = [name for name in UNSTRUCTURED if name in pruned.singles]
     if not names:
         return {}
     matched = pruned.singles["Taylor"]
     removed = count_parameters(base) - count_parameters(matched)
     return {
-        "unstructured budget": f"{', '.join(names)}: {matched_sparsity(base, matched):.1%} of the "
+        "unstructured pruning": f"{', '.join(names)}: {matched_sparsity(base, matched):.1%} of the "
         f"attention and MLP weights zeroed, as many parameters as the Taylor single pruned model "
         f"removes ({removed:,} of {count_parameters(base):,}); run dense, so they cost what Single costs"
     }
@@ -1170,7 +1170,7 @@ def _methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[M
     config, base = run.config, baselines.singles[0]
     full_heads, layers = base.config.num_attention_heads, base.config.num_hidden_layers
     full = f"{full_heads}/{full_heads}"
-    pruned_avg = f"avg {(full_heads * layers - config.pruned_per_member) / layers:.0f}/{full_heads}"
+    pruned_avg = f"avg {(full_heads * layers - config.num_pruned) / layers:.0f}/{full_heads}"
     deep = f"Deep Ensemble (M={config.members})"
     methods = [
         Method("Single", base, full, calibrate=True, cost_name="Single", reliability=True),
@@ -1265,7 +1265,7 @@ def _report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads)
         "model": f"{config.model} ({type(base).__name__}, {len(heads_per_layer)} layers x "
         f"{heads_per_layer[0]} heads{', trained from scratch' if bench.from_scratch else ''})",
         **{f"data: {k}": v for k, v in run.task.describe().items()},
-        "training budget (all methods)": json.dumps(asdict(config.budget)),
+        "training recipe (all methods)": json.dumps(asdict(config.recipe)),
         "seeds": f"run seed {config.seed}: data sample, member heads, MC masks and bootstrap; models "
         f"train with seeds {config.model_seed(0)}..{config.model_seed(config.members - 1)}",
         **({} if has_dropout(base) else {"MC Dropout": "omitted: the model has no dropout to sample"}),
@@ -1308,12 +1308,10 @@ def _write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curv
     reporting.metrics_vs_pruned(curves.curves, plots / "metrics_vs_pruned.png")
     atomic_write_json(out / "pruning_curves.json", curves.curves)
     atomic_write_json(
-        out / "pruning_table.json", {"heads_pruned": curves.heads_pruned, "results": curves.results}
+        out / "pruning_table.json", {"num_pruned": curves.num_pruned, "results": curves.results}
     )
     report = out / "report.md"
-    atomic_write_text(
-        report, report.read_text() + reporting.pruning_table(curves.results, curves.heads_pruned)
-    )
+    atomic_write_text(report, report.read_text() + reporting.pruning_table(curves.results, curves.num_pruned))
     atomic_write_json(out / "timings.json", run.stage.timings)
     print()
     print(reporting.console_table(results, heads))
@@ -1362,25 +1360,25 @@ def cost_table(
 @dataclass
 class PruningCurves:
     """Training-free pruning of the base model along each ranking (the paper's Figure 5) and the
-    rows at the members' budget in the paper's Table 4 layout."""
+    rows at the heads each member prunes, in the paper's Table 4 layout."""
 
     curves: dict[str, dict[str, list]]
     """``curves[metric][method]``: (heads pruned, value) pairs; accuracy, ECE, AUROC, FPR95."""
-    heads_pruned: int
-    """The members' budget, where the Table 4 rows are taken."""
+    num_pruned: int
+    """The heads each member prunes, where the Table 4 rows are taken."""
     results: dict[str, Any]
     """The Table 4 rows' results (`evaluate_predictions`, MSP): Single (nothing pruned), then each
-    ranking at ``heads_pruned``, with ``DemoConfig.bootstrap`` intervals and each pruned row's
+    ranking at ``num_pruned``, with ``DemoConfig.bootstrap`` intervals and each pruned row's
     paired difference from Single."""
 
 
 def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: PredictionCache) -> PruningCurves:
     """Prune the first n heads of each ranking (no training), measure accuracy, ECE, AUROC and
-    FPR95 (MSP, near/far average) on the test sets; the members' budget n is always a step."""
+    FPR95 (MSP, near/far average) on the test sets; n = the heads each member prunes is a step."""
     config, test, oods = run.config, run.bench.test, run.bench.oods
-    budget = config.pruned_per_member
+    pruned = config.num_pruned
     steps = sorted(
-        {0, budget, *range(config.curve_step, config.pool_size + 1, config.curve_step), config.pool_size}
+        {0, pruned, *range(config.curve_step, config.pool_size + 1, config.curve_step), config.pool_size}
     )
     curves: dict[str, dict[str, list]] = {m: {} for m in ("accuracy", "ECE", "AUROC", "FPR95")}
     results: dict[str, Any] = {}
@@ -1402,13 +1400,13 @@ def _pruning_curves(base, rankings: dict[str, Any], run: DemoRun, known: Predict
             ):
                 curves[metric].setdefault(method, []).append((n, value))
             name = "Single" if n == 0 else method
-            if n in (0, budget) and name not in results:
+            if n in (0, pruned) and name not in results:
                 results[name] = result
                 if config.bootstrap:
                     draws[name] = bootstrap_draws(p_test, p_ood, 1.0, config.bootstrap, config.seed)
     add_intervals(results, draws)
     add_comparisons(results, draws, [(method, "Single") for method in rankings])
-    return PruningCurves(curves, budget, results)
+    return PruningCurves(curves, pruned, results)
 
 
 def _describe_input(inputs: dict[str, torch.Tensor]) -> str:

@@ -84,7 +84,7 @@ def _rank(run: DemoRun, model: DualEncoderClassifier, pool: str) -> Rankings:
     """Taylor scores (zero-shot cross-entropy on ID validation texts), Taylor's per-layer head set
     pruning as many heads as the members, and the CircAvg order over ``pool``'s heads."""
     counts = heads_per_layer(model)
-    keep = counts[0] - run.config.pruned_per_member // len(counts)
+    keep = counts[0] - run.config.num_pruned // len(counts)
     key = {**run.bench.key, "zero-shot": list(TEMPLATES), "pool": pool, "precision": run.compute.name}
     return rank_model(run, model, run.bench.val[:1], keep, key, kind="zs-", label=pool)
 
@@ -101,7 +101,7 @@ def _prune(run: DemoRun, dual, dual_input, rankings: Rankings, input_circuit: Ci
     }
     singles = {
         "Taylor": prune(dual, rankings.taylor_single),
-        "CircAvg": prune(dual, rankings.circuit.head_set(config.pruned_per_member)),
+        "CircAvg": prune(dual, rankings.circuit.head_set(config.num_pruned)),
     }
     hydras = run.stage.run(
         "fuse zero-shot Hydras",
@@ -118,10 +118,8 @@ def _methods(run: DemoRun, dual, dual_input, pruned: PrunedModels, single) -> li
     """The zero-shot table, in order."""
     config = run.config
     counts, input_counts = heads_per_layer(dual), heads_per_layer(dual_input)
-    both = f"{sum(counts) - config.pruned_per_member}/{sum(counts)}"
-    only_input = (
-        f"{sum(input_counts) - config.pruned_per_member}/{sum(input_counts)} + label {sum(input_counts)}"
-    )
+    both = f"{sum(counts) - config.num_pruned}/{sum(counts)}"
+    only_input = f"{sum(input_counts) - config.num_pruned}/{sum(input_counts)} + label {sum(input_counts)}"
     return [
         Method("Single", dual_input, f"{sum(counts)}/{sum(counts)}", calibrate=True, reliability=True),
         Method("Taylor (single pruned)", pruned.singles["Taylor"], both),
@@ -149,7 +147,7 @@ def _methods(run: DemoRun, dual, dual_input, pruned: PrunedModels, single) -> li
 
 def _meta(run: DemoRun, dual, temperatures: dict[str, Any], pruned: PrunedModels) -> dict[str, str]:
     meta = _report_meta(run, dual, temperatures, pruned.member_heads)
-    meta.pop("training budget (all methods)", None)
+    meta.pop("training recipe (all methods)", None)
     meta["seeds"] = f"member sampling seed {run.config.seed}"
     counts = heads_per_layer(dual)
     meta["zero-shot"] = (
@@ -158,7 +156,7 @@ def _meta(run: DemoRun, dual, temperatures: dict[str, Any], pruned: PrunedModels
         f"averaged per class; logits = {dual.config.logit_scale:g} x cosine; no training"
     )
     meta["members"] = (
-        f"{run.config.members} members, each pruning {run.config.pruned_per_member} heads drawn from "
+        f"{run.config.members} members, each pruning {run.config.num_pruned} heads drawn from "
         f"the {run.config.pool_size} least useful of its ranking (seed {run.config.seed})"
     )
     return meta

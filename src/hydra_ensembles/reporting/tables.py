@@ -304,7 +304,7 @@ def console_table(results: Mapping[str, Any], heads: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
-def pruning_table(results: Mapping[str, Mapping[str, Any]], heads_pruned: int, score: str = "msp") -> str:
+def pruning_table(results: Mapping[str, Mapping[str, Any]], num_pruned: int, score: str = "msp") -> str:
     """The paper's Table 4 layout for training-free pruning (`experiment.PruningCurves`): accuracy,
     ECE and near-/far-OOD means of AUROC, FPR95 and AUPR-Out, then the rows' bootstrap intervals
     and paired differences, as a report section."""
@@ -320,7 +320,7 @@ def pruning_table(results: Mapping[str, Mapping[str, Any]], heads_pruned: int, s
     return "\n".join(
         [
             "",
-            f"## Training-free pruning: {heads_pruned} heads (paper Table 4 layout)",
+            f"## Training-free pruning: {num_pruned} heads (paper Table 4 layout)",
             "",
             "The base model with the heads each ranking scores least useful removed, no fine-tuning "
             f"(Single: nothing removed); {score.upper()} score, OOD positive. The full curves are in "

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -85,11 +86,15 @@ class CircuitOrder:
     approximation: dict[str, Any] | None = None
     """``None`` for the exact algorithm; the lazy mode's settings otherwise."""
 
-    def head_set(self, num_removed: int | None = None) -> HeadSet:
-        """The heads kept after removing the first ``num_removed`` heads of the order."""
-        n = len(self.removed) if num_removed is None else num_removed
+    def head_set(self, num_pruned: int | None = None, *, num_removed: int | None = None) -> HeadSet:
+        """The heads kept after pruning the first ``num_pruned`` heads of the order (all of them
+        by default). ``num_removed`` is the deprecated name of ``num_pruned``."""
+        if num_removed is not None:
+            warnings.warn("num_removed is deprecated: use num_pruned", DeprecationWarning, stacklevel=2)
+            num_pruned = num_removed
+        n = len(self.removed) if num_pruned is None else num_pruned
         if not 0 <= n <= len(self.removed):
-            raise CircuitError(f"num_removed must be in [0, {len(self.removed)}], got {n}")
+            raise CircuitError(f"num_pruned must be in [0, {len(self.removed)}], got {n}")
         return HeadSet.without(self.removed[:n], self.heads_per_layer)
 
     def to_dict(self) -> dict[str, Any]:
