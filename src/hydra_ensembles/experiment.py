@@ -100,8 +100,7 @@ class TrainingRecipe:
     member_epochs: int = 1
     lr: float = 3e-4
     lora_lr_scale: float = 20.0
-    """LoRA adapters train with this multiple of ``lr`` (adapters need larger steps; 6e-3 beat
-    1e-3 and 3e-3 on the ID validation split of the text task)."""
+    """LoRA adapters train with this multiple of ``lr``, chosen on ID validation (docs/design-notes.md)."""
     batch_size: int = 16
     warmup: float = 0.1
     weight_decay: float = 0.01
@@ -138,17 +137,14 @@ IMAGE_RECIPE = TrainingRecipe(
     weight_decay=0.05,
     trainable=("attention", "mlp", "norm", "head", "embeddings"),
 )
-"""Training the small ViT from scratch needs more epochs and a larger step than fine-tuning. LoRA
-adapters on the trained image model use the same learning rate: on the ID validation split,
-1x / 3x / 10x gave NLL 0.496 / 0.497 / 0.516 (``python benchmarks/lora_lr.py --task image``)."""
+"""Training the small ViT from scratch: more epochs and a larger step than fine-tuning; LoRA at
+the same rate (chosen on ID validation: docs/design-notes.md)."""
 
 PRETRAINED_IMAGE_RECIPE = TrainingRecipe(
     epochs=1, member_epochs=1, lr=1e-4, lora_lr_scale=10.0, batch_size=32, weight_decay=0.05
 )
-"""Fine-tuning DINOv2-S on 1,000 Fashion-MNIST images at 56 px (ID validation accuracy, 500
-images): lr 1e-4 74.8% after one epoch, 3e-4 58.8%; two epochs at 1e-4 / 5e-5 / 3e-5 81.6 / 78.4 /
-79.6%; 2,000 images for one epoch at 1e-4 80.0% (one-off probes on the same data). The embeddings stay
-frozen as in the paper (D.2)."""
+"""Fine-tuning DINOv2-S at 56 px, the embeddings frozen as in the paper (D.2); the rate chosen on
+ID validation (docs/design-notes.md)."""
 
 
 PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -340,9 +336,8 @@ class DemoConfig:
     wanda: bool = False
     """Also report Wanda, pruning as many weights the same way (|W| x input norm, per output row)."""
     batch_ensemble_init_std: float = 0.1
-    """Spread of BatchEnsemble's rank-1 factors around 1, chosen on ID validation NLL among
-    0.05 / 0.1 / 0.5 (``python benchmarks/batch_ensemble_std.py --task text|image``): 0.1 for
-    text (val NLL 0.181 / 0.176 / 0.954), 0.05 for images (0.456 / 0.465 / 0.475)."""
+    """Spread of BatchEnsemble's rank-1 factors around 1, chosen on ID validation NLL
+    (``benchmarks/batch_ensemble_std.py``; docs/design-notes.md)."""
 
     @classmethod
     def preset(cls, task: str = "text", full: bool = False, **overrides) -> DemoConfig:

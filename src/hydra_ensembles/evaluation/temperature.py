@@ -16,7 +16,7 @@ from ..outputs import ensemble_nll
 from .predict import Predictions
 
 MIN_CALIBRATION_SIZE = 50
-"""Below this many validation inputs a fitted temperature is mostly noise (9 texts gave T=0.06)."""
+"""Below this many validation inputs a fitted temperature is mostly noise (a warning says so)."""
 
 
 def _fit(logits: torch.Tensor, labels: torch.Tensor) -> float:
