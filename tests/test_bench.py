@@ -7,7 +7,7 @@ import torch
 
 import hydra_ensembles as he
 import hydra_ensembles.cost
-from hydra_ensembles.bench import check_targets, markdown_table, peak_memory, random_head_sets, run_bench
+from hydra_ensembles.bench import bench_report, check_targets, peak_memory, random_head_sets, run_bench
 from hydra_ensembles.cli import main
 from tests.factories import VOCAB, tiny_bert
 
@@ -52,7 +52,7 @@ def test_run_bench_reports_every_method(tmp_path):
         assert set(row["latency"]) == {"1", "4"} and row["peak_memory_mb"] > 0 and row["test_set_s"] > 0
     lines = check_targets(results)
     assert len(lines) == 2 and all(("met" in line) or ("MISSED" in line) for line in lines)
-    assert "| Hydra (fused) |" in markdown_table(results, "test machine", "tiny")
+    assert "| Hydra (fused) |" in bench_report(results, "test machine", "tiny")
 
 
 def test_bench_command(tmp_path, capsys):

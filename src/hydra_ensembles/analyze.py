@@ -306,19 +306,11 @@ def analysis_report(results: dict[str, Any]) -> str:
             "Proposition 1 needs alignment grad L_n · δ ≥ 0 and H_n − H_t ≻ 0 (tested along δ, and on "
             "the diagonal over δ's support with Hutchinson's estimator ± its standard error).",
             "",
-            "| Head set | Heads removed | grad L_n · δ | grad L_t · δ | ½ δᵀ(H_n − H_t)δ | "
-            "diag(H_n − H_t) on δ's support | share > 0 | predicted Δgap | measured Δgap |",
-            "|---|---|---|---|---|---|---|---|---|",
+            reporting.markdown_table(
+                PROP1_HEADERS, [_prop1_row(name, r) for name, r in study["results"].items()]
+            ),
+            "",
         ]
-        for name, r in study["results"].items():
-            parts.append(
-                f"| {name} | {r['heads_removed']} | {r['alignment_noisy']:.4f} | "
-                f"{r['alignment_clean']:.4f} | "
-                f"{r['curvature_gap']:.4f} | {r['diagonal_gap']:.2e} ± {r['diagonal_gap_stderr']:.1e} "
-                f"({r['probes']} probes) | {100 * r['diagonal_gap_positive']:.0f}% | "
-                f"{r['predicted_gap_change']:.4f} | {r['measured_gap_change']:.4f} |"
-            )
-        parts.append("")
     if "heads" in results:
         study = results["heads"]
         parts += [
@@ -328,11 +320,14 @@ def analysis_report(results: dict[str, Any]) -> str:
             "distances between ID test and every OOD test set ([CLS] vector of each head; Mahalanobis "
             "under the Ledoit-Wolf ID covariance):",
             "",
-            "| Model: heads | Heads | Euclidean | Mahalanobis |",
-            "|---|---|---|---|",
+            reporting.markdown_table(
+                ["Model: heads", "Heads", "Euclidean", "Mahalanobis"],
+                [
+                    [label, str(row["heads"]), f"{row['euclidean']:.3f}", f"{row['mahalanobis']:.3f}"]
+                    for label, row in study["summary"].items()
+                ],
+            ),
         ]
-        for label, row in study["summary"].items():
-            parts.append(f"| {label} | {row['heads']} | {row['euclidean']:.3f} | {row['mahalanobis']:.3f} |")
         parts += ["", f"PCA of the most and least important heads: `{study['plot']}`", ""]
     if "members" in results:
         study = results["members"]
@@ -346,12 +341,40 @@ def analysis_report(results: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+PROP1_HEADERS = [
+    "Head set",
+    "Heads removed",
+    "grad L_n · δ",
+    "grad L_t · δ",
+    "½ δᵀ(H_n − H_t)δ",
+    "diag(H_n − H_t) on δ's support",
+    "share > 0",
+    "predicted Δgap",
+    "measured Δgap",
+]
+
+
+def _prop1_row(name: str, r: dict[str, Any]) -> list[str]:
+    """One head set's row of the Proposition 1 table."""
+    return [
+        name,
+        str(r["heads_removed"]),
+        f"{r['alignment_noisy']:.4f}",
+        f"{r['alignment_clean']:.4f}",
+        f"{r['curvature_gap']:.4f}",
+        f"{r['diagonal_gap']:.2e} ± {r['diagonal_gap_stderr']:.1e} ({r['probes']} probes)",
+        f"{100 * r['diagonal_gap_positive']:.0f}%",
+        f"{r['predicted_gap_change']:.4f}",
+        f"{r['measured_gap_change']:.4f}",
+    ]
+
+
 def _main_table(results: dict[str, Any], cost: dict[str, Any] | None = None) -> str:
     columns = [c for c in reporting.MAIN_COLUMNS if c[0] in ("acc", "nll", "ece", "auroc", "fpr95")]
     headers = ["Method", *(h for _, h, _ in columns), "MI (ID)", "disagreement (ID)"]
     if cost:
         headers += ["latency (ms)", "params (M)", "GMACs"]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    rows = []
     for name, row in results.items():
         cells = [name] + [reporting.format_value(k, reporting_value(row, k)) for k, _, _ in columns]
         div = row.get("diversity", {}).get("id")  # single models have no diversity
@@ -365,8 +388,8 @@ def _main_table(results: dict[str, Any], cost: dict[str, Any] | None = None) -> 
                 if c
                 else ["–"] * 3
             )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return reporting.markdown_table(headers, rows)
 
 
 def analysis_config(task: str = "text", **overrides) -> AnalysisConfig:

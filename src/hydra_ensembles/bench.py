@@ -26,6 +26,7 @@ from .fusion import fuse
 from .heads import HeadSet
 from .members.batch_ensemble import batch_ensemble
 from .precision import resolve_precision
+from .reporting import markdown_table
 from .surgery import prune
 
 
@@ -274,7 +275,7 @@ def check_targets(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown_table(results: dict[str, Any], machine: str, setting: str) -> str:
+def bench_report(results: dict[str, Any], machine: str, setting: str) -> str:
     """The paper's Table 7 layout: per dtype, latency per batch size, ratios, params, GMAC, memory."""
     parts = ["# Cost benchmark", "", f"- **machine**: {machine}", f"- **setting**: {setting}", ""]
     batches = [str(b) for b in results["batch_sizes"]]
@@ -286,7 +287,7 @@ def markdown_table(results: dict[str, Any], machine: str, setting: str) -> str:
         )
         if any("test_set_s" in r for r in table.values()):
             headers.append("Test set (s)")
-        parts += [f"## {dtype_name}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        rows = []
         for name, row in table.items():
             cells = [name] + [
                 f"{row['latency'][b]['median_ms']:.1f} ({row['latency_vs_single'][b]:.2f})" for b in batches
@@ -299,7 +300,7 @@ def markdown_table(results: dict[str, Any], machine: str, setting: str) -> str:
             ]
             if "test_set_s" in row:
                 cells.append(f"{row['test_set_s']:.1f}")
-            parts.append("| " + " | ".join(cells) + " |")
-        parts.append("")
+            rows.append(cells)
+        parts += [f"## {dtype_name}", "", markdown_table(headers, rows), ""]
     parts += ["## Targets", ""] + [f"- {line}" for line in check_targets(results)]
     return "\n".join(parts) + "\n"

@@ -780,7 +780,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from .adapters import get_adapter
-    from .bench import markdown_table, random_head_sets, run_bench
+    from .bench import bench_report, random_head_sets, run_bench
     from .io import atomic_write_json, atomic_write_text, check_report_dir, mark_report_dir
     from .loading import load_any
     from .models import VISION_MODEL_TYPES
@@ -839,7 +839,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         out / "bench.json",
         {"machine": describe_machine(), "setting": setting, "precision": precision, **results},
     )
-    table = markdown_table(results, describe_machine(), f"{setting}; precision: {precision}")
+    table = bench_report(results, describe_machine(), f"{setting}; precision: {precision}")
     atomic_write_text(out / "bench.md", table)
     print(table)
     return 0

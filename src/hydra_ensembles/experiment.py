@@ -1281,10 +1281,15 @@ def _report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads)
 def _write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curves, rankings, pruned) -> None:
     """report.md (+ cost section), results.json/csv, cost.json, curves, timings and plots."""
     config, out = run.config, Path(run.config.out_dir)
+    atomic_write_json(out / "cost.json", cost)
     reporting.write_results(
-        out, results, heads, meta, title=f"Hydra Ensembles: {config.task} benchmark (demo)"
+        out,
+        results,
+        heads,
+        meta,
+        title=f"Hydra Ensembles: {config.task} benchmark (demo)",
+        sections=[_cost_section(cost), reporting.pruning_table(curves.results, curves.num_pruned)],
     )
-    _write_cost(out, cost)
     plots = out / "plots"
     reporting.method_plots(
         plots, preds, [m.name for m in methods if m.reliability], [m.name for m in methods if m.detail]
@@ -1305,8 +1310,6 @@ def _write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curv
     atomic_write_json(
         out / "pruning_table.json", {"num_pruned": curves.num_pruned, "results": curves.results}
     )
-    report = out / "report.md"
-    atomic_write_text(report, report.read_text() + reporting.pruning_table(curves.results, curves.num_pruned))
     atomic_write_json(out / "timings.json", run.stage.timings)
     print()
     print(reporting.console_table(results, heads))
@@ -1418,21 +1421,21 @@ def _run_all(models, inputs):
     return [m(**inputs) for m in models]
 
 
-def _write_cost(out: Path, cost: dict[str, Any]) -> None:
-    atomic_write_json(out / "cost.json", cost)
+def _cost_section(cost: dict[str, Any]) -> str:
+    """The report's cost section (Markdown)."""
     single = cost["methods"]["Single"]
-    lines = [
-        "",
-        f"## Cost ({cost['precision']}: {cost['precision_reason']}; batch of {cost['input']}, "
-        "median latency)",
-        "",
-        "| Method | Latency (ms) | x Single | Params (M) | GMAC |",
-        "|---|---|---|---|---|",
+    rows = [
+        [
+            name,
+            f"{row['latency_ms']:.0f}",
+            f"{row['latency_ms'] / single['latency_ms']:.2f}",
+            f"{row['params'] / 1e6:.1f}",
+            f"{row['gmacs']:.1f}",
+        ]
+        for name, row in cost["methods"].items()
     ]
-    for name, row in cost["methods"].items():
-        lines.append(
-            f"| {name} | {row['latency_ms']:.0f} | {row['latency_ms'] / single['latency_ms']:.2f} | "
-            f"{row['params'] / 1e6:.1f} | {row['gmacs']:.1f} |"
-        )
-    report = out / "report.md"
-    atomic_write_text(report, report.read_text() + "\n".join(lines) + "\n")
+    title = (
+        f"## Cost ({cost['precision']}: {cost['precision_reason']}; batch of {cost['input']}, median latency)"
+    )
+    table = reporting.markdown_table(["Method", "Latency (ms)", "x Single", "Params (M)", "GMAC"], rows)
+    return f"\n{title}\n\n{table}\n"

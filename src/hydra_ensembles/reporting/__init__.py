@@ -1,17 +1,9 @@
-"""Reporting: results files (JSON, CSV, Markdown in the paper's layout) and plots."""
+"""Reporting: results files (JSON, CSV, Markdown in the paper's layout) and plots.
 
-from .plots import (
-    confidence_histograms,
-    head_scatter,
-    heads_map,
-    method_plots,
-    metrics_vs_pruned,
-    reliability_diagram,
-    roc_curves,
-    score_heatmap,
-    score_histograms,
-    slug,
-)
+The plots load matplotlib on first use, so the tables need no plotting package."""
+
+from typing import TYPE_CHECKING, Any
+
 from .tables import (
     INTERVAL_COLUMNS,
     MAIN_COLUMNS,
@@ -19,6 +11,7 @@ from .tables import (
     format_value,
     interval_sections,
     markdown_report,
+    markdown_table,
     pruning_table,
     seeds_table,
     write_results,
@@ -34,6 +27,7 @@ __all__ = [
     "heads_map",
     "interval_sections",
     "markdown_report",
+    "markdown_table",
     "method_plots",
     "metrics_vs_pruned",
     "pruning_table",
@@ -45,3 +39,38 @@ __all__ = [
     "slug",
     "write_results",
 ]
+
+_PLOTS = {
+    "confidence_histograms",
+    "head_scatter",
+    "heads_map",
+    "method_plots",
+    "metrics_vs_pruned",
+    "reliability_diagram",
+    "roc_curves",
+    "score_heatmap",
+    "score_histograms",
+    "slug",
+}
+
+if TYPE_CHECKING:
+    from .plots import (
+        confidence_histograms,
+        head_scatter,
+        heads_map,
+        method_plots,
+        metrics_vs_pruned,
+        reliability_diagram,
+        roc_curves,
+        score_heatmap,
+        score_histograms,
+        slug,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PLOTS:
+        from . import plots
+
+        return getattr(plots, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,7 +36,8 @@ def format_value(key: str, value: float | None) -> str:
     return f"{100 * value:.2f}" if key in PERCENT else f"{value:.3f}"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table: one header row, a separator, one line per row (cells as given)."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -82,7 +83,7 @@ def interval_sections(results: Mapping[str, Mapping[str, Any]], heading: str = "
             f"{heading} {100 * meta.get('level', 0.95):.0f}% bootstrap intervals "
             f"({meta.get('resamples', '?')} resamples of the test items)",
             "",
-            _table(["Method", *headers], body),
+            markdown_table(["Method", *headers], body),
             "",
         ]
     compared = [(m, other, d) for m, r in results.items() for other, d in r.get("differences", {}).items()]
@@ -101,7 +102,7 @@ def interval_sections(results: Mapping[str, Mapping[str, Any]], heading: str = "
         parts += [
             f"{heading} Paired differences (same bootstrap resamples; * p < 0.05, two-sided)",
             "",
-            _table(["Comparison", *headers], body),
+            markdown_table(["Comparison", *headers], body),
             "",
         ]
     return parts
@@ -127,7 +128,7 @@ def seeds_table(
             f"`{command} --seeds {','.join(map(str, seeds))}`; each seed's report (with bootstrap "
             "intervals and paired differences) is in `seed-<s>/`.",
             "",
-            _table(headers, body),
+            markdown_table(headers, body),
             "",
         ]
     )
@@ -163,7 +164,7 @@ def _main_section(
         f"score = {score.upper()}, **{POSITIVE_CLASS} is the positive class**; FPR95 is the share of ID "
         "samples flagged at the threshold that catches 95% of OOD samples. Best value in bold.",
         "",
-        _table(
+        markdown_table(
             ["Method", "Heads"] + [h for _, h, _ in MAIN_COLUMNS],
             [[m, heads.get(m, "")] + [shown[m][k] for k, _, _ in MAIN_COLUMNS] for m in results],
         ),
@@ -205,11 +206,11 @@ def _ood_sections(results: Mapping[str, Mapping[str, Any]], score: str) -> list[
     return [
         "## Near- and far-OOD",
         "",
-        _table(headers, body),
+        markdown_table(headers, body),
         "",
         "## OOD average AUROC by score",
         "",
-        _table(["Method", *score_names], by_score),
+        markdown_table(["Method", *score_names], by_score),
         "",
     ]
 
@@ -226,7 +227,7 @@ def _diversity_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return [
         "## Diversity (mutual information, nats / disagreement, %)",
         "",
-        _table(["Method", *sets], body),
+        markdown_table(["Method", *sets], body),
         "",
     ]
 
@@ -248,7 +249,7 @@ def _shift_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             body.append(
                 [method] + [format_value(key, x) for x in means] + [format_value(key, float(np.mean(means)))]
             )
-        parts += [f"## {label} under shift (mean over corruptions)", "", _table(headers, body), ""]
+        parts += [f"## {label} under shift (mean over corruptions)", "", markdown_table(headers, body), ""]
     return parts
 
 
@@ -259,8 +260,10 @@ def write_results(
     meta: Mapping[str, Any] | None = None,
     score: str = "msp",
     title: str = "Hydra Ensembles evaluation",
+    sections: Sequence[str] = (),
 ) -> dict[str, Path]:
-    """Write ``results.json``, ``results.csv`` and ``report.md`` (atomically) to ``out_dir``."""
+    """Write ``results.json``, ``results.csv`` and ``report.md`` (atomically) to ``out_dir``;
+    ``sections`` (Markdown) follow the report's own, in order."""
     out = Path(out_dir)
     files = {"json": out / "results.json", "csv": out / "results.csv", "markdown": out / "report.md"}
     atomic_write_json(
@@ -275,7 +278,9 @@ def write_results(
             [method, (heads or {}).get(method, "")] + [row.get(k, "") for k, _, _ in MAIN_COLUMNS]
         )
     atomic_write_text(files["csv"], buffer.getvalue())
-    atomic_write_text(files["markdown"], markdown_report(results, heads, meta, score, title))
+    atomic_write_text(
+        files["markdown"], markdown_report(results, heads, meta, score, title) + "".join(sections)
+    )
     return files
 
 
@@ -326,7 +331,7 @@ def pruning_table(results: Mapping[str, Mapping[str, Any]], num_pruned: int, sco
             f"(Single: nothing removed); {score.upper()} score, OOD positive. The full curves are in "
             "`plots/metrics_vs_pruned.png` and `pruning_curves.json`.",
             "",
-            _table(headers, body),
+            markdown_table(headers, body),
             "",
             *interval_sections(results, heading="###"),
         ]
