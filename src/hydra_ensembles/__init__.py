@@ -14,12 +14,12 @@ from .fusion import (
     FusionPolicy,
     HydraLoadError,
     HydraModel,
-    HydraOutput,
     fuse,
     load_hydra,
 )
 from .heads import HeadSet, HeadSetError
 from .members import AutoMember, MemberLoadError, load_member, member_overlap, sample_members, save_member
+from .outputs import EnsembleOutput
 from .scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
 from .surgery import HeadAblation, ablate, kept_heads, prune
 
@@ -36,6 +36,7 @@ __all__ = [
     "Build",
     "BuildConfig",
     "CircuitOrder",
+    "EnsembleOutput",
     "FusionError",
     "FusionPolicy",
     "HeadAblation",
@@ -43,7 +44,6 @@ __all__ = [
     "HeadSetError",
     "HydraLoadError",
     "HydraModel",
-    "HydraOutput",
     "MemberLoadError",
     "UnsupportedModelError",
     "__version__",
@@ -65,3 +65,11 @@ __all__ = [
     "taylor_head_set",
     "taylor_scores",
 ]
+
+
+def __getattr__(name: str):
+    if name == "HydraOutput":  # deprecated: the one ensemble output is EnsembleOutput
+        from .fusion import model
+
+        return model.HydraOutput
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -930,7 +930,7 @@ def pruned_member(
         settings = replace(settings, last_k_blocks=base.config.num_hidden_layers - trunk)
     key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk)
     return run.cached_model(
-        f"fine-tune {name}", "member", key, partial(_pruned_member, base, heads, run, settings)
+        f"fine-tune {name}", "member", key, partial(_prune_and_fine_tune, run, base, heads, settings)
     )
 
 
@@ -1154,7 +1154,10 @@ def _unstructured_meta(base: torch.nn.Module, pruned: PrunedModels) -> dict[str,
     }
 
 
-def _pruned_member(base, heads: HeadSet, run: DemoRun, settings: FineTuneConfig) -> torch.nn.Module:
+def _prune_and_fine_tune(
+    run: DemoRun, base: torch.nn.Module, heads: HeadSet, settings: FineTuneConfig
+) -> torch.nn.Module:
+    """``base`` pruned to ``heads``, fine-tuned on the run's training batches (uncached)."""
     member = prune(base, heads)
     fine_tune(member, run.bench.train, None, settings, progress=True)
     return member

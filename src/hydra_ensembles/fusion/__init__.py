@@ -1,15 +1,20 @@
 """Fusion: M pruned members -> one `HydraModel` (fused attention, merged or grouped MLPs)."""
 
 from .fuse import FusionError, fuse
-from .model import FusionPolicy, HydraLoadError, HydraModel, HydraOutput, load_hydra, save_hydra
+from .model import FusionPolicy, HydraLoadError, HydraModel, load_hydra, save_hydra
 
 __all__ = [
     "FusionError",
     "FusionPolicy",
     "HydraLoadError",
     "HydraModel",
-    "HydraOutput",
     "fuse",
     "load_hydra",
     "save_hydra",
 ]
+
+
+def __getattr__(name: str):
+    from . import model
+
+    return getattr(model, name)  # HydraOutput: deprecated, warns

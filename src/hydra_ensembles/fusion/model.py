@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,7 +39,6 @@ __all__ = [
     "FusionPolicy",
     "HydraLoadError",
     "HydraModel",
-    "HydraOutput",
     "load_hydra",
     "save_hydra",
 ]
@@ -88,8 +88,11 @@ class FusionPolicy:
         return asdict(self)
 
 
-HydraOutput = EnsembleOutput
-"""A fused model's output: the library's one ensemble output (`outputs.EnsembleOutput`)."""
+def __getattr__(name: str) -> Any:
+    if name == "HydraOutput":  # the old name of the one ensemble output
+        warnings.warn("HydraOutput is deprecated: use EnsembleOutput", DeprecationWarning, stacklevel=2)
+        return EnsembleOutput
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class HydraModel(nn.Module):
@@ -204,7 +207,7 @@ class HydraModel(nn.Module):
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == m * batch
         }
 
-    def forward(self, **inputs: Any) -> HydraOutput:
+    def forward(self, **inputs: Any) -> EnsembleOutput:
         labels = inputs.pop("labels", None)
         batch = self.batch_size(inputs)
         if next(self.model.parameters()).device.type == "cpu":
