@@ -145,13 +145,15 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         "metrics_vs_pruned.png",
     } <= plots
     # the second run reuses every cached model and ranking: nothing is trained or extracted again
-    import hydra_ensembles.experiment as experiment
+    from hydra_ensembles.experiment import baselines, stages
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the cache should have served this")
 
     for name in ("fine_tune", "lora_fine_tune", "extract_circuit", "taylor_scores", "taylor_head_set"):
-        monkeypatch.setattr(experiment, name, forbidden)
+        for module in (baselines, stages):  # where the stages look them up
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, forbidden)
     second = run_demo(config)
     assert second["results"]["Single"] == first["results"]["Single"]
     assert second["results"]["Hydra (Circ)"] == first["results"]["Hydra (Circ)"]

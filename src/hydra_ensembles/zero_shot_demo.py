@@ -28,13 +28,13 @@ from .experiment import (
     Method,
     PrunedModels,
     Rankings,
-    _evaluate_all,
-    _pruning_curves,
-    _report_meta,
-    _write_report,
     cost_table,
+    evaluate_all,
+    pruning_curves,
     rank_model,
+    report_meta,
     start_run,
+    write_report,
 )
 from .heads import HeadSet
 from .models import load_tokenizer, resolve_model_path
@@ -65,18 +65,18 @@ def run_zero_shot_demo(config: DemoConfig) -> dict[str, Any]:
     input_circuit = _rank(run, dual_input, "input").circuit
     pruned = _prune(run, dual, dual_input, rankings, input_circuit)
     single = fuse_dual_encoder(dual_input, [HeadSet.full(heads_per_layer(dual_input))])
-    methods = _methods(run, dual, dual_input, pruned, single)
+    methods = table_methods(run, dual, dual_input, pruned, single)
     known = run.cache.predictions()
-    preds, results, heads, temperatures = _evaluate_all(run, methods, known)
+    preds, results, heads, temperatures = evaluate_all(run, methods, known)
     curves = run.stage.run(
         "zero-shot pruning curves",
-        lambda: _pruning_curves(dual, {"Taylor": rankings.taylor, "CircAvg": rankings.circuit}, run, known),
+        lambda: pruning_curves(dual, {"Taylor": rankings.taylor, "CircAvg": rankings.circuit}, run, known),
     )
     # Single as deployed: the input tower and cached class embeddings (the label tower never runs)
     timed = {"Single": single, **{m.cost_name: m.model for m in methods if m.cost_name}}
     cost = run.stage.run("cost benchmark", lambda: cost_table(timed, run.bench.test[0], config, run.compute))
     meta = _meta(run, dual, temperatures, pruned)
-    _write_report(run, methods, results, heads, preds, meta, cost, curves, rankings, pruned)
+    write_report(run, methods, results, heads, preds, meta, cost, curves, rankings, pruned)
     return {"results": results, "cost": cost, "meta": {**meta, "wall_s": run.stage.elapsed}}
 
 
@@ -114,7 +114,7 @@ def _prune(run: DemoRun, dual, dual_input, rankings: Rankings, input_circuit: Ci
     return PrunedModels(singles, member_heads, hydras)
 
 
-def _methods(run: DemoRun, dual, dual_input, pruned: PrunedModels, single) -> list[Method]:
+def table_methods(run: DemoRun, dual, dual_input, pruned: PrunedModels, single) -> list[Method]:
     """The zero-shot table, in order."""
     config = run.config
     counts, input_counts = heads_per_layer(dual), heads_per_layer(dual_input)
@@ -146,7 +146,7 @@ def _methods(run: DemoRun, dual, dual_input, pruned: PrunedModels, single) -> li
 
 
 def _meta(run: DemoRun, dual, temperatures: dict[str, Any], pruned: PrunedModels) -> dict[str, str]:
-    meta = _report_meta(run, dual, temperatures, pruned.member_heads)
+    meta = report_meta(run, dual, temperatures, pruned.member_heads)
     meta.pop("training recipe (all methods)", None)
     meta["seeds"] = f"member sampling seed {run.config.seed}"
     counts = heads_per_layer(dual)

@@ -1,0 +1,158 @@
+"""The demo's caches: trained models and rankings keyed by what they depend on, predictions keyed
+by the model's weights; stage timing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..evaluation import (
+    Predictions,
+    predict,
+)
+from ..io import atomic_write, atomic_write_json, batches_digest, update_with_tensor
+from ..members import (
+    load_member,
+    save_member,
+)
+from ..members.ensemble import DeepEnsemble
+
+
+class PredictionCache:
+    """`predict` that computes each (model, split, precision) once: the deep ensemble's first member
+    is the Single model, and the pruning curves start from the unpruned base. An explicit ensemble
+    (a list or a `DeepEnsemble`) is predicted member by member, so shared members are shared. MC
+    dropout (random) is never reused. Models are held, so their ids cannot be reused while the
+    cache lives.
+
+    With a ``root`` folder, predictions also persist there (safetensors, written atomically), keyed
+    by a fingerprint of the model (its type, structure and every parameter and buffer), the inputs
+    and the precision: a rerun or an interrupted long run resumes without predicting again, and a
+    changed model or input is never served old predictions."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = None if root is None else Path(root)
+        self._known: dict[tuple, tuple[torch.nn.Module, Predictions]] = {}
+        self._fingerprints: dict[int, str] = {}
+
+    def predict(
+        self, model, batches, split: str, mc_samples: int = 0, precision: str = "auto", progress=True
+    ) -> Predictions:
+        if isinstance(model, DeepEnsemble):
+            model = list(model.members)
+        if isinstance(model, list):
+            parts = [self.predict(m, batches, split, mc_samples, precision, progress) for m in model]
+            return Predictions(np.concatenate([p.member_logits for p in parts]), parts[0].labels)
+        if mc_samples:
+            return predict(
+                model, batches, split, progress=progress, mc_samples=mc_samples, precision=precision
+            )
+        key = (id(model), split, precision)
+        if key not in self._known:
+            self._known[key] = (model, self._stored(model, batches, split, precision, progress))
+        return self._known[key][1]
+
+    def _stored(self, model, batches, split: str, precision: str, progress: bool) -> Predictions:
+        if self.root is None:
+            return predict(model, batches, split, progress=progress, precision=precision)
+        batches = list(batches)
+        digest = hashlib.sha256(
+            f"{self._fingerprint(model)}|{batches_digest(batches)}|{precision}".encode()
+        ).hexdigest()[:24]
+        path = self.root / f"{digest}.safetensors"
+        if path.is_file():
+            stored = load_file(str(path))
+            labels = stored.get("labels")
+            return Predictions(stored["member_logits"].numpy(), None if labels is None else labels.numpy())
+        found = predict(model, batches, split, progress=progress, precision=precision)
+        tensors = {"member_logits": torch.from_numpy(np.ascontiguousarray(found.member_logits))}
+        if found.labels is not None:
+            tensors["labels"] = torch.from_numpy(np.ascontiguousarray(found.labels))
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"split": split}))
+        return found
+
+    def _fingerprint(self, model: torch.nn.Module) -> str:
+        if id(model) not in self._fingerprints:
+            self._fingerprints[id(model)] = module_fingerprint(model)
+        return self._fingerprints[id(model)]
+
+
+def module_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 of a module's type, structure (``repr``), every submodule's plain settings (numbers,
+    strings, tuples, dataclasses such as a zero-shot config) and every parameter and buffer (names,
+    dtypes, shapes and bytes): equal fingerprints mean the same computation."""
+    digest = hashlib.sha256(f"{type(model).__qualname__}\n{model!r}".encode())
+    for path, module in model.named_modules(remove_duplicate=False):
+        for name, value in sorted(vars(module).items()):
+            if not name.startswith("_") and name != "training" and _is_setting(value):
+                digest.update(re.sub(r"0x[0-9a-f]+", "", f"{path}.{name}={value!r}").encode())
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, tensor in named:
+        update_with_tensor(digest, name, tensor)
+    return digest.hexdigest()
+
+
+def _is_setting(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, str, type(None))) or is_dataclass(value):
+        return True
+    return isinstance(value, (tuple, list)) and all(_is_setting(v) for v in value)
+
+
+class Stage:
+    """Prints what runs and how long it took."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        t = time.perf_counter()
+        print(f"[{time.perf_counter() - self.start:6.1f}s] {name} ...", flush=True)
+        value = fn()
+        self.timings[name] = time.perf_counter() - t
+        return value
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+class Cache:
+    """Models and JSON artefacts under ``root/<kind>-<hash of key>``."""
+
+    def __init__(self, root: Path, enabled: bool) -> None:
+        self.root, self.enabled = Path(root), enabled
+
+    def path(self, kind: str, key: dict[str, Any]) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return self.root / f"{kind}-{digest}"
+
+    def model(self, kind: str, key: dict[str, Any], build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        where = self.path(kind, key)
+        if self.enabled and (where / "member_config.json").is_file():
+            return load_member(where)
+        model = build()
+        save_member(model, where)
+        return model
+
+    def json(self, kind: str, key: dict[str, Any], build: Callable[[], Any]) -> Any:
+        where = self.path(kind, key) / "value.json"
+        if self.enabled and where.is_file():
+            return json.loads(where.read_text())
+        value = build()
+        atomic_write_json(where, value)
+        return value
+
+    def predictions(self) -> PredictionCache:
+        """A `PredictionCache` persisting under ``root/predictions`` (in memory only if disabled)."""
+        return PredictionCache(self.root / "predictions" if self.enabled else None)
