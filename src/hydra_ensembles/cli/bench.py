@@ -1,0 +1,143 @@
+"""``hydra-ens bench``: latency, parameters, multiply-adds and memory of every method."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..models import DEFAULT_TEXT_MODEL
+from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_option
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..adapters import get_adapter
+    from ..bench import bench_report, random_head_sets, run_bench
+    from ..io import atomic_write_json, atomic_write_text, check_report_dir, mark_report_dir
+    from ..loading import load_any
+    from ..models import VISION_MODEL_TYPES
+    from ..precision import resolve_precision
+    from ..runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
+
+    out = check_report_dir(args.out, args.overwrite)
+    if args.default_allocator:
+        os.environ[ALLOCATOR_ENV] = "0"
+    ensure_cpu_allocator_tuned()
+    chosen = [resolve_precision(name, args.device) for name in args.precision.split(",")]
+    if len(chosen) == 1 and args.precision == "auto" and chosen[0].reduced:
+        chosen.insert(0, resolve_precision("fp32", args.device))  # auto's pick beside fp32
+    model = load_any(args.model, args.num_labels).eval()
+    adapter = get_adapter(model)
+    config = adapter.encoder_config(model)
+    heads = random_head_sets(
+        args.members,
+        adapter.num_layers(model),
+        config.num_attention_heads,
+        args.heads_per_layer,
+        seed=args.seed,
+        shared_layers=args.shared_layers,
+    )
+    generator = torch.Generator().manual_seed(args.seed)
+
+    def make_inputs(batch: int) -> dict:
+        if config.model_type in VISION_MODEL_TYPES:
+            size = config.image_size
+            return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
+        low = min(1000, config.vocab_size // 2)  # skip special tokens of real vocabularies
+        ids = torch.randint(low, config.vocab_size, (batch, args.tokens), generator=generator)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    setting = (
+        f"{args.model}, M={args.members}, {args.heads_per_layer}/{config.num_attention_heads} heads per "
+        f"layer (random, seed {args.seed}), {args.tokens} tokens, {args.repeats} interleaved runs, "
+        f"device {args.device}"
+        + (f", shared trunk of {args.shared_layers} layers" if args.shared_layers else "")
+    )
+    precision = "; ".join(str(p) for p in chosen)
+    print(f"machine: {describe_machine()}\nsetting: {setting}\nprecision: {precision}")
+    results = run_bench(
+        model,
+        heads,
+        make_inputs,
+        args.batch_sizes,
+        [p.dtype_name for p in chosen],
+        repeats=args.repeats,
+        test_set=args.test_set,
+        device=args.device,
+        onnx=args.onnx,
+    )
+    mark_report_dir(out)
+    atomic_write_json(
+        out / "bench.json",
+        {"machine": describe_machine(), "setting": setting, "precision": precision, **results},
+    )
+    table = bench_report(results, describe_machine(), f"{setting}; precision: {precision}")
+    atomic_write_text(out / "bench.md", table)
+    print(table)
+    return 0
+
+
+def _positive_list(text: str) -> list[int]:
+    """An argparse type: comma-separated positive integers (``1,8,64``)."""
+    values = [POSITIVE(item) for item in text.split(",")]
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one number")
+    return values
+
+
+def _device(text: str) -> str:
+    """An argparse type: a device name (``cpu``, ``cuda``, ``cuda:1``); whether the machine has
+    it is checked when the command starts."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu, cuda, cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text}: only cpu and cuda[:N] are supported")
+    return text
+
+
+def _add_bench_command(sub) -> None:
+    bench = sub.add_parser("bench", help="latency, parameters, multiply-adds and memory of every method")
+    bench.add_argument("model", nargs="?", default=DEFAULT_TEXT_MODEL)
+    bench.add_argument("--members", type=POSITIVE, default=3)
+    bench.add_argument("--heads-per-layer", type=COUNT, default=8)
+    bench.add_argument("--tokens", type=POSITIVE, default=128)
+    bench.add_argument("--batch-sizes", type=_positive_list, default="1,8,64", help="comma-separated")
+    bench.add_argument(
+        "--precision",
+        default="auto",
+        help="precisions to time, comma-separated (fp32,bf16,fp16); auto: fp32, plus bf16/fp16 where "
+        "auto picks it (see --precision of the other commands)",
+    )
+    bench.add_argument("--repeats", type=POSITIVE, default=10)
+    bench.add_argument(
+        "--test-set", type=COUNT, default=351, help="inputs in the whole-test-set timing (0: skip)"
+    )
+    bench.add_argument(
+        "--device", type=_device, default="cpu", help="cpu or cuda[:N] (timed with CUDA synchronisation)"
+    )
+    bench.add_argument(
+        "--shared-layers",
+        type=COUNT,
+        default=0,
+        help="members share their first K layers' heads, which then run once (a shared trunk)",
+    )
+    bench.add_argument("--seed", type=int, default=0)
+    _num_labels_option(bench)
+    bench.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="keep glibc's default allocator (the same as HYDRA_TUNE_ALLOCATOR=0)",
+    )
+    bench.add_argument("--out", default="runs/bench", help="report folder")
+    _report_overwrite_option(bench)
+    bench.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also time the fused model exported to ONNX and run by onnxruntime (float32, CPU)",
+    )
+    bench.set_defaults(func=_cmd_bench)

@@ -1,0 +1,166 @@
+"""``hydra-ens build``: members from a ranking, optional fine-tuning, the fused Hydra model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import _data_batches, _load_model, _preprocessor_for, _print_history, _say_precision
+from .options import (
+    COUNT,
+    POSITIVE,
+    PREPROCESSOR_HELP,
+    _calibration_options,
+    _data_options,
+    _num_labels_option,
+    _overwrite_option,
+    _positive_float,
+    _random_head_option,
+)
+
+
+def _ranking(scores_file: str, model):
+    """The head ranking a ``hydra-ens score`` file holds, checked against ``model``'s heads."""
+    import torch
+
+    from ..adapters import get_adapter
+    from ..io import read_json
+    from ..members import least_useful_first
+    from ..scoring import CircuitOrder
+
+    data = read_json(scores_file, "scores file")
+    method = data.get("method") if isinstance(data, dict) else None
+    if method not in ("taylor", "circuit"):
+        raise ValueError(f"{scores_file} is not a file written by hydra-ens score")
+    heads = list(get_adapter(model).original_heads_per_layer(model))
+    try:
+        ranking = (
+            torch.tensor(data["scores"], dtype=torch.float64)
+            if method == "taylor"
+            else CircuitOrder.from_dict(data)
+        )
+        ranked_heads = least_useful_first(ranking)[1]  # heads per layer the ranking covers
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{scores_file} is damaged or does not fit {type(model).__name__}: {exc}") from None
+    if ranked_heads != heads:
+        raise ValueError(
+            f"{scores_file} ranks a model with heads per layer {ranked_heads}; this one has {heads}"
+        )
+    return ranking
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    import dataclasses
+    import shutil
+
+    from ..build import BuildConfig, build_hydra, save_with_preprocessor
+    from ..data.labels import check_trainable
+    from ..io import check_output_dir
+    from ..members import FineTuneConfig, member_overlap
+    from ..surgery import heads_per_layer
+
+    out = check_output_dir(
+        args.out,
+        finished="hydra/hydra_config.json",
+        resumable=("checkpoints", "members", "hydra"),
+        overwrite=args.overwrite,
+    )
+    if args.fine_tune and not args.data:
+        raise ValueError("--fine-tune needs --data (labelled training data)")
+    model = _load_model(args.model, args)
+    ranking = _ranking(args.scores, model)
+    preprocessor = _preprocessor_for(args.preprocessor or args.model)
+    _say_precision(args)
+    train, classes = None, None
+    if args.fine_tune:
+        dataset, train = _data_batches(args.data, args, preprocessor, model=model)
+        check_trainable(dataset.labels, dataset.classes, args.data)
+        classes = list(dataset.classes)  # saved models name their classes (predict, pipelines)
+    val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    tuning = None
+    if args.fine_tune:
+        tuning = FineTuneConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, patience=args.patience)
+    config = BuildConfig(
+        num_members=args.members,
+        num_pruned=args.num_pruned,
+        heads_per_layer=args.heads_per_layer,
+        pool_size=args.pool_size,
+        seed=args.seed,
+        fine_tune=tuning,
+        mlp=args.mlp,
+        flag_score=args.flag_score,
+        keep=args.keep,
+        precision=args.precision,
+    )
+
+    def trained(m: int, member, result) -> None:  # each member saved as soon as it is trained
+        _print_history(result, dataclasses.replace(tuning, seed=args.seed + m), val)
+        save_with_preprocessor(member, out / "members" / f"member-{m}", preprocessor)
+
+    built = build_hydra(
+        model,
+        train,
+        val,
+        config=config,
+        ranking=ranking,
+        classes=classes,
+        validation_name=args.val_data or "",
+        checkpoint_dir=out / "checkpoints",
+        on_member=trained,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    overlap = member_overlap(built.head_sets, heads_per_layer(model))
+    print(f"{len(built.head_sets)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
+    for what, calibration in (
+        ("members' ensemble (members/)", built.members_calibration),
+        ("fused model (hydra/)", built.calibration),
+    ):
+        if calibration is not None:
+            print(f"the {what}: calibration: {calibration.describe()}")
+    built.save_pretrained(out, preprocessor, members_saved=True)  # the fused model's config last
+    if not args.keep_checkpoints:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    print(f"saved the fused model to {out / 'hydra'}")
+    return 0
+
+
+def _add_build_command(sub) -> None:
+    build = sub.add_parser(
+        "build", help="members from a ranking -> optional fine-tuning -> fused Hydra model"
+    )
+    build.add_argument("model", help="the model the ranking was computed on")
+    build.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
+    build.add_argument("--members", type=POSITIVE, default=3)
+    group = build.add_mutually_exclusive_group(required=True)
+    group.add_argument("--heads-per-layer", type=COUNT, help="heads each member keeps per layer")
+    group.add_argument("--num-pruned", type=COUNT, help="heads each member prunes in total")
+    build.add_argument(
+        "--pool-size",
+        type=POSITIVE,
+        help="the least useful heads each member samples its pruned heads from: per layer with "
+        "--heads-per-layer, in the whole model with --num-pruned (default: twice the heads pruned, "
+        "at most the heads the ranking ranks)",
+    )
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
+    build.add_argument("--data", help="labelled training data for --fine-tune")
+    build.add_argument(
+        "--val-data",
+        help="labelled ID validation data: early stopping, and the calibration (temperature, OOD "
+        "flag threshold) saved with the fused model and the members' ensemble",
+    )
+    build.add_argument("--epochs", type=POSITIVE, default=3)
+    build.add_argument("--lr", type=_positive_float, default=5e-5)
+    build.add_argument("--patience", type=POSITIVE)
+    build.add_argument("--mlp", choices=["merge", "exact"], default="merge")
+    _num_labels_option(build)
+    build.add_argument("--out", required=True, help="output directory (hydra/, members/, checkpoints/)")
+    build.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep the fine-tuning checkpoints after success"
+    )
+    build.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    _calibration_options(build, "--val-data")
+    _random_head_option(build)
+    _overwrite_option(build)
+    _data_options(build)
+    build.set_defaults(func=_cmd_build)

@@ -1,0 +1,173 @@
+"""Steps shared by several commands: loading models and data, the preprocessor saved with a model,
+calibration."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = None):
+    """A model for a command that predicts with its head: refused where the head was initialised
+    randomly (a base model) unless ``--allow-random-head`` says that is intended."""
+    from ..loading import load_any
+    from ..models import untrained_weights
+
+    model = load_any(path, num_labels or getattr(args, "num_labels", None))
+    untrained = untrained_weights(model)
+    if untrained and not getattr(args, "allow_random_head", False):
+        raise ValueError(
+            f"{path} has no trained classifier head ({', '.join(untrained[:2])} would be random): "
+            f"fine-tune it first (hydra-ens finetune {path} --data TRAIN --out DIR), or pass "
+            "--allow-random-head where a random head is what you want"
+        )
+    if untrained:
+        print(
+            f"hydra-ens: warning: {path}: {', '.join(untrained)} initialised randomly (seeded)",
+            file=sys.stderr,
+        )
+    return model
+
+
+def _preprocessor_for(model_path: str):
+    """What a model's inputs are made with: the tokenizer saved with a text model, the image
+    processor saved with a vision model (``build`` saves them beside members and the fused model
+    too), or None (a model saved without one)."""
+    from transformers import AutoConfig
+
+    from ..configuration import MODEL_TYPE
+    from ..loading import saved_preprocessor
+    from ..members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
+    from ..models import VISION_MODEL_TYPES, load_image_processor, load_tokenizer, resolve_model_path
+
+    found = saved_preprocessor(model_path)
+    if found is not None or (Path(model_path) / ENSEMBLE_CONFIG).is_file():
+        return found
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(model_path))
+    except (OSError, ValueError):
+        return None
+    if config.model_type == MODEL_TYPE:  # a folder the library saved: its preprocessor is saved in it
+        return None
+    if config.model_type in VISION_MODEL_TYPES:
+        return load_image_processor(model_path)
+    return load_tokenizer(model_path)
+
+
+def _data_batches(
+    spec: str,
+    args: argparse.Namespace,
+    preprocessor,
+    limit: int | None = None,
+    labels: bool = True,
+    model=None,
+    dataset=None,
+):
+    """A named dataset and its batches; with ``model``, checked against it (text or images) and
+    its labels mapped onto the model's classes (`data.labels.align_labels`). ``dataset``: the
+    one ``spec`` names, where the caller has loaded it already."""
+    from ..batching import model_inputs
+    from ..data import ImageDataset, load_spec, stable_sample, to_batches
+    from ..data.labels import align_labels, model_class_names, num_model_labels
+    from ..models import takes_images
+
+    if dataset is None:
+        dataset = load_spec(spec, args.text_column, args.label_column, labelled=labels)
+    if labels and not dataset.classes:
+        raise ValueError(f"{spec} has no labels; this option needs labelled data")
+    if model is not None:
+        first = model[0] if isinstance(model, list) else model
+        vision = takes_images(first)
+        if vision != isinstance(dataset, ImageDataset):
+            kind = "images" if isinstance(dataset, ImageDataset) else "texts"
+            raise ValueError(f"{spec} holds {kind}, but the model takes {'images' if vision else 'text'}")
+        if labels:
+            dataset = align_labels(dataset, model_class_names(model), num_model_labels(model), spec)
+    if preprocessor is None and not isinstance(dataset, ImageDataset):
+        raise ValueError(
+            "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
+            "where the command takes it (a saved Hydra model keeps none)"
+        )
+    if not isinstance(dataset, ImageDataset):
+        _check_max_length(args.max_length, preprocessor, model)
+    if limit:
+        dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
+    out = list(to_batches(dataset, preprocessor, args.batch_size, args.max_length))
+    if not labels:
+        out = [model_inputs(b) for b in out]
+    return dataset, out
+
+
+def _check_max_length(max_length: int, tokenizer, model) -> None:
+    """Refuse a ``--max-length`` beyond the positions the tokenizer and the model know (longer
+    inputs would index past the position embeddings)."""
+    limits = [getattr(tokenizer, "model_max_length", None)]
+    for m in model if isinstance(model, list) else [model]:
+        config = getattr(m, "config", None)
+        limits.append(getattr(config, "max_position_embeddings", None) if config is not None else None)
+    known = [int(n) for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
+    if known and max_length > min(known):
+        raise ValueError(f"--max-length {max_length} exceeds the model's {min(known)} positions")
+
+
+def _print_history(result, config, val: list[dict] | None) -> None:
+    """One line per fine-tuning epoch (training loss; validation NLL/accuracy where measured),
+    which epoch was kept and why (``--patience``), and a warning where validation accuracy never
+    rose above the share of the validation set's largest class (a model stuck on one class)."""
+    import warnings
+
+    history = result.history
+    for record in history:
+        line = f"  epoch {record['epoch'] + 1}: train loss {record['train_loss']:.4f}"
+        if "val_nll" in record:
+            line += f", val NLL {record['val_nll']:.4f}, val accuracy {record['val_acc']:.4f}"
+        if record.get("fp16_overflow_retries"):
+            line += f", {record['fp16_overflow_retries']} fp16 steps taken again at a halved loss scale"
+        if record.get("skipped_steps"):
+            line += f", {record['skipped_steps']} steps SKIPPED (fp16 gradients overflowed)"
+        print(line)
+    if config.patience is not None and result.best_epoch is not None:
+        best = history[result.best_epoch]
+        stopped = f"; stopped early after epoch {len(history)}" if result.stopped_early else ""
+        print(
+            f"  kept epoch {result.best_epoch + 1} of {len(history)}: the lowest validation NLL "
+            f"({best['val_nll']:.4f}; --patience keeps the best epoch by validation NLL){stopped}"
+        )
+    if val and history and "val_acc" in history[0]:
+        import torch
+
+        labels = torch.cat([b["labels"].reshape(-1) for b in val])
+        majority = float(torch.bincount(labels).max()) / len(labels)
+        if max(r["val_acc"] for r in history) <= majority + 1e-9:
+            warnings.warn(
+                f"validation accuracy never rose above {majority:.3f}, the share of the largest class: "
+                "the model predicts one class; try a larger --lr or more --epochs",
+                stacklevel=2,
+            )
+
+
+def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str):
+    """Fit ``model``'s calibration (temperature, ``--flag-score`` threshold keeping ``--keep`` of
+    ID validation) on labelled ``batches`` and record it in its configuration, saved with it."""
+    from ..evaluation import calibrate
+
+    calibration = calibrate(model, batches, args.flag_score, args.keep, data=data, precision=args.precision)
+    print(f"calibration: {calibration.describe()}")
+    return calibration
+
+
+def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
+    """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and, where the first
+    path has one, its tokenizer or image processor (a saved Hydra model or member keeps none:
+    pass ``--tokenizer``)."""
+    paths = [p for p in spec.split(",") if p]
+    if not paths:
+        raise ValueError(f"no model path in {spec!r}")
+    return [_load_model(p, args) for p in paths], _preprocessor_for(paths[0])
+
+
+def _say_precision(args: argparse.Namespace) -> None:
+    """One line on stdout with the precision and why, once the inputs are checked and work begins
+    (stderr keeps one line for a bad input)."""
+    print(f"computing in {args.precision} ({args.precision_reason})")

@@ -1,0 +1,113 @@
+"""``hydra-ens demo``: the paper's experiment on an embedded benchmark."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL
+from .options import precision_option
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ..experiment import DemoConfig, run_demo
+    from ..io import output_lock
+    from ..runtime import ensure_cpu_allocator_tuned
+
+    ensure_cpu_allocator_tuned()
+    overrides = {
+        "precision": args.precision,
+        "seed": args.seed,
+        "cache_dir": Path(args.cache_dir),
+        "use_cache": not args.no_cache,
+        "trunk_study": args.trunk_study,
+        "batch_ensemble": args.batch_ensemble,
+        "oba": args.oba,
+        "wanda": args.wanda,
+        "packed": args.packed,
+        "mimo": args.mimo,
+    }
+    if args.model:
+        overrides["model"] = args.model
+    if args.out:
+        overrides["out_dir"] = Path(args.out)
+    config = DemoConfig.preset(args.task, full=args.full, **overrides)
+    if args.seeds and args.task == "zero-shot":
+        raise ValueError("--seeds runs the supervised demos (text, image)")
+    with output_lock(config.out_dir):  # its default folder too: one demo writes it at a time
+        if args.seeds:
+            from ..experiment import run_seeds
+
+            run_seeds(config, [int(s) for s in args.seeds.split(",") if s.strip()])
+        elif args.task == "zero-shot":
+            from ..zero_shot_demo import run_zero_shot_demo
+
+            run_zero_shot_demo(config)
+        else:
+            run_demo(config)
+    return 0
+
+
+def _add_demo_command(sub) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="the paper's experiment on an embedded benchmark (text: MiniLM-L6 on BBC News; "
+        "image: pretrained DINOv2-S fine-tuned on Fashion-MNIST)",
+    )
+    demo.add_argument(
+        "--task",
+        choices=["text", "image", "zero-shot"],
+        default="text",
+        help="text (default, about 5 minutes here), image (about 15 minutes here) or zero-shot "
+        "(MiniLM-L6 as a dual encoder on BBC News topics, no training; about 3 minutes here)",
+    )
+    demo.add_argument(
+        "--full",
+        action="store_true",
+        help="the larger protocol: all training data, longer inputs, fp32 evaluation (text and image: "
+        "up to an hour here; zero-shot: all-mpnet-base-v2 on every test text, hours on 2 CPU cores)",
+    )
+    demo.add_argument(
+        "--model",
+        help=f"text: a BERT/RoBERTa/DistilBERT hub id or directory (default {DEFAULT_TEXT_MODEL}); "
+        f"image: {DEFAULT_IMAGE_MODEL} (default; dinov2-s-<px> for another input size) or "
+        "vit-6x12-p7 (a small ViT trained from scratch)",
+    )
+    seeds = demo.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=0, help="seed of the run (default: %(default)s)")
+    seeds.add_argument(
+        "--seeds",
+        help="comma-separated seeds, e.g. 0,1,2: the demo once per seed (cached models are reused), "
+        "then mean ± std over the seeds (seeds.md)",
+    )
+    demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
+    demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")
+    demo.add_argument("--no-cache", action="store_true", help="recompute everything")
+    demo.add_argument(
+        "--trunk-study",
+        action="store_true",
+        help="also build Hydra with a shared trunk of L/3 and L/2 layers and compare",
+    )
+    demo.add_argument(
+        "--batch-ensemble", action="store_true", help="also report a BatchEnsemble baseline (M members)"
+    )
+    demo.add_argument(
+        "--packed",
+        action="store_true",
+        help="also report Packed-Ensembles (alpha=2 from scratch; alpha=M from the pretrained weights)",
+    )
+    demo.add_argument(
+        "--mimo", action="store_true", help="also report MIMO (M inputs in one pass; rho 0.5, batch repeat 4)"
+    )
+    demo.add_argument(
+        "--oba",
+        action="store_true",
+        help="also report OBA (unstructured, second-order), as many parameters as Taylor, fine-tuned",
+    )
+    demo.add_argument(
+        "--wanda",
+        action="store_true",
+        help="also report Wanda (unstructured, |W| x input norm), as many parameters as Taylor, fine-tuned",
+    )
+    precision_option(demo)
+    demo.set_defaults(func=_cmd_demo)

@@ -1,0 +1,129 @@
+"""``hydra-ens eval``: evaluate methods on ID and OOD data and write a report."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import _data_batches, _load_methods, _preprocessor_for, _say_precision
+from .options import (
+    POSITIVE,
+    PREPROCESSOR_HELP,
+    _data_options,
+    _random_head_option,
+    _report_overwrite_option,
+    _resamples,
+)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .. import reporting
+    from ..evaluation import add_comparisons, evaluate_method, predict, predict_method
+    from ..io import check_report_dir, mark_report_dir
+
+    out = check_report_dir(args.out, args.overwrite)
+    items = [item.partition("=") for item in args.method]
+    bad = [f"{n}{sep}{paths}" for n, sep, paths in items if not (n and sep and paths)]
+    if bad:
+        raise ValueError(f"--method wants NAME=PATH[,PATH...], got {bad[0]!r}")
+    oods_named = [_ood_option(item) for item in args.ood or []]
+    for option, names in (("--method", [n for n, _, _ in items]), ("--ood", [n for n, _, _ in oods_named])):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{option} names {repeated[0]!r} twice: give every {option} its own name")
+    methods: dict[str, list] = {}
+    preprocessor = None
+    for name, _, paths in items:
+        methods[name], found = _load_methods(paths, args)
+        preprocessor = preprocessor or found
+    models = [m for group in methods.values() for m in group]  # mapping labels checks they agree
+    if args.preprocessor:
+        preprocessor = _preprocessor_for(args.preprocessor)
+    data = _eval_data(args, preprocessor, models, oods_named)
+    _say_precision(args)
+    results, preds, draws = {}, {}, {}
+    for name, group in methods.items():
+
+        def predict_fn(model, batches, split, name=name):
+            return predict(model, batches, f"{name}: {split}", precision=args.precision)
+
+        model = group[0] if len(group) == 1 else group
+        preds[name] = predict_method(model, data, predict_fn, calibrate=data.val is not None)
+        rows, _, row_draws = evaluate_method(name, preds[name], bootstrap=args.bootstrap)
+        results.update(rows)
+        draws.update(row_draws)
+    first = next(iter(methods))  # every other method's differences from the first, paired
+    add_comparisons(results, draws, [(name, first) for name in results if name != first])
+    meta = {
+        "command": "hydra-ens eval",
+        "ID": args.id_data,
+        "OOD": ", ".join(args.ood or []) or "none",
+        "precision": f"{args.precision} ({args.precision_reason})",
+    }
+    reporting.write_results(mark_report_dir(out), results, meta=meta)
+    reporting.method_plots(out / "plots", preds, list(preds), list(preds))
+    print((out / "report.md").read_text())
+    return 0
+
+
+def _ood_option(item: str) -> tuple[str, str, str]:
+    """``NAME=SPEC:near|far`` -> (name, spec, kind)."""
+    name, _, rest = item.partition("=")
+    spec, _, kind = rest.rpartition(":")
+    if kind not in ("near", "far") or not spec or not name:
+        raise ValueError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
+    return name, spec, kind
+
+
+def _eval_data(args: argparse.Namespace, preprocessor, models: list, oods_named: list):
+    """The ID test (and shifted, validation) and OOD batches ``hydra-ens eval`` measures on."""
+    from ..data import to_batches
+    from ..evaluation import EvalData, shifted_sets
+
+    id_dataset, id_test = _data_batches(args.id_data, args, preprocessor, args.limit, model=models)
+    shift = {
+        key: list(to_batches(data, preprocessor, args.batch_size, args.max_length))
+        for key, data in (shifted_sets(id_dataset, args.shift_limit) if args.shift else {}).items()
+    }
+    oods = {
+        name: (kind, _data_batches(spec, args, preprocessor, args.limit, labels=False, model=models[0])[1])
+        for name, spec, kind in oods_named
+    }
+    val = (
+        _data_batches(args.val_data, args, preprocessor, args.limit, model=models)[1]
+        if args.val_data
+        else None
+    )
+    return EvalData(id_test, oods, shift, val)
+
+
+def _add_eval_command(sub) -> None:
+    evaluate = sub.add_parser("eval", help="evaluate methods on ID, OOD (near/far) data; write a report")
+    evaluate.add_argument(
+        "--method",
+        action="append",
+        required=True,
+        help="NAME=PATH[,PATH...]: a saved Hydra model, member or HF model; several = ensemble",
+    )
+    evaluate.add_argument("--id-data", required=True, help="labelled ID test data")
+    evaluate.add_argument("--ood", action="append", help="NAME=SPEC:near|far (repeatable)")
+    evaluate.add_argument("--val-data", help="labelled ID validation data: also report temperature scaling")
+    evaluate.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    evaluate.add_argument("--limit", type=POSITIVE, help="at most this many examples per dataset")
+    evaluate.add_argument(
+        "--shift",
+        action="store_true",
+        help="also measure accuracy and Brier under corruptions at severities 1-5",
+    )
+    evaluate.add_argument("--shift-limit", type=POSITIVE, default=100, help="ID test examples corrupted")
+    evaluate.add_argument(
+        "--bootstrap",
+        type=_resamples,
+        default=0,
+        help="bootstrap resamples (e.g. 1000) for 95%% intervals of every main metric and paired "
+        "differences (with p-values) of every method from the first --method",
+    )
+    _random_head_option(evaluate)
+    evaluate.add_argument("--out", required=True, help="report folder")
+    _report_overwrite_option(evaluate)
+    _data_options(evaluate)
+    evaluate.set_defaults(func=_cmd_eval)

@@ -1,0 +1,108 @@
+"""``hydra-ens finetune``: fine-tune a classifier on labelled data, with its calibration."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import _calibrate, _data_batches, _load_model, _preprocessor_for, _print_history, _say_precision
+from .options import (
+    POSITIVE,
+    PREPROCESSOR_HELP,
+    _calibration_options,
+    _data_options,
+    _overwrite_option,
+    _positive_float,
+)
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    """Fine-tune a classifier (e.g. a base model's fresh head) and save it as a Hugging Face model
+    directory with its preprocessor and class names: what score and build start from."""
+    import shutil
+
+    from ..build import name_classes
+    from ..data import load_spec
+    from ..data.labels import check_trainable
+    from ..io import atomic_dir, check_output_dir
+    from ..members import FineTuneConfig, fine_tune
+    from ..models import untrained_weights
+
+    out = check_output_dir(
+        args.out, finished="config.json", resumable=(), overwrite=args.overwrite, replaced=True
+    )
+    if args.val_data and args.flag_score == "mutual_information":
+        raise ValueError(
+            "--flag-score mutual_information measures members' disagreement: a single fine-tuned "
+            "model has none to calibrate; choose msp, max_logit, energy or entropy"
+        )
+    dataset = load_spec(args.data, args.text_column, args.label_column)
+    classes = len(dataset.classes)
+    if not classes:
+        raise ValueError(f"{args.data} has no labels; fine-tuning needs labelled data")
+    check_trainable(dataset.labels, dataset.classes, args.data)
+    model = _load_model(args.model, args, num_labels=args.num_labels)
+    if untrained_weights(model) and args.num_labels is None and model.config.num_labels != classes:
+        model = _load_model(args.model, args, num_labels=classes)  # a fresh head for the data
+    preprocessor = _preprocessor_for(args.preprocessor or args.model)
+    dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
+    val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    name_classes(model, dataset.classes)
+    config = FineTuneConfig(
+        epochs=args.epochs,
+        lr=args.lr,
+        seed=args.seed,
+        patience=args.patience,
+        precision=args.precision,
+        trainable=tuple(args.train.split(",")),
+    )
+    checkpoint = out.with_name(out.name + ".checkpoint")
+    _say_precision(args)
+    result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
+    _print_history(result, config, val)
+    model.config.hydra_training_precision = args.precision  # saved with its config
+    if val is not None:
+        _calibrate(model, val, args, args.val_data)
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)  # safetensors + config.json (with the class names)
+        if preprocessor is not None:
+            preprocessor.save_pretrained(folder)
+
+    atomic_dir(out, write)
+    if not args.keep_checkpoints:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    print(f"saved the fine-tuned classifier ({len(dataset.classes)} classes) to {out}")
+    return 0
+
+
+def _add_finetune_command(sub) -> None:
+    tune = sub.add_parser(
+        "finetune",
+        help="fine-tune a classifier (e.g. a base model's new head) on labelled data; save it with its "
+        "preprocessor and class names (what score and build start from)",
+    )
+    tune.add_argument("model", help="HF id or directory (a base model gets a new head), or minilm-l6")
+    tune.add_argument("--data", required=True, help="labelled training data")
+    tune.add_argument(
+        "--val-data",
+        help="labelled ID validation data (reported; early stopping with --patience; the calibration "
+        "saved with the model)",
+    )
+    tune.add_argument("--epochs", type=POSITIVE, default=3)
+    tune.add_argument("--lr", type=_positive_float, default=5e-5)
+    tune.add_argument("--patience", type=POSITIVE)
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument(
+        "--train",
+        default="attention,mlp,norm,head,embeddings",
+        help="comma-separated parts to train: attention, mlp, norm, head, embeddings",
+    )
+    tune.add_argument("--num-labels", type=POSITIVE, help="classes (default: those of --data)")
+    tune.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    tune.add_argument("--out", required=True, help="output model directory (a Hugging Face model)")
+    tune.add_argument("--keep-checkpoints", action="store_true", help="keep OUT.checkpoint/ after success")
+    _calibration_options(tune, "--val-data")
+    _overwrite_option(tune)
+    _data_options(tune)
+    tune.set_defaults(func=_cmd_finetune, allow_random_head=True)

@@ -1,0 +1,48 @@
+"""``hydra-ens fuse``: fuse zero-shot members given as head-set JSON files into one Hydra model."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import _load_model
+from .options import _num_labels_option, _overwrite_option, _random_head_option
+
+
+def _cmd_fuse(args: argparse.Namespace) -> int:
+    from ..fusion import fuse
+    from ..fusion.model import CONFIG_NAME
+    from ..heads import HeadSet, HeadSetError
+    from ..io import check_output_dir, read_json
+
+    check_output_dir(args.out, finished=CONFIG_NAME, resumable=(), overwrite=args.overwrite)
+    head_sets = []
+    for file in args.heads:
+        data = read_json(file, "head-set file")
+        items = data if isinstance(data, list) else [data]
+        if not items or not all(isinstance(item, dict) for item in items):
+            raise HeadSetError(f"{file}: a head set {{layer: [heads]}} or a non-empty list of them is due")
+        try:
+            head_sets += [HeadSet.from_dict(item) for item in items]
+        except (HeadSetError, TypeError, ValueError) as exc:
+            raise HeadSetError(f"{file}: {exc}") from None
+    model = _load_model(args.model, args)
+    hydra = fuse(model, head_sets)
+    hydra.save_pretrained(args.out)
+    print(f"fused {hydra.num_members} members into {args.out}")
+    return 0
+
+
+def _add_fuse_command(sub) -> None:
+    fuse = sub.add_parser("fuse", help="fuse zero-shot members given as head-set JSON files")
+    fuse.add_argument("model", help="HF id, local directory or minilm-l6")
+    fuse.add_argument(
+        "--heads",
+        nargs="+",
+        required=True,
+        help="JSON files, each a head set {layer: [heads]} or a list of them",
+    )
+    _num_labels_option(fuse)
+    fuse.add_argument("--out", required=True, help="output directory")
+    _random_head_option(fuse)
+    _overwrite_option(fuse)
+    fuse.set_defaults(func=_cmd_fuse)

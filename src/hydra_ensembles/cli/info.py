@@ -1,0 +1,57 @@
+"""``hydra-ens info``: a model's family, layers and heads."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..models import DEFAULT_TEXT_MODEL
+from .options import _num_labels_option
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from ..adapters import get_adapter
+    from ..cost import count_parameters
+    from ..fusion import HydraModel
+    from ..loading import load_any
+    from ..members import batch_ensemble_members, head_ensemble_members
+    from ..members.mimo import mimo_members
+    from ..members.packed import PACKED_KEY
+    from ..surgery import kept_heads
+
+    model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model
+    if isinstance(model, HydraModel):
+        adapter, inner = model.adapter, model.model
+        original = adapter.original_heads_per_layer(inner)
+        print(f"model: {args.model} (fused Hydra of {type(inner).__name__}, family {adapter.family})")
+        print(f"members: {model.num_members}; shared trunk: {model.trunk_layers} layers")
+        for m, heads in enumerate(model.head_sets):
+            print(f"  member {m}: heads per layer {[len(k) for k in heads.resolve(original)]} of {original}")
+        print(f"fusion policy: {asdict(model.policy)}; per-member modules: {len(model.layout)}")
+        print(f"parameters: {count_parameters(model):,} (without padding)")
+        return 0
+    adapter = get_adapter(model)
+    original = adapter.original_heads_per_layer(model)
+    kept = kept_heads(model).resolve(original)
+    print(f"model: {args.model} ({type(model).__name__}, family {adapter.family})")
+    if (members := batch_ensemble_members(model)) > 1:
+        print(f"BatchEnsemble of {members} members (rank-1 factors on every linear layer)")
+    if (members := head_ensemble_members(model)) > 1:
+        print(f"Deep Ensemble (D): one backbone, {members} task heads")
+    if packing := getattr(model.config, PACKED_KEY, None):
+        print("Packed-Ensemble: {members} members, alpha {alpha}, gamma {gamma}".format(**packing))
+    if (members := mimo_members(model)) > 1:
+        print(f"MIMO: {members} inputs mixed into one pass, {members} task heads")
+    print(f"layers: {len(original)}; heads per layer: {[len(k) for k in kept]} of {original}")
+    print(f"parameters: {count_parameters(model):,}")
+    return 0
+
+
+def _add_info_command(sub) -> None:
+    info = sub.add_parser("info", help="show a model's family, layers and heads")
+    info.add_argument(
+        "model", nargs="?", default=DEFAULT_TEXT_MODEL, help="HF id, local directory or minilm-l6"
+    )
+    _num_labels_option(info)
+    info.set_defaults(func=_cmd_info)

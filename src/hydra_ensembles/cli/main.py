@@ -1,0 +1,224 @@
+"""The ``hydra-ens`` entry point: the parser of every command, and how a command runs (output
+guards, locks, interruption, one-line errors)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from ..data import MissingDataError
+from ..models import MissingModelError
+from .analyze import _add_analyze_command
+from .bench import _add_bench_command
+from .build import _add_build_command
+from .demo import _add_demo_command
+from .evaluate import _add_eval_command
+from .export import _add_export_command
+from .finetune import _add_finetune_command
+from .fuse import _add_fuse_command
+from .info import _add_info_command
+from .predict import _add_predict_command
+from .score import _add_score_command
+from .zero_shot import _add_zero_shot_command
+
+
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that states every option's default value (``None`` and off switches excepted)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = not (default is None or default is False or default == argparse.SUPPRESS)
+        shown = shown and not isinstance(default, list)
+        if shown and action.option_strings and "%(default)" not in text and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (what is wrong, and where the help is) and every default
+    shown in ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        default = kwargs.get("default")
+        if kwargs.get("help") is None and not (default is None or default is False):
+            kwargs["help"] = "(default: %(default)s)"  # argparse shows nothing for an option without help
+        return super().add_argument(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hydra-ens",
+        description="Hydra Ensembles: prune attention heads M ways, fuse the members into one model.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_info_command(sub)
+    _add_fuse_command(sub)
+    _add_score_command(sub)
+    _add_build_command(sub)
+    _add_finetune_command(sub)
+    _add_eval_command(sub)
+    _add_predict_command(sub)
+    _add_bench_command(sub)
+    _add_export_command(sub)
+    _add_zero_shot_command(sub)
+    _add_demo_command(sub)
+    _add_analyze_command(sub)
+    return parser
+
+
+RESUME_HINTS = {
+    "score": "rerun the same command with the same --checkpoint to resume",
+    "build": "rerun the same command to resume (finished members and epochs are kept)",
+    "finetune": "rerun the same command to resume from the last finished epoch",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    args = build_parser().parse_args(argv)
+    with warnings.catch_warnings(), _sigterm_as_interrupt():
+        warnings.showwarning = _show_warning  # one line each, like the errors
+        return _run(args)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or container's stop) during a command: handled like Ctrl-C, with
+    the same line on how to resume, and exit code 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Turn SIGTERM into `Terminated` while a command runs (main thread only); the previous
+    handler is restored afterwards."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"hydra-ens: warning: {_one_line(message)}", file=sys.stderr)
+
+
+OWN_PRECISION_REPORT = ("bench", "demo", "analyze")
+"""Commands that report their precision themselves (per setting, in their reports)."""
+
+
+def _resolve_precision_once(args: argparse.Namespace) -> None:
+    """``--precision`` resolved once, before any work: every step of the command computes in the
+    same precision (``auto`` decides here), said with its reason when work begins (`_say_precision`),
+    and recorded in what the commands write (``args.precision_reason``)."""
+    from ..precision import resolve_precision
+
+    if getattr(args, "precision", None) is None or args.command in OWN_PRECISION_REPORT:
+        return
+    chosen = resolve_precision(args.precision, "cpu")
+    args.precision, args.precision_reason = chosen.name, chosen.reason
+
+
+INPUT_OPTIONS = (
+    "model",
+    "data",
+    "val_data",
+    "ood_data",
+    "id_data",
+    "scores",
+    "heads",
+    "preprocessor",
+    "cache_dir",
+)
+OUTPUT_OPTIONS = {"out": "--out", "checkpoint": "--checkpoint"}
+
+
+def _guard_outputs(args: argparse.Namespace) -> None:
+    """The one output-path guard of every command: no output is, contains or lies inside an input
+    (`io.check_outputs_apart`). Inputs: every path option, the paths in ``--method NAME=PATH,...``
+    and ``--ood NAME=SPEC:near|far``; a comma-separated list of models is split."""
+    from ..io import check_outputs_apart
+
+    inputs: list[str] = []
+    for name in INPUT_OPTIONS:
+        value = getattr(args, name, None)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                inputs += [item, *item.split(",")]
+    for item in (getattr(args, "method", None) or []) if args.command == "eval" else []:
+        inputs += item.partition("=")[2].split(",")
+    for item in getattr(args, "ood", None) or []:
+        inputs.append(item.partition("=")[2].rpartition(":")[0])
+    outputs = {flag: getattr(args, name, None) for name, flag in OUTPUT_OPTIONS.items()}
+    check_outputs_apart({flag: path for flag, path in outputs.items() if isinstance(path, str)}, inputs)
+
+
+def _locked_outputs(args: argparse.Namespace) -> contextlib.ExitStack:
+    """An exclusive lock on each output of the command (`io.output_lock`): a second process
+    writing the same output is refused."""
+    from ..io import output_lock
+
+    stack = contextlib.ExitStack()
+    if args.command in ("demo", "analyze"):  # they lock their output folder, default included
+        return stack
+    try:
+        for name in OUTPUT_OPTIONS:
+            if isinstance(path := getattr(args, name, None), str):
+                stack.enter_context(output_lock(path))
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        _guard_outputs(args)
+        with _locked_outputs(args):
+            _resolve_precision_once(args)
+            return args.func(args)
+    except KeyboardInterrupt as exc:
+        if args.command == "score" and not getattr(args, "checkpoint", None):
+            hint = "nothing was written; pass --checkpoint FILE to make a rerun resumable"
+        else:
+            hint = RESUME_HINTS.get(args.command, "nothing was written; rerun the command")
+        terminated = isinstance(exc, Terminated)
+        print(f"hydra-ens: {'terminated' if terminated else 'interrupted'}; {hint}", file=sys.stderr)
+        return 143 if terminated else 130
+    except (MissingDataError, MissingModelError) as exc:
+        print(f"hydra-ens: {exc}", file=sys.stderr)
+        return 3
+    except (ValueError, TypeError) as exc:  # typed errors of bad input (ModelNotFoundError, ...)
+        print(f"hydra-ens: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file that cannot be read or written
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"hydra-ens: error:{where} {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException | Warning | str) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+if __name__ == "__main__":
+    sys.exit(main())

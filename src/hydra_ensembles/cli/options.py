@@ -1,0 +1,130 @@
+"""Options and argument types shared by several commands."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..evaluation.evaluate import OOD_SCORES
+
+PREPROCESSOR_HELP = (
+    "a model directory or hub id to load the tokenizer (text) or image processor (images) from, "
+    "instead of the first model's own (needed for a saved Hydra model, which keeps none)"
+)
+NUM_LABELS_HELP = "classes of a freshly initialised head (default: the saved head; 2 where none is saved)"
+PRECISION_HELP = (
+    "compute precision: auto (default) picks bf16 only where this machine computes it natively and "
+    "measurably faster (a CPU with AMX or AVX-512 BF16, confirmed by a small timed probe; a GPU "
+    "with bf16, else fp16) and fp32 otherwise (e.g. AVX2-only CPUs, where bf16 is emulated and far "
+    "slower); fp32, bf16 or fp16 force one. HYDRA_PRECISION=fp32|bf16|fp16 sets what auto picks"
+)
+
+
+def precision_option(parser: argparse.ArgumentParser) -> None:
+    from ..precision import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto", help=PRECISION_HELP)
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _between(low: float, high: float):
+    """An argparse type: a finite number strictly between ``low`` and ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low < value < high:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be in ({low}, {high}), got {text}")
+        return value
+
+    parse.__name__ = f"number in ({low}, {high})"
+    return parse
+
+
+_fraction, _positive_float = _between(0, 1), _between(0, float("inf"))
+POSITIVE, COUNT = _at_least(1), _at_least(0)
+MIN_RESAMPLES = 40
+"""Fewest bootstrap resamples for a 95% interval: one resample in each 2.5% tail."""
+
+
+def _resamples(text: str) -> int:
+    """An argparse type: 0 (no bootstrap) or at least `MIN_RESAMPLES`."""
+    value = COUNT(text)
+    if 0 < value < MIN_RESAMPLES:
+        raise argparse.ArgumentTypeError(
+            f"a 95% interval needs at least {MIN_RESAMPLES} resamples (one in each 2.5% tail), got {value}; "
+            "0 turns the bootstrap off"
+        )
+    return value
+
+
+RANDOM_HEAD_HELP = (
+    "accept a model whose classifier head is not trained (a base model: its head is initialised "
+    "randomly from a fixed seed); without this, such a model is refused: fine-tune it first with "
+    "hydra-ens finetune"
+)
+
+
+def _random_head_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-random-head", action="store_true", help=RANDOM_HEAD_HELP)
+
+
+def _num_labels_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-labels", type=POSITIVE, help=NUM_LABELS_HELP)
+
+
+def _overwrite_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--overwrite", action="store_true", help="replace a finished result already in --out")
+
+
+def _report_overwrite_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write the report into a folder holding files hydra-ens did not write (same names are replaced)",
+    )
+
+
+def _calibration_options(p: argparse.ArgumentParser, data: str) -> None:
+    """The calibration a command fits on ``data`` and saves with the model it writes."""
+    p.add_argument(
+        "--flag-score",
+        choices=OOD_SCORES,
+        default="msp",
+        help=f"OOD score the saved calibration flags on (higher = more likely OOD), fit on {data}",
+    )
+    p.add_argument(
+        "--keep",
+        type=_fraction,
+        default=0.95,
+        help=f"share of {data}'s inputs the saved flag threshold leaves unflagged",
+    )
+
+
+def _data_options(p: argparse.ArgumentParser) -> None:
+    """Options of every command that reads data: precision, columns, batch size, length."""
+    precision_option(p)
+    p.add_argument(
+        "--text-column",
+        help="text column (default: text; for a Hugging Face dataset, text or its only string column)",
+    )
+    p.add_argument(
+        "--label-column",
+        help="label column (default: label; for a Hugging Face dataset, label or its only ClassLabel)",
+    )
+    p.add_argument("--batch-size", type=POSITIVE, default=32)
+    p.add_argument("--max-length", type=_at_least(2), default=128, help="tokens per text")
