@@ -5,7 +5,8 @@ demo's cache or trained here) and the demo's calibration batches (its first 64 t
 timed interleaved in ``--repeats`` rounds, medians in seconds and as multiples of one gradient
 (forward + backward of the same weights):
 
-- ``gradient``: the mean loss's gradient with respect to the attention and MLP weights;
+- ``gradient``: the mean loss's gradient with respect to the attention and MLP weights
+  (`analysis.gradient`: math attention, as OBA's second-order pass);
 - ``oba``: OBA's scores (`members.unstructured.oba_scores`: gradient and one exact
   Hessian-vector product, by double backward);
 - ``oba forward-over-reverse``: the same Hessian-vector product by forward-mode differentiation
@@ -35,6 +36,7 @@ from torch.func import functional_call, grad, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import hydra_ensembles as he
+from hydra_ensembles.analysis import gradient
 from hydra_ensembles.batching import model_inputs
 from hydra_ensembles.cost import interleaved_latency
 from hydra_ensembles.experiment import demo_starting_point
@@ -79,14 +81,6 @@ def forward_over_reverse(model, batches, direction) -> dict[str, torch.Tensor]:
     with sdpa_kernel(SDPBackend.MATH):
         _, hvp = jvp(grad(loss), (params,), (tangents,))
     return {names[n]: h for n, h in hvp.items()}
-
-
-def gradient(model, batches) -> None:
-    """The gradient of the mean loss with respect to the attention and MLP weights."""
-    weights = [m.weight for m in prunable_linears(model).values()]
-    for batch in batches:
-        loss = F.cross_entropy(model(**model_inputs(batch)).logits.float(), batch["labels"])
-        torch.autograd.grad(loss, weights)
 
 
 def loss_and_accuracy(model, batches) -> tuple[float, float]:
@@ -153,26 +147,25 @@ def main() -> None:
     ensure_cpu_allocator_tuned()
     config, bench, base = demo_starting_point(args.task)
     base = base.float().eval()
-    for name, param in base.named_parameters():  # gradients of the attention and MLP weights only
-        param.requires_grad_(any(name == f"{path}.weight" for path in prunable_linears(base)))
     calib = bench.train[: max(1, 64 // config.recipe.batch_size)]
     direction = {p: -m.weight.detach() for p, m in prunable_linears(base).items()}
+    weights = [m.weight for m in prunable_linears(base).values()]
     _, double_backward = taylor_terms(base, calib, direction)
     forward_mode = forward_over_reverse(base, calib, direction)
     gap = max((forward_mode[p].double() - h).abs().max().item() for p, h in double_backward.items())
     scale = max(h.abs().max().item() for h in double_backward.values())
     runs = {  # interleaved_latency times in inference mode: the gradient needs autograd back
-        "gradient": lambda: differentiable(gradient)(base, calib),
+        "gradient": lambda: differentiable(gradient)(base, calib, weights),
         "oba": lambda: taylor_terms(base, calib, direction),
         "oba forward-over-reverse": lambda: differentiable(forward_over_reverse)(base, calib, direction),
         "wanda": lambda: input_norms(base, calib),
         "taylor": lambda: differentiable(taylor_scores)(base, calib, False, "fp32"),
     }
     times = {k: statistics.median(v) for k, v in interleaved_latency(runs, args.repeats, warmup=1).items()}
-    weights = sum(d.numel() for d in direction.values())
     items = sum(len(b["labels"]) for b in calib)
     print(describe_machine())
-    print(f"{config.model}: {weights:,} attention and MLP weights; {items} calibration items")
+    count = sum(w.numel() for w in weights)
+    print(f"{config.model}: {count:,} attention and MLP weights; {items} calibration items")
     for name, seconds in times.items():
         print(f"{name:>26}: {seconds:7.3f} s  ({seconds / times['gradient']:.2f}x the gradient)")
     print(f"forward-over-reverse vs double backward: max |difference| {gap:.2e} (largest |H d| {scale:.2e})")

@@ -89,13 +89,15 @@ def _mean_loss(model: nn.Module, batches: Batches) -> torch.Tensor:
     return total
 
 
-class _Differentiable:
-    """The model in eval mode, float32, math attention, gradients only for ``params``."""
+class Differentiable:
+    """The model in eval mode, math attention (differentiable twice), gradients only for
+    ``params``; its flags and mode are restored on exit. What every second-order computation
+    (curvature here, OBA's scores) runs under."""
 
     def __init__(self, model: nn.Module, params: Sequence[nn.Parameter]) -> None:
         self.model, self.params = model, list(params)
 
-    def __enter__(self) -> _Differentiable:
+    def __enter__(self) -> Differentiable:
         self._flags = {p: p.requires_grad for p in self.model.parameters()}
         self._training = self.model.training
         self._kernel = sdpa_kernel(SDPBackend.MATH)
@@ -116,7 +118,7 @@ class _Differentiable:
 
 def gradient(model: nn.Module, batches: Batches, params: Sequence[nn.Parameter]) -> list[torch.Tensor]:
     """The gradient of the mean loss over ``batches`` with respect to ``params``."""
-    with _Differentiable(model, params):
+    with Differentiable(model, params):
         return [g.detach() for g in torch.autograd.grad(_mean_loss(model, batches), params)]
 
 
@@ -129,7 +131,7 @@ def hessian_vector_products(
     """``H v`` for every ``v`` in ``vectors`` (H: the Hessian of the mean loss over ``batches``
     in ``params``), batch by batch (double backward; one graph per batch)."""
     results = [[torch.zeros_like(p, dtype=torch.float32) for p in params] for _ in vectors]
-    with _Differentiable(model, params):
+    with Differentiable(model, params):
         for batch in batches:
             loss = _mean_loss(model, [batch]) / len(batches)
             grads = torch.autograd.grad(loss, params, create_graph=True)

@@ -16,7 +16,8 @@ into one term per weight, which OBA takes as that weight's score::
 with g and H the gradient and the **exact** Hessian of the mean cross-entropy over the
 calibration examples, restricted to the prunable weights. ``(H delta)`` is one Hessian-vector
 product, computed here by double backward (reverse over reverse; attention runs on SDPA's math
-kernel, whose backward is differentiable). The OBA paper's own device (splitting the Hessian into
+kernel, whose backward is differentiable: `analysis.curvature.Differentiable`, as for the
+curvature analysis). The OBA paper's own device (splitting the Hessian into
 inter-layer blocks and propagating them forward layer by layer) is an efficiency device for the
 same product; it is not used here. ``first_order=False`` drops the g term, as the authors'
 release does by default for unstructured pruning (``--delta 0``); near a minimum g ~ 0 anyway.
@@ -45,12 +46,12 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils import prune as torch_prune
 from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
+from ..analysis.curvature import Differentiable
 from ..batching import batch_rows, checked_batches, model_inputs
 from ..serialization import check_finite
 
@@ -108,22 +109,11 @@ def taylor_terms(
     d = {p: _normal(direction[p]).to(w.device, torch.float32) for p, w in weights.items() if p in direction}
     totals = {p: torch.zeros((2, *w.shape), dtype=torch.float64, device=w.device) for p, w in weights.items()}
     examples = sum(batch_rows(b) for b in batches)
-    flags = {p: p.requires_grad for p in scored.parameters()}
-    was_training = scored.training
-    try:
-        for p in scored.parameters():
-            p.requires_grad_(False)
-        for w in weights.values():
-            w.requires_grad_(True)
-        scored.eval()  # no dropout: the loss is a fixed function of the weights
+    with Differentiable(scored, list(weights.values())):  # eval (no dropout), math attention
         for batch in tqdm(batches, desc="oba", leave=False, disable=not progress or None):
             for p, (g, hv) in _gradient_and_hvp(scored, batch, weights, d, examples).items():
                 totals[p][0] += g
                 totals[p][1] += hv
-    finally:
-        for p, flag in flags.items():
-            p.requires_grad_(flag)
-        scored.train(was_training)
     return {p: t[0] for p, t in totals.items()}, {p: t[1] for p, t in totals.items()}
 
 
@@ -139,23 +129,19 @@ def _gradient_and_hvp(
     direction: dict[str, torch.Tensor],
     examples: int,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """One batch's share (its summed loss over all ``examples``) of g and H d, float64, by path:
-    double backward, attention on SDPA's math kernel (the fused kernels' backward has no
-    derivative of its own)."""
+    """One batch's share (its summed loss over all ``examples``) of g and H d, float64, by path,
+    by double backward (under `Differentiable`)."""
     params = list(weights.values())
-    with sdpa_kernel(SDPBackend.MATH):
-        batch = {k: _normal(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        logits = model(**model_inputs(batch)).logits.float()
-        loss = F.cross_entropy(logits, batch["labels"].to(logits.device), reduction="sum") / examples
-        if not torch.isfinite(loss):
-            raise ValueError(
-                "the loss on the calibration data is NaN or Inf: OBA scores would be meaningless"
-            )
-        grads = dict(zip(weights, torch.autograd.grad(loss, params, create_graph=True), strict=True))
-        hvps: tuple[torch.Tensor | None, ...] = (None,) * len(params)
-        if direction:
-            dot = sum((grads[p] * d).sum() for p, d in direction.items())
-            hvps = torch.autograd.grad(dot, params, allow_unused=True)
+    batch = {k: _normal(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    logits = model(**model_inputs(batch)).logits.float()
+    loss = F.cross_entropy(logits, batch["labels"].to(logits.device), reduction="sum") / examples
+    if not torch.isfinite(loss):
+        raise ValueError("the loss on the calibration data is NaN or Inf: OBA scores would be meaningless")
+    grads = dict(zip(weights, torch.autograd.grad(loss, params, create_graph=True), strict=True))
+    hvps: tuple[torch.Tensor | None, ...] = (None,) * len(params)
+    if direction:
+        dot = sum((grads[p] * d).sum() for p, d in direction.items())
+        hvps = torch.autograd.grad(dot, params, allow_unused=True)
     return {
         p: (
             grads[p].detach().double(),
