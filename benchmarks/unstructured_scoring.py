@@ -7,7 +7,7 @@ timed interleaved in ``--repeats`` rounds, medians in seconds and as multiples o
 
 - ``gradient``: the mean loss's gradient with respect to the attention and MLP weights
   (`analysis.gradient`: math attention, as OBA's second-order pass);
-- ``oba``: OBA's scores (`members.unstructured.oba_scores`: gradient and one exact
+- ``oba``: OBA's scores (`baselines.unstructured.oba_scores`: gradient and one exact
   Hessian-vector product, by double backward);
 - ``oba forward-over-reverse``: the same Hessian-vector product by forward-mode differentiation
   of the gradient (``torch.func.jvp`` over ``torch.func.grad``), the alternative to double
@@ -37,10 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import hydra_ensembles as he
 from hydra_ensembles.analysis import gradient
-from hydra_ensembles.batching import model_inputs
-from hydra_ensembles.cost import interleaved_latency
-from hydra_ensembles.experiment import demo_starting_point
-from hydra_ensembles.members.unstructured import (
+from hydra_ensembles.baselines.unstructured import (
     input_norms,
     matched_sparsity,
     oba_masks,
@@ -49,6 +46,9 @@ from hydra_ensembles.members.unstructured import (
     taylor_terms,
     wanda_masks,
 )
+from hydra_ensembles.batching import model_inputs
+from hydra_ensembles.cost import interleaved_latency
+from hydra_ensembles.experiment import demo_starting_point
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
 from hydra_ensembles.scoring import taylor_scores

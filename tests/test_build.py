@@ -12,8 +12,8 @@ from transformers import AutoModelForSequenceClassification
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.loading import load_any
-from hydra_ensembles.members import FineTuneConfig, fine_tune
 from hydra_ensembles.scoring import CircuitOrder
+from hydra_ensembles.training import FineTuneConfig, fine_tune
 
 from .factories import labelled, text_inputs, tiny_bert
 

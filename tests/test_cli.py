@@ -292,7 +292,7 @@ def test_info_on_a_saved_hydra_model_and_member(tmp_path, capsys):
     he.members.save_member(he.prune(model, heads[1]), tmp_path / "member")
     assert main(["info", str(tmp_path / "member")]) == 0
     assert "heads per layer: [3, 1] of [4, 4]" in capsys.readouterr().out
-    he.members.save_member(he.members.batch_ensemble(model, 3), tmp_path / "be")
+    he.members.save_member(he.baselines.batch_ensemble(model, 3), tmp_path / "be")
     assert main(["info", str(tmp_path / "be")]) == 0
     assert "BatchEnsemble of 3 members" in capsys.readouterr().out
 

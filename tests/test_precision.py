@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import hydra_ensembles.precision as precision
-from hydra_ensembles.members import FineTuneConfig
 from hydra_ensembles.precision import Precision, in_precision, resolve_precision
+from hydra_ensembles.training import FineTuneConfig
 
 
 @pytest.fixture(autouse=True)

@@ -18,3 +18,19 @@ def test_hydra_output_is_the_ensemble_output_under_its_deprecated_name(module):
         assert module.HydraOutput is he.EnsembleOutput
     with pytest.raises(AttributeError):
         module.NoSuchName  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("name", "home"),
+    [("fine_tune", "training"), ("FineTuneConfig", "training"), ("batch_ensemble", "baselines")],
+)
+def test_names_moved_out_of_members_still_import_from_there_with_a_warning(name, home):
+    import importlib
+
+    from hydra_ensembles import members
+
+    with pytest.warns(DeprecationWarning, match=f"hydra_ensembles.{home}"):
+        assert getattr(members, name) is getattr(importlib.import_module(f"hydra_ensembles.{home}"), name)
+    assert name not in members.__all__
+    with pytest.raises(AttributeError):
+        members.NoSuchName  # noqa: B018

@@ -21,10 +21,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .baselines.batch_ensemble import batch_ensemble
 from .cost import count_parameters, interleaved_latency, median, multiply_adds, synchronizer
 from .fusion import fuse
 from .heads import HeadSet
-from .members.batch_ensemble import batch_ensemble
 from .precision import resolve_precision
 from .reporting import markdown_table
 from .surgery import prune

@@ -29,10 +29,11 @@ from .evaluation.calibration import Calibration, calibrate
 from .fusion import fuse
 from .fusion.model import HydraModel
 from .heads import HeadSet
-from .members import FineTuneConfig, FineTuneResult, fine_tune, sample_members, save_member
+from .members import sample_members, save_member
 from .members.ensemble import DeepEnsemble, write_ensemble_index
 from .scoring import CircuitOrder, extract_circuit, taylor_scores
 from .surgery import prune
+from .training import FineTuneConfig, FineTuneResult, fine_tune
 
 __all__ = [
     "Build",

@@ -8,8 +8,10 @@ from transformers import RobertaForTokenClassification
 
 import hydra_ensembles as he
 from hydra_ensembles.adapters.bert import FirstQueryAttention
-from hydra_ensembles.members import FineTuneConfig, load_member, lora_fine_tune, save_member
+from hydra_ensembles.baselines import lora_fine_tune
+from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.scoring import extract_circuit
+from hydra_ensembles.training import FineTuneConfig
 from tests.factories import FAMILIES, labelled
 
 TOL = 1e-4

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import hydra_ensembles as he
-from hydra_ensembles.members import DeepEnsemble, MCDropout, StackedMembers, as_ensemble, batch_ensemble
+from hydra_ensembles.baselines import batch_ensemble
+from hydra_ensembles.members import DeepEnsemble, MCDropout, StackedMembers, as_ensemble
 from hydra_ensembles.outputs import EnsembleOutput, ensemble_nll
 from tests.factories import text_inputs, tiny_bert
 

@@ -56,8 +56,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from ..build import BuildConfig, build_hydra, save_with_preprocessor
     from ..data.labels import check_trainable
     from ..io import check_output_dir
-    from ..members import FineTuneConfig, member_overlap
+    from ..members import member_overlap
     from ..surgery import heads_per_layer
+    from ..training import FineTuneConfig
 
     out = check_output_dir(
         args.out,

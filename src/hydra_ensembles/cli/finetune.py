@@ -25,8 +25,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..data.labels import check_trainable
     from ..io import atomic_dir, check_output_dir
-    from ..members import FineTuneConfig, fine_tune
     from ..models import untrained_weights
+    from ..training import FineTuneConfig, fine_tune
 
     out = check_output_dir(
         args.out, finished="config.json", resumable=(), overwrite=args.overwrite, replaced=True

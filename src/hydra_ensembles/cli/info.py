@@ -12,12 +12,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from ..adapters import get_adapter
+    from ..baselines import batch_ensemble_members, head_ensemble_members
+    from ..baselines.mimo import mimo_members
+    from ..baselines.packed import PACKED_KEY
     from ..cost import count_parameters
     from ..fusion import HydraModel
     from ..loading import load_any
-    from ..members import batch_ensemble_members, head_ensemble_members
-    from ..members.mimo import mimo_members
-    from ..members.packed import PACKED_KEY
     from ..surgery import kept_heads
 
     model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model

@@ -7,20 +7,16 @@ from dataclasses import replace
 
 import torch
 
+from ..baselines import head_ensemble, train_head_ensemble
+from ..baselines.batch_ensemble import batch_ensemble
+from ..baselines.lora import lora_fine_tune
+from ..baselines.mimo import mimo, train_mimo
+from ..baselines.packed import packed_ensemble
 from ..evaluation import (
     predict,
 )
-from ..members import (
-    FineTuneConfig,
-    head_ensemble,
-    train_head_ensemble,
-)
-from ..members.batch_ensemble import batch_ensemble
-from ..members.finetune import fine_tune
-from ..members.lora import lora_fine_tune
-from ..members.mimo import mimo, train_mimo
-from ..members.packed import packed_ensemble
 from ..metrics import classification
+from ..training import FineTuneConfig, fine_tune
 from .cache import Cache
 from .config import IMAGE_RECIPE, DemoConfig, TrainingRecipe
 from .data import Benchmark, load_demo_task, model_key, prepare_benchmark

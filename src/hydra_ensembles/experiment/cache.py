@@ -21,10 +21,7 @@ from ..evaluation import (
     predict,
 )
 from ..io import atomic_write, atomic_write_json, batches_digest, update_with_tensor
-from ..members import (
-    load_member,
-    save_member,
-)
+from ..members import load_member, save_member
 from ..members.ensemble import DeepEnsemble
 
 

@@ -8,16 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from ..heads import HeadSet
-from ..members import (
-    FineTuneConfig,
-    sample_members,
-)
+from ..members import sample_members
 from ..models import (
     DEFAULT_IMAGE_MODEL,
     DEFAULT_TEXT_MODEL,
     SCRATCH_IMAGE_MODEL,
     SMALL_VITS,
 )
+from ..training import FineTuneConfig
 
 
 @dataclass(frozen=True)
@@ -257,7 +255,7 @@ class DemoConfig:
     mimo_batch_repeat: int = 4
     """The paper's MIMO settings (C.1.4): rho=0.5, batch_repeat=4."""
     oba: bool = False
-    """Also report the paper's unstructured baseline, OBA (`members.unstructured`): the weights
+    """Also report the paper's unstructured baseline, OBA (`baselines.unstructured`): the weights
     with the lowest second-order Taylor scores (exact Hessian-vector product on the calibration
     batches), as many as Taylor's single pruned model removes parameters, then fine-tuned like it
     with its zeros kept."""

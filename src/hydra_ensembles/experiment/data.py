@@ -11,9 +11,6 @@ import torch
 
 from ..batching import model_inputs
 from ..data import to_batches as data_batches
-from ..members import (
-    FineTuneConfig,
-)
 from ..models import (
     SMALL_VITS,
     load_classifier,
@@ -22,6 +19,7 @@ from ..models import (
     small_vit,
 )
 from ..tasks import Dataset, Task, load_image_task, load_text_task
+from ..training import FineTuneConfig
 from .config import DemoConfig
 
 

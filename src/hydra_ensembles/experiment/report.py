@@ -27,9 +27,7 @@ from ..evaluation import (
 )
 from ..heads import HeadSet
 from ..io import atomic_write_json
-from ..members import (
-    member_overlap,
-)
+from ..members import member_overlap
 from ..members.ensemble import DeepEnsemble, has_dropout
 from ..members.sampling import least_useful_first
 from ..precision import Precision, in_precision

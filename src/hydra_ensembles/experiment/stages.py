@@ -9,19 +9,16 @@ from typing import Any
 
 import torch
 
+from ..baselines.unstructured import make_permanent, matched_sparsity, unstructured_prune
 from ..build import Build, BuildConfig, build_hydra
 from ..cost import count_parameters
 from ..heads import HeadSet
-from ..members import (
-    FineTuneConfig,
-)
 from ..members.ensemble import DeepEnsemble, has_dropout
-from ..members.finetune import fine_tune
-from ..members.unstructured import make_permanent, matched_sparsity, unstructured_prune
 from ..precision import resolve_precision
 from ..scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
 from ..scoring.taylor import DECIDING_PRECISION
 from ..surgery import prune
+from ..training import FineTuneConfig, fine_tune
 from .baselines import (
     batch_ensemble_settings,
     head_ensemble_settings,

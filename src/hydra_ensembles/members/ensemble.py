@@ -19,14 +19,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..baselines.batch_ensemble import batch_ensemble_members
+from ..baselines.head_ensemble import head_ensemble_members
+from ..baselines.mimo import mimo_members
+from ..baselines.packed import packed_members
 from ..batching import batch_rows, member_stacked
 from ..configuration import write_hf_config
 from ..io import atomic_write_json, read_json
 from ..outputs import EnsembleOutput
-from .batch_ensemble import batch_ensemble_members
-from .head_ensemble import head_ensemble_members
-from .mimo import mimo_members
-from .packed import packed_members
 from .storage import MemberLoadError, load_member, save_member
 
 CONFIG_NAME = "ensemble_config.json"

@@ -8,15 +8,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..baselines.batch_ensemble import BATCH_ENSEMBLE_KEY, batch_ensemble
+from ..baselines.head_ensemble import HEAD_ENSEMBLE_KEY, head_ensemble
+from ..baselines.mimo import MIMO_KEY, install_mimo
+from ..baselines.packed import PACKED_KEY, pack_layers
 from ..configuration import write_hf_config
 from ..heads import HeadSet
 from ..models import build_model
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
 from ..surgery import CALIBRATION_KEY, FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
-from .batch_ensemble import BATCH_ENSEMBLE_KEY, batch_ensemble
-from .head_ensemble import HEAD_ENSEMBLE_KEY, head_ensemble
-from .mimo import MIMO_KEY, install_mimo
-from .packed import PACKED_KEY, pack_layers
 
 CONFIG_NAME = "member_config.json"
 FORMAT = "hydra-ensembles/member"

@@ -33,7 +33,7 @@ from torch import nn
 from ..adapters import get_adapter
 from ..batching import StackMemberLogits
 from ..models import takes_images
-from .finetune import FineTuneConfig, FineTuneResult, fine_tune
+from ..training import FineTuneConfig, FineTuneResult, fine_tune
 from .head_ensemble import initialise_like
 
 MIMO_KEY = "hydra_mimo_members"

@@ -4,16 +4,11 @@ head input fed to each head one by one), training touches only the heads, save/l
 import pytest
 import torch
 
+from hydra_ensembles.baselines import head_ensemble, head_ensemble_members, train_head_ensemble
+from hydra_ensembles.baselines.head_ensemble import MemberHeads
 from hydra_ensembles.evaluation import predict
-from hydra_ensembles.members import (
-    FineTuneConfig,
-    head_ensemble,
-    head_ensemble_members,
-    load_member,
-    save_member,
-    train_head_ensemble,
-)
-from hydra_ensembles.members.head_ensemble import MemberHeads
+from hydra_ensembles.members import load_member, save_member
+from hydra_ensembles.training import FineTuneConfig
 from tests.factories import FAMILIES, PRECISIONS, computing_in, labelled, rounding_tolerance
 
 
@@ -65,7 +60,7 @@ def test_training_moves_only_the_heads_and_round_trips(tmp_path):
 def test_cached_head_training_equals_training_through_the_model():
     """Heads trained on the backbone's cached output take the same steps as heads trained with
     the whole model running each step (no dropout, so both see the same features)."""
-    from hydra_ensembles.members import fine_tune
+    from hydra_ensembles.training import fine_tune
 
     factory, inputs = FAMILIES["bert"]
     model = factory(layers=2, heads=4, head_dim=3, dropout=0.0)

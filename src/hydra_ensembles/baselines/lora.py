@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..adapters import get_adapter
-from .finetune import FineTuneConfig, FineTuneResult, fine_tune
+from ..training import FineTuneConfig, FineTuneResult, fine_tune
 
 
 def lora_fine_tune(

@@ -5,10 +5,11 @@ batches mix items as specified; training and save/load."""
 import pytest
 import torch
 
+from hydra_ensembles.baselines import mimo, mimo_members, train_mimo
+from hydra_ensembles.baselines.mimo import mimo_batches
 from hydra_ensembles.evaluation import predict
-from hydra_ensembles.members import FineTuneConfig, load_member, mimo, mimo_members, save_member, train_mimo
-from hydra_ensembles.members.finetune import PARTS
-from hydra_ensembles.members.mimo import mimo_batches
+from hydra_ensembles.members import load_member, save_member
+from hydra_ensembles.training import PARTS, FineTuneConfig
 from tests.factories import FAMILIES, PRECISIONS, computing_in, labelled, rounding_tolerance
 
 MIMO_FAMILIES = ["bert", "roberta", "distilbert", "electra", "vit", "deit", "dinov2", "clip"]

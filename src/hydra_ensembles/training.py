@@ -24,14 +24,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..adapters import get_adapter
-from ..adapters.base import is_under
-from ..batching import ExamplePool, checked_batches, member_stacked, model_inputs
-from ..io import MANIFEST, load_file_set, save_file_set, update_with_tensor
-from ..outputs import EnsembleOutput, ensemble_log_probs
-from ..precision import check_precision, resolve_precision
-from ..serialization import check_finite, first_non_finite
-from ..surgery import forget_calibration
+from .adapters import get_adapter
+from .adapters.base import is_under
+from .batching import ExamplePool, checked_batches, member_stacked, model_inputs
+from .io import MANIFEST, load_file_set, save_file_set, update_with_tensor
+from .outputs import EnsembleOutput, ensemble_log_probs
+from .precision import check_precision, resolve_precision
+from .serialization import check_finite, first_non_finite
+from .surgery import forget_calibration
 
 PARTS = ("attention", "mlp", "norm", "head", "embeddings")
 

@@ -11,8 +11,7 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import hydra_ensembles as he
-from hydra_ensembles.members import FineTuneConfig, fine_tune, load_member, save_member
-from hydra_ensembles.members.unstructured import (
+from hydra_ensembles.baselines.unstructured import (
     input_norms,
     make_permanent,
     matched_sparsity,
@@ -23,6 +22,8 @@ from hydra_ensembles.members.unstructured import (
     unstructured_prune,
     wanda_masks,
 )
+from hydra_ensembles.members import load_member, save_member
+from hydra_ensembles.training import FineTuneConfig, fine_tune
 from tests.factories import FAMILIES, labelled
 
 

@@ -5,10 +5,10 @@ save/load treat it as any ensemble."""
 import pytest
 import torch
 
+from hydra_ensembles.baselines.packed import packed_ensemble, packed_member, packed_members
 from hydra_ensembles.evaluation import predict
-from hydra_ensembles.members import FineTuneConfig, fine_tune, load_member, save_member
-from hydra_ensembles.members.finetune import PARTS
-from hydra_ensembles.members.packed import packed_ensemble, packed_member, packed_members
+from hydra_ensembles.members import load_member, save_member
+from hydra_ensembles.training import PARTS, FineTuneConfig, fine_tune
 from tests.factories import FAMILIES, PRECISIONS, computing_in, labelled, rounding_tolerance
 
 FAMILIES_PACKED = ["bert", "roberta", "electra", "distilbert", "vit", "deit", "dinov2"]

@@ -7,16 +7,11 @@ import torch
 from torch import nn
 
 import hydra_ensembles as he
+from hydra_ensembles.baselines import batch_ensemble, batch_ensemble_members
 from hydra_ensembles.evaluation import predict
 from hydra_ensembles.layers import BatchEnsembleLinear
-from hydra_ensembles.members import (
-    FineTuneConfig,
-    batch_ensemble,
-    batch_ensemble_members,
-    fine_tune,
-    load_member,
-    save_member,
-)
+from hydra_ensembles.members import load_member, save_member
+from hydra_ensembles.training import FineTuneConfig, fine_tune
 from tests.factories import (
     FAMILIES,
     PRECISIONS,

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import hydra_ensembles as he
-from hydra_ensembles.members import FineTuneConfig, fine_tune, load_member, save_member, trainable_parameters
+from hydra_ensembles.members import load_member, save_member
+from hydra_ensembles.training import FineTuneConfig, fine_tune, trainable_parameters
 from tests.factories import PRECISIONS, labelled, text_inputs, tiny_bert
 
 
@@ -73,7 +74,7 @@ def test_early_stopping_restores_the_best_epoch():
     assert result.stopped_early and len(result.history) < 30
     best = min(r["val_nll"] for r in result.history)
     assert result.history[result.best_epoch]["val_nll"] == best
-    from hydra_ensembles.members import evaluate_nll
+    from hydra_ensembles.training import evaluate_nll
 
     assert evaluate_nll(model, val)["nll"] == pytest.approx(best, rel=1e-5)
 
@@ -81,7 +82,7 @@ def test_early_stopping_restores_the_best_epoch():
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch, precision):
     """In every precision (fp16: with its loss scale carried over)."""
-    from hydra_ensembles.members import finetune as module
+    from hydra_ensembles import training as module
 
     train, val = _data(3), _data(1, seed=9)
     monkeypatch.setenv("HYDRA_PRECISION", precision)  # what `auto` resolves to on this "machine"
@@ -174,7 +175,7 @@ def test_a_kill_at_every_file_boundary_of_a_checkpoint_resumes_identically(tmp_p
 
 
 def test_a_damaged_checkpoint_file_is_refused_not_resumed(tmp_path):
-    from hydra_ensembles.members.finetune import CheckpointError
+    from hydra_ensembles.training import CheckpointError
 
     train = _data(2)
     config = FineTuneConfig(epochs=1, lr=1e-3, precision="fp32")
@@ -187,7 +188,7 @@ def test_a_damaged_checkpoint_file_is_refused_not_resumed(tmp_path):
 
 def test_a_checkpoint_of_another_number_of_epochs_is_not_resumed(tmp_path):
     """A longer run's checkpoint would hand its longer-trained model to a shorter run."""
-    from hydra_ensembles.members.finetune import CheckpointError
+    from hydra_ensembles.training import CheckpointError
 
     train = _data(2)
     fine_tune(tiny_bert(layers=1, heads=2), train, None, FineTuneConfig(epochs=3, precision="fp32"),
@@ -200,7 +201,7 @@ def test_a_checkpoint_of_another_number_of_epochs_is_not_resumed(tmp_path):
 def test_fp16_training_takes_overflowed_steps_again_and_says_so(monkeypatch):
     """A loss scale that overflows makes a step be taken again at half the scale (none lost); the
     history records the retries and the scale; a run that starts at a sane scale retries nothing."""
-    from hydra_ensembles.members import finetune as module
+    from hydra_ensembles import training as module
 
     config = FineTuneConfig(epochs=2, lr=1e-3, precision="fp16", warmup=0.0)
     result = fine_tune(tiny_bert(layers=1, heads=2), _data(3), config=config, progress=False)
@@ -259,7 +260,7 @@ import os, sys, torch
 sys.path.insert(0, {root!r})
 from safetensors.torch import save_file
 from tests.factories import tiny_bert, labelled, text_inputs
-from hydra_ensembles.members import FineTuneConfig, fine_tune
+from hydra_ensembles.training import fine_tune, FineTuneConfig
 torch.set_num_threads(1)
 model = tiny_bert(layers=1, heads=2, dropout=0.0)
 train = [labelled(text_inputs(batch=8, tokens=6, seed=s), seed=s) for s in range(5)]
@@ -280,7 +281,7 @@ def test_two_processes_train_like_one(tmp_path):
 
     from safetensors.torch import load_file
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = str(tmp_path / "two.safetensors")
     script = tmp_path / "worker.py"
     script.write_text(DIST_WORKER.format(root=root, out=out))
@@ -313,7 +314,7 @@ def test_two_processes_train_like_one(tmp_path):
 def test_a_diverging_fine_tune_is_refused_not_saved(tmp_path):
     """A learning rate of 1e30 (or a NaN weight) gives NaN: refused with the way out, and no
     checkpoint of the broken weights is left to resume from."""
-    from hydra_ensembles.members import TrainingDiverged
+    from hydra_ensembles.training import TrainingDiverged
 
     config = FineTuneConfig(epochs=2, lr=1e30, precision="fp32", grad_clip=None, warmup=0.0)
     with pytest.raises(TrainingDiverged, match="lower the learning rate"):
@@ -353,7 +354,7 @@ def test_examples_are_dealt_into_new_batches_every_epoch():
 
 @pytest.mark.parametrize(("shuffle", "mixed"), [("examples", True), ("batches", False)])
 def test_class_sorted_batches_are_mixed_when_training(monkeypatch, shuffle, mixed):
-    from hydra_ensembles.members import finetune as module
+    from hydra_ensembles import training as module
 
     sorted_batches = []
     for label in range(3):  # class-sorted: every batch holds one class

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..batching import batch_rows, model_inputs
-from .finetune import FineTuneConfig, FineTuneResult, fine_tune
+from ..training import FineTuneConfig, FineTuneResult, fine_tune
 
 HEAD_ENSEMBLE_KEY = "hydra_head_ensemble_members"
 """Config attribute recording the number of task heads (saved with the model)."""
