@@ -16,7 +16,7 @@ if [ "$#" -gt 0 ]; then
 fi
 .venv/bin/python -m pytest -q
 PRECISION_PATHS=(
-    tests/members tests/scoring tests/zeroshot tests/fusion tests/layers tests/evaluation
+    tests/members tests/baselines tests/test_training.py tests/scoring tests/zeroshot tests/fusion tests/layers tests/evaluation
     tests/test_low_precision.py tests/test_cli_pipeline.py tests/test_prediction_cache.py
     tests/test_demos_tiny.py
 )
