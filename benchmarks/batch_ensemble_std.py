@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from hydra_ensembles.experiment import demo_starting_point, train_batch_ensemble, validation_scores
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.runtime import ensure_cpu_allocator_tuned
+from hydra_experiments import demo_starting_point, train_batch_ensemble, validation_scores
 
 
 def main() -> None:

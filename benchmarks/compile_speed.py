@@ -23,11 +23,11 @@ import time
 import torch
 
 import hydra_ensembles as he
-from hydra_ensembles.bench import random_head_sets
 from hydra_ensembles.cost import interleaved_latency, median
 from hydra_ensembles.models import load_classifier
 from hydra_ensembles.precision import PRECISIONS, resolve_precision
 from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
+from hydra_experiments.bench import random_head_sets
 
 
 def main() -> None:

@@ -12,18 +12,19 @@ import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
-PACKAGE = "hydra_ensembles"
-ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
+SRC = Path(__file__).resolve().parents[1] / "src"
+# the library, and the applications built on it (the demos, the analysis, the benchmark)
+PACKAGES = ("hydra_ensembles", "hydra_experiments")
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    parts = path.relative_to(SRC).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph(top_level_only: bool = False) -> dict[str, set[str]]:
-    """module -> modules of the package it imports (at module level, or anywhere)."""
-    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    """module -> modules of both packages it imports (at module level, or anywhere)."""
+    modules = {module_name(p): p for package in PACKAGES for p in (SRC / package).rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -37,13 +38,13 @@ def import_graph(top_level_only: bool = False) -> dict[str, set[str]]:
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
-                if not target.startswith(PACKAGE):
+                if not target.startswith(PACKAGES):
                     continue
                 for alias in node.names:
                     full = f"{target}.{alias.name}"
                     graph[name].add(full if full in modules else target)
             elif isinstance(node, ast.Import):
-                graph[name].update(a.name for a in node.names if a.name.startswith(PACKAGE))
+                graph[name].update(a.name for a in node.names if a.name.startswith(PACKAGES))
     return graph
 
 

@@ -14,9 +14,9 @@ import argparse
 import time
 from dataclasses import replace
 
-from hydra_ensembles.experiment import demo_starting_point, train_lora, validation_scores
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.runtime import ensure_cpu_allocator_tuned
+from hydra_experiments import demo_starting_point, train_lora, validation_scores
 
 
 def main() -> None:

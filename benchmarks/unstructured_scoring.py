@@ -48,10 +48,10 @@ from hydra_ensembles.baselines.unstructured import (
 )
 from hydra_ensembles.batching import model_inputs
 from hydra_ensembles.cost import interleaved_latency
-from hydra_ensembles.experiment import demo_starting_point
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
 from hydra_ensembles.scoring import taylor_scores
+from hydra_experiments import demo_starting_point
 
 
 def differentiable(fn):

@@ -22,10 +22,10 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import hydra_ensembles.scoring.circuit as circuit
-from hydra_ensembles.experiment import DemoConfig, start_run
 from hydra_ensembles.runtime import describe_machine
 from hydra_ensembles.surgery import heads_per_layer
-from hydra_ensembles.zero_shot_demo import zero_shot_classifier
+from hydra_experiments import DemoConfig, start_run
+from hydra_experiments.zero_shot import zero_shot_classifier
 
 
 class WithinTowerOnly(circuit._SuffixCache):

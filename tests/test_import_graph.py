@@ -1,4 +1,5 @@
-"""No import cycle in the package, imports inside functions included (benchmarks/import_graph.py)."""
+"""No import cycle among the packages, imports inside functions included (benchmarks/import_graph.py), and
+the layers import only downwards."""
 
 from __future__ import annotations
 
@@ -25,12 +26,36 @@ def test_a_cycle_is_found():
     assert cycle is not None and set(cycle) == {"a", "b", "c"}
 
 
-def test_the_library_does_not_import_the_application_layer():
+def _under(module: str, root: str) -> bool:
+    return module == root or module.startswith(root + ".")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Imports against the layering library (hydra_ensembles) < applications (hydra_experiments:
+    the demos, the analysis, the benchmark) < command line (hydra_ensembles.cli, which runs both)."""
+    cli = {m for m in graph if _under(m, "hydra_ensembles.cli")}
+    apps = {m for m in graph if _under(m, "hydra_experiments")}
+    above = {m: apps | cli for m in graph if m not in apps | cli} | {m: cli for m in apps}
+    return {m: graph[m] & higher for m, higher in above.items() if graph[m] & higher}
+
+
+def test_the_layers_import_only_downwards():
     graph = import_graph.import_graph()
-    roots = [
-        f"hydra_ensembles.{m}" for m in ("cli", "experiment", "zero_shot_demo", "analyze", "tasks", "bench")
-    ]
-    app = {m for m in graph if any(m == r or m.startswith(r + ".") for r in roots)}
-    assert "hydra_ensembles.experiment.stages" in app
-    library = [m for m in graph if m not in app and m != "hydra_ensembles"]
-    assert not {m: graph[m] & app for m in library if graph[m] & app}
+    assert {"hydra_experiments.stages", "hydra_experiments.zero_shot", "hydra_experiments.bench"} <= set(
+        graph
+    )
+    assert {"hydra_ensembles.training", "hydra_ensembles.baselines", "hydra_ensembles.cli.demo"} <= set(graph)
+    assert layer_violations(graph) == {}
+    assert graph["hydra_ensembles.cli.demo"] & {m for m in graph if _under(m, "hydra_experiments")}
+
+
+def test_a_layer_violation_is_seen():
+    graph = {
+        "hydra_ensembles.heads": {"hydra_experiments.stages"},
+        "hydra_experiments.stages": {"hydra_ensembles.heads", "hydra_ensembles.cli.main"},
+        "hydra_ensembles.cli.main": {"hydra_experiments.stages", "hydra_ensembles.heads"},
+    }
+    assert layer_violations(graph) == {
+        "hydra_ensembles.heads": {"hydra_experiments.stages"},
+        "hydra_experiments.stages": {"hydra_ensembles.cli.main"},
+    }

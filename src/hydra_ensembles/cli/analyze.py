@@ -9,7 +9,8 @@ from .options import COUNT, _resamples, precision_option
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from ..analyze import analysis_config, run_analysis
+    from hydra_experiments.analyze import analysis_config, run_analysis
+
     from ..io import output_lock
     from ..runtime import ensure_cpu_allocator_tuned
 

@@ -12,8 +12,9 @@ from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_opti
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    from hydra_experiments.bench import bench_report, random_head_sets, run_bench
+
     from ..adapters import get_adapter
-    from ..bench import bench_report, random_head_sets, run_bench
     from ..io import atomic_write_json, atomic_write_text, check_report_dir, mark_report_dir
     from ..loading import load_any
     from ..models import VISION_MODEL_TYPES

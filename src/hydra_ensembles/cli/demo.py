@@ -10,7 +10,8 @@ from .options import precision_option
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ..experiment import DemoConfig, run_demo
+    from hydra_experiments import DemoConfig, run_demo
+
     from ..io import output_lock
     from ..runtime import ensure_cpu_allocator_tuned
 
@@ -36,11 +37,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError("--seeds runs the supervised demos (text, image)")
     with output_lock(config.out_dir):  # its default folder too: one demo writes it at a time
         if args.seeds:
-            from ..experiment import run_seeds
+            from hydra_experiments import run_seeds
 
             run_seeds(config, [int(s) for s in args.seeds.split(",") if s.strip()])
         elif args.task == "zero-shot":
-            from ..zero_shot_demo import run_zero_shot_demo
+            from hydra_experiments.zero_shot import run_zero_shot_demo
 
             run_zero_shot_demo(config)
         else:

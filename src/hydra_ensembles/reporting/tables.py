@@ -111,7 +111,7 @@ def interval_sections(results: Mapping[str, Mapping[str, Any]], heading: str = "
 def seeds_table(
     summary: Mapping[str, Mapping[str, Sequence[float]]], seeds: Sequence[int], command: str
 ) -> str:
-    """Main metrics as mean ± std over seeds (`experiment.seed_summary`)."""
+    """Main metrics as mean ± std over seeds (`hydra_experiments.seed_summary`)."""
     headers = ["Method"] + [h for _, h, _ in MAIN_COLUMNS]
     body = [
         [method]
@@ -310,7 +310,7 @@ def console_table(results: Mapping[str, Any], heads: Mapping[str, str]) -> str:
 
 
 def pruning_table(results: Mapping[str, Mapping[str, Any]], num_pruned: int, score: str = "msp") -> str:
-    """The paper's Table 4 layout for training-free pruning (`experiment.PruningCurves`): accuracy,
+    """The paper's Table 4 layout for training-free pruning (`hydra_experiments.PruningCurves`): accuracy,
     ECE and near-/far-OOD means of AUROC, FPR95 and AUPR-Out, then the rows' bootstrap intervals
     and paired differences, as a report section."""
     columns = [("auroc", "AUROC ↑"), ("fpr95", "FPR95 ↓"), ("aupr_out", "AUPR-Out ↑")]

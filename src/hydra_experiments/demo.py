@@ -8,19 +8,22 @@ from typing import Any
 
 import numpy as np
 
-from .. import reporting
-from ..evaluation import (
+from hydra_ensembles import reporting
+from hydra_ensembles.evaluation import (
     main_row,
 )
-from ..io import atomic_write_json, atomic_write_text
+from hydra_ensembles.io import atomic_write_json, atomic_write_text
+
+from .cache import Cache
 from .config import DemoConfig
 from .report import cost_table, evaluate_all, pruning_curves, report_meta, write_report
 from .stages import build_pruned, rank_heads, start_run, table_methods, train_baselines, unstructured_meta
 
 
-def run_demo(config: DemoConfig) -> dict[str, Any]:
-    """Run the whole experiment; returns the results and writes the report folder."""
-    run = start_run(config)
+def run_demo(config: DemoConfig, cache: Cache | None = None) -> dict[str, Any]:
+    """Run the whole experiment; returns the results and writes the report folder. ``cache``:
+    where models and rankings are kept (default: the configuration's cache folder)."""
+    run = start_run(config, cache)
     baselines = train_baselines(run)
     base = baselines.singles[0]
     rankings = rank_heads(run, base)

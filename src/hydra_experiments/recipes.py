@@ -7,16 +7,17 @@ from dataclasses import replace
 
 import torch
 
-from ..baselines import head_ensemble, train_head_ensemble
-from ..baselines.batch_ensemble import batch_ensemble
-from ..baselines.lora import lora_fine_tune
-from ..baselines.mimo import mimo, train_mimo
-from ..baselines.packed import packed_ensemble
-from ..evaluation import (
+from hydra_ensembles.baselines import head_ensemble, train_head_ensemble
+from hydra_ensembles.baselines.batch_ensemble import batch_ensemble
+from hydra_ensembles.baselines.lora import lora_fine_tune
+from hydra_ensembles.baselines.mimo import mimo, train_mimo
+from hydra_ensembles.baselines.packed import packed_ensemble
+from hydra_ensembles.evaluation import (
     predict,
 )
-from ..metrics import classification
-from ..training import FineTuneConfig, fine_tune
+from hydra_ensembles.metrics import classification
+from hydra_ensembles.training import FineTuneConfig, fine_tune
+
 from .cache import Cache
 from .config import IMAGE_RECIPE, DemoConfig, TrainingRecipe
 from .data import Benchmark, load_demo_task, model_key, prepare_benchmark

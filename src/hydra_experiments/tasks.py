@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import (
+from hydra_ensembles.data import (
     BBC_ID_TOPICS,
     ImageDataset,
     TextDataset,
@@ -39,7 +39,7 @@ from .data import (
     split_indices,
     stable_sample,
 )
-from .evaluation.shift import shifted_sets
+from hydra_ensembles.evaluation.shift import shifted_sets
 
 NEAR_CLASSES = ("ankle boot", "bag")
 IMAGE_SPLITS = {"train": 0.9, "val": 0.1}

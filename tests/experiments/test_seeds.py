@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hydra_ensembles.experiment import DemoConfig, run_seeds, seed_summary
 from hydra_ensembles.reporting import seeds_table
+from hydra_experiments import DemoConfig, run_seeds, seed_summary
 
 
 def _row(acc: float, auroc: float) -> dict:

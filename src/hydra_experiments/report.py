@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import reporting
-from ..batching import model_inputs
-from ..cost import count_parameters, interleaved_latency, median, multiply_adds
-from ..evaluation import (
+from hydra_ensembles import reporting
+from hydra_ensembles.batching import model_inputs
+from hydra_ensembles.cost import count_parameters, interleaved_latency, median, multiply_adds
+from hydra_ensembles.evaluation import (
     EvalData,
     MethodPredictions,
     add_comparisons,
@@ -25,16 +25,17 @@ from ..evaluation import (
     evaluate_predictions,
     predict_method,
 )
-from ..heads import HeadSet
-from ..io import atomic_write_json
-from ..members import member_overlap
-from ..members.ensemble import DeepEnsemble, has_dropout
-from ..members.sampling import least_useful_first
-from ..precision import Precision, in_precision
-from ..runtime import describe_machine
-from ..scoring import removal_ranking
-from ..surgery import heads_per_layer as heads_per_layer_of
-from ..surgery import prune
+from hydra_ensembles.heads import HeadSet
+from hydra_ensembles.io import atomic_write_json
+from hydra_ensembles.members import member_overlap
+from hydra_ensembles.members.ensemble import DeepEnsemble, has_dropout
+from hydra_ensembles.members.sampling import least_useful_first
+from hydra_ensembles.precision import Precision, in_precision
+from hydra_ensembles.runtime import describe_machine
+from hydra_ensembles.scoring import removal_ranking
+from hydra_ensembles.surgery import heads_per_layer as heads_per_layer_of
+from hydra_ensembles.surgery import prune
+
 from .cache import PredictionCache
 from .config import DemoConfig
 from .state import DemoRun, Method, PruningCurves

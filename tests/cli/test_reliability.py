@@ -148,7 +148,7 @@ def test_one_builtin_split_loads_without_the_other_corpora(tmp_path):
         "import sys, os\n"
         "from hydra_ensembles.data import load_spec\n"
         "data = load_spec('bbc-news:test')\n"
-        "assert 'hydra_ensembles.tasks' not in sys.modules, 'the data layer imported the protocols'\n"
+        "assert 'hydra_experiments.tasks' not in sys.modules, 'the data layer imported the protocols'\n"
         "print(len(data), data.classes)\n"
     )
     env = {**os.environ, "HYDRA_DATA_DIR": str(tmp_path)}  # no SpamAssassin there

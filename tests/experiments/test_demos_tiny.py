@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from hydra_ensembles.experiment import DemoConfig, TrainingRecipe, run_demo
 from hydra_ensembles.models import SCRATCH_IMAGE_MODEL, SMALL_VITS, load_tokenizer
 from hydra_ensembles.precision import resolve_precision
-from hydra_ensembles.zero_shot_demo import run_zero_shot_demo
+from hydra_experiments import DemoConfig, TrainingRecipe, run_demo
+from hydra_experiments.zero_shot import run_zero_shot_demo
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
 COMMON = {

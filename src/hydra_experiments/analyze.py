@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import reporting
-from .analysis import STUDIES, proposition1
-from .analysis.representations import centroid_distances, head_vectors, pca_2d
-from .evaluation import (
+from hydra_ensembles import reporting
+from hydra_ensembles.analysis import STUDIES, proposition1
+from hydra_ensembles.analysis.representations import centroid_distances, head_vectors, pca_2d
+from hydra_ensembles.evaluation import (
     EvalData,
     add_comparisons,
     corrupt_images,
@@ -41,24 +41,19 @@ from .evaluation import (
     main_row,
     predict_method,
 )
-from .experiment import (
-    DemoConfig,
-    DemoRun,
-    PredictionCache,
-    Rankings,
-    cost_table,
-    pruned_member,
-    rank_heads,
-    start_run,
-    trained_single,
-)
-from .fusion import fuse
-from .heads import HeadSet
-from .io import atomic_write_json, atomic_write_text
-from .members import DeepEnsemble, least_useful_first
-from .runtime import describe_machine
-from .scoring import removal_ranking
-from .surgery import heads_per_layer, prune
+from hydra_ensembles.fusion import fuse
+from hydra_ensembles.heads import HeadSet
+from hydra_ensembles.io import atomic_write_json, atomic_write_text
+from hydra_ensembles.members import DeepEnsemble, least_useful_first
+from hydra_ensembles.runtime import describe_machine
+from hydra_ensembles.scoring import removal_ranking
+from hydra_ensembles.surgery import heads_per_layer, prune
+
+from .cache import Cache, PredictionCache
+from .config import DemoConfig
+from .report import cost_table
+from .stages import pruned_member, rank_heads, start_run, trained_single
+from .state import DemoRun, Rankings
 from .tasks import Dataset
 
 CORRUPTION = {"text": "char_typos", "image": "gaussian_noise"}
@@ -92,9 +87,10 @@ class AnalysisConfig:
             raise ValueError(f"items must be at least 2, got {self.items}")
 
 
-def run_analysis(config: AnalysisConfig) -> dict[str, Any]:
-    """Run the chosen studies; writes analysis.json, report.md and plots/ under ``out_dir``."""
-    run = start_run(config.demo)
+def run_analysis(config: AnalysisConfig, cache: Cache | None = None) -> dict[str, Any]:
+    """Run the chosen studies; writes analysis.json, report.md and plots/ under ``out_dir``.
+    ``cache``: the demo's models and rankings (default: the configuration's cache folder)."""
+    run = start_run(config.demo, cache)
     base = trained_single(run, 0)
     rankings = rank_heads(run, base)
     out = Path(config.out_dir)

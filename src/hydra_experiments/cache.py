@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..evaluation import (
+from hydra_ensembles.evaluation import (
     Predictions,
     predict,
 )
-from ..io import atomic_write, atomic_write_json, batches_digest, update_with_tensor
-from ..members import load_member, save_member
-from ..members.ensemble import DeepEnsemble
+from hydra_ensembles.io import atomic_write, atomic_write_json, batches_digest, update_with_tensor
+from hydra_ensembles.members import load_member, save_member
+from hydra_ensembles.members.ensemble import DeepEnsemble
 
 
 class PredictionCache:
@@ -125,10 +125,12 @@ class Stage:
 
 
 class Cache:
-    """Models and JSON artefacts under ``root/<kind>-<hash of key>``."""
+    """Models and JSON artefacts under ``root/<kind>-<hash of key>``. ``built`` lists the entries
+    this instance computed rather than read (what a second run should not have to compute)."""
 
     def __init__(self, root: Path, enabled: bool) -> None:
         self.root, self.enabled = Path(root), enabled
+        self.built: list[str] = []
 
     def path(self, kind: str, key: dict[str, Any]) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -139,6 +141,7 @@ class Cache:
         if self.enabled and (where / "member_config.json").is_file():
             return load_member(where)
         model = build()
+        self.built.append(where.name)
         save_member(model, where)
         return model
 
@@ -147,6 +150,7 @@ class Cache:
         if self.enabled and where.is_file():
             return json.loads(where.read_text())
         value = build()
+        self.built.append(where.parent.name)
         atomic_write_json(where, value)
         return value
 

@@ -9,18 +9,19 @@ from typing import Any
 
 import torch
 
-from ..batching import model_inputs
-from ..data import to_batches as data_batches
-from ..models import (
+from hydra_ensembles.batching import model_inputs
+from hydra_ensembles.data import to_batches as data_batches
+from hydra_ensembles.models import (
     SMALL_VITS,
     load_classifier,
     load_image_processor,
     load_tokenizer,
     small_vit,
 )
-from ..tasks import Dataset, Task, load_image_task, load_text_task
-from ..training import FineTuneConfig
+from hydra_ensembles.training import FineTuneConfig
+
 from .config import DemoConfig
+from .tasks import Dataset, Task, load_image_task, load_text_task
 
 
 @dataclass

@@ -21,8 +21,7 @@ from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.precision import resolve_precision
-
-from .factories import computing_in, rounding_tolerance
+from tests.factories import computing_in, rounding_tolerance
 
 
 def _model_and_tokenizer(family: str, folder):

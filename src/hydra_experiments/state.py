@@ -9,13 +9,14 @@ from typing import Any
 
 import torch
 
-from ..heads import HeadSet
-from ..precision import Precision
-from ..scoring import CircuitOrder
-from ..tasks import Task
+from hydra_ensembles.heads import HeadSet
+from hydra_ensembles.precision import Precision
+from hydra_ensembles.scoring import CircuitOrder
+
 from .cache import Cache, Stage
 from .config import DemoConfig
 from .data import Benchmark
+from .tasks import Task
 
 
 @dataclass

@@ -7,15 +7,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..heads import HeadSet
-from ..members import sample_members
-from ..models import (
+from hydra_ensembles.heads import HeadSet
+from hydra_ensembles.members import sample_members
+from hydra_ensembles.models import (
     DEFAULT_IMAGE_MODEL,
     DEFAULT_TEXT_MODEL,
     SCRATCH_IMAGE_MODEL,
     SMALL_VITS,
 )
-from ..training import FineTuneConfig
+from hydra_ensembles.training import FineTuneConfig
 
 
 @dataclass(frozen=True)

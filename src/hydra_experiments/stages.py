@@ -9,17 +9,21 @@ from typing import Any
 
 import torch
 
-from ..baselines.unstructured import make_permanent, matched_sparsity, unstructured_prune
-from ..build import Build, BuildConfig, build_hydra
-from ..cost import count_parameters
-from ..heads import HeadSet
-from ..members.ensemble import DeepEnsemble, has_dropout
-from ..precision import resolve_precision
-from ..scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
-from ..scoring.taylor import DECIDING_PRECISION
-from ..surgery import prune
-from ..training import FineTuneConfig, fine_tune
-from .baselines import (
+from hydra_ensembles.baselines.unstructured import make_permanent, matched_sparsity, unstructured_prune
+from hydra_ensembles.build import Build, BuildConfig, build_hydra
+from hydra_ensembles.cost import count_parameters
+from hydra_ensembles.heads import HeadSet
+from hydra_ensembles.members.ensemble import DeepEnsemble, has_dropout
+from hydra_ensembles.precision import resolve_precision
+from hydra_ensembles.scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
+from hydra_ensembles.scoring.taylor import DECIDING_PRECISION
+from hydra_ensembles.surgery import prune
+from hydra_ensembles.training import FineTuneConfig, fine_tune
+
+from .cache import Cache, Stage
+from .config import DemoConfig
+from .data import load_demo_task, model_key, prepare_benchmark
+from .recipes import (
     batch_ensemble_settings,
     head_ensemble_settings,
     lora_settings,
@@ -32,14 +36,12 @@ from .baselines import (
     train_model,
     train_packed,
 )
-from .cache import Cache, Stage
-from .config import DemoConfig
-from .data import load_demo_task, model_key, prepare_benchmark
 from .state import Baselines, DemoRun, Method, PrunedModels, Rankings
 
 
-def start_run(config: DemoConfig) -> DemoRun:
-    """Resolve the precisions, load the data and make its batches."""
+def start_run(config: DemoConfig, cache: Cache | None = None) -> DemoRun:
+    """Resolve the precisions, load the data and make its batches; models and rankings go to
+    ``cache`` (default: ``Cache(config.cache_dir, config.use_cache)``)."""
     stage = Stage()
     torch.manual_seed(config.seed)
     compute = resolve_precision(config.precision)
@@ -54,7 +56,8 @@ def start_run(config: DemoConfig) -> DemoRun:
     bench = stage.run("prepare batches", lambda: prepare_benchmark(config, task))
     # each cached artefact is keyed by the data, the starting model and its own training settings
     # (so that, e.g., a new LoRA learning rate retrains the LoRA members and nothing else)
-    return DemoRun(config, task, bench, Cache(config.cache_dir, config.use_cache), stage, compute, evaluation)
+    cache = cache if cache is not None else Cache(config.cache_dir, config.use_cache)
+    return DemoRun(config, task, bench, cache, stage, compute, evaluation)
 
 
 def trained_single(run: DemoRun, seed: int) -> torch.nn.Module:

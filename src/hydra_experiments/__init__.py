@@ -1,6 +1,8 @@
-"""The paper's experiment on an embedded benchmark, end to end (``hydra-ens demo``).
+"""The applications built on `hydra_ensembles`: the paper's experiments on embedded benchmarks
+(``hydra-ens demo``, `demo` and `zero_shot`), its analysis (``hydra-ens analyze``, `analyze`) and
+the cost benchmark (``hydra-ens bench``, `bench`), each a thin driver over the stages here.
 
-Text (default): MiniLM-L6 fine-tuned on BBC News; image: DINOv2-S/14 (pretrained, converted from
+The demo: text (default): MiniLM-L6 fine-tuned on BBC News; image: DINOv2-S/14 (pretrained, converted from
 an offline ONNX graph) fine-tuned on Fashion-MNIST at 56 pixels, or with ``--model vit-6x12-p7`` a
 small ViT trained from scratch (``tasks`` describes the data). Fine-tune (or train) the base ->
 Taylor scores and circuit extraction -> members -> fine-tune members -> fuse -> evaluate every
@@ -19,7 +21,11 @@ Expensive artefacts (fine-tuned models, rankings) are cached under ``cache_dir``
 of everything they depend on, so a second run is fast.
 """
 
-from .baselines import (
+from .cache import Cache, PredictionCache, Stage, module_fingerprint
+from .config import IMAGE_RECIPE, PRESETS, PRETRAINED_IMAGE_RECIPE, TASKS, DemoConfig, TrainingRecipe
+from .data import Benchmark, load_demo_task, model_key, prepare_benchmark
+from .demo import run_demo, run_seeds, seed_summary
+from .recipes import (
     batch_ensemble_settings,
     demo_starting_point,
     head_ensemble_settings,
@@ -34,11 +40,7 @@ from .baselines import (
     train_packed,
     validation_scores,
 )
-from .cache import Cache, PredictionCache, Stage, module_fingerprint
-from .config import IMAGE_RECIPE, PRESETS, PRETRAINED_IMAGE_RECIPE, TASKS, DemoConfig, TrainingRecipe
-from .data import Benchmark, load_demo_task, model_key, prepare_benchmark
 from .report import cost_table, evaluate_all, pruning_curves, report_meta, write_report
-from .run import run_demo, run_seeds, seed_summary
 from .stages import UNSTRUCTURED, pruned_member, rank_heads, rank_model, start_run, trained_single
 from .state import Baselines, DemoRun, Method, PrunedModels, PruningCurves, Rankings
 

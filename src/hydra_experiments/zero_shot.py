@@ -22,25 +22,17 @@ from typing import Any
 
 from transformers import AutoModel
 
-from .experiment import (
-    DemoConfig,
-    DemoRun,
-    Method,
-    PrunedModels,
-    Rankings,
-    cost_table,
-    evaluate_all,
-    pruning_curves,
-    rank_model,
-    report_meta,
-    start_run,
-    write_report,
-)
-from .heads import HeadSet
-from .models import load_tokenizer, resolve_model_path
-from .scoring import CircuitOrder
-from .surgery import heads_per_layer, prune
-from .zeroshot import DualEncoderClassifier, from_sentence_encoder, fuse_dual_encoder
+from hydra_ensembles.heads import HeadSet
+from hydra_ensembles.models import load_tokenizer, resolve_model_path
+from hydra_ensembles.scoring import CircuitOrder
+from hydra_ensembles.surgery import heads_per_layer, prune
+from hydra_ensembles.zeroshot import DualEncoderClassifier, from_sentence_encoder, fuse_dual_encoder
+
+from .cache import Cache
+from .config import DemoConfig
+from .report import cost_table, evaluate_all, pruning_curves, report_meta, write_report
+from .stages import rank_model, start_run
+from .state import DemoRun, Method, PrunedModels, Rankings
 
 TEMPLATES = ("This news article is about {}.", "A news story about {}.", "{} news.")
 """Prompt templates for the BBC topics (averaged per class, as CLIP averages its 80)."""
@@ -55,9 +47,10 @@ def zero_shot_classifier(
     return from_sentence_encoder(encoder, load_tokenizer(config.model), classes, TEMPLATES, heads=heads)
 
 
-def run_zero_shot_demo(config: DemoConfig) -> dict[str, Any]:
-    """Run the zero-shot experiment; returns the results and writes the report folder."""
-    run = start_run(config)
+def run_zero_shot_demo(config: DemoConfig, cache: Cache | None = None) -> dict[str, Any]:
+    """Run the zero-shot experiment; returns the results and writes the report folder. ``cache``:
+    where rankings are kept (default: the configuration's cache folder)."""
+    run = start_run(config, cache)
     classes = run.task.classes
     dual = run.stage.run("load the dual encoder", lambda: zero_shot_classifier(config, classes))
     dual_input = zero_shot_classifier(config, classes, heads="input")

@@ -21,13 +21,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .baselines.batch_ensemble import batch_ensemble
-from .cost import count_parameters, interleaved_latency, median, multiply_adds, synchronizer
-from .fusion import fuse
-from .heads import HeadSet
-from .precision import resolve_precision
-from .reporting import markdown_table
-from .surgery import prune
+from hydra_ensembles.baselines.batch_ensemble import batch_ensemble
+from hydra_ensembles.cost import count_parameters, interleaved_latency, median, multiply_adds, synchronizer
+from hydra_ensembles.fusion import fuse
+from hydra_ensembles.heads import HeadSet
+from hydra_ensembles.precision import resolve_precision
+from hydra_ensembles.reporting import markdown_table
+from hydra_ensembles.surgery import prune
 
 
 class _PeakMemory(TorchDispatchMode):
@@ -239,7 +239,7 @@ def _onnxruntime_method(hydra: torch.nn.Module, input_names: list[str]) -> Calla
 
     import onnxruntime
 
-    from .serving.onnx import ONNX_NAME, export_onnx
+    from hydra_ensembles.serving.onnx import ONNX_NAME, export_onnx
 
     with tempfile.TemporaryDirectory() as folder:
         out = export_onnx(hydra, Path(folder) / "onnx", input_names=input_names)

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from hydra_ensembles.experiment import DemoConfig
-from hydra_ensembles.zero_shot_demo import run_zero_shot_demo
+from hydra_experiments import Cache, DemoConfig
+from hydra_experiments.zero_shot import run_zero_shot_demo
 
 
-@pytest.mark.slow  # about 30 s; the same code runs on a tiny encoder in tests/test_demos_tiny.py
+@pytest.mark.slow  # about 30 s; the same code runs on a tiny encoder in tests/experiments/test_demos_tiny.py
 @pytest.mark.real_model
-def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsys, monkeypatch):
+def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsys):
     config = DemoConfig.preset(
         "zero-shot",
         train_limit=8,
@@ -33,7 +33,9 @@ def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsy
         cache_dir=tmp_path / "cache",
         bench_repeats=1,
     )
-    first = run_zero_shot_demo(config)
+    first_cache = Cache(config.cache_dir, True)
+    first = run_zero_shot_demo(config, first_cache)
+    assert any(entry.startswith("zs-circuit-") for entry in first_cache.built)
     assert "Hydra (Circ, input tower)" in capsys.readouterr().out
     results = first["results"]
     assert list(results) == [
@@ -62,13 +64,7 @@ def test_reduced_zero_shot_demo_runs_end_to_end_without_training(tmp_path, capsy
     table = json.loads((tmp_path / "report" / "pruning_table.json").read_text())
     assert table["results"]["Taylor"]["classification"]["acc"] == dict(curves["accuracy"]["Taylor"])[8]
 
-    from hydra_ensembles.experiment import stages  # where the ranking stage looks them up
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the cache should have served this")
-
-    for name in ("extract_circuit", "taylor_scores", "taylor_head_set"):
-        if hasattr(stages, name):
-            monkeypatch.setattr(stages, name, forbidden)
-    second = run_zero_shot_demo(config)
+    cache = Cache(config.cache_dir, True)
+    second = run_zero_shot_demo(config, cache)
+    assert cache.built == []  # every ranking came from the cache
     assert second["results"]["Hydra (Circ)"] == results["Hydra (Circ)"]

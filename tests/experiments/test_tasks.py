@@ -1,6 +1,6 @@
 """The embedded benchmarks: deterministic, disjoint splits and the documented OOD roles."""
 
-from hydra_ensembles.tasks import NEAR_CLASSES, load_image_task, load_task
+from hydra_experiments.tasks import NEAR_CLASSES, load_image_task, load_task
 
 
 def test_image_task_splits_are_disjoint_deterministic_and_hold_out_near_classes():

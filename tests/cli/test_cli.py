@@ -1,0 +1,93 @@
+"""The hydra-ens command line: help, info and fuse."""
+
+import json
+
+import pytest
+import torch
+
+import hydra_ensembles as he
+from hydra_ensembles.cli import main
+from tests.factories import FAMILIES, text_inputs, tiny_bert
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("info", "fuse", "demo"):
+        assert command in out
+
+
+@pytest.fixture
+def local_model(tmp_path):
+    path = tmp_path / "tiny"
+    tiny_bert(layers=2, heads=4).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("family", "name"),
+    [("bert", "BERT"), ("distilbert", "DistilBERT"), ("deit", "ViT"), ("clip", "CLIP (vision)")],
+)
+def test_info_on_a_local_directory_keeps_its_head(family, name, tmp_path, capsys):
+    FAMILIES[family][0](labels=3).save_pretrained(tmp_path)
+    assert main(["info", str(tmp_path)]) == 0  # the saved 3-way head loads as it is
+    out = capsys.readouterr().out
+    assert f"family {name}" in out and "[4, 4] of [4, 4]" in out
+
+
+def test_fuse_from_head_set_files(local_model, tmp_path):
+    heads = tmp_path / "heads.json"
+    heads.write_text(json.dumps([{"0": [0, 1]}, {"1": []}]))
+    out_dir = tmp_path / "hydra"
+    assert main(["fuse", str(local_model), "--heads", str(heads), "--out", str(out_dir)]) == 0
+    hydra = he.load_hydra(out_dir)
+    assert hydra.num_members == 2
+    with torch.no_grad():
+        assert hydra(**text_inputs()).member_logits.shape == (2, 4, 3)
+
+
+def test_fuse_with_bad_heads_fails_cleanly_and_writes_nothing(local_model, tmp_path, capsys):
+    heads = tmp_path / "heads.json"
+    heads.write_text(json.dumps({"0": [7]}))
+    out_dir = tmp_path / "hydra"
+    code = main(["fuse", str(local_model), "--heads", str(heads), "--num-labels", "3", "--out", str(out_dir)])
+    assert code == 2
+    assert "head index 7 out of range" in capsys.readouterr().err
+    assert not out_dir.exists()
+
+
+def test_info_on_a_saved_hydra_model_and_member(tmp_path, capsys):
+    model = tiny_bert(layers=2, heads=4)
+    heads = [he.HeadSet({0: [0, 1, 2]}), he.HeadSet({0: [0, 1, 2], 1: [3]})]
+    he.fuse(model, heads).save_pretrained(tmp_path / "hydra")
+    assert main(["info", str(tmp_path / "hydra")]) == 0
+    out = capsys.readouterr().out
+    assert "fused Hydra of BertForSequenceClassification" in out and "members: 2; shared trunk: 1" in out
+    assert "member 1: heads per layer [3, 1] of [4, 4]" in out
+    he.members.save_member(he.prune(model, heads[1]), tmp_path / "member")
+    assert main(["info", str(tmp_path / "member")]) == 0
+    assert "heads per layer: [3, 1] of [4, 4]" in capsys.readouterr().out
+    he.members.save_member(he.baselines.batch_ensemble(model, 3), tmp_path / "be")
+    assert main(["info", str(tmp_path / "be")]) == 0
+    assert "BatchEnsemble of 3 members" in capsys.readouterr().out
+
+
+def test_help_states_every_default():
+    """Every option with a default says it in ``--help`` (a user must not have to read code)."""
+    import argparse
+
+    from hydra_ensembles.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            default = action.default
+            if not action.option_strings or default is None or default is False:
+                continue
+            if default == argparse.SUPPRESS or isinstance(default, list):
+                continue
+            text = formatter._expand_help(action) if action.help else ""
+            assert "default" in text, (name, action.option_strings, default)
