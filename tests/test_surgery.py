@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hydra_ensembles as he
-from hydra_ensembles.surgery import fingerprint
+from hydra_ensembles.hashing import fingerprint
 from tests.factories import image_inputs, text_inputs, tiny_bert, tiny_vit
 
 TOL = 1e-5

@@ -30,16 +30,21 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def text_digest(text: str) -> str:
+    """SHA-256 of ``text`` as UTF-8."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def json_digest(value: Any) -> str:
     """SHA-256 of ``value``'s canonical JSON (keys sorted; values JSON cannot hold as ``str``)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+    return text_digest(json.dumps(value, sort_keys=True, default=str))
 
 
 def config_digest(config: dict[str, Any]) -> str:
     """SHA-256 of the canonical JSON of every field but ``config_sha256`` itself: saved configs
     carry it, so an edited config is refused on load."""
     body = {k: v for k, v in config.items() if k != "config_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return text_digest(json.dumps(body, sort_keys=True))
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -11,6 +10,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from .hashing import sha256_file
 
 
 class OutputError(ValueError):
@@ -202,39 +203,6 @@ def load_file_set(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
     return meta, paths
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def update_with_tensor(digest: Any, name: str, tensor: Any) -> None:
-    """Feed a tensor's name, dtype, shape and bytes to a hashlib ``digest``."""
-    import torch
-
-    tensor = tensor.detach().cpu().contiguous()
-    digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-    digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-
-
-def batches_digest(batches: Any) -> str:
-    """SHA-256 of a list of batches (dicts): every tensor's name, dtype, shape and bytes, and
-    every other value's ``repr``, in order. Equal digests mean the same data."""
-    import torch
-
-    digest = hashlib.sha256()
-    for batch in batches:
-        for name in sorted(batch):
-            value = batch[name]
-            if isinstance(value, torch.Tensor):
-                update_with_tensor(digest, name, value)
-            else:
-                digest.update(f"{name}={value!r}".encode())
-    return digest.hexdigest()
-
-
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -410,13 +378,6 @@ def _take_lock(fcntl: Any, lock: Path, path: str | os.PathLike) -> int:
         return fd
     except OSError as exc:
         raise OutputError(f"cannot write under {lock.parent}: {exc.strerror or exc}") from None
-
-
-def config_digest(config: dict[str, Any]) -> str:
-    """SHA-256 of the canonical JSON of every field but ``config_sha256`` itself: saved configs
-    carry it, so an edited config is refused on load."""
-    body = {k: v for k, v in config.items() if k != "config_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def check_outputs_apart(outputs: dict[str, str | os.PathLike], inputs: list[str | os.PathLike]) -> None:

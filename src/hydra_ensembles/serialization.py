@@ -19,7 +19,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .configuration import HF_CONFIG_NAME
-from .io import atomic_write, atomic_write_json, config_digest, read_json, sha256_file
+from .hashing import config_digest, sha256_file
+from .io import atomic_write, atomic_write_json, read_json
 
 WEIGHTS_NAME = "model.safetensors"
 

@@ -8,9 +8,7 @@ saved, and fused with its siblings while members from another base are refused.
 from __future__ import annotations
 
 import copy
-import hashlib
 import warnings
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -19,6 +17,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from .adapters import AttentionBlock, get_adapter
+from .hashing import fingerprint
 from .heads import HeadSet, HeadSetError
 
 KEPT_HEADS_KEY = "hydra_kept_heads"
@@ -38,38 +37,6 @@ def kept_heads(model: nn.Module) -> HeadSet:
 def heads_per_layer(model: nn.Module) -> list[int]:
     """Head counts of the unpruned architecture, per layer."""
     return get_adapter(model).original_heads_per_layer(model)
-
-
-_FINGERPRINTS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str]] = weakref.WeakKeyDictionary()
-
-
-def state_signature(state: dict[str, torch.Tensor]) -> tuple | None:
-    """Storage address and in-place version counter of every tensor: any write changes it."""
-    try:
-        return tuple((name, t.data_ptr(), t._version, tuple(t.shape), t.dtype) for name, t in state.items())
-    except RuntimeError:  # inference tensors have no version counter: do not cache
-        return None
-
-
-def fingerprint(model: nn.Module) -> str:
-    """SHA-256 of a model's parameters and buffers (names, shapes, dtypes, bytes).
-
-    Cached per model object until any tensor is written in place or replaced (tracked by
-    storage address and version counter), so repeated pruning of one base hashes it once.
-    """
-    state = model.state_dict()
-    signature = state_signature(state)
-    cached = _FINGERPRINTS.get(model)
-    if signature is not None and cached is not None and cached[0] == signature:
-        return cached[1]
-    digest = hashlib.sha256()
-    for name, tensor in sorted(state.items()):
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    value = digest.hexdigest()
-    if signature is not None:
-        _FINGERPRINTS[model] = (signature, value)
-    return value
 
 
 def base_fingerprint(model: nn.Module) -> str:

@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 from .adapters import get_adapter
 from .adapters.base import is_under
 from .batching import ExamplePool, checked_batches, member_stacked, model_inputs
-from .io import MANIFEST, load_file_set, save_file_set, update_with_tensor
+from .hashing import batches_digest, fingerprint, json_digest
+from .io import MANIFEST, load_file_set, save_file_set
 from .outputs import EnsembleOutput, ensemble_log_probs
 from .precision import check_precision, resolve_precision
 from .serialization import check_finite, first_non_finite
@@ -429,17 +430,7 @@ def _optimizer_tensors(optimizer) -> tuple[dict[str, torch.Tensor], dict[str, An
 def _inputs_digest(model: nn.Module, train: list[dict], val: list[dict]) -> str:
     """SHA-256 of everything besides the configuration that shapes a fine-tuning run: the starting
     weights and every train and validation batch. A checkpoint resumes only the same run."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        update_with_tensor(digest, name, tensor)
-    for part, batches in (("train", train), ("val", val)):
-        for i, batch in enumerate(batches):
-            for key in sorted(batch):
-                if isinstance(batch[key], torch.Tensor):
-                    update_with_tensor(digest, f"{part}{i}.{key}", batch[key])
-    return digest.hexdigest()
+    return json_digest([fingerprint(model), batches_digest(train), batches_digest(val)])
 
 
 def _save_checkpoint(
@@ -525,8 +516,8 @@ def _restore(
         )
     if state.get("inputs_sha256") != inputs:
         raise CheckpointError(
-            f"checkpoint in {ckpt} was made from other data or another starting model; "
-            "delete it to start over"
+            f"checkpoint in {ckpt} was made from other data or another starting model (or by an "
+            "older release); delete it to start over"
         )
     model.load_state_dict(load_file(str(files["model.safetensors"])))
     tensors = load_file(str(files["optimizer.safetensors"]))

@@ -21,7 +21,7 @@ Expensive artefacts (fine-tuned models, rankings) are cached under ``cache_dir``
 of everything they depend on, so a second run is fast.
 """
 
-from .cache import Cache, PredictionCache, Stage, module_fingerprint
+from .cache import Cache, PredictionCache, Stage
 from .config import IMAGE_RECIPE, PRESETS, PRETRAINED_IMAGE_RECIPE, TASKS, DemoConfig, TrainingRecipe
 from .data import Benchmark, load_demo_task, model_key, prepare_benchmark
 from .demo import run_demo, run_seeds, seed_summary
@@ -71,7 +71,6 @@ __all__ = [
     "lora_settings",
     "mimo_settings",
     "model_key",
-    "module_fingerprint",
     "packed_settings",
     "prepare_benchmark",
     "pruned_member",

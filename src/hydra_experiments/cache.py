@@ -3,12 +3,9 @@ by the model's weights; stage timing."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
 from collections.abc import Callable
-from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,8 @@ from hydra_ensembles.evaluation import (
     Predictions,
     predict,
 )
-from hydra_ensembles.io import atomic_write, atomic_write_json, batches_digest, update_with_tensor
+from hydra_ensembles.hashing import batches_digest, json_digest, module_fingerprint, text_digest
+from hydra_ensembles.io import atomic_write, atomic_write_json
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.members.ensemble import DeepEnsemble
 
@@ -63,9 +61,7 @@ class PredictionCache:
         if self.root is None:
             return predict(model, batches, split, progress=progress, precision=precision)
         batches = list(batches)
-        digest = hashlib.sha256(
-            f"{self._fingerprint(model)}|{batches_digest(batches)}|{precision}".encode()
-        ).hexdigest()[:24]
+        digest = text_digest(f"{self._fingerprint(model)}|{batches_digest(batches)}|{precision}")[:24]
         path = self.root / f"{digest}.safetensors"
         if path.is_file():
             stored = load_file(str(path))
@@ -82,27 +78,6 @@ class PredictionCache:
         if id(model) not in self._fingerprints:
             self._fingerprints[id(model)] = module_fingerprint(model)
         return self._fingerprints[id(model)]
-
-
-def module_fingerprint(model: torch.nn.Module) -> str:
-    """SHA-256 of a module's type, structure (``repr``), every submodule's plain settings (numbers,
-    strings, tuples, dataclasses such as a zero-shot config) and every parameter and buffer (names,
-    dtypes, shapes and bytes): equal fingerprints mean the same computation."""
-    digest = hashlib.sha256(f"{type(model).__qualname__}\n{model!r}".encode())
-    for path, module in model.named_modules(remove_duplicate=False):
-        for name, value in sorted(vars(module).items()):
-            if not name.startswith("_") and name != "training" and _is_setting(value):
-                digest.update(re.sub(r"0x[0-9a-f]+", "", f"{path}.{name}={value!r}").encode())
-    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    for name, tensor in named:
-        update_with_tensor(digest, name, tensor)
-    return digest.hexdigest()
-
-
-def _is_setting(value: Any) -> bool:
-    if isinstance(value, (bool, int, float, str, type(None))) or is_dataclass(value):
-        return True
-    return isinstance(value, (tuple, list)) and all(_is_setting(v) for v in value)
 
 
 class Stage:
@@ -133,7 +108,7 @@ class Cache:
         self.built: list[str] = []
 
     def path(self, kind: str, key: dict[str, Any]) -> Path:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        digest = json_digest(key)[:16]
         return self.root / f"{kind}-{digest}"
 
     def model(self, kind: str, key: dict[str, Any], build: Callable[[], torch.nn.Module]) -> torch.nn.Module:

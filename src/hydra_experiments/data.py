@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -11,6 +10,7 @@ import torch
 
 from hydra_ensembles.batching import model_inputs
 from hydra_ensembles.data import to_batches as data_batches
+from hydra_ensembles.hashing import text_digest
 from hydra_ensembles.models import (
     SMALL_VITS,
     load_classifier,
@@ -50,7 +50,7 @@ class Benchmark:
 
 
 def _data_key(dataset: Dataset) -> str:
-    return hashlib.sha256("\n".join(dataset.ids).encode()).hexdigest()[:16]
+    return text_digest("\n".join(dataset.ids))[:16]
 
 
 def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:

@@ -19,11 +19,10 @@ from hydra_ensembles.evaluation import (
     predict,
     saved_calibration,
 )
-from hydra_ensembles.io import batches_digest
+from hydra_ensembles.hashing import batches_digest, fingerprint
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.precision import resolve_precision
-from hydra_ensembles.surgery import fingerprint
 from hydra_ensembles.training import FineTuneConfig, fine_tune
 from hydra_ensembles.zeroshot import ZeroShotHydra, fuse_dual_encoder
 from tests.factories import image_inputs, labelled, text_inputs, tiny_bert, tiny_clip_zero_shot

@@ -6,7 +6,8 @@ import torch
 
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import predict
-from hydra_experiments import PredictionCache, module_fingerprint
+from hydra_ensembles.hashing import module_fingerprint
+from hydra_experiments import PredictionCache
 from tests.factories import labelled, text_inputs, tiny_bert
 
 

@@ -7,7 +7,7 @@ import torch
 
 import hydra_ensembles as he
 from hydra_ensembles.fusion.model import CONFIG_NAME, WEIGHTS_NAME
-from hydra_ensembles.io import config_digest
+from hydra_ensembles.hashing import config_digest
 from tests.factories import image_inputs, text_inputs, tiny_bert, tiny_vit
 
 HEADS = [he.HeadSet({0: [0, 2], 1: []}), he.HeadSet({0: [1, 2, 3]}), he.HeadSet({1: [3]})]

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..io import batches_digest
+from ..hashing import batches_digest
 from ..precision import model_device, resolve_precision
 from ..surgery import CALIBRATION_KEY, fingerprint
 from .evaluate import OOD_SCORES

@@ -32,7 +32,6 @@ resumes from its checkpoint file and ends with the same result.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import warnings
@@ -49,12 +48,13 @@ from tqdm.auto import tqdm
 
 from ..adapters import ArchitectureAdapter, DualEncoderAdapter, get_adapter
 from ..batching import checked_batches, model_inputs
+from ..hashing import batches_digest, fingerprint, json_digest
 from ..heads import HeadSet
 from ..io import atomic_write_json, read_json
 from ..metrics import auroc
 from ..precision import Precision, in_precision, model_device, resolve_precision
 from ..serialization import check_finite
-from ..surgery import HeadAblation, fingerprint, kept_heads
+from ..surgery import HeadAblation, kept_heads
 from .forward import (
     capture_layer_inputs,
     capturing_layer_inputs,
@@ -244,17 +244,6 @@ class _CandidateMasks(HeadAblation):
         return hook
 
 
-def _data_digest(batches: Sequence[dict]) -> str:
-    digest = hashlib.sha256()
-    for batch in batches:
-        for key in sorted(batch):
-            value = batch[key]
-            if isinstance(value, torch.Tensor):
-                digest.update(key.encode())
-                digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def _dist() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -372,14 +361,15 @@ def _check_budget(heads_per_layer: list[int], budget: int, min_heads_per_layer: 
 
 def _run_key(model: nn.Module, settings: list, id_batches: list[dict], ood_batches: list[dict]) -> str:
     """What a checkpoint must match to be resumed: the model, settings and data."""
-    parts = [
-        fingerprint(model),
-        *settings[:3],
-        _data_digest(id_batches),
-        _data_digest(ood_batches),
-        *settings[3:],
-    ]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+    return json_digest(
+        [
+            fingerprint(model),
+            *settings[:3],
+            batches_digest(id_batches),
+            batches_digest(ood_batches),
+            *settings[3:],
+        ]
+    )
 
 
 @dataclass
@@ -518,8 +508,8 @@ def _resume(
         raise CircuitError(f"{checkpoint} is not a circuit checkpoint: delete it or choose another path")
     if data.get("key") != key:
         raise CircuitError(
-            f"checkpoint {checkpoint} belongs to another extraction (model, data or settings differ); "
-            "delete it or choose another path"
+            f"checkpoint {checkpoint} belongs to another extraction (model, data or settings differ, "
+            "or an older release wrote it); delete it or choose another path"
         )
     try:
         lazy = data.get("lazy", {})

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from ..surgery import state_signature
+from ..hashing import state_signature
 from .towers import EncoderTower, cosine_logits, normalize
 
 HeadPool = Literal["both", "input"]
