@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from hydra_ensembles.data import batches, load_bbc_news, split_indices, stable_sample
+from hydra_ensembles.data import load_bbc_news, split_indices, stable_sample, to_batches
 from hydra_ensembles.models import load_classifier, load_tokenizer, offline_by_default
 from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
 from hydra_ensembles.scoring import extract_circuit
@@ -67,11 +67,11 @@ def main() -> None:
         return data.subset(stable_sample(chosen, data.ids, limit, salt=split))
 
     tokenizer = load_tokenizer()
-    train = list(batches(pick("train", False, 320), tokenizer, 16, 32))
-    id_val = list(batches(pick("val", False, args.docs), tokenizer, args.docs, args.tokens))
+    train = list(to_batches(pick("train", False, 320), tokenizer, 16, 32))
+    id_val = list(to_batches(pick("val", False, args.docs), tokenizer, args.docs, args.tokens))
     ood_val = [
         {k: v for k, v in b.items() if k != "labels"}
-        for b in batches(pick("val", True, args.docs), tokenizer, args.docs, args.tokens)
+        for b in to_batches(pick("val", True, args.docs), tokenizer, args.docs, args.tokens)
     ]
     model = load_classifier(num_labels=5)  # BBC's 5 topic labels; tech never appears in training
     start = time.perf_counter()

@@ -267,7 +267,7 @@ class DemoConfig:
 
     @classmethod
     def preset(cls, task: str = "text", full: bool = False, **overrides) -> DemoConfig:
-        """The default (about 5 minutes for text here) or ``full`` protocol of a task.
+        """The default (minutes on a 2-core CPU) or ``full`` protocol of a task.
 
         Text full: every training text, 96 tokens, 3 epochs, circuit extraction on 48 + 48 texts
         of 64 tokens, fp32 evaluation of every test text. Image (DINOv2-S at 56 px): 1,600 training

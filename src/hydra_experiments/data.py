@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from hydra_ensembles.batching import model_inputs
-from hydra_ensembles.data import to_batches as data_batches
+from hydra_ensembles.data import to_batches
 from hydra_ensembles.hashing import text_digest
 from hydra_ensembles.models import (
     SMALL_VITS,
@@ -46,7 +46,7 @@ class Benchmark:
 
     def batches(self, data: Dataset, length: int, batch_size: int = 64) -> list[dict]:
         """More batches made like the benchmark's (texts cut to ``length`` tokens)."""
-        return list(data_batches(data, self.preprocessor, batch_size, length))
+        return list(to_batches(data, self.preprocessor, batch_size, length))
 
 
 def _data_key(dataset: Dataset) -> str:
@@ -62,10 +62,10 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
     else:
         preprocessor = load_tokenizer(config.model)
 
-    def to_batches(
+    def batched(
         data: Dataset, batch_size: int = config.eval_batch_size, length: int = config.max_length
     ) -> list[dict]:  # images ignore the length
-        return list(data_batches(data, preprocessor, batch_size, length))
+        return list(to_batches(data, preprocessor, batch_size, length))
 
     def initial(seed: int) -> torch.nn.Module:
         if from_scratch:
@@ -77,15 +77,15 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
 
     return Benchmark(
         task=task,
-        train=to_batches(task.train, config.recipe.batch_size),
-        val=to_batches(task.val),
-        test=to_batches(task.test),
-        oods={name: (kind, to_batches(data)) for name, (kind, data) in task.ood_test.items()},
-        shifted={key: to_batches(data) for key, data in task.shift.items()},
-        circuit_id=to_batches(head(task.val, config.circuit_id_items), 64, config.circuit_length),
+        train=batched(task.train, config.recipe.batch_size),
+        val=batched(task.val),
+        test=batched(task.test),
+        oods={name: (kind, batched(data)) for name, (kind, data) in task.ood_test.items()},
+        shifted={key: batched(data) for key, data in task.shift.items()},
+        circuit_id=batched(head(task.val, config.circuit_id_items), 64, config.circuit_length),
         circuit_ood=[
             model_inputs(b)
-            for b in to_batches(head(task.ood_val, config.circuit_ood_items), 64, config.circuit_length)
+            for b in batched(head(task.ood_val, config.circuit_ood_items), 64, config.circuit_length)
         ],
         initial=initial,
         from_scratch=from_scratch,

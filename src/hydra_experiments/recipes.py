@@ -102,8 +102,8 @@ def train_mimo_model(
 def head_ensemble_settings(recipe: TrainingRecipe) -> FineTuneConfig:
     """Deep Ensembles (D): the heads train on the frozen backbone's cached output until the ID
     validation NLL stops improving (patience 3, at most 30 epochs), at lr 1e-3, a linear probe's
-    usual step (not tuned here). One epoch at the backbone's fine-tuning step, the first recipe,
-    left three fresh heads badly under-fit (DINOv2: ECE 28%)."""
+    usual step (not tuned here): one epoch at the backbone's fine-tuning step under-fits fresh
+    heads (docs/design-notes.md)."""
     return replace(recipe.config(0), epochs=30, lr=1e-3, patience=3)
 
 

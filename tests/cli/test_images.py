@@ -14,7 +14,7 @@ except ImportError:  # pragma: no cover - older 5.x releases
     from transformers import ViTImageProcessor as ViTProcessor
 
 from hydra_ensembles.cli import main
-from hydra_ensembles.data import ImageDataset, image_batches
+from hydra_ensembles.data import ImageDataset, to_batches
 from hydra_ensembles.models import load_image_processor
 
 MEAN, STD = [0.2, 0.4, 0.6], [0.5, 0.25, 0.125]
@@ -49,7 +49,7 @@ def rgb_model(tmp_path_factory):
 def test_processor_resizes_repeats_channels_and_normalises(rgb_model):
     processor = load_image_processor(str(rgb_model / "model"))
     grey = np.full((2, 1, 8, 8), 0.5, dtype=np.float32)
-    (batch,) = image_batches(ImageDataset(grey, [0, 1], ["a", "b"], ["x", "y"]), processor=processor)
+    (batch,) = to_batches(ImageDataset(grey, [0, 1], ["a", "b"], ["x", "y"]), processor)
     assert batch["pixel_values"].shape == (2, 3, 16, 16)
     expected = (0.5 - torch.tensor(MEAN)) / torch.tensor(STD)  # a flat image stays flat when resized
     # within one 8-bit step (the PIL backend resizes in uint8), divided by the std

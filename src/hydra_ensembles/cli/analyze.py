@@ -37,7 +37,7 @@ def _add_analyze_command(sub) -> None:
     analyze = sub.add_parser(
         "analyze",
         help="the paper's analysis on the demo's models: Proposition 1's conditions, what heads "
-        "represent, member count, merged vs exact MLPs (about 5 minutes here for text, demo cache warm)",
+        "represent, member count, merged vs exact MLPs (reuses the demo's cached models)",
     )
     analyze.add_argument("--task", choices=["text", "image"], default="text")
     analyze.add_argument(

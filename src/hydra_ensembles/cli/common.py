@@ -64,51 +64,15 @@ def _data_batches(
     model=None,
     dataset=None,
 ):
-    """A named dataset and its batches; with ``model``, checked against it (text or images) and
-    its labels mapped onto the model's classes (`data.labels.align_labels`). ``dataset``: the
-    one ``spec`` names, where the caller has loaded it already."""
-    from ..batching import model_inputs
-    from ..data import ImageDataset, load_spec, stable_sample, to_batches
-    from ..data.labels import align_labels, model_class_names, num_model_labels
-    from ..models import takes_images
+    """The dataset ``spec`` names (``dataset``: already loaded), sampled down to ``limit`` items,
+    as batches for ``model`` (`data.model_batches`: checked and label-aligned)."""
+    from ..data import load_spec, model_batches, stable_sample
 
     if dataset is None:
         dataset = load_spec(spec, args.text_column, args.label_column, labelled=labels)
-    if labels and not dataset.classes:
-        raise ValueError(f"{spec} has no labels; this option needs labelled data")
-    if model is not None:
-        first = model[0] if isinstance(model, list) else model
-        vision = takes_images(first)
-        if vision != isinstance(dataset, ImageDataset):
-            kind = "images" if isinstance(dataset, ImageDataset) else "texts"
-            raise ValueError(f"{spec} holds {kind}, but the model takes {'images' if vision else 'text'}")
-        if labels:
-            dataset = align_labels(dataset, model_class_names(model), num_model_labels(model), spec)
-    if preprocessor is None and not isinstance(dataset, ImageDataset):
-        raise ValueError(
-            "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
-            "where the command takes it (a saved Hydra model keeps none)"
-        )
-    if not isinstance(dataset, ImageDataset):
-        _check_max_length(args.max_length, preprocessor, model)
     if limit:
         dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
-    out = list(to_batches(dataset, preprocessor, args.batch_size, args.max_length))
-    if not labels:
-        out = [model_inputs(b) for b in out]
-    return dataset, out
-
-
-def _check_max_length(max_length: int, tokenizer, model) -> None:
-    """Refuse a ``--max-length`` beyond the positions the tokenizer and the model know (longer
-    inputs would index past the position embeddings)."""
-    limits = [getattr(tokenizer, "model_max_length", None)]
-    for m in model if isinstance(model, list) else [model]:
-        config = getattr(m, "config", None)
-        limits.append(getattr(config, "max_position_embeddings", None) if config is not None else None)
-    known = [int(n) for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
-    if known and max_length > min(known):
-        raise ValueError(f"--max-length {max_length} exceeds the model's {min(known)} positions")
+    return model_batches(dataset, model, preprocessor, args.batch_size, args.max_length, labels, spec)
 
 
 def _print_history(result, config, val: list[dict] | None) -> None:

@@ -59,14 +59,14 @@ def _add_demo_command(sub) -> None:
         "--task",
         choices=["text", "image", "zero-shot"],
         default="text",
-        help="text (default, about 5 minutes here), image (about 15 minutes here) or zero-shot "
-        "(MiniLM-L6 as a dual encoder on BBC News topics, no training; about 3 minutes here)",
+        help="text (default), image or zero-shot (MiniLM-L6 as a dual encoder on BBC News topics, "
+        "no training); run times on a 2-core CPU are in docs/results.md",
     )
     demo.add_argument(
         "--full",
         action="store_true",
-        help="the larger protocol: all training data, longer inputs, fp32 evaluation (text and image: "
-        "up to an hour here; zero-shot: all-mpnet-base-v2 on every test text, hours on 2 CPU cores)",
+        help="the larger protocol: all training data, longer inputs, fp32 evaluation (zero-shot: "
+        "all-mpnet-base-v2 on every test text); many times longer than the default",
     )
     demo.add_argument(
         "--model",

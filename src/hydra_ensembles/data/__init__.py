@@ -2,7 +2,6 @@
 
 from .images import (
     ImageDataset,
-    image_batches,
     load_elpv,
     load_fashion_mnist,
     load_image_folder,
@@ -10,14 +9,13 @@ from .images import (
     load_npz,
     load_texture_crops,
 )
-from .registry import BUILTIN, load_spec, to_batches
+from .registry import BUILTIN, check_max_length, load_spec, model_batches, to_batches
 from .splits import split_indices, split_of, stable_sample, stable_unit
 from .text import (
     BBC_ID_TOPICS,
     BBC_NEAR_TOPIC,
     MissingDataError,
     TextDataset,
-    batches,
     bbc_news_splits,
     data_dir,
     load_bbc_news,
@@ -34,10 +32,9 @@ __all__ = [
     "ImageDataset",
     "MissingDataError",
     "TextDataset",
-    "batches",
     "bbc_news_splits",
+    "check_max_length",
     "data_dir",
-    "image_batches",
     "load_bbc_news",
     "load_drug_reviews",
     "load_elpv",
@@ -50,9 +47,26 @@ __all__ = [
     "load_spec",
     "load_text_table",
     "load_texture_crops",
+    "model_batches",
     "split_indices",
     "split_of",
     "stable_sample",
     "stable_unit",
     "to_batches",
 ]
+
+
+def __getattr__(name: str):
+    # the text and image batch makers behind `to_batches`, public before it was the one entry point
+    if name in ("batches", "image_batches"):
+        import warnings
+
+        from . import images, text
+
+        warnings.warn(
+            f"hydra_ensembles.data.{name} is deprecated; use hydra_ensembles.data.to_batches",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return text.batches if name == "batches" else images.image_batches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -113,3 +113,52 @@ def to_batches(
     if preprocessor is None:
         raise ValueError("text data needs the model's tokenizer")
     return batches(dataset, preprocessor, batch_size, max_length)
+
+
+def check_max_length(max_length: int, tokenizer: Any, models: Any) -> None:
+    """Refuse a ``max_length`` beyond the positions the tokenizer and the model(s) know (longer
+    inputs would index past the position embeddings)."""
+    limits = [getattr(tokenizer, "model_max_length", None)]
+    for m in models if isinstance(models, list) else [models]:
+        config = getattr(m, "config", None)
+        limits.append(getattr(config, "max_position_embeddings", None) if config is not None else None)
+    known = [int(n) for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
+    if known and max_length > min(known):
+        raise ValueError(f"--max-length {max_length} exceeds the model's {min(known)} positions")
+
+
+def model_batches(
+    dataset: TextDataset | ImageDataset,
+    model: Any,
+    preprocessor: Any = None,
+    batch_size: int = 32,
+    max_length: int = 128,
+    labelled: bool = True,
+    name: str = "the data",
+) -> tuple[TextDataset | ImageDataset, list[dict]]:
+    """``dataset`` checked against ``model`` (a model or a list of them: texts for a text model,
+    images for a vision one), its labels numbered as the model's classes
+    (`labels.align_labels`), as model-input batches (with ``labels`` when ``labelled``).
+    Returns the aligned dataset and its batches; ``name`` names the data in errors."""
+    from ..batching import model_inputs
+    from ..models import takes_images
+    from .labels import align_labels, model_class_names, num_model_labels
+
+    if labelled and not dataset.classes:
+        raise ValueError(f"{name} has no labels; this option needs labelled data")
+    first = model[0] if isinstance(model, list) else model
+    vision, images = takes_images(first), isinstance(dataset, ImageDataset)
+    if vision != images:
+        kind = "images" if images else "texts"
+        raise ValueError(f"{name} holds {kind}, but the model takes {'images' if vision else 'text'}")
+    if labelled:
+        dataset = align_labels(dataset, model_class_names(model), num_model_labels(model), name)
+    if not images:
+        if preprocessor is None:
+            raise ValueError(
+                "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
+                "where the command takes it (a saved Hydra model keeps none)"
+            )
+        check_max_length(max_length, preprocessor, model)
+    out = list(to_batches(dataset, preprocessor, batch_size, max_length))
+    return dataset, out if labelled else [model_inputs(b) for b in out]
