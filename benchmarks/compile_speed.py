@@ -27,7 +27,6 @@ from hydra_ensembles.cost import interleaved_latency, median
 from hydra_ensembles.models import load_classifier
 from hydra_ensembles.precision import PRECISIONS, resolve_precision
 from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
-from hydra_experiments.bench import random_head_sets
 
 
 def main() -> None:
@@ -47,7 +46,7 @@ def main() -> None:
     ensure_cpu_allocator_tuned()
     compute = resolve_precision(args.precision)
     model = load_classifier(num_labels=4).eval().to(compute.dtype)
-    hydra = he.fuse(model, random_head_sets(3, 6, 12, 8)).eval()
+    hydra = he.fuse(model, he.sample_members(torch.zeros(6, 12), 3, heads_per_layer=8, pool_size=12)).eval()
     ids = torch.randint(1000, 30000, (args.batch, 128), generator=torch.Generator().manual_seed(0))
     raw = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     stacked = hydra.stack_inputs(raw, args.batch)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import random
 import statistics
 from functools import partial
 
@@ -32,14 +31,6 @@ from hydra_ensembles.cost import interleaved_latency, multiply_adds
 from hydra_ensembles.models import load_classifier, offline_by_default
 from hydra_ensembles.precision import PRECISIONS, in_precision, resolve_precision
 from hydra_ensembles.runtime import describe_machine, inference_chunk_rows
-
-
-def random_head_sets(num_members: int, layers: int, heads: int, keep: int, seed: int) -> list[he.HeadSet]:
-    rng = random.Random(seed)
-    return [
-        he.HeadSet({layer: sorted(rng.sample(range(heads), keep)) for layer in range(layers)})
-        for _ in range(num_members)
-    ]
 
 
 def run_all(models: list, inputs: dict) -> list:
@@ -70,7 +61,12 @@ def main() -> None:
     compute = resolve_precision(args.precision)
     base = in_precision(load_classifier(num_labels=4).eval(), compute)
     config = base.config
-    heads = random_head_sets(args.members, config.num_hidden_layers, config.num_attention_heads, args.keep, 0)
+    flat = torch.zeros(
+        config.num_hidden_layers, config.num_attention_heads
+    )  # all heads equally likely: random members
+    heads = he.sample_members(
+        flat, args.members, heads_per_layer=args.keep, pool_size=config.num_attention_heads
+    )
     ensemble = [base] + [copy.deepcopy(base) for _ in heads[1:]]
     members = [he.prune(base, hs).eval() for hs in heads]
     hydra = he.fuse(base, heads).eval()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import hydra_ensembles as he
-from hydra_ensembles.cost import count_parameters, multiply_adds
+from hydra_ensembles.cost import count_parameters, measure, multiply_adds, percentile
 from tests.factories import text_inputs, tiny_bert
 
 
@@ -56,3 +56,21 @@ def test_multiply_adds_scale_with_members():
     assert fused == sequential > multiply_adds(lambda: model(**x)) > 0
     trunk = he.fuse(model, head_sets).eval()  # identical members: layer 0 runs once
     assert trunk.trunk_layers == 1 and multiply_adds(lambda: trunk(**x)) < fused
+
+
+def test_measure_reports_every_run_side_by_side():
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    runs = {"a": lambda: layer(x), "b": lambda: layer(torch.cat([x, x]))}
+    measured = measure(runs, repeats=3, warmup=0)
+    assert set(measured) == {"a", "b"}
+    for name, cost in measured.items():
+        assert 0 < cost["median_ms"] <= cost["p90_ms"]
+        assert cost["gmacs"] == multiply_adds(runs[name]) / 1e9
+    assert measured["b"]["gmacs"] == 2 * measured["a"]["gmacs"] == 2 * 3 * 8 * 4 / 1e9
+    assert "gmacs" not in measure(runs, repeats=1, warmup=0, count_macs=False)["a"]
+
+
+def test_percentile_is_the_nearest_rank():
+    assert percentile([5, 1, 3, 2, 4], 0.9) == 5 and percentile([5, 1, 3, 2, 4], 0.5) == 3
+    assert percentile([7.0], 0.9) == 7.0

@@ -66,3 +66,31 @@ def interleaved_latency(
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure(
+    runs: dict[str, Callable[[], Any]],
+    repeats: int = 10,
+    warmup: int = 2,
+    sync: Callable[[], None] | None = None,
+    count_macs: bool = True,
+) -> dict[str, dict[str, float]]:
+    """The cost of each of ``runs`` (name -> one call), measured side by side: ``median_ms`` and
+    ``p90_ms`` per call over ``repeats`` interleaved rounds (`interleaved_latency`) and, with
+    ``count_macs``, ``gmacs``, the multiply-adds of one call in billions."""
+    times = interleaved_latency(runs, repeats=repeats, warmup=warmup, sync=sync)
+    measured = {
+        name: {"median_ms": 1e3 * median(values), "p90_ms": 1e3 * percentile(values, 0.9)}
+        for name, values in times.items()
+    }
+    if count_macs:
+        with torch.inference_mode():
+            for name, run in runs.items():
+                measured[name]["gmacs"] = multiply_adds(run) / 1e9
+    return measured

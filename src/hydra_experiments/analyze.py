@@ -260,7 +260,7 @@ def _members(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out
             curves.setdefault(metric, {})[family] = [
                 (m, reporting_value(results[f"{family}, M={m}"], key)) for m in counts
             ]
-    for metric, key in (("latency (ms)", "latency_ms"), ("GMACs", "gmacs")):
+    for metric, key in (("latency (ms)", "median_ms"), ("GMACs", "gmacs")):
         for family in ("Hydra (Circ)", "Deep Ensemble"):
             curves.setdefault(metric, {})[family] = [
                 (m, cost["methods"][f"{family}, M={m}"][key]) for m in counts
@@ -380,9 +380,7 @@ def _main_table(results: dict[str, Any], cost: dict[str, Any] | None = None) -> 
         if cost:
             c = cost["methods"].get(name)
             cells += (
-                [f"{c['latency_ms']:.0f}", f"{c['params'] / 1e6:.1f}", f"{c['gmacs']:.1f}"]
-                if c
-                else ["–"] * 3
+                [f"{c['median_ms']:.0f}", f"{c['params'] / 1e6:.1f}", f"{c['gmacs']:.1f}"] if c else ["–"] * 3
             )
         rows.append(cells)
     return reporting.markdown_table(headers, rows)

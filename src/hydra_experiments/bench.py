@@ -10,9 +10,9 @@ ratios to Single compare like with like on a noisy machine.
 from __future__ import annotations
 
 import copy
-import random
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from hydra_ensembles.baselines.batch_ensemble import batch_ensemble
-from hydra_ensembles.cost import count_parameters, interleaved_latency, median, multiply_adds, synchronizer
+from hydra_ensembles.cost import count_parameters, interleaved_latency, measure, multiply_adds, synchronizer
 from hydra_ensembles.fusion import fuse
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.precision import resolve_precision
@@ -66,37 +66,8 @@ def peak_memory(run: Callable[[], Any]) -> int:
     return tracker.peak
 
 
-def random_head_sets(
-    num_members: int, layers: int, heads: int, keep: int, seed: int = 0, shared_layers: int = 0
-) -> list[HeadSet]:
-    """``keep`` heads per layer for each member, drawn with a per-member seed; with
-    ``shared_layers=k`` every member keeps member 0's heads in the first k layers (a shared trunk)."""
-    if not 0 <= keep <= heads:
-        raise ValueError(f"cannot keep {keep} heads per layer of a model with {heads}")
-    if not 0 <= shared_layers < layers:
-        raise ValueError(f"shared_layers must be in [0, {layers - 1}], got {shared_layers}")
-    return [
-        HeadSet(
-            {
-                lay: sorted(
-                    random.Random(f"{seed}:{0 if lay < shared_layers else m}:{lay}").sample(
-                        range(heads), keep
-                    )
-                )
-                for lay in range(layers)
-            }
-        )
-        for m in range(num_members)
-    ]
-
-
 def _each(run: Callable[[dict], Any], chunks: list[dict]) -> list:
     return [run(c) for c in chunks]
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run_bench(
@@ -125,67 +96,87 @@ def run_bench(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda requested, but torch sees no CUDA GPU")
     results: dict[str, Any] = {"batch_sizes": list(batch_sizes), "dtypes": {}, "device": str(device)}
-    sync = synchronizer(device)
-    timed = partial(interleaved_latency, sync=sync)
-    make_inputs = partial(_inputs_on, make_inputs, device)
+    setting = _Setting(partial(_inputs_on, make_inputs, device), repeats, synchronizer(device), progress)
     built: dict[str, dict[str, Callable[[dict], Any]]] = {}
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
         with_onnx = onnx and dtype == torch.float32 and device.type == "cpu"
-        methods, params = _build_methods(model, head_sets, dtype, device, with_onnx, make_inputs(1))
+        methods, params = _build_methods(model, head_sets, dtype, device, with_onnx, setting.inputs(1))
         built[dtype_name] = methods
-        one = make_inputs(1)
-        macs = {name: multiply_adds(partial(f, one)) for name, f in methods.items() if name != ORT}
-        if ORT in methods:  # the same graph; torch's counter does not see onnxruntime
-            macs[ORT] = macs["Hydra (fused)"]
-        table: dict[str, Any] = {
-            name: {"params": params[name], "gmacs_per_input": macs[name] / 1e9, "latency": {}}
-            for name in methods
-        }
-        for batch in batch_sizes:
-            progress(
-                f"[{dtype_name}] batch {batch}: timing {len(methods)} methods x {repeats} interleaved runs"
-            )
-            x = make_inputs(batch)
-            times = timed({n: partial(f, x) for n, f in methods.items()}, repeats=repeats)
-            for name, values in times.items():
-                table[name]["latency"][str(batch)] = {
-                    "median_ms": 1e3 * median(values),
-                    "p90_ms": 1e3 * _percentile(values, 0.9),
-                }
-            if batch == max(batch_sizes):
-                for name, f in methods.items():
-                    if name != ORT:
-                        table[name]["peak_memory_mb"] = peak_memory(partial(f, x)) / 2**20
+        table = _dtype_table(methods, params, batch_sizes, setting, dtype_name)
         if test_set:
             progress(f"[{dtype_name}] whole test set: {test_set} inputs in batches of {test_batch}")
-            chunks = [make_inputs(min(test_batch, test_set - i)) for i in range(0, test_set, test_batch)]
-            totals = timed({n: partial(_each, f, chunks) for n, f in methods.items()}, repeats=1, warmup=0)
+            sizes = [min(test_batch, test_set - i) for i in range(0, test_set, test_batch)]
+            chunks = [setting.inputs(n) for n in sizes]
+            totals = interleaved_latency(
+                {n: partial(_each, f, chunks) for n, f in methods.items()},
+                repeats=1,
+                warmup=0,
+                sync=setting.sync,
+            )
             for name, values in totals.items():
                 table[name]["test_set_s"] = values[0]
-        single_row = table["Single"]
-        for row in table.values():
-            row["latency_vs_single"] = {
-                b: row["latency"][b]["median_ms"] / single_row["latency"][b]["median_ms"]
-                for b in row["latency"]
-            }
         results["dtypes"][dtype_name] = table
     if {"float32", "bfloat16"} <= set(built):
-        batch = max(batch_sizes)
-        progress(f"Hydra bf16 vs Single fp32, batch {batch}: {repeats} interleaved runs")
-        x = make_inputs(batch)
-        times = timed(
-            {
-                "Single float32": partial(built["float32"]["Single"], x),
-                "Hydra (fused) bfloat16": partial(built["bfloat16"]["Hydra (fused)"], x),
-            },
-            repeats=repeats,
-        )
-        results["hydra_bf16_vs_single_fp32"] = {
-            "batch": batch,
-            **{f"{name} median_ms": 1e3 * median(values) for name, values in times.items()},
-        }
+        results["hydra_bf16_vs_single_fp32"] = _bf16_vs_fp32(built, max(batch_sizes), setting)
     return results
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """How every timing of one benchmark runs: its inputs, rounds, device sync and progress."""
+
+    inputs: Callable[[int], dict]
+    repeats: int
+    sync: Callable[[], None]
+    progress: Callable[[str], None]
+
+
+def _dtype_table(
+    methods: dict[str, Callable[[dict], Any]],
+    params: dict[str, int],
+    batch_sizes: Sequence[int],
+    setting: _Setting,
+    dtype_name: str,
+) -> dict[str, Any]:
+    """One dtype's table: parameters, multiply-adds per input, latency per batch size (and its
+    ratio to Single's), peak memory at the largest batch."""
+    one = setting.inputs(1)
+    macs = {name: multiply_adds(partial(f, one)) for name, f in methods.items() if name != ORT}
+    if ORT in methods:  # the same graph; torch's counter does not see onnxruntime
+        macs[ORT] = macs["Hydra (fused)"]
+    table: dict[str, Any] = {
+        name: {"params": params[name], "gmacs_per_input": macs[name] / 1e9, "latency": {}} for name in methods
+    }
+    for batch in batch_sizes:
+        rounds = f"{len(methods)} methods x {setting.repeats} interleaved runs"
+        setting.progress(f"[{dtype_name}] batch {batch}: timing {rounds}")
+        x = setting.inputs(batch)
+        runs = {n: partial(f, x) for n, f in methods.items()}
+        for name, cost in measure(runs, setting.repeats, sync=setting.sync, count_macs=False).items():
+            table[name]["latency"][str(batch)] = cost
+        if batch == max(batch_sizes):
+            for name, f in methods.items():
+                if name != ORT:
+                    table[name]["peak_memory_mb"] = peak_memory(partial(f, x)) / 2**20
+    single = table["Single"]["latency"]
+    for row in table.values():
+        row["latency_vs_single"] = {
+            b: row["latency"][b]["median_ms"] / single[b]["median_ms"] for b in row["latency"]
+        }
+    return table
+
+
+def _bf16_vs_fp32(built: dict[str, dict[str, Callable]], batch: int, setting: _Setting) -> dict[str, Any]:
+    """Hydra in bfloat16 timed against Single in float32, side by side."""
+    setting.progress(f"Hydra bf16 vs Single fp32, batch {batch}: {setting.repeats} interleaved runs")
+    x = setting.inputs(batch)
+    runs = {
+        "Single float32": partial(built["float32"]["Single"], x),
+        "Hydra (fused) bfloat16": partial(built["bfloat16"]["Hydra (fused)"], x),
+    }
+    measured = measure(runs, setting.repeats, sync=setting.sync, count_macs=False)
+    return {"batch": batch, **{f"{name} median_ms": cost["median_ms"] for name, cost in measured.items()}}
 
 
 def _inputs_on(make_inputs: Callable[[int], dict], device: torch.device, batch: int) -> dict:

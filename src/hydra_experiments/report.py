@@ -14,7 +14,7 @@ import torch
 
 from hydra_ensembles import reporting
 from hydra_ensembles.batching import model_inputs
-from hydra_ensembles.cost import count_parameters, interleaved_latency, median, multiply_adds
+from hydra_ensembles.cost import count_parameters, measure
 from hydra_ensembles.evaluation import (
     EvalData,
     MethodPredictions,
@@ -150,7 +150,7 @@ def write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curve
     print(
         f"\ncost ({cost['precision']}, batch of {cost['input']}): "
         + ", ".join(
-            f"{k} {v['latency_ms']:.0f} ms / {v['params'] / 1e6:.1f}M params / {v['gmacs']:.1f} GMAC"
+            f"{k} {v['median_ms']:.0f} ms / {v['params'] / 1e6:.1f}M params / {v['gmacs']:.1f} GMAC"
             for k, v in cost["methods"].items()
         )
     )
@@ -172,20 +172,14 @@ def cost_table(
     members = {k: list(m.members) if isinstance(m, DeepEnsemble) else [m] for k, m in models.items()}
     members = {k: [in_precision(x, compute) for x in ms] for k, ms in members.items()}
     runs = {k: partial(_run_all, ms, inputs) for k, ms in members.items()}
-    with torch.inference_mode():
-        times = {
-            k: median(v) for k, v in interleaved_latency(runs, repeats=config.bench_repeats, warmup=1).items()
-        }
-        macs = {k: multiply_adds(r) for k, r in runs.items()}
+    measured = measure(runs, repeats=config.bench_repeats, warmup=1)
     params = {k: sum(count_parameters(x) for x in ms) for k, ms in members.items()}
     return {
         "batch": int(batch["labels"].shape[0]),
         "input": _describe_input(inputs),
         "precision": compute.name,
         "precision_reason": compute.reason,
-        "methods": {
-            k: {"latency_ms": 1e3 * times[k], "params": params[k], "gmacs": macs[k] / 1e9} for k in runs
-        },
+        "methods": {k: {**measured[k], "params": params[k]} for k in runs},
     }
 
 
@@ -246,8 +240,8 @@ def _cost_section(cost: dict[str, Any]) -> str:
     rows = [
         [
             name,
-            f"{row['latency_ms']:.0f}",
-            f"{row['latency_ms'] / single['latency_ms']:.2f}",
+            f"{row['median_ms']:.0f}",
+            f"{row['median_ms'] / single['median_ms']:.2f}",
             f"{row['params'] / 1e6:.1f}",
             f"{row['gmacs']:.1f}",
         ]

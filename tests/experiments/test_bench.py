@@ -7,8 +7,9 @@ import torch
 
 import hydra_ensembles as he
 import hydra_ensembles.cost
+from hydra_ensembles import sample_members
 from hydra_ensembles.cli import main
-from hydra_experiments.bench import bench_report, check_targets, peak_memory, random_head_sets, run_bench
+from hydra_experiments.bench import bench_report, check_targets, peak_memory, run_bench
 from tests.factories import VOCAB, tiny_bert
 
 
@@ -24,7 +25,7 @@ def test_peak_memory_counts_new_tensors_and_frees():
 
 def test_run_bench_reports_every_method(tmp_path):
     model = tiny_bert(layers=2, heads=4, head_dim=4)
-    heads = random_head_sets(3, 2, 4, 2)
+    heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
     assert len(set(heads)) == 3
 
     def make(batch):
@@ -110,7 +111,7 @@ def test_bad_bench_requests_are_clear_errors(tmp_path, capsys, monkeypatch):
     assert main(["bench", model, "--heads-per-layer", "1", "--device", "cuda", *out]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
     assert main(["bench", model, "--heads-per-layer", "3", *out]) == 2
-    assert "cannot keep 3 heads per layer of a model with 2" in capsys.readouterr().err
+    assert "heads_per_layer must be in [1, 2]" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
 
 
@@ -122,16 +123,6 @@ def test_run_bench_on_cuda():
         ids = torch.randint(1, VOCAB, (batch, 8))
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
-    heads = random_head_sets(3, 2, 4, 2)
+    heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
     results = run_bench(model, heads, make, (1, 2), repeats=1, progress=print, device="cuda")
     assert results["device"] == "cuda" and "hydra_bf16_vs_single_fp32" in results
-
-
-def test_random_head_sets_with_a_shared_trunk():
-    heads = random_head_sets(3, 4, 6, 3, seed=1, shared_layers=2)
-    assert all(hs.layers[layer] == heads[0].layers[layer] for hs in heads for layer in (0, 1))
-    assert len({hs.layers[3] for hs in heads}) > 1
-    assert random_head_sets(3, 4, 6, 3, seed=1)[1].layers[3] == heads[1].layers[3]  # later layers unchanged
-    assert he.fuse(tiny_bert(layers=4, heads=6), heads).trunk_layers == 2
-    with pytest.raises(ValueError, match="shared_layers"):
-        random_head_sets(3, 4, 6, 3, shared_layers=4)

@@ -12,11 +12,12 @@ from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_opti
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from hydra_experiments.bench import bench_report, random_head_sets, run_bench
+    from hydra_experiments.bench import bench_report, run_bench
 
     from ..adapters import get_adapter
     from ..io import atomic_write_json, atomic_write_text, check_report_dir, mark_report_dir
     from ..loading import load_any
+    from ..members import sample_members
     from ..models import VISION_MODEL_TYPES
     from ..precision import resolve_precision
     from ..runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
@@ -31,11 +32,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     model = load_any(args.model, args.num_labels).eval()
     adapter = get_adapter(model)
     config = adapter.encoder_config(model)
-    heads = random_head_sets(
+    count = config.num_attention_heads
+    heads = sample_members(  # a flat ranking: every head equally likely, so members are random
+        torch.zeros(adapter.num_layers(model), count),
         args.members,
-        adapter.num_layers(model),
-        config.num_attention_heads,
-        args.heads_per_layer,
+        heads_per_layer=args.heads_per_layer,
+        pool_size=count,
         seed=args.seed,
         shared_layers=args.shared_layers,
     )
