@@ -66,3 +66,17 @@ def test_bad_json():
         HeadSet.from_json("{")
     with pytest.raises(HeadSetError, match="object"):
         HeadSet.from_json("[1, 2]")
+
+
+def test_read_head_sets_takes_one_head_set_or_a_list(tmp_path):
+    from hydra_ensembles.heads import read_head_sets
+
+    one, two = HeadSet({0: [0, 1], 1: [2]}), HeadSet({0: [3], 1: [0, 1]})
+    (tmp_path / "one.json").write_text(json.dumps(one.to_dict()))
+    (tmp_path / "two.json").write_text(json.dumps([one.to_dict(), two.to_dict()]))
+    assert read_head_sets(tmp_path / "one.json") == [one]
+    assert read_head_sets(tmp_path / "two.json") == [one, two]
+    for bad in ("[]", "[1, 2]", '{"0": "x"}'):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(HeadSetError, match="bad.json"):
+            read_head_sets(tmp_path / "bad.json")

@@ -130,6 +130,21 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def atomic_write_records(path: str | os.PathLike, rows: list[dict[str, Any]]) -> Path:
+    """``rows`` (dicts with the same keys) as a table: JSON Lines for a ``.jsonl`` path, else CSV
+    with the first row's keys as header; written atomically."""
+    if Path(path).suffix == ".jsonl":
+        return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else [])
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic_write_text(path, buffer.getvalue())
+
+
 def save_file_set(
     folder: str | os.PathLike, files: dict[str, Callable[[Path], None]], meta: dict[str, Any]
 ) -> Path:

@@ -51,6 +51,29 @@ def saved_preprocessor(path: str | os.PathLike) -> Any:
     return None
 
 
+def load_preprocessor(path: str) -> Any:
+    """What a model's inputs are made with: the tokenizer or image processor saved with it
+    (`saved_preprocessor`; ``build`` saves them beside members and the fused model), else a hub
+    model's or embedded name's own, else None (a model saved without one)."""
+    from transformers import AutoConfig
+
+    from .configuration import MODEL_TYPE
+    from .models import VISION_MODEL_TYPES, resolve_model_path
+
+    found = saved_preprocessor(path)
+    if found is not None or (Path(path) / ENSEMBLE_CONFIG).is_file():
+        return found
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(path))
+    except (OSError, ValueError):
+        return None
+    if config.model_type == MODEL_TYPE:  # a folder the library saved: its preprocessor is saved in it
+        return None
+    if config.model_type in VISION_MODEL_TYPES:
+        return load_image_processor(path)
+    return load_tokenizer(path)
+
+
 def load_any(path: str, num_labels: int | None = None) -> nn.Module:
     """A saved zero-shot Hydra, Hydra model, member or ensemble of members (`DeepEnsemble`), or a
     Hugging Face classifier (hub id or directory; ``num_labels=None`` keeps its saved head)."""

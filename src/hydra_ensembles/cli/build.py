@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import _data_batches, _load_model, _preprocessor_for, _print_history, _say_precision
+from .common import _data_batches, _load_model, _print_history, _say_precision
 from .options import (
     COUNT,
     POSITIVE,
@@ -19,46 +19,15 @@ from .options import (
 )
 
 
-def _ranking(scores_file: str, model):
-    """The head ranking a ``hydra-ens score`` file holds, checked against ``model``'s heads."""
-    import torch
-
-    from ..adapters import get_adapter
-    from ..io import read_json
-    from ..members import least_useful_first
-    from ..scoring import CircuitOrder
-
-    data = read_json(scores_file, "scores file")
-    method = data.get("method") if isinstance(data, dict) else None
-    if method not in ("taylor", "circuit"):
-        raise ValueError(f"{scores_file} is not a file written by hydra-ens score")
-    heads = list(get_adapter(model).original_heads_per_layer(model))
-    try:
-        ranking = (
-            torch.tensor(data["scores"], dtype=torch.float64)
-            if method == "taylor"
-            else CircuitOrder.from_dict(data)
-        )
-        ranked_heads = least_useful_first(ranking)[1]  # heads per layer the ranking covers
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{scores_file} is damaged or does not fit {type(model).__name__}: {exc}") from None
-    if ranked_heads != heads:
-        raise ValueError(
-            f"{scores_file} ranks a model with heads per layer {ranked_heads}; this one has {heads}"
-        )
-    return ranking
-
-
 def _cmd_build(args: argparse.Namespace) -> int:
     import dataclasses
     import shutil
 
-    from ..build import BuildConfig, build_hydra, save_with_preprocessor
+    from ..build import build_hydra, save_with_preprocessor
     from ..data.labels import check_trainable
     from ..io import check_output_dir
-    from ..members import member_overlap
-    from ..surgery import heads_per_layer
-    from ..training import FineTuneConfig
+    from ..loading import load_preprocessor
+    from ..scoring.files import read_ranking
 
     out = check_output_dir(
         args.out,
@@ -69,8 +38,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.fine_tune and not args.data:
         raise ValueError("--fine-tune needs --data (labelled training data)")
     model = _load_model(args.model, args)
-    ranking = _ranking(args.scores, model)
-    preprocessor = _preprocessor_for(args.preprocessor or args.model)
+    ranking = read_ranking(args.scores, model)
+    preprocessor = load_preprocessor(args.preprocessor or args.model)
     _say_precision(args)
     train, classes = None, None
     if args.fine_tune:
@@ -78,21 +47,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         check_trainable(dataset.labels, dataset.classes, args.data)
         classes = list(dataset.classes)  # saved models name their classes (predict, pipelines)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
-    tuning = None
-    if args.fine_tune:
-        tuning = FineTuneConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, patience=args.patience)
-    config = BuildConfig(
-        num_members=args.members,
-        num_pruned=args.num_pruned,
-        heads_per_layer=args.heads_per_layer,
-        pool_size=args.pool_size,
-        seed=args.seed,
-        fine_tune=tuning,
-        mlp=args.mlp,
-        flag_score=args.flag_score,
-        keep=args.keep,
-        precision=args.precision,
-    )
+    config = _build_config(args)
+    tuning = config.fine_tune
 
     def trained(m: int, member, result) -> None:  # each member saved as soon as it is trained
         _print_history(result, dataclasses.replace(tuning, seed=args.seed + m), val)
@@ -110,6 +66,41 @@ def _cmd_build(args: argparse.Namespace) -> int:
         on_member=trained,
         log=lambda line: print(line, file=sys.stderr),
     )
+    _describe(built, model)
+    built.save_pretrained(out, preprocessor, members_saved=True)  # the fused model's config last
+    if not args.keep_checkpoints:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    print(f"saved the fused model to {out / 'hydra'}")
+    return 0
+
+
+def _build_config(args: argparse.Namespace):
+    """The build's settings from the command line."""
+    from ..build import BuildConfig
+    from ..training import FineTuneConfig
+
+    tuning = None
+    if args.fine_tune:
+        tuning = FineTuneConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, patience=args.patience)
+    return BuildConfig(
+        num_members=args.members,
+        num_pruned=args.num_pruned,
+        heads_per_layer=args.heads_per_layer,
+        pool_size=args.pool_size,
+        seed=args.seed,
+        fine_tune=tuning,
+        mlp=args.mlp,
+        flag_score=args.flag_score,
+        keep=args.keep,
+        precision=args.precision,
+    )
+
+
+def _describe(built, model) -> None:
+    """How much the members overlap, and the calibrations fit."""
+    from ..members import member_overlap
+    from ..surgery import heads_per_layer
+
     overlap = member_overlap(built.head_sets, heads_per_layer(model))
     print(f"{len(built.head_sets)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
     for what, calibration in (
@@ -118,11 +109,6 @@ def _cmd_build(args: argparse.Namespace) -> int:
     ):
         if calibration is not None:
             print(f"the {what}: calibration: {calibration.describe()}")
-    built.save_pretrained(out, preprocessor, members_saved=True)  # the fused model's config last
-    if not args.keep_checkpoints:
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    print(f"saved the fused model to {out / 'hydra'}")
-    return 0
 
 
 def _add_build_command(sub) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = None):
@@ -28,31 +27,6 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
             file=sys.stderr,
         )
     return model
-
-
-def _preprocessor_for(model_path: str):
-    """What a model's inputs are made with: the tokenizer saved with a text model, the image
-    processor saved with a vision model (``build`` saves them beside members and the fused model
-    too), or None (a model saved without one)."""
-    from transformers import AutoConfig
-
-    from ..configuration import MODEL_TYPE
-    from ..loading import saved_preprocessor
-    from ..members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
-    from ..models import VISION_MODEL_TYPES, load_image_processor, load_tokenizer, resolve_model_path
-
-    found = saved_preprocessor(model_path)
-    if found is not None or (Path(model_path) / ENSEMBLE_CONFIG).is_file():
-        return found
-    try:
-        config = AutoConfig.from_pretrained(resolve_model_path(model_path))
-    except (OSError, ValueError):
-        return None
-    if config.model_type == MODEL_TYPE:  # a folder the library saved: its preprocessor is saved in it
-        return None
-    if config.model_type in VISION_MODEL_TYPES:
-        return load_image_processor(model_path)
-    return load_tokenizer(model_path)
 
 
 def _data_batches(
@@ -125,10 +99,12 @@ def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
     """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and, where the first
     path has one, its tokenizer or image processor (a saved Hydra model or member keeps none:
     pass ``--tokenizer``)."""
+    from ..loading import load_preprocessor
+
     paths = [p for p in spec.split(",") if p]
     if not paths:
         raise ValueError(f"no model path in {spec!r}")
-    return [_load_model(p, args) for p in paths], _preprocessor_for(paths[0])
+    return [_load_model(p, args) for p in paths], load_preprocessor(paths[0])
 
 
 def _say_precision(args: argparse.Namespace) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import _data_batches, _load_methods, _preprocessor_for, _say_precision
+from .common import _data_batches, _load_methods, _say_precision
 from .options import (
     POSITIVE,
     PREPROCESSOR_HELP,
@@ -19,6 +19,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .. import reporting
     from ..evaluation import add_comparisons, evaluate_method, predict, predict_method
     from ..io import check_report_dir, mark_report_dir
+    from ..loading import load_preprocessor
 
     out = check_report_dir(args.out, args.overwrite)
     items = [item.partition("=") for item in args.method]
@@ -37,7 +38,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         preprocessor = preprocessor or found
     models = [m for group in methods.values() for m in group]  # mapping labels checks they agree
     if args.preprocessor:
-        preprocessor = _preprocessor_for(args.preprocessor)
+        preprocessor = load_preprocessor(args.preprocessor)
     data = _eval_data(args, preprocessor, models, oods_named)
     _say_precision(args)
     results, preds, draws = {}, {}, {}

@@ -6,16 +6,16 @@ import argparse
 import json
 import sys
 
-from .common import _preprocessor_for
 from .options import _overwrite_option
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from ..io import check_output_dir
+    from ..loading import load_preprocessor
     from ..serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
 
     check_output_dir(args.out, finished=ONNX_NAME, overwrite=args.overwrite, replaced=True)
-    preprocessor = _preprocessor_for(args.preprocessor) if args.preprocessor else None
+    preprocessor = load_preprocessor(args.preprocessor) if args.preprocessor else None
     out = export_onnx(args.model, args.out, preprocessor=preprocessor, opset=args.opset)
     sidecar = json.loads((out / SIDECAR_NAME).read_text())
     calibration = sidecar["calibration"]

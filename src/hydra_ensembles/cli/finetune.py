@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import _calibrate, _data_batches, _load_model, _preprocessor_for, _print_history, _say_precision
+from .common import _calibrate, _data_batches, _load_model, _print_history, _say_precision
 from .options import (
     POSITIVE,
     PREPROCESSOR_HELP,
@@ -25,6 +25,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..data.labels import check_trainable
     from ..io import atomic_dir, check_output_dir
+    from ..loading import load_preprocessor
     from ..models import untrained_weights
     from ..training import FineTuneConfig, fine_tune
 
@@ -44,7 +45,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     model = _load_model(args.model, args, num_labels=args.num_labels)
     if untrained_weights(model) and args.num_labels is None and model.config.num_labels != classes:
         model = _load_model(args.model, args, num_labels=classes)  # a fresh head for the data
-    preprocessor = _preprocessor_for(args.preprocessor or args.model)
+    preprocessor = load_preprocessor(args.preprocessor or args.model)
     dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
     name_classes(model, dataset.classes)

@@ -11,20 +11,11 @@ from .options import _num_labels_option, _overwrite_option, _random_head_option
 def _cmd_fuse(args: argparse.Namespace) -> int:
     from ..fusion import fuse
     from ..fusion.model import CONFIG_NAME
-    from ..heads import HeadSet, HeadSetError
-    from ..io import check_output_dir, read_json
+    from ..heads import read_head_sets
+    from ..io import check_output_dir
 
     check_output_dir(args.out, finished=CONFIG_NAME, resumable=(), overwrite=args.overwrite)
-    head_sets = []
-    for file in args.heads:
-        data = read_json(file, "head-set file")
-        items = data if isinstance(data, list) else [data]
-        if not items or not all(isinstance(item, dict) for item in items):
-            raise HeadSetError(f"{file}: a head set {{layer: [heads]}} or a non-empty list of them is due")
-        try:
-            head_sets += [HeadSet.from_dict(item) for item in items]
-        except (HeadSetError, TypeError, ValueError) as exc:
-            raise HeadSetError(f"{file}: {exc}") from None
+    head_sets = [hs for file in args.heads for hs in read_head_sets(file)]
     model = _load_model(args.model, args)
     hydra = fuse(model, head_sets)
     hydra.save_pretrained(args.out)

@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..evaluation.evaluate import OOD_SCORES
-from .common import _data_batches, _load_methods, _preprocessor_for, _say_precision
+from .common import _data_batches, _load_methods, _say_precision
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _random_head_option
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    import csv
-    import io
     from functools import partial
 
     from .. import reporting
-    from ..evaluation import fit_calibration, ood_scores, per_example, saved_calibration
+    from ..evaluation import ood_scores, per_example
     from ..evaluation import predict as predict_any
-    from ..io import atomic_write_text, check_output_file
+    from ..io import atomic_write_records, check_output_file
+    from ..loading import load_preprocessor
 
     out = check_output_file(args.out, (".csv", ".jsonl"))
-    predict = partial(predict_any, precision=args.precision)
     models, preprocessor = _load_methods(args.model, args)
     if args.preprocessor:
-        preprocessor = _preprocessor_for(args.preprocessor)
+        preprocessor = load_preprocessor(args.preprocessor)
     model = models[0] if len(models) == 1 else models
     dataset, batches = _data_batches(args.data, args, preprocessor, labels=args.labelled, model=models)
     classes = dataset.classes if args.labelled and dataset.classes else None
@@ -33,7 +30,39 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         id2label = getattr(models[0].config, "id2label", None) or {}
         classes = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))] or None
     val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
-    calibration = None if val_batches is not None or len(models) > 1 else saved_calibration(model)
+    calibration, val = _calibration(args, model, len(models), val_batches)
+    flag_score = calibration.score if calibration is not None else args.flag_score or "msp"
+    preds = partial(predict_any, precision=args.precision)(model, batches, "predict")
+    if calibration is not None:
+        records = calibration.records(preds, classes)
+    else:
+        records = per_example(preds, classes, flag_score=flag_score)
+    summary = []
+    if val is not None:  # where the data's scores fall against ID validation, and the threshold
+        scores = {
+            f"ID validation ({args.val_data})": ood_scores(val, flag_score, calibration.temperature),
+            f"data ({args.data})": ood_scores(preds, flag_score, calibration.temperature),
+        }
+        plot = out.with_name(f"{out.stem}_{flag_score}.png")
+        reporting.score_histograms(scores, plot, flag_score, calibration.threshold)
+        summary.append(f"score histograms -> {plot}")
+    texts = getattr(dataset, "texts", None)
+    rows = [
+        {"id": dataset.ids[i], **({"text": texts[i]} if texts else {}), **record}
+        for i, record in enumerate(records)
+    ]
+    atomic_write_records(out, rows)
+    print("\n".join([f"{len(rows)} predictions -> {out}", *summary, *_summary(rows, calibration, args)]))
+    return 0
+
+
+def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: list[dict] | None):
+    """The calibration to predict with, and the ID validation predictions where it was fit here:
+    fit on ``--val-data``, else the one saved with a single model (refused where ``--flag-score``
+    or ``--keep`` ask for another), else none (with a warning)."""
+    from ..evaluation import fit_calibration, saved_calibration
+
+    calibration = None if val_batches is not None or num_models > 1 else saved_calibration(model)
     if calibration is not None and (args.flag_score or calibration.score, args.keep or calibration.keep) != (
         calibration.score,
         calibration.keep,
@@ -42,15 +71,19 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             f"{args.model}'s saved calibration flags on {calibration.score} keeping {calibration.keep:.0%} "
             "of ID validation: pass --val-data to fit another with --flag-score/--keep"
         )
-    flag_score = args.flag_score or "msp"
     _say_precision(args)
-    val = None
     if val_batches is not None:
         calibration, val = fit_calibration(
-            model, val_batches, flag_score, args.keep or 0.95, data=args.val_data, precision=args.precision
+            model,
+            val_batches,
+            args.flag_score or "msp",
+            args.keep or 0.95,
+            data=args.val_data,
+            precision=args.precision,
         )
         print(f"calibration fit on --val-data (not saved with the model): {calibration.describe()}")
-    elif calibration is not None:
+        return calibration, val
+    if calibration is not None:
         print(f"calibration saved with the model: {calibration.describe()}")
     else:
         print(
@@ -59,44 +92,21 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             "--val-data, or pass --val-data here)",
             file=sys.stderr,
         )
-    preds = predict(model, batches, "predict")
-    if calibration is not None:
-        records = calibration.records(preds, classes)
-    else:
-        records = per_example(preds, classes, flag_score=flag_score)
-    if val is not None:  # where the data's scores fall against ID validation, and the threshold
-        scores = {
-            f"ID validation ({args.val_data})": ood_scores(val, flag_score, calibration.temperature),
-            f"data ({args.data})": ood_scores(preds, flag_score, calibration.temperature),
-        }
-        plot = out.with_name(f"{out.stem}_{flag_score}.png")
-        reporting.score_histograms(scores, plot, flag_score, calibration.threshold)
-    texts = getattr(dataset, "texts", None)
-    rows = [
-        {"id": dataset.ids[i], **({"text": texts[i]} if texts else {}), **record}
-        for i, record in enumerate(records)
-    ]
-    if out.suffix == ".jsonl":
-        atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    else:
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_text(out, buffer.getvalue())
-    summary = [f"{len(rows)} predictions -> {out}"]
-    if val is not None:
-        summary.append(f"score histograms -> {plot}")
+    return calibration, None
+
+
+def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[str]:
+    """The share of inputs flagged and, for labelled data, the accuracy."""
+    lines = []
     if calibration is not None:
         flagged = sum(r["flagged"] for r in rows) / len(rows)
-        summary.append(
+        lines.append(
             f"flagged (ood_score_{calibration.score} > {calibration.threshold:.4f}, keeping "
             f"{calibration.keep:.0%} of ID validation): {flagged:.1%}"
         )
     if args.labelled:
-        summary.append(f"accuracy {sum(r['correct'] for r in rows) / len(rows):.4f}")
-    print("\n".join(summary))
-    return 0
+        lines.append(f"accuracy {sum(r['correct'] for r in rows) / len(rows):.4f}")
+    return lines
 
 
 def _add_predict_command(sub) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import _data_batches, _load_model, _preprocessor_for, _say_precision
+from .common import _data_batches, _load_model, _say_precision
 from .options import (
     COUNT,
     POSITIVE,
@@ -18,6 +18,7 @@ from .options import (
 
 def _cmd_score(args: argparse.Namespace) -> int:
     from ..io import atomic_write_json, check_output_file
+    from ..loading import load_preprocessor
     from ..scoring import extract_circuit, taylor_head_set, taylor_scores
     from ..scoring.taylor import DECIDING_PRECISION
 
@@ -25,7 +26,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     if args.checkpoint:
         check_output_file(args.checkpoint, (".json",))
     model = _load_model(args.model, args)
-    preprocessor = _preprocessor_for(args.preprocessor or args.model)
+    preprocessor = load_preprocessor(args.preprocessor or args.model)
     _, data = _data_batches(args.data, args, preprocessor, args.limit, model=model)
     _say_precision(args)
     if args.method == "taylor":

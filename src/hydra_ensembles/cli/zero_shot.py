@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import _calibrate, _data_batches, _preprocessor_for, _say_precision
+from .common import _calibrate, _data_batches, _say_precision
 from .options import (
     COUNT,
     POSITIVE,
@@ -20,6 +20,7 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     from ..build import save_preprocessor
     from ..data import load_spec
     from ..io import atomic_write_json, check_output_dir
+    from ..loading import load_preprocessor
     from ..members import member_overlap, sample_members
     from ..models import load_image_processor, takes_images
     from ..scoring import CircuitOrder, extract_circuit
@@ -37,7 +38,7 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     dual = load_dual_encoder(args.model, classes, args.template, args.scale, args.heads)
     # the input tower's preprocessor: CLIP's image processor (its folder holds the tokenizer too)
     source = args.preprocessor or args.model
-    preprocessor = load_image_processor(source) if takes_images(dual) else _preprocessor_for(source)
+    preprocessor = load_image_processor(source) if takes_images(dual) else load_preprocessor(source)
     print(
         f"zero-shot classifier: {dual.config.num_labels} classes {classes}; "
         f"prompts: {dual.config.prompts()[:3]}"

@@ -68,26 +68,9 @@ def sample_members(
     for m in range(num_members):
         rng = random.Random(f"hydra-members:{seed}:{m}")
         if heads_per_layer is not None:
-            if not 1 <= heads_per_layer <= min(heads):
-                raise HeadSetError(
-                    f"heads_per_layer must be in [1, {min(heads)}] (a member keeps at least one head per "
-                    f"layer), got {heads_per_layer}"
-                )
-            removed = []
-            for layer, count in enumerate(heads):
-                drop = count - heads_per_layer
-                layer_ranked = [h for lay, h in ranked if lay == layer]
-                pool = layer_ranked[: _pool(pool_size, drop, len(layer_ranked), count, f"layer {layer}")]
-                removed += [(layer, h) for h in rng.sample(pool, drop)]
+            removed = _removed_per_layer(rng, ranked, heads, heads_per_layer, pool_size)
         else:
-            total = sum(heads)
-            if not 0 <= num_pruned < total:
-                raise HeadSetError(
-                    f"num_pruned must be in [0, {total - 1}] (a member keeps at least one of the {total} "
-                    f"heads), got {num_pruned}"
-                )
-            pool = ranked[: _pool(pool_size, num_pruned, len(ranked), total, "the model")]
-            removed = rng.sample(pool, num_pruned)
+            removed = _removed_in_total(rng, ranked, heads, num_pruned, pool_size)
         members.append(HeadSet.without(removed, heads))
     if num_members > 1 and all(hs == members[0] for hs in members[1:]):
         warnings.warn(
@@ -95,20 +78,58 @@ def sample_members(
             "(make the pool larger than the heads pruned)",
             stacklevel=2,
         )
-    if shared_layers:
-        if not 0 <= shared_layers <= len(heads):
-            raise ValueError(f"shared_layers must be in [0, {len(heads)}], got {shared_layers}")
-        first = members[0].resolve(heads)
-        members = [
-            HeadSet(
-                {
-                    layer: first[layer] if layer < shared_layers else kept
-                    for layer, kept in enumerate(hs.resolve(heads))
-                }
-            )
-            for hs in members
-        ]
-    return members
+    return _share_trunk(members, heads, shared_layers) if shared_layers else members
+
+
+Head = tuple[int, int]
+
+
+def _removed_per_layer(
+    rng: random.Random, ranked: list[Head], heads: list[int], keep: int, pool_size: int | None
+) -> list[Head]:
+    """One member's removals: ``count - keep`` heads of each layer, drawn from its pool."""
+    if not 1 <= keep <= min(heads):
+        raise HeadSetError(
+            f"heads_per_layer must be in [1, {min(heads)}] (a member keeps at least one head per "
+            f"layer), got {keep}"
+        )
+    removed = []
+    for layer, count in enumerate(heads):
+        drop = count - keep
+        layer_ranked = [h for lay, h in ranked if lay == layer]
+        pool = layer_ranked[: _pool(pool_size, drop, len(layer_ranked), count, f"layer {layer}")]
+        removed += [(layer, h) for h in rng.sample(pool, drop)]
+    return removed
+
+
+def _removed_in_total(
+    rng: random.Random, ranked: list[Head], heads: list[int], num_pruned: int, pool_size: int | None
+) -> list[Head]:
+    """One member's removals: ``num_pruned`` heads drawn from the model-wide pool."""
+    total = sum(heads)
+    if not 0 <= num_pruned < total:
+        raise HeadSetError(
+            f"num_pruned must be in [0, {total - 1}] (a member keeps at least one of the {total} "
+            f"heads), got {num_pruned}"
+        )
+    pool = ranked[: _pool(pool_size, num_pruned, len(ranked), total, "the model")]
+    return rng.sample(pool, num_pruned)
+
+
+def _share_trunk(members: list[HeadSet], heads: list[int], shared_layers: int) -> list[HeadSet]:
+    """Every member with member 0's heads in the first ``shared_layers`` layers."""
+    if not 0 <= shared_layers <= len(heads):
+        raise ValueError(f"shared_layers must be in [0, {len(heads)}], got {shared_layers}")
+    first = members[0].resolve(heads)
+    return [
+        HeadSet(
+            {
+                layer: first[layer] if layer < shared_layers else kept
+                for layer, kept in enumerate(hs.resolve(heads))
+            }
+        )
+        for hs in members
+    ]
 
 
 def _pool(pool_size: int | None, drop: int, ranked: int, available: int, where: str) -> int:
