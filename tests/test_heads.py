@@ -78,5 +78,5 @@ def test_read_head_sets_takes_one_head_set_or_a_list(tmp_path):
     assert read_head_sets(tmp_path / "two.json") == [one, two]
     for bad in ("[]", "[1, 2]", '{"0": "x"}'):
         (tmp_path / "bad.json").write_text(bad)
-        with pytest.raises(HeadSetError, match="bad.json"):
+        with pytest.raises(HeadSetError, match=r"bad\.json"):
             read_head_sets(tmp_path / "bad.json")
