@@ -16,6 +16,7 @@ only ever used to rank heads, never to calibrate.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -154,23 +155,40 @@ def build_hydra(
         members = [prune(model, hs) for hs in head_sets]
         for member in members:
             name_classes(member, classes)
-        for m, member in enumerate(members if config.fine_tune is not None else []):
-            settings = dataclasses.replace(
-                config.fine_tune, seed=config.fine_tune.seed + m, precision=config.precision
-            )
-            say(f"member {m + 1} of {len(members)}")
-            folder = None if checkpoint_dir is None else Path(checkpoint_dir) / f"member-{m}"
-            result = fine_tune(member, train, validation, settings, checkpoint_dir=folder, progress=progress)
-            member.config.hydra_training_precision = config.precision  # saved with its config
-            histories.append(result)
-            if on_member is not None:
-                on_member(m, member, result)
+        if config.fine_tune is not None:
+            train_one = functools.partial(fine_tune, train=train, val=validation, progress=progress)
+            histories = _fine_tune_members(members, train_one, config, checkpoint_dir, on_member, say)
     built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking, histories)
     if validation:
         if histories:  # the members' explicit ensemble, calibrated as one model
             built.members_calibration = _calibrate(DeepEnsemble(members), validation, config, validation_name)
         built.calibration = _calibrate(built.hydra, validation, config, validation_name)
     return built
+
+
+def _fine_tune_members(
+    members: list[nn.Module],
+    train_one: Callable[..., FineTuneResult],
+    config: BuildConfig,
+    checkpoint_dir: str | os.PathLike | None,
+    on_member: Callable[[int, nn.Module, FineTuneResult], None] | None,
+    say: Callable[[str], None],
+) -> list[FineTuneResult]:
+    """Fine-tune each member in turn (member m with seed ``seed + m``, checkpoints under
+    ``checkpoint_dir/member-<m>``), calling ``on_member`` after each."""
+    histories = []
+    for m, member in enumerate(members):
+        settings = dataclasses.replace(
+            config.fine_tune, seed=config.fine_tune.seed + m, precision=config.precision
+        )
+        say(f"member {m + 1} of {len(members)}")
+        folder = None if checkpoint_dir is None else Path(checkpoint_dir) / f"member-{m}"
+        result = train_one(member, config=settings, checkpoint_dir=folder)
+        member.config.hydra_training_precision = config.precision  # saved with its config
+        histories.append(result)
+        if on_member is not None:
+            on_member(m, member, result)
+    return histories
 
 
 def _listed(batches: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -192,22 +192,8 @@ def _heads(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: 
                     metric: float(np.mean([rows[s]["heads"][str(h)][metric] for s in rows for h in chosen]))
                     for metric in ("euclidean", "mahalanobis")
                 } | {"heads": len(chosen)}
-    # the paper's Figure 4: most vs least important heads of the last layer (dense model)
-    # importance: removed later = more important; heads the circuit never removed (it ranks only
-    # its budget) come first, ordered among themselves by their Taylor score
-    taylor = rankings.taylor[last]
-    order = sorted(range(counts[last]), key=lambda h: (-steps[h], -float(taylor[h]), h))
     near = next((n for n, (kind, _) in run.bench.oods.items() if kind == "near"), next(iter(run.bench.oods)))
-    dense = vectors["dense"]
-    panels = []
-    show = min(3, counts[last] // 2)
-    for rank, head in [*((i, h) for i, h in enumerate(order[:show])), *((-1, h) for h in order[-show:])]:
-        points = np.concatenate([dense["ID test"].vectors[:, head], dense[near].vectors[:, head]])
-        projected = pca_2d(points)
-        n = len(dense["ID test"].vectors)
-        what = "never removed" if np.isinf(steps[head]) else f"removed at step {int(steps[head])}"
-        title = f"{'most' if rank >= 0 else 'least'} important: head {head} ({what})"
-        panels.append((title, projected[:n], projected[n:]))
+    panels = _head_panels(vectors["dense"], near, steps, rankings.taylor[last])
     reporting.head_scatter(panels, out / "plots" / "head_pca.png", labels=("ID test", near))
     return {
         "layer": last,
@@ -217,6 +203,23 @@ def _heads(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: 
         "per_head": per_model,
         "plot": "plots/head_pca.png",
     }
+
+
+def _head_panels(dense: dict[str, Any], near: str, steps: np.ndarray, taylor: torch.Tensor) -> list[tuple]:
+    """The paper's Figure 4: the most and least important heads of the last layer of the dense
+    model, ID test vs near-OOD in PCA. Importance: removed later = more important; heads the
+    circuit never removed (it ranks only its budget) come first, ordered by their Taylor score."""
+    order = sorted(range(len(steps)), key=lambda h: (-steps[h], -float(taylor[h]), h))
+    panels = []
+    show = min(3, len(steps) // 2)
+    for rank, head in [*((i, h) for i, h in enumerate(order[:show])), *((-1, h) for h in order[-show:])]:
+        points = np.concatenate([dense["ID test"].vectors[:, head], dense[near].vectors[:, head]])
+        projected = pca_2d(points)
+        n = len(dense["ID test"].vectors)
+        what = "never removed" if np.isinf(steps[head]) else f"removed at step {int(steps[head])}"
+        title = f"{'most' if rank >= 0 else 'least'} important: head {head} ({what})"
+        panels.append((title, projected[:n], projected[n:]))
+    return panels
 
 
 def _evaluate(

@@ -25,6 +25,7 @@ from hydra_ensembles.baselines.batch_ensemble import batch_ensemble
 from hydra_ensembles.cost import count_parameters, interleaved_latency, measure, multiply_adds, synchronizer
 from hydra_ensembles.fusion import fuse
 from hydra_ensembles.heads import HeadSet
+from hydra_ensembles.models import VISION_MODEL_TYPES
 from hydra_ensembles.precision import resolve_precision
 from hydra_ensembles.reporting import markdown_table
 from hydra_ensembles.surgery import prune
@@ -64,6 +65,22 @@ def peak_memory(run: Callable[[], Any]) -> int:
     with _PeakMemory() as tracker:
         run()
     return tracker.peak
+
+
+def random_inputs(config: Any, tokens: int, seed: int) -> Callable[[int], dict[str, torch.Tensor]]:
+    """``batch`` -> random inputs for an encoder of ``config``: images of its size, or ``tokens``
+    random token ids past the special tokens of a real vocabulary (one seeded stream)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def make(batch: int) -> dict[str, torch.Tensor]:
+        if config.model_type in VISION_MODEL_TYPES:
+            size = config.image_size
+            return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
+        low = min(1000, config.vocab_size // 2)
+        ids = torch.randint(low, config.vocab_size, (batch, tokens), generator=generator)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    return make
 
 
 def _each(run: Callable[[dict], Any], chunks: list[dict]) -> list:

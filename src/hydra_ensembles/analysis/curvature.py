@@ -227,14 +227,7 @@ def proposition1(
     noisy = checked_batches(noisy, "noisy", num_labels)
     params = list(attention_parameters(model).values())
     original = get_adapter(model).original_heads_per_layer(model)
-    deltas = {name: list(pruning_perturbation(model, hs).values()) for name, hs in heads.items()}
-    supports = {name: [d != 0 for d in delta] for name, delta in deltas.items()}
-    counts = {name: int(sum(int(s.sum()) for s in support)) for name, support in supports.items()}
-    for name, count in counts.items():
-        if count == 0:
-            raise ValueError(
-                f"the head set {name!r} removes no head: there is no pruning perturbation to study"
-            )
+    deltas, supports, counts = _perturbations(model, heads)
     bar = tqdm(total=2 + 2 * len(heads) + probes + 1, desc="proposition 1", disable=not progress or None)
 
     def step(fn: Callable[[], Any]) -> Any:
@@ -257,11 +250,8 @@ def proposition1(
     before = losses[None]
     results = {}
     for name, hs in heads.items():
-        delta, support, values = (
-            deltas[name],
-            supports[name],
-            torch.tensor(per_probe[name], dtype=torch.float64) / counts[name],
-        )
+        delta, support = deltas[name], supports[name]
+        values = torch.tensor(per_probe[name], dtype=torch.float64) / counts[name]
         alignment_n, alignment_t = _dot(grad_n, delta), _dot(grad_t, delta)
         positive = sum(int(((g > 0) & s).sum()) for g, s in zip(gap_sum, support, strict=True))
         after = losses[name]
@@ -280,6 +270,22 @@ def proposition1(
             loss_noisy=before[0],
         )
     return results
+
+
+def _perturbations(
+    model: nn.Module, heads: Mapping[str, HeadSet]
+) -> tuple[dict[str, list[torch.Tensor]], dict[str, list[torch.Tensor]], dict[str, int]]:
+    """Per head set: the pruning perturbation of each attention weight, where it is non-zero, and
+    how many weights it moves (refused where that is none)."""
+    deltas = {name: list(pruning_perturbation(model, hs).values()) for name, hs in heads.items()}
+    supports = {name: [d != 0 for d in delta] for name, delta in deltas.items()}
+    counts = {name: int(sum(int(s.sum()) for s in support)) for name, support in supports.items()}
+    for name, count in counts.items():
+        if count == 0:
+            raise ValueError(
+                f"the head set {name!r} removes no head: there is no pruning perturbation to study"
+            )
+    return deltas, supports, counts
 
 
 def _diagonal_gaps(

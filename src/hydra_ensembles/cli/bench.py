@@ -12,13 +12,12 @@ from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_opti
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from hydra_experiments.bench import bench_report, run_bench
+    from hydra_experiments.bench import bench_report, random_inputs, run_bench
 
     from ..adapters import get_adapter
     from ..io import atomic_write_json, atomic_write_text, check_report_dir, mark_report_dir
     from ..loading import load_any
     from ..members import sample_members
-    from ..models import VISION_MODEL_TYPES
     from ..precision import resolve_precision
     from ..runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
 
@@ -41,16 +40,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         shared_layers=args.shared_layers,
     )
-    generator = torch.Generator().manual_seed(args.seed)
-
-    def make_inputs(batch: int) -> dict:
-        if config.model_type in VISION_MODEL_TYPES:
-            size = config.image_size
-            return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
-        low = min(1000, config.vocab_size // 2)  # skip special tokens of real vocabularies
-        ids = torch.randint(low, config.vocab_size, (batch, args.tokens), generator=generator)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
+    make_inputs = random_inputs(config, args.tokens, args.seed)
     setting = (
         f"{args.model}, M={args.members}, {args.heads_per_layer}/{config.num_attention_heads} heads per "
         f"layer (random, seed {args.seed}), {args.tokens} tokens, {args.repeats} interleaved runs, "

@@ -49,6 +49,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+OPT_IN = {
+    "--trunk-study": "also build Hydra with a shared trunk of L/3 and L/2 layers and compare",
+    "--batch-ensemble": "also report a BatchEnsemble baseline (M members)",
+    "--packed": "also report Packed-Ensembles (alpha=2 from scratch; alpha=M from the pretrained weights)",
+    "--mimo": "also report MIMO (M inputs in one pass; rho 0.5, batch repeat 4)",
+    "--oba": "also report OBA (unstructured, second-order), as many parameters as Taylor, fine-tuned",
+    "--wanda": "also report Wanda (unstructured, |W| x input norm), as many parameters as Taylor, fine-tuned",
+}
+"""The demo's opt-in rows (each an extra method, off by default to keep the default run short)."""
+
+
 def _add_demo_command(sub) -> None:
     demo = sub.add_parser(
         "demo",
@@ -84,31 +95,7 @@ def _add_demo_command(sub) -> None:
     demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
     demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")
     demo.add_argument("--no-cache", action="store_true", help="recompute everything")
-    demo.add_argument(
-        "--trunk-study",
-        action="store_true",
-        help="also build Hydra with a shared trunk of L/3 and L/2 layers and compare",
-    )
-    demo.add_argument(
-        "--batch-ensemble", action="store_true", help="also report a BatchEnsemble baseline (M members)"
-    )
-    demo.add_argument(
-        "--packed",
-        action="store_true",
-        help="also report Packed-Ensembles (alpha=2 from scratch; alpha=M from the pretrained weights)",
-    )
-    demo.add_argument(
-        "--mimo", action="store_true", help="also report MIMO (M inputs in one pass; rho 0.5, batch repeat 4)"
-    )
-    demo.add_argument(
-        "--oba",
-        action="store_true",
-        help="also report OBA (unstructured, second-order), as many parameters as Taylor, fine-tuned",
-    )
-    demo.add_argument(
-        "--wanda",
-        action="store_true",
-        help="also report Wanda (unstructured, |W| x input norm), as many parameters as Taylor, fine-tuned",
-    )
+    for flag, help_text in OPT_IN.items():
+        demo.add_argument(flag, action="store_true", help=help_text)
     precision_option(demo)
     demo.set_defaults(func=_cmd_demo)

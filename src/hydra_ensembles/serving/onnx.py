@@ -104,19 +104,7 @@ def export_onnx(
     finally:
         for h, rows in zip(hydra, chunking, strict=True):
             h.chunk_rows = rows
-    sidecar = {
-        "format": "hydra-ensembles/onnx",
-        "classes": [str(config.id2label[i]) for i in range(int(config.num_labels))],
-        "inputs": names,
-        "outputs": {
-            "logits": "(batch, classes): log of the calibrated ensemble probabilities",
-            "logits_per_member": "(batch, members, classes): the members' logits before calibration",
-        },
-        "members": int(wrapped.ensemble.num_members),
-        "calibration": None if wrapped.calibration is None else wrapped.calibration.to_dict(),
-        "base_model_type": config.model_type,
-        "max_difference_from_pytorch": difference,
-    }
+    sidecar = _sidecar(wrapped, config, names, difference)
     out = Path(out)
     if source is not None and (
         out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
@@ -130,6 +118,24 @@ def export_onnx(
         atomic_write_json(folder / SIDECAR_NAME, sidecar)
 
     return atomic_dir(out, write)
+
+
+def _sidecar(wrapped: HydraPreTrainedModel, config, names: list[str], difference: float | None) -> dict:
+    """``calibration.json``: what a runtime needs beside the graph (classes, inputs, outputs,
+    the calibration) and how far the graph was from PyTorch."""
+    return {
+        "format": "hydra-ensembles/onnx",
+        "classes": [str(config.id2label[i]) for i in range(int(config.num_labels))],
+        "inputs": names,
+        "outputs": {
+            "logits": "(batch, classes): log of the calibrated ensemble probabilities",
+            "logits_per_member": "(batch, members, classes): the members' logits before calibration",
+        },
+        "members": int(wrapped.ensemble.num_members),
+        "calibration": None if wrapped.calibration is None else wrapped.calibration.to_dict(),
+        "base_model_type": config.model_type,
+        "max_difference_from_pytorch": difference,
+    }
 
 
 def _load(folder: Path) -> HydraPreTrainedModel:
