@@ -54,7 +54,7 @@ class BuildConfig:
     total) or ``heads_per_layer`` (heads each member keeps per layer); ``pool_size`` is the number
     of least useful heads members are sampled from (`members.sample_members`); ``budget`` the
     heads circuit extraction ranks (default: the pool, or twice the heads pruned). ``fine_tune``:
-    None leaves the members untrained (zero-shot members; fusion is then exact); member m trains
+    None leaves the members untrained (fusion is then exact); member m trains
     with seed ``fine_tune.seed + m``. ``shared_layers=k`` gives every member member 0's heads in
     the first k layers (a shared trunk `fuse` runs once). ``flag_score`` and ``keep`` set the OOD
     flag (`Calibration`)."""

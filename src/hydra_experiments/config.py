@@ -218,7 +218,7 @@ class DemoConfig:
     circuit_ood_items: int = 10
     circuit_length: int = 16
     curve_step: int = 16
-    """The zero-shot pruning curves measure every ``curve_step`` heads up to the pool size."""
+    """The training-free pruning curves measure every ``curve_step`` heads up to the pool size."""
     precision: str = "auto"
     """Compute precision of training, head scoring, circuit extraction, evaluation and the cost
     table: ``auto`` (bf16 only where this machine computes it natively and faster, else fp32;
@@ -339,5 +339,5 @@ class DemoConfig:
             notes.append(f"at most {self.ood_limit} {items} per OOD test set")
         if self.shift_limit:
             notes.append(f"shift measured on {self.shift_limit} ID test {items}")
-        notes.append(f"zero-shot pruning curves every {self.curve_step} heads")
+        notes.append(f"training-free pruning curves every {self.curve_step} heads")
         return notes

@@ -32,7 +32,7 @@ def run_demo(config: DemoConfig, cache: Cache | None = None) -> dict[str, Any]:
     known = run.cache.predictions()
     preds, results, heads, temperatures = evaluate_all(run, methods, known)
     curves = run.stage.run(
-        "zero-shot pruning curves",
+        "training-free pruning curves",
         lambda: pruning_curves(base, {"Taylor": rankings.taylor, "CircAvg": rankings.circuit}, run, known),
     )
     timed = {m.cost_name: m.model for m in methods if m.cost_name}

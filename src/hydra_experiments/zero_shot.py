@@ -62,7 +62,7 @@ def run_zero_shot_demo(config: DemoConfig, cache: Cache | None = None) -> dict[s
     known = run.cache.predictions()
     preds, results, heads, temperatures = evaluate_all(run, methods, known)
     curves = run.stage.run(
-        "zero-shot pruning curves",
+        "training-free pruning curves",
         lambda: pruning_curves(dual, {"Taylor": rankings.taylor, "CircAvg": rankings.circuit}, run, known),
     )
     # Single as deployed: the input tower and cached class embeddings (the label tower never runs)

@@ -14,8 +14,8 @@ from .options import (
     _data_options,
     _num_labels_option,
     _overwrite_option,
-    _positive_float,
     _random_head_option,
+    _training_options,
 )
 
 
@@ -136,9 +136,7 @@ def _add_build_command(sub) -> None:
         help="labelled ID validation data: early stopping, and the calibration (temperature, OOD "
         "flag threshold) saved with the fused model and the members' ensemble",
     )
-    build.add_argument("--epochs", type=POSITIVE, default=3)
-    build.add_argument("--lr", type=_positive_float, default=5e-5)
-    build.add_argument("--patience", type=POSITIVE)
+    _training_options(build)
     build.add_argument("--mlp", choices=["merge", "exact"], default="merge")
     _num_labels_option(build)
     build.add_argument("--out", required=True, help="output directory (hydra/, members/, checkpoints/)")

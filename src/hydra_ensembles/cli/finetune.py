@@ -12,7 +12,7 @@ from .options import (
     _calibration_options,
     _data_options,
     _overwrite_option,
-    _positive_float,
+    _training_options,
 )
 
 
@@ -90,9 +90,7 @@ def _add_finetune_command(sub) -> None:
         help="labelled ID validation data (reported; early stopping with --patience; the calibration "
         "saved with the model)",
     )
-    tune.add_argument("--epochs", type=POSITIVE, default=3)
-    tune.add_argument("--lr", type=_positive_float, default=5e-5)
-    tune.add_argument("--patience", type=POSITIVE)
+    _training_options(tune)
     tune.add_argument("--seed", type=int, default=0)
     tune.add_argument(
         "--train",

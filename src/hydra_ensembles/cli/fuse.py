@@ -1,4 +1,4 @@
-"""``hydra-ens fuse``: fuse zero-shot members given as head-set JSON files into one Hydra model."""
+"""``hydra-ens fuse``: fuse untrained members given as head-set JSON files into one Hydra model."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
 
 
 def _add_fuse_command(sub) -> None:
-    fuse = sub.add_parser("fuse", help="fuse zero-shot members given as head-set JSON files")
+    fuse = sub.add_parser("fuse", help="fuse untrained members given as head-set JSON files")
     fuse.add_argument("model", help="HF id, local directory or minilm-l6")
     fuse.add_argument(
         "--heads",

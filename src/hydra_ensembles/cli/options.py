@@ -99,6 +99,15 @@ def _report_overwrite_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _training_options(p: argparse.ArgumentParser) -> None:
+    """Epochs, learning rate and early stopping of fine-tuning (`training.FineTuneConfig`)."""
+    p.add_argument("--epochs", type=POSITIVE, default=3)
+    p.add_argument("--lr", type=_positive_float, default=5e-5)
+    p.add_argument(
+        "--patience", type=POSITIVE, help="stop after this many epochs without a better --val-data NLL"
+    )
+
+
 def _calibration_options(p: argparse.ArgumentParser, data: str) -> None:
     """The calibration a command fits on ``data`` and saves with the model it writes."""
     p.add_argument(

@@ -83,7 +83,12 @@ def _add_score_command(sub) -> None:
     score.add_argument("--budget", type=POSITIVE, default=24, help="heads to remove (circuit)")
     score.add_argument("--min-heads-per-layer", type=COUNT, default=0)
     score.add_argument("--heads-per-layer", type=COUNT, default=8, help="heads kept per layer (taylor)")
-    score.add_argument("--scope", choices=["layer", "global"], default="layer", help="taylor budget scope")
+    score.add_argument(
+        "--scope",
+        choices=["layer", "global"],
+        default="layer",
+        help="taylor: keep --heads-per-layer in each layer, or their sum over all layers",
+    )
     score.add_argument("--limit", type=POSITIVE, help="use at most this many examples per dataset")
     score.add_argument(
         "--checkpoint", help="JSON file to resume an interrupted extraction (removed after success)"

@@ -48,7 +48,7 @@ def fuse(
 
     Two ways to name the members:
 
-    * ``fuse(model, [hs1, hs2, hs3])``: zero-shot members, the base ``model`` pruned to each head
+    * ``fuse(model, [hs1, hs2, hs3])``: untrained members, the base ``model`` pruned to each head
       set. They share everything but attention, so the fused model is exact in every mode.
     * ``fuse([m1, m2, m3], mlp="merge")``: members made by `prune` from one base, possibly
       fine-tuned. What they do not share is combined per part (see `FusionPolicy`): ``mlp`` for
@@ -66,13 +66,13 @@ def fuse(
     """
     policy = FusionPolicy.create(mlp, norms, head, embeddings)
     if isinstance(model_or_members, nn.Module):
-        return _fuse_zero_shot(model_or_members, head_sets, policy, shared_trunk)
+        return _fuse_untrained(model_or_members, head_sets, policy, shared_trunk)
     if head_sets is not None:
         raise TypeError("head_sets is only for fuse(model, head_sets); members carry their own heads")
     return _fuse_members(list(model_or_members), policy, shared_trunk)
 
 
-def _fuse_zero_shot(model: nn.Module, head_sets, policy: FusionPolicy, shared_trunk: bool) -> HydraModel:
+def _fuse_untrained(model: nn.Module, head_sets, policy: FusionPolicy, shared_trunk: bool) -> HydraModel:
     if head_sets is None:
         raise TypeError("fuse(model, head_sets): give one HeadSet per member")
     head_sets = list(head_sets)

@@ -59,7 +59,7 @@ class FusionPolicy:
     ``merge`` averages the members' parameters (the paper does this for the MLPs); ``exact`` keeps
     them per member as grouped layers, so the fused model reproduces the explicit ensemble.
     Attention is always per member. Parts whose parameters are identical across members
-    (everything but attention for zero-shot members) are simply shared.
+    (everything but attention for untrained members) are simply shared.
     """
 
     mlp: Mode = "merge"

@@ -97,7 +97,7 @@ def taylor_head_set(
 ) -> HeadSet:
     """Heads kept by Taylor pruning.
 
-    ``scope="layer"``: per-layer budget with prune -> recompute, layer by layer (D.1.1): score,
+    ``scope="layer"``: heads kept per layer, with prune -> recompute, layer by layer (D.1.1): score,
     keep the top ``heads_per_layer`` heads of layer 0, prune, recompute gradients, then layer 1...
     ``scope="global"``: one scoring pass, the top ``sum(heads_per_layer)`` heads over all layers.
     The deciding scores are computed in fp32 on every machine: in bf16 or fp16 near-ties flip
@@ -106,8 +106,8 @@ def taylor_head_set(
     batches = list(calib)
     adapter = get_adapter(model)
     original = adapter.original_heads_per_layer(model)
-    budget = [heads_per_layer] * len(original) if isinstance(heads_per_layer, int) else list(heads_per_layer)
-    if len(budget) != len(original) or any(not 0 <= k <= h for k, h in zip(budget, original, strict=True)):
+    keep = [heads_per_layer] * len(original) if isinstance(heads_per_layer, int) else list(heads_per_layer)
+    if len(keep) != len(original) or any(not 0 <= k <= h for k, h in zip(keep, original, strict=True)):
         raise HeadSetError(f"heads_per_layer must be in [0, heads] for each of the {len(original)} layers")
     if scope == "global":
         scores = taylor_scores(model, batches, precision=DECIDING_PRECISION)
@@ -115,7 +115,7 @@ def taylor_head_set(
             ((scores[layer, h].item(), layer, h) for layer, n in enumerate(original) for h in range(n)),
             key=lambda t: (-t[0], t[1], t[2]),
         )
-        return HeadSet.without(((layer, h) for _, layer, h in flat[sum(budget) :]), original)
+        return HeadSet.without(((layer, h) for _, layer, h in flat[sum(keep) :]), original)
     if scope != "layer":
         raise ValueError(f"scope must be 'layer' or 'global', got {scope!r}")
     kept: dict[int, list[int]] = {}
@@ -123,6 +123,6 @@ def taylor_head_set(
     for layer in tqdm(range(len(original)), desc="taylor (prune -> recompute)", disable=not progress or None):
         scores = taylor_scores(current, batches, precision=DECIDING_PRECISION)[layer]
         ranked = sorted(range(original[layer]), key=lambda h: (-scores[h].item(), h))
-        kept[layer] = sorted(ranked[: budget[layer]])
+        kept[layer] = sorted(ranked[: keep[layer]])
         current = prune(model, HeadSet(kept))
     return HeadSet(kept)

@@ -1,7 +1,7 @@
 """`ZeroShotHydra`: M pruned dual-encoder members fused into one zero-shot model.
 
 The input tower is fused as for any model (`fusion.fuse`: one member-stacked forward pass, exact
-for zero-shot members, who share every weight but attention). The label tower runs once per
+for untrained members, who share every weight but attention). The label tower runs once per
 member when the model is built: each member's class embeddings are cached, so pruning the label
 tower costs nothing at inference. Member logits are ``logit_scale`` x cosine between member m's
 input embedding and member m's class embeddings; the prediction is the mean of member softmaxes.
