@@ -18,7 +18,7 @@ def _python_blocks(page: str) -> list[str]:
 
 def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     readme, api = _python_blocks("README.md"), _python_blocks("docs/python-api.md")
-    assert len(readme) == 3 and len(api) == 2, "the Python blocks changed: keep this test in step"
+    assert len(readme) == 3 and len(api) == 3, "the Python blocks changed: keep this test in step"
     monkeypatch.chdir(tmp_path)
     # the quick start on one's own CSV: a classifier `finetune` made, train.csv and val.csv
     classifier = load_classifier("minilm-l6", num_labels=2)
@@ -58,3 +58,17 @@ def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     exec(compile(readme[2], "README.md", "exec"), namespace)
     served = namespace["uncertain"]("The match ended in a draw.")[0]
     assert {"flagged", "mutual_information", "ood_score_msp", "entropy"} <= set(served)
+
+
+def test_the_documented_experiments_example_names_what_exists():
+    """The experiments block runs a whole demo (tests/experiments runs reduced ones): here it is
+    compiled, and what it uses exists with the arguments it passes."""
+    import inspect
+
+    import hydra_experiments
+
+    block = _python_blocks("docs/python-api.md")[2]
+    compile(block, "docs/python-api.md", "exec")
+    config = hydra_experiments.DemoConfig.preset("text", out_dir="runs/my-demo")
+    cache = hydra_experiments.Cache(config.cache_dir, enabled=True)
+    assert cache.built == [] and "cache" in inspect.signature(hydra_experiments.run_demo).parameters
