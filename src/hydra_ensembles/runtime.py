@@ -19,8 +19,7 @@ def tune_cpu_allocator(mmap_threshold: int = 256 << 20, trim_threshold: int = 51
 
     By default glibc serves large allocations with ``mmap`` and trims freed heap memory back to
     the system, so each forward pass page-faults its activations in again. That costs the most
-    where tensors are largest, i.e. in a fused model running M members' rows at once (measured:
-    batch 8 x 128 tokens on MiniLM-L6, Hydra / Deep Ensemble 1.04 without, 0.85-0.91 with;
+    where tensors are largest, i.e. in a fused model running M members' rows at once (timings:
     ``docs/benchmarks.md``). The price is bounded: at most ``trim_threshold`` bytes of freed
     memory stay reserved by the process, and allocations above ``mmap_threshold`` still go to
     ``mmap``. Returns True when applied (Linux with glibc), False otherwise.
@@ -95,11 +94,8 @@ def last_level_cache_bytes() -> int | None:
 
 
 CHUNK_CACHE_SHARE = 0.75
-"""Share of the last-level cache one inference chunk's widest activation may fill. Measured on
-MiniLM-L6 (MLP width 1536, fp32, 32 MiB L3, batch 64 x 128 tokens, ``benchmarks/chunk_rows.py``):
-with the allocator setting the library applies, 4,096 rows per chunk (3/4 of the cache) ran the
-fused model in 3,797 ms against 3,912 at 2,048 rows and 3,996 unchunked; without it, chunks of
-2,048 rows were the fastest of 512-4,096 and saved far more (page faults grow with the chunk)."""
+"""Share of the last-level cache one inference chunk's widest activation may fill: the fastest of
+the chunk sizes ``benchmarks/chunk_rows.py`` compares (timings: ``docs/benchmarks.md``)."""
 
 DEFAULT_CACHE_BYTES = 32 << 20
 

@@ -21,9 +21,8 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
     The form is chosen per device, by measurement (``docs/benchmarks.md``): on a GPU one
     ``baddbmm`` launch for all members; on a CPU one 2-D ``addmm`` per member, which the BLAS
-    runs 1.3-1.7x faster than ``baddbmm`` over a transposed weight at a few thousand rows (and
-    never slower at a few hundred). Without autograd or autocast the members' results are written
-    straight into one output buffer (no concatenation copy).
+    runs faster than ``baddbmm`` over a transposed weight. Without autograd or autocast the
+    members' results are written straight into one output buffer (no concatenation copy).
     """
     if x.device.type != "cpu":
         if bias is None:

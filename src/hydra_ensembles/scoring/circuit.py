@@ -19,7 +19,7 @@ Two implementations return the same order:
   Across steps, candidates restart from their stored states above the layer of the last removal
   (`_SuffixCache`); for a dual encoder, the candidates of the tower the removal left untouched do
   not run at all: their stored tower output is scored against the other tower's new embeddings
-  (1.55x faster on the zero-shot demo's joint pool of 144 heads: `benchmarks/zero_shot_circuit_speed.py`).
+  (`benchmarks/zero_shot_circuit_speed.py`; timings: docs/benchmarks.md).
 
 An approximate mode, ``method="lazy"``, is for large models: after a full evaluation, the next
 steps evaluate (with the fast path) only the ``shortlist`` candidates that scored best when last
