@@ -172,6 +172,25 @@ def tiny_clip(
     return CLIPForImageClassification(config).eval()
 
 
+def tiny_siglip(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
+):
+    """SigLIP's vision tower with a classifier (mean-pooled patches, no class token) and, as in the
+    released checkpoints, its attention-pooling head (which the classifier does not read)."""
+    from transformers import SiglipConfig, SiglipForImageClassification
+
+    torch.manual_seed(seed)
+    fields = _image(**_encoder(layers, heads, head_dim, labels, init_range))
+    labels_ = fields.pop("num_labels")
+    fields.pop("initializer_range")
+    text = {"vocab_size": VOCAB, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1}
+    text |= {"num_attention_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 1}
+    config = SiglipConfig(
+        vision_config={**fields, "vision_use_head": True}, text_config=text, num_labels=labels_
+    )
+    return SiglipForImageClassification(config).eval()
+
+
 def text_inputs(
     batch: int = 4, tokens: int = 9, seed: int = 0, padded: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -209,6 +228,7 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "deit": (tiny_deit, image_inputs),
     "dinov2": (tiny_dinov2, image_inputs),
     "clip": (tiny_clip, image_inputs),
+    "siglip": (tiny_siglip, image_inputs),
 }
 """Every supported family: (tiny model factory, input factory); tests parametrize over it."""
 

@@ -1,5 +1,5 @@
 """Every supported family through the whole pipeline, against explicit computation, in float32:
-adapter discovery, pruning == masking, zero-shot and fine-tuned fusion == the members run one by
+adapter discovery, pruning == masking, untrained and fine-tuned fusion == the members run one by
 one, shared trunk, save/load, circuit extraction fast == reference, Taylor scores, LoRA members."""
 
 import pytest
@@ -70,7 +70,7 @@ def test_pruning_equals_masking(family, seed):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize(("batch", "seed"), [(1, 0), (3, 1), (5, 2)])
-def test_zero_shot_fusion_equals_the_members(family, batch, seed):
+def test_untrained_fusion_equals_the_members(family, batch, seed):
     model = _model(family, seed)
     x = _inputs(family, batch=batch, seed=seed)
     with torch.no_grad():
@@ -178,3 +178,26 @@ def test_electra_projection_belongs_to_the_embeddings_and_blocks_the_trunk():
     with torch.no_grad():
         out = hydra(**x)
     assert (out.member_logits - _logits(members, x)).abs().max().item() <= TOL
+
+
+def test_siglip_attention_pooling_head_is_task_head_and_never_pruned():
+    """SigLIP's vision tower ends in an attention-pooling head (a ``nn.MultiheadAttention`` the
+    classifier does not read): it is the task head's, not a layer's, so pruning and fusion leave
+    it whole, and the classifier's mean over patches (no class token) is what members average."""
+    model = _model("siglip")
+    adapter = he.get_adapter(model)
+    assert adapter.family == "SigLIP (vision)" and adapter.layers_path == "vision_model.encoder.layers"
+    pooling = dict(model.vision_model.head.named_parameters())
+    assert {adapter.part_of(f"vision_model.head.{n.rpartition('.')[0]}", None) for n in pooling} == {"head"}
+    pruned = he.prune(model, HEADS[0])
+    for name, param in pruned.vision_model.head.named_parameters():
+        assert torch.equal(param, pooling[name])
+    x = _inputs("siglip")
+    hidden = pruned.vision_model(**x).last_hidden_state
+    assert hidden.shape[1] == 4  # 2 x 2 patches, no class token
+    expected = pruned.classifier(hidden.mean(dim=1))
+    assert torch.allclose(pruned(**x).logits, expected, atol=1e-6)
+    hydra = he.fuse(model, HEADS)
+    assert torch.allclose(
+        hydra(**x).member_logits, _logits([he.prune(model, hs) for hs in HEADS], x), atol=TOL
+    )

@@ -14,6 +14,7 @@ from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
 from .dual import DualEncoderAdapter
 from .mpnet import MPNetAdapter
+from .siglip import SiglipVisionAdapter
 from .vit import ViTAdapter
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "DistilBertAdapter",
     "DualEncoderAdapter",
     "MPNetAdapter",
+    "SiglipVisionAdapter",
     "UnsupportedModelError",
     "ViTAdapter",
     "WholeAttentionAdapter",
@@ -45,6 +47,7 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     Dinov2Adapter,
     ClipVisionAdapter,
     ClipTextAdapter,
+    SiglipVisionAdapter,
 ]
 
 
