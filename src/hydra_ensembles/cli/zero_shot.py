@@ -77,10 +77,12 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
 def _add_zero_shot_command(sub) -> None:
     zs = sub.add_parser(
         "zero-shot",
-        help="zero-shot Hydra from a dual encoder (CLIP, or a sentence encoder): circuit over the "
+        help="zero-shot Hydra from a dual encoder (CLIP, SigLIP or a sentence encoder): circuit over the "
         "heads of both towers -> members -> fused zero-shot model, no training",
     )
-    zs.add_argument("model", help="a CLIPModel or a sentence-transformers checkpoint (HF id or directory)")
+    zs.add_argument(
+        "model", help="a CLIPModel, a SiglipModel or a sentence-transformers checkpoint (HF id or directory)"
+    )
     zs.add_argument("--labels", help="class names, comma-separated (default: the --data class names)")
     zs.add_argument(
         "--template",

@@ -1,4 +1,4 @@
-"""Zero-shot Hydra for dual encoders (CLIP, sentence encoders): classifier, fusion, saving."""
+"""Zero-shot Hydra for dual encoders (CLIP, SigLIP, sentence encoders): classifier, fusion, saving."""
 
 from .fused import ZeroShotHydra, ZeroShotLoadError, fuse_dual_encoder, split_head_set
 from .model import (
@@ -7,6 +7,7 @@ from .model import (
     DualEncoderConfig,
     from_clip,
     from_sentence_encoder,
+    from_siglip,
     load_dual_encoder,
     tokenize_prompts,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "ZeroShotLoadError",
     "from_clip",
     "from_sentence_encoder",
+    "from_siglip",
     "fuse_dual_encoder",
     "load_dual_encoder",
     "pool",

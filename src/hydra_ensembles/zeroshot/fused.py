@@ -70,7 +70,9 @@ class ZeroShotHydra(nn.Module):
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
         members = self.input_hydra(**inputs).members  # (M, B, ...) per output
         embeddings = pool(members, inputs, self.config.input_pooling)  # (M, B, D)
-        logits = cosine_logits(embeddings, self.class_embeddings, self.config.logit_scale)
+        logits = cosine_logits(
+            embeddings, self.class_embeddings, self.config.logit_scale, self.config.logit_bias
+        )
         return EnsembleOutput.from_member_logits(logits, labels)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:

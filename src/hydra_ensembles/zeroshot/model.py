@@ -3,7 +3,11 @@
 An input tower embeds the input (an image for CLIP, a text for a sentence encoder); a label tower
 embeds one prompt per class and template ("A photo of a {}."); class embeddings are the mean of
 the normalised prompt embeddings over templates, normalised again (CLIP's prompt ensembling);
-logits are ``logit_scale`` x cosine similarity. No training is involved.
+logits are ``logit_scale`` x cosine similarity (+ ``logit_bias``: SigLIP's sigmoid logits). No
+training is involved. Probabilities are the softmax over the classes of those logits for every
+family, SigLIP included (its bias then cancels): the ensemble averages distributions over the
+classes and every metric is the softmax classifier's, as for CLIP; SigLIP's per-class sigmoids,
+which need not sum to one, are not used.
 
 The classifier is an ordinary module with ``logits`` and ``loss`` (labels = class indices), so
 Taylor scoring, circuit extraction, pruning and evaluation treat it like any classifier. Its heads
@@ -63,6 +67,7 @@ class DualEncoderConfig:
     label_pooling: str = "mean"
     heads: HeadPool = "both"
     model_type: str = MODEL_TYPE
+    logit_bias: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.classes) < 2:
@@ -159,8 +164,11 @@ class DualEncoderClassifier(nn.Module):
         return self._cache[1]
 
     def logits_from(self, input_embeddings: torch.Tensor, class_embeddings: torch.Tensor) -> torch.Tensor:
-        """``logit_scale`` x cosine: inputs (..., B, D) against classes (..., C, D) -> (..., B, C)."""
-        return cosine_logits(input_embeddings, class_embeddings, self.config.logit_scale)
+        """``logit_scale`` x cosine + ``logit_bias``: inputs (..., B, D) against classes (..., C, D)
+        -> (..., B, C)."""
+        return cosine_logits(
+            input_embeddings, class_embeddings, self.config.logit_scale, self.config.logit_bias
+        )
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> SequenceClassifierOutput:
         logits = self.logits_from(self.input_tower(**inputs), self.class_embeddings())
@@ -174,10 +182,13 @@ class DualEncoderClassifier(nn.Module):
 
 
 # --------------------------------------------------------------------------- constructors
-def tokenize_prompts(tokenizer, config: DualEncoderConfig, max_length: int = 77) -> dict[str, torch.Tensor]:
-    """The label tower's inputs for every prompt of ``config``."""
+def tokenize_prompts(
+    tokenizer, config: DualEncoderConfig, max_length: int = 77, padding: bool | str = True
+) -> dict[str, torch.Tensor]:
+    """The label tower's inputs for every prompt of ``config`` (``padding="max_length"`` for a
+    tower that pools the last position, SigLIP's)."""
     encoded = tokenizer(
-        config.prompts(), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+        config.prompts(), padding=padding, truncation=True, max_length=max_length, return_tensors="pt"
     )
     return dict(encoded)
 
@@ -235,6 +246,36 @@ def from_clip(
     return DualEncoderClassifier(*towers, dict(prompt_inputs), config).eval()
 
 
+def from_siglip(
+    siglip: nn.Module,
+    classes: Sequence[str],
+    templates: Sequence[str] = ("This is a photo of {}.",),
+    tokenizer=None,
+    prompt_inputs: dict[str, torch.Tensor] | None = None,
+    heads: HeadPool = "both",
+) -> DualEncoderClassifier:
+    """A zero-shot classifier over a Hugging Face ``SiglipModel``: its vision tower (pooled by its
+    attention-pooling head) for inputs, its text tower (last token, projected) for labels, and
+    its learned logit scale and bias. Give a ``tokenizer`` (prompts are padded to the text
+    tower's full length, as SigLIP was trained) or the tokenised ``prompt_inputs``."""
+    if type(siglip).__name__ != "SiglipModel":
+        raise TypeError(f"from_siglip needs a transformers SiglipModel, got {type(siglip).__name__}")
+    scale, bias = float(siglip.logit_scale.detach().exp()), float(siglip.logit_bias.detach())
+    config = DualEncoderConfig(
+        list(classes), list(templates), scale, "image_pooler", "text_pooler", heads, logit_bias=bias
+    )
+    vision, text = copy.deepcopy(siglip.vision_model), copy.deepcopy(siglip.text_model)
+    dtype = siglip.logit_scale.dtype
+    vision, text = vision.to(dtype).eval(), text.to(dtype).eval()
+    if prompt_inputs is None:
+        if tokenizer is None:
+            raise ValueError("from_siglip needs a tokenizer or prompt_inputs")
+        length = siglip.config.text_config.max_position_embeddings
+        prompt_inputs = tokenize_prompts(tokenizer, config, max_length=length, padding="max_length")
+    towers = EncoderTower(vision, "image_pooler"), EncoderTower(text, "text_pooler")
+    return DualEncoderClassifier(*towers, dict(prompt_inputs), config).eval()
+
+
 def load_dual_encoder(
     name_or_path: str,
     classes: Sequence[str],
@@ -259,6 +300,14 @@ def load_dual_encoder(
             raise ValueError("a CLIP model brings its own learned logit scale; do not give one")
         clip = CLIPModel.from_pretrained(path).eval()
         return from_clip(clip, classes, templates or ("A photo of a {}.",), tokenizer=tokenizer, heads=heads)
+    if config.model_type == "siglip":
+        from transformers import SiglipModel
+
+        if logit_scale is not None:
+            raise ValueError("a SigLIP model brings its own learned logit scale and bias; do not give one")
+        siglip = SiglipModel.from_pretrained(path).eval()
+        templates = templates or ("This is a photo of {}.",)
+        return from_siglip(siglip, classes, templates, tokenizer=tokenizer, heads=heads)
     encoder = AutoModel.from_pretrained(path).eval()
     scale = SENTENCE_LOGIT_SCALE if logit_scale is None else logit_scale
     return from_sentence_encoder(encoder, tokenizer, classes, templates or ("{}",), scale, heads)

@@ -2,7 +2,9 @@
 
 A tower's embedding is what the dual encoder compares by cosine similarity: the mean of the
 token states under the attention mask for sentence-transformers checkpoints (their pooling),
-or the projected embedding of a CLIP tower (``image_embeds`` / ``text_embeds``).
+or the projected embedding of a CLIP tower (``image_embeds`` / ``text_embeds``), or a SigLIP
+tower's ``pooler_output`` (``image_pooler``: its attention-pooling head; ``text_pooler``: its last
+token's projection).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-Pooling = Literal["mean", "cls", "image_embeds", "text_embeds"]
-POOLINGS = ("mean", "cls", "image_embeds", "text_embeds")
+Pooling = Literal["mean", "cls", "image_embeds", "text_embeds", "image_pooler", "text_pooler"]
+POOLINGS = ("mean", "cls", "image_embeds", "text_embeds", "image_pooler", "text_pooler")
 
 
 def pool(outputs: Any, inputs: dict[str, Any], pooling: str) -> torch.Tensor:
@@ -21,6 +23,8 @@ def pool(outputs: Any, inputs: dict[str, Any], pooling: str) -> torch.Tensor:
     with any leading member dimensions, e.g. a fused model's (M, B, ...))."""
     if pooling in ("image_embeds", "text_embeds"):
         return outputs[pooling]
+    if pooling in ("image_pooler", "text_pooler"):
+        return outputs["pooler_output"]
     hidden = outputs["last_hidden_state"]
     if pooling == "cls":
         return hidden[..., 0, :]
@@ -52,8 +56,11 @@ class EncoderTower(nn.Module):
         return f"pooling={self.pooling!r}"
 
 
-def cosine_logits(inputs: torch.Tensor, classes: torch.Tensor, scale: float) -> torch.Tensor:
-    """``scale`` x cosine similarity of inputs (..., B, D) and classes (..., C, D) -> (..., B, C).
+def cosine_logits(
+    inputs: torch.Tensor, classes: torch.Tensor, scale: float, bias: float = 0.0
+) -> torch.Tensor:
+    """``scale`` x cosine similarity (+ ``bias``) of inputs (..., B, D) and classes (..., C, D) ->
+    (..., B, C).
 
     Computed in float32 (float64 where either side is float64) with autocast off, whatever the
     dtypes of the two sides (a bf16 model's embeddings meet fp32 cached class embeddings, or the
@@ -63,7 +70,8 @@ def cosine_logits(inputs: torch.Tensor, classes: torch.Tensor, scale: float) -> 
     dtype = torch.float64 if torch.float64 in (inputs.dtype, classes.dtype) else torch.float32
     with torch.autocast(inputs.device.type, enabled=False):
         a = torch.nn.functional.normalize(inputs.to(dtype), dim=-1)
-        return scale * a @ classes.to(dtype).transpose(-1, -2)
+        logits = scale * a @ classes.to(dtype).transpose(-1, -2)
+        return logits + bias if bias else logits
 
 
 def normalize(embeddings: torch.Tensor) -> torch.Tensor:
