@@ -151,3 +151,20 @@ def test_fine_tuned_dinov2_members_export_with_a_dynamic_batch(tmp_path):
         with torch.no_grad():
             expected = hydra(pixel_values=x).member_logits.transpose(0, 1)
         assert np.abs(per_member - expected.numpy()).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_vision_towers_with_a_composite_config_export(family, tmp_path):
+    """CLIP's and SigLIP's classifiers keep the image size in ``vision_config``."""
+    from tests.factories import FAMILIES
+
+    factory, _ = FAMILIES[family]
+    hydra = he.fuse(factory(), [he.HeadSet({0: [0, 1], 1: [2, 3]}), he.HeadSet({0: [1, 2, 3], 1: [0]})])
+    out = export_onnx(hydra, tmp_path / "onnx")
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+    for batch in (1, 5):
+        pixels = torch.randn(batch, 1, 8, 8, generator=torch.Generator().manual_seed(batch))
+        _, per_member = session.run(None, {"pixel_values": pixels.numpy()})
+        with torch.no_grad():
+            expected = hydra(pixel_values=pixels).member_logits.transpose(0, 1).numpy()
+        assert np.abs(per_member - expected).max() <= TOLERANCE

@@ -172,9 +172,10 @@ def _example_inputs(config: Any, names: Sequence[str], vision: bool, batch: int,
     g = torch.Generator().manual_seed(seed)
     tensors = []
     for name in names:
-        if name == "pixel_values":
-            size = int(config.image_size)
-            tensors.append(torch.randn(batch, int(config.num_channels), size, size, generator=g))
+        if name == "pixel_values":  # a composite config (CLIP's, SigLIP's) keeps them in vision_config
+            vision_config = getattr(config, "vision_config", config)
+            size, channels = int(vision_config.image_size), int(vision_config.num_channels)
+            tensors.append(torch.randn(batch, channels, size, size, generator=g))
         elif name == "input_ids":
             tensors.append(torch.randint(1, int(config.vocab_size), (batch, tokens), generator=g))
         elif name == "attention_mask":
