@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -191,6 +192,56 @@ def tiny_siglip(
     return SiglipForImageClassification(config).eval()
 
 
+DECODERS = {
+    "llama": ("Llama", {}),
+    "mistral": ("Mistral", {"sliding_window": 4}),
+    "qwen2": ("Qwen2", {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}),
+    "qwen3": ("Qwen3", {"attention_bias": True}),
+    "gemma": ("Gemma", {}),
+    "gemma2": ("Gemma2", {"sliding_window": 4, "attn_logit_softcapping": 2.0, "query_pre_attn_scalar": 8}),
+    "gemma3": ("Gemma3Text", {"sliding_window": 4, "query_pre_attn_scalar": 8, "sliding_window_pattern": 2}),
+}
+"""Decoder LLM classifiers: (transformers class prefix, config fields that make the family what it
+is: sliding windows shorter than the test inputs, Gemma 2's soft-capped scores and scaling,
+Qwen3's q/k norms (always there) with biases on Q/K/V)."""
+PAD = 0
+"""The padding id of the tiny decoders (`decoder_inputs` pads with it; no real token is 0)."""
+
+
+def tiny_decoder(
+    family: str = "llama",
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    labels: int = 3,
+    seed: int = 0,
+    init_range: float = 0.02,
+    kv_heads: int = 2,
+):
+    """A ``...ForSequenceClassification`` decoder LLM with grouped-query attention (``kv_heads``
+    key/value heads for ``heads`` query heads); rotary embeddings need an even head size, so
+    ``head_dim`` is rounded up to one, and the hidden size stays ``heads * head_dim``."""
+    import transformers
+
+    prefix, fields = DECODERS[family]
+    torch.manual_seed(seed)
+    config = getattr(transformers, f"{prefix}Config")(
+        vocab_size=VOCAB,
+        hidden_size=heads * head_dim,
+        head_dim=head_dim + head_dim % 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=2 * heads * head_dim + 1,
+        num_labels=labels,
+        initializer_range=init_range,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        **fields,
+    )
+    return getattr(transformers, f"{prefix}ForSequenceClassification")(config).eval()
+
+
 def text_inputs(
     batch: int = 4, tokens: int = 9, seed: int = 0, padded: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -202,6 +253,18 @@ def text_inputs(
         for row in range(1, batch, 2):
             mask[row, max(1, tokens - row - 1) :] = 0
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def decoder_inputs(
+    batch: int = 4, tokens: int = 9, seed: int = 0, padded: bool = True, left: bool = False
+) -> dict[str, torch.Tensor]:
+    """`text_inputs` padded with the decoders' ``PAD`` id, on the right (or the ``left``)."""
+    inputs = text_inputs(batch, tokens, seed, padded)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    if left:
+        mask = mask.flip(1)
+        ids = torch.where(mask.bool(), ids.flip(1), ids)
+    return {"input_ids": ids.masked_fill(mask == 0, PAD), "attention_mask": mask}
 
 
 def image_inputs(batch: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -229,6 +292,7 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "dinov2": (tiny_dinov2, image_inputs),
     "clip": (tiny_clip, image_inputs),
     "siglip": (tiny_siglip, image_inputs),
+    **{name: (functools.partial(tiny_decoder, name), decoder_inputs) for name in DECODERS},
 }
 """Every supported family: (tiny model factory, input factory); tests parametrize over it."""
 

@@ -120,6 +120,19 @@ def repeat_call(args: tuple, kwargs: dict[str, Any], times: int, batch: int) -> 
     return tuple(repeat_batch(a, times, batch) for a in args), repeat_rows(kwargs, times, batch)
 
 
+def first_copy_call(args: tuple, kwargs: dict[str, Any], times: int, batch: int) -> tuple[tuple, dict[str, Any]]:
+    """A call's arguments with every ``times * batch``-row tensor cut to its first ``batch`` rows
+    (copy 0 of a member-stacked batch): the inverse of `repeat_call`."""
+    rows = times * batch
+
+    def first(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows:
+            return value[:batch]
+        return value
+
+    return tuple(first(a) for a in args), {k: first(v) for k, v in kwargs.items()}
+
+
 def member_stacked(logits: torch.Tensor, batch: int) -> torch.Tensor:
     """Logits (k*B, C) of a model that answers for k members at once (a BatchEnsemble) as
     (k, B, C); ordinary logits (B, C) as (1, B, C)."""

@@ -91,7 +91,8 @@ def slice_projections(
 ) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
     """Copies of a block's (query, key, value, output) keeping the heads at ``positions``.
 
-    ``positions`` index the block's current heads; an empty list gives 0-head projections.
+    ``positions`` index the block's current heads; an empty list gives 0-head projections. With
+    grouped-query attention key/value keep the heads the kept query heads read (in order).
     """
     for linear in (block.query, block.key, block.value, block.output):
         if type(linear) is not nn.Linear:
@@ -99,10 +100,20 @@ def slice_projections(
                 f"layer {block.layer}: heads can be pruned from plain nn.Linear projections only, "
                 f"not {type(linear).__name__} (e.g. a BatchEnsemble: prune before converting)"
             )
-    dh = block.head_dim
-    rows = torch.cat([torch.arange(p * dh, (p + 1) * dh) for p in positions]) if positions else None
-    q, k, v = (_slice_linear(lin, rows, dim=0) for lin in (block.query, block.key, block.value))
+    rows = _head_rows(positions, block.head_dim)
+    kv_rows = rows  # grouped-query attention: the key/value heads the kept query heads read
+    if block.kv_index is not None:
+        kv_rows = _head_rows(sorted({block.kv_index[p] for p in positions}), block.head_dim)
+    q = _slice_linear(block.query, rows, dim=0)
+    k, v = (_slice_linear(lin, kv_rows, dim=0) for lin in (block.key, block.value))
     return q, k, v, _slice_linear(block.output, rows, dim=1)
+
+
+def _head_rows(positions: Sequence[int], head_dim: int) -> torch.Tensor | None:
+    """The rows of a projection's heads at ``positions`` (``None`` for no heads)."""
+    if not positions:
+        return None
+    return torch.cat([torch.arange(p * head_dim, (p + 1) * head_dim) for p in positions])
 
 
 def _slice_linear(linear: nn.Linear, index: torch.Tensor | None, dim: int) -> nn.Linear:

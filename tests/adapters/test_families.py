@@ -12,7 +12,7 @@ from hydra_ensembles.baselines import lora_fine_tune
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.scoring import extract_circuit
 from hydra_ensembles.training import FineTuneConfig
-from tests.factories import FAMILIES, labelled
+from tests.factories import DECODERS, FAMILIES, labelled
 
 TOL = 1e-4
 HEADS = [he.HeadSet({0: [0, 2], 1: []}), he.HeadSet({0: [1, 2, 3]}), he.HeadSet({1: [3], 2: [0, 1]})]
@@ -49,7 +49,9 @@ def test_adapter_finds_every_layer_and_projection(family):
     assert model.config.model_type in adapter.model_types
     assert adapter.num_layers(model) == 3 and adapter.original_heads_per_layer(model) == [4, 4, 4]
     block = adapter.attention_block(model, 1)
-    assert (block.num_heads, block.head_dim, block.hidden_size) == (4, 3, 12)
+    head_dim = 4 if family in DECODERS else 3  # rotary embeddings need an even head size
+    assert (block.num_heads, block.head_dim, block.hidden_size) == (4, head_dim, 12)
+    assert block.query.out_features == 4 * head_dim
     assert adapter.task_head_modules(model)
     parts = {adapter.part_of(p, m) for p, m in model.named_modules() if list(m.parameters(recurse=False))}
     assert {"embeddings", "head", "norm", "mlp"} <= parts

@@ -10,6 +10,7 @@ from torch import nn
 from .base import ArchitectureAdapter, AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention
 from .bert import BertAdapter
 from .clip import ClipTextAdapter, ClipVisionAdapter
+from .decoder import DecoderAdapter
 from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
 from .dual import DualEncoderAdapter
@@ -24,6 +25,7 @@ __all__ = [
     "BertAdapter",
     "ClipTextAdapter",
     "ClipVisionAdapter",
+    "DecoderAdapter",
     "Dinov2Adapter",
     "DistilBertAdapter",
     "DualEncoderAdapter",
@@ -50,6 +52,7 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     ClipTextAdapter,
     SiglipVisionAdapter,
     SiglipTextAdapter,
+    DecoderAdapter,
 ]
 
 

@@ -31,6 +31,9 @@ class AttentionBlock:
     output: nn.Linear
     num_heads: int
     head_dim: int
+    kv_index: tuple[int, ...] | None = None
+    """Grouped-query attention: for each query head, the position of the key/value head it reads
+    among ``key``'s and ``value``'s heads (``None``: every query head has its own)."""
 
     @property
     def hidden_size(self) -> int:
@@ -134,10 +137,13 @@ class ArchitectureAdapter(ABC):
         head_dim = self.head_dim(model)
         return AttentionBlock(layer, query, key, value, output, query.out_features // head_dim, head_dim)
 
+    embeddings_module: ClassVar[str] = "embeddings"
+    """The embeddings module under the base model (Llama's ``embed_tokens``)."""
+
     @property
     def embeddings_path(self) -> str:
         """Dotted path of the embeddings module (treated as one unit by fusion)."""
-        return f"{self.prefix}embeddings"
+        return f"{self.prefix}{self.embeddings_module}"
 
     input_modules: ClassVar[tuple[str, ...]] = ()
     """Modules of the base model that run between the embeddings and the first layer (ELECTRA's
@@ -156,6 +162,14 @@ class ArchitectureAdapter(ABC):
     @property
     def head_bias_paths(self) -> tuple[str, ...]:
         return tuple(f"{self.prefix}{name}" for name in self.head_bias_tables)
+
+    call_options: ClassVar[dict[str, object]] = {}
+    """Keyword arguments the library's own forward passes add (decoders: ``use_cache=False``, a
+    classifier never reuses keys and values)."""
+
+    last_token_pooling: ClassVar[bool] = False
+    """The sequence classifier reads the last token that is not ``config.pad_token_id`` (decoder
+    LLMs): inputs must be padded with that id."""
 
     head_modules: ClassVar[tuple[str, ...]] = ("classifier",)
     """Names of the task head's modules on the task model (paths that do not exist are ignored)."""
@@ -186,6 +200,41 @@ class ArchitectureAdapter(ABC):
 
         ``heads``: the original indices of the heads kept, for families whose attention takes
         per-head inputs besides Q/K/V (MPNet's relative position bias); others ignore it."""
+
+    def fused_attention(
+        self,
+        model: nn.Module,
+        layer: int,
+        projections: Sequence[tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]],
+        heads: Sequence[Sequence[int]],
+        bias_stride: int = 0,
+        sources: Sequence[nn.Module] = (),
+    ) -> nn.Module:
+        """The module fusion installs at ``layer`` of ``model``: the members' pruned (query, key,
+        value, output) linears, ``heads`` the original heads each keeps, ``sources`` the models
+        they come from (`FusedMultiHeadAttention`; ``bias_stride``: see it)."""
+        from ..layers import FusedMultiHeadAttention
+
+        dropout = self.attention_dropout(model)
+        return FusedMultiHeadAttention.from_projections(
+            projections, self.head_dim(model), dropout, heads, bias_stride
+        )
+
+    def empty_fused_attention(
+        self, model: nn.Module, layer: int, heads: Sequence[Sequence[int]], bias_stride: int = 0
+    ) -> nn.Module:
+        """`fused_attention`'s architecture for members keeping ``heads``, weights unset (loading)."""
+        from ..layers import FusedMultiHeadAttention
+
+        block = self.attention_block(model, layer)
+        return FusedMultiHeadAttention(
+            block.hidden_size,
+            block.head_dim,
+            [len(h) for h in heads],
+            self.attention_dropout(model),
+            heads=heads,
+            bias_stride=bias_stride,
+        )
 
     @abstractmethod
     def install_fused_attention(self, model: nn.Module, layer: int, fused: nn.Module) -> None:
@@ -222,7 +271,7 @@ class ArchitectureAdapter(ABC):
             return "embeddings"
         if is_under(path, self.head_paths):
             return "head"
-        if isinstance(module, nn.LayerNorm):
+        if isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("RMSNorm"):
             return "norm"
         return "mlp"
 

@@ -13,7 +13,6 @@ from ..adapters import ArchitectureAdapter, get_adapter
 from ..adapters.base import is_under
 from ..heads import HeadSet
 from ..layers import (
-    FusedMultiHeadAttention,
     GroupedLayerNorm,
     GroupedLinear,
     MemberHeadBias,
@@ -94,7 +93,7 @@ def _fuse_untrained(model: nn.Module, head_sets, policy: FusionPolicy, shared_tr
         projections = [slice_projections(block, list(t[layer])) for t in targets]
         members = 1 if layer < trunk else len(targets)
         heads = [t[layer] for t in targets[:members]]
-        _install(adapter, fused_model, layer, projections[:members], block.head_dim, heads)
+        _install(adapter, fused_model, layer, projections[:members], heads, sources=[model] * members)
     resolved = [HeadSet(dict(enumerate(t))) for t in targets]
     return HydraModel(fused_model, adapter, resolved, policy, trunk_layers=trunk)
 
@@ -119,12 +118,11 @@ def _fuse_members(members: list[nn.Module], policy: FusionPolicy, shared_trunk: 
     if shared_trunk:
         trunk = _trunk_depth(targets, len(original))
         trunk = min(trunk, _same_weights_depth(adapter, all_projections, layout, trunk))
-    head_dim = adapter.head_dim(members[0])
     stride = member_bias_stride(layout, original)
     for layer, projections in enumerate(all_projections):
         count = 1 if layer < trunk else len(members)
         heads = [t[layer] for t in targets[:count]]
-        _install(adapter, fused_model, layer, projections[:count], head_dim, heads, stride)
+        _install(adapter, fused_model, layer, projections[:count], heads, stride, members[:count])
     head_sets = [HeadSet(dict(enumerate(t))) for t in targets]
     return HydraModel(fused_model, adapter, head_sets, policy, layout, trunk_layers=trunk)
 
@@ -210,10 +208,9 @@ def _clean_copy(model: nn.Module) -> nn.Module:
 
 
 def _install(
-    adapter: ArchitectureAdapter, model: nn.Module, layer: int, projections, head_dim: int, heads, stride=0
+    adapter: ArchitectureAdapter, model: nn.Module, layer: int, projections, heads, stride=0, sources=()
 ) -> None:
-    dropout = adapter.attention_dropout(model)
-    fused = FusedMultiHeadAttention.from_projections(projections, head_dim, dropout, heads, stride)
+    fused = adapter.fused_attention(model, layer, projections, heads, stride, sources)
     fused.train(model.training)
     adapter.install_fused_attention(model, layer, fused)
 

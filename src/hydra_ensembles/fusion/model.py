@@ -14,13 +14,14 @@ from torch import nn
 
 from .._version import __version__
 from ..adapters import ArchitectureAdapter, get_adapter
-from ..batching import batch_rows, repeat_call, repeat_rows, slice_rows
+from ..batching import batch_rows, first_copy_call, repeat_call, repeat_rows, slice_rows
 from ..configuration import write_hf_config
 from ..heads import HeadSet
 from ..layers import (
     FusedMultiHeadAttention,
     GroupedLayerNorm,
     GroupedLinear,
+    IndexedKVAttention,
     MemberHeadBias,
     PerMemberModule,
 )
@@ -129,14 +130,25 @@ class HydraModel(nn.Module):
         self._accepted = frozenset(adapter.input_names(model))
         self._batch: int | None = None
         self.chunk_rows: int | Literal["auto"] | None = "auto"
+        # where the head pools by the input ids (the last non-padding token), the inputs stay
+        # member-stacked and the trunk runs on member 0's copy of them
+        self._stacked_trunk = self.trunk_layers > 0 and adapter.last_token_pooling
         if self.trunk_layers:
-            for layer in adapter.layers(model)[self.trunk_layers :]:
+            layers = adapter.layers(model)
+            if self._stacked_trunk:
+                for layer in layers[: self.trunk_layers]:
+                    layer.register_forward_pre_hook(self._to_trunk, with_kwargs=True)
+            for layer in layers[self.trunk_layers :]:
                 layer.register_forward_pre_hook(self._fan_out, with_kwargs=True)
 
     def _fan_out(self, _module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """After the shared trunk: repeat every batch-shaped layer input M times (hidden states
         once, at the first member-specific layer; the attention mask at every layer)."""
         return repeat_call(args, kwargs, self.num_members, self._batch)
+
+    def _to_trunk(self, _module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """In the shared trunk of member-stacked inputs: member 0's rows only."""
+        return first_copy_call(args, kwargs, self.num_members, self._batch)
 
     @property
     def num_members(self) -> int:
@@ -147,8 +159,10 @@ class HydraModel(nn.Module):
         """The base model's configuration."""
         return self.model.config
 
-    def fused_attention(self) -> list[FusedMultiHeadAttention]:
-        return [m for m in self.model.modules() if isinstance(m, FusedMultiHeadAttention)]
+    def fused_attention(self) -> list[FusedMultiHeadAttention | IndexedKVAttention]:
+        return [
+            m for m in self.model.modules() if isinstance(m, (FusedMultiHeadAttention, IndexedKVAttention))
+        ]
 
     def num_parameters(self, effective: bool = True) -> int:
         """Parameter count; ``effective`` leaves out the zero padding of ragged head counts."""
@@ -195,8 +209,9 @@ class HydraModel(nn.Module):
 
     def _member_outputs(self, inputs: dict[str, Any], batch: int) -> dict[str, torch.Tensor]:
         """Every batch-shaped output of the model on ``inputs``, as (M, batch, ...)."""
-        if self.trunk_layers:  # the shared trunk runs once on B rows; hooks fan out after it
-            self._batch = batch
+        self._batch = batch
+        inputs = {**self.adapter.call_options, **inputs}
+        if self.trunk_layers and not self._stacked_trunk:  # the trunk runs once on B rows; hooks fan out
             output = self.model(**inputs)
         else:
             output = self.model(**self.stack_inputs(inputs, batch))
@@ -304,20 +319,10 @@ def _install_empty_fused(
     """Give ``model`` the fused architecture a saved Hydra model describes (weights unset)."""
     original = adapter.original_heads_per_layer(model)
     resolved = [hs.resolve(original) for hs in head_sets]
-    dropout = adapter.attention_dropout(model)
     stride = member_bias_stride(layout, original)
     for layer in range(len(original)):
-        block = adapter.attention_block(model, layer)
         heads = [r[layer] for r in resolved[: 1 if layer < trunk else len(resolved)]]
-        fused = FusedMultiHeadAttention(
-            block.hidden_size,
-            block.head_dim,
-            [len(h) for h in heads],
-            dropout,
-            heads=heads,
-            bias_stride=stride,
-        )
-        adapter.install_fused_attention(model, layer, fused)
+        adapter.install_fused_attention(model, layer, adapter.empty_fused_attention(model, layer, heads, stride))
     for entry in layout:
         model.set_submodule(entry["path"], _empty_grouped(model, entry, len(head_sets)))
 

@@ -4,6 +4,7 @@ BatchEnsemble linear layers, packed (channel-grouped) layers."""
 from .attention import FusedMultiHeadAttention
 from .batch_ensemble import BatchEnsembleLinear
 from .grouped import GroupedLayerNorm, GroupedLinear, MemberHeadBias, PerMemberModule
+from .indexed_kv import IndexedKVAttention
 from .packed import PackedLayerNorm, PackedLinear
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "FusedMultiHeadAttention",
     "GroupedLayerNorm",
     "GroupedLinear",
+    "IndexedKVAttention",
     "MemberHeadBias",
     "PackedLayerNorm",
     "PackedLinear",

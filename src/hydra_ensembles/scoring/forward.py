@@ -127,9 +127,19 @@ def starting_at_layer(
     for module in inputs[1:]:
         module.forward = lambda x, *_args, **_kwargs: x
     model.set_submodule(adapter.layers_path, nn.ModuleList(list(layers)[layer:]))
+    # families that pick each layer's mask by its place in the list (``config.layer_types[i]``:
+    # Qwen2/3's and Gemma's sliding-window layers) see the types of the layers that run
+    owner = model.get_submodule(adapter.layers_path.rpartition(".")[0])
+    configs = {id(c): c for m in (owner, model) if (c := getattr(m, "config", None)) is not None}
+    typed = [c for c in configs.values() if len(getattr(c, "layer_types", None) or ()) == len(layers)]
+    saved = [c.layer_types for c in typed]
+    for config in typed:
+        config.layer_types = config.layer_types[layer:]
     try:
         yield
     finally:
+        for config, types in zip(typed, saved, strict=True):
+            config.layer_types = types
         model.set_submodule(adapter.layers_path, layers)
         for module in inputs:
             del module.forward
@@ -161,7 +171,7 @@ def run_from_layer(
         return _dual_from_layer(model, adapter, layer, hidden, inputs, embeddings)
     times = hidden.shape[0] // batch_rows(inputs)
     with starting_at_layer(model, adapter, layer, hidden):
-        return model(**repeat_rows(inputs, times)).logits
+        return model(**repeat_rows(inputs, times), **adapter.call_options).logits
 
 
 def _dual_from_layer(model, adapter: DualEncoderAdapter, layer, hidden, inputs, embeddings) -> torch.Tensor:

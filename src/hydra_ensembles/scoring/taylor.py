@@ -2,7 +2,8 @@
 
 Per head h of layer l: the mean of |W * dL/dW| over the head's rows of W_Q, W_K and W_V,
 averaged over the three. dL/dW is the gradient of the mean cross-entropy over the calibration
-batches (each batch's mean loss, averaged over batches).
+batches (each batch's mean loss, averaged over batches). With grouped-query attention a query
+head's W_K and W_V terms are those of the key/value head it reads (shared by its group).
 """
 
 from __future__ import annotations
@@ -71,15 +72,17 @@ def taylor_scores(
 
     scores = torch.full((len(original), max(original)), float("nan"))
     for layer, (block, kept) in enumerate(zip(blocks, current, strict=True)):
-        dh = block.head_dim
-        per_proj = []
+        if not kept:
+            continue
+        per_proj = []  # each projection's mean |w * g| per head it holds
         for i, lin in enumerate((block.query, block.key, block.value)):
             product = (lin.weight.detach().float() * grads[3 * layer + i]).abs()
-            per_proj.append(
-                product.view(len(kept), dh, -1).mean(dim=(1, 2)) if kept else product.new_empty(0)
-            )
+            per_proj.append(product.view(lin.out_features // block.head_dim, -1).mean(dim=1))
+        # grouped-query attention: a query head's key/value terms are its group's key/value head's
+        kv = block.kv_index or range(len(kept))
         for position, head in enumerate(kept):
-            scores[layer, head] = sum(p[position] for p in per_proj) / 3
+            q, k, v = per_proj[0][position], per_proj[1][kv[position]], per_proj[2][kv[position]]
+            scores[layer, head] = (q + k + v) / 3
     return scores
 
 
