@@ -19,7 +19,7 @@ from hydra_ensembles.analysis import (
     proposition1,
     pruning_perturbation,
 )
-from tests.factories import labelled, text_inputs, tiny_bert
+from tests.factories import decoder_inputs, labelled, text_inputs, tiny_bert, tiny_decoder
 
 HEADS = he.HeadSet({0: [1], 1: [0, 1]})
 
@@ -100,6 +100,20 @@ def test_pruning_perturbation_moves_the_weights_to_the_pruned_model(setup):
         assert torch.allclose(moved(**inputs).logits, he.prune(model, HEADS)(**inputs).logits, atol=1e-6)
     # one head of 2 dimensions removed (hidden 4): its Q/K/V rows and biases, its W_O columns
     assert sum(int((d != 0).sum()) for d in delta.values()) == 3 * (2 * 4 + 2) + 4 * 2
+
+
+def test_pruning_perturbation_of_grouped_query_attention_removes_whole_groups_only():
+    model = tiny_decoder("llama", layers=2, heads=4, head_dim=2, init_range=0.3)
+    heads = he.HeadSet({0: [0, 2], 1: [2, 3]})  # layer 0: both key/value heads read; layer 1: one
+    delta = pruning_perturbation(model, heads)
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for param, change in zip(attention_parameters(moved).values(), delta.values(), strict=True):
+            param.add_(change)
+        x = decoder_inputs(3, 6)
+        assert torch.allclose(moved(**x).logits, he.prune(model, heads)(**x).logits, atol=1e-6)
+    assert int((delta["0.k.weight"] != 0).any(1).sum()) == 0  # no key/value row of layer 0 goes
+    assert int((delta["1.v.weight"] != 0).any(1).sum()) == 2  # key/value head 0 of layer 1 does
 
 
 def test_proposition1_equals_its_exact_quantities(setup):

@@ -67,8 +67,12 @@ def pruning_perturbation(model: nn.Module, heads: HeadSet) -> dict[str, torch.Te
     delta = {}
     for name, param in attention_parameters(model).items():
         layer, proj, _ = name.split(".")
-        dh = adapter.attention_block(model, int(layer)).head_dim
+        block = adapter.attention_block(model, int(layer))
+        dh = block.head_dim
         removed = [i for i, h in enumerate(current[int(layer)]) if h not in target[int(layer)]]
+        if proj in "kv" and block.kv_index is not None:  # a key/value head goes with its whole group
+            read = {block.kv_index[i] for i in range(block.num_heads) if i not in removed}
+            removed = sorted(set(block.kv_index) - read)
         change = torch.zeros_like(param, dtype=torch.float32)
         for position in removed:
             span = slice(position * dh, (position + 1) * dh)
