@@ -37,6 +37,7 @@ __all__ = [
     "WholeAttentionAdapter",
     "ZeroHeadAttention",
     "get_adapter",
+    "pools_last_token",
     "register_adapter",
     "supported_families",
 ]
@@ -68,6 +69,13 @@ def register_adapter(adapter: type[ArchitectureAdapter]) -> type[ArchitectureAda
 
 def supported_families() -> list[str]:
     return [f"{a.family} ({', '.join(a.model_types)})" for a in ADAPTERS]
+
+
+def pools_last_token(config) -> bool:
+    """Whether a model of this configuration pools the last token that is not its padding id
+    (decoder LLM classifiers), so that its inputs must be padded with that id."""
+    model_type = getattr(config, "model_type", None)
+    return any(a.last_token_pooling and model_type in a.model_types for a in ADAPTERS)
 
 
 def get_adapter(model: nn.Module) -> ArchitectureAdapter:

@@ -9,7 +9,7 @@ from .images import (
     load_npz,
     load_texture_crops,
 )
-from .registry import BUILTIN, check_max_length, load_spec, model_batches, to_batches
+from .registry import BUILTIN, align_padding, check_max_length, load_spec, model_batches, to_batches
 from .splits import split_indices, split_of, stable_sample, stable_unit
 from .text import (
     BBC_ID_TOPICS,
@@ -33,6 +33,7 @@ __all__ = [
     "MissingDataError",
     "TextDataset",
     "bbc_news_splits",
+    "align_padding",
     "check_max_length",
     "data_dir",
     "load_bbc_news",

@@ -127,6 +127,52 @@ def check_max_length(max_length: int, tokenizer: Any, models: Any) -> None:
         raise ValueError(f"--max-length {max_length} exceeds the model's {min(known)} positions")
 
 
+def align_padding(tokenizer: Any, models: Any) -> None:
+    """Make the tokenizer pad with the id a decoder classifier's pooling looks for: such a model
+    reads the last token that is not ``config.pad_token_id``, so padding with any other id would
+    have it read padding. A tokenizer without a padding token pads with the model's, or else with
+    its end-of-sequence token (and a model without one is given the tokenizer's); a tokenizer and
+    a model that name different ids are refused. Other models are left as they are."""
+    from ..adapters import pools_last_token
+
+    configs = _configs(models)
+    decoders = [c for c in configs if pools_last_token(c)]
+    if not decoders or tokenizer is None:
+        return
+    named = {c.pad_token_id for c in decoders if c.pad_token_id is not None}
+    if len(named) > 1:
+        raise ValueError(f"the models pad with different token ids {sorted(named)}")
+    if tokenizer.pad_token_id is None:
+        pad = named.pop() if named else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError(
+                "the tokenizer has no padding or end-of-sequence token, and the model names no "
+                "pad_token_id: its last-token pooling cannot find the end of a padded input"
+            )
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(int(pad))
+    elif named and named != {tokenizer.pad_token_id}:
+        raise ValueError(
+            f"the tokenizer pads with token id {tokenizer.pad_token_id} but the model's "
+            f"config.pad_token_id is {named.pop()}: its last-token pooling would read padding "
+            "(use the tokenizer the model was trained with)"
+        )
+    for config in decoders:
+        config.pad_token_id = tokenizer.pad_token_id
+
+
+def _configs(models: Any) -> list[Any]:
+    """The configurations of a model, of the members of an ensemble, or of a list of models."""
+    from torch import nn
+
+    if isinstance(models, (list, tuple)):
+        return [c for m in models for c in _configs(m)]
+    members = getattr(models, "members", None)
+    found = [models.config] if getattr(models, "config", None) is not None else []
+    if isinstance(members, nn.ModuleList):
+        found += [c for m in members for c in _configs(m)]
+    return found
+
+
 def model_batches(
     dataset: TextDataset | ImageDataset,
     model: Any,
@@ -160,5 +206,6 @@ def model_batches(
                 "where the command takes it (a saved Hydra model keeps none)"
             )
         check_max_length(max_length, preprocessor, model)
+        align_padding(preprocessor, model)
     out = list(to_batches(dataset, preprocessor, batch_size, max_length))
     return dataset, out if labelled else [model_inputs(b) for b in out]
