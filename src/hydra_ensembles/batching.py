@@ -120,7 +120,9 @@ def repeat_call(args: tuple, kwargs: dict[str, Any], times: int, batch: int) -> 
     return tuple(repeat_batch(a, times, batch) for a in args), repeat_rows(kwargs, times, batch)
 
 
-def first_copy_call(args: tuple, kwargs: dict[str, Any], times: int, batch: int) -> tuple[tuple, dict[str, Any]]:
+def first_copy_call(
+    args: tuple, kwargs: dict[str, Any], times: int, batch: int
+) -> tuple[tuple, dict[str, Any]]:
     """A call's arguments with every ``times * batch``-row tensor cut to its first ``batch`` rows
     (copy 0 of a member-stacked batch): the inverse of `repeat_call`."""
     rows = times * batch

@@ -13,7 +13,9 @@ TOL = 1e-4
 
 
 def _model(family: str = "llama", seed: int = 0, **sizes) -> torch.nn.Module:
-    return tiny_decoder(family, **{"layers": 3, "heads": 4, "head_dim": 3, "init_range": 0.3, "seed": seed, **sizes})
+    return tiny_decoder(
+        family, **{"layers": 3, "heads": 4, "head_dim": 3, "init_range": 0.3, "seed": seed, **sizes}
+    )
 
 
 def _logits(models, inputs) -> torch.Tensor:
@@ -42,7 +44,9 @@ def test_a_key_value_head_goes_only_with_its_whole_group(kept, kv_heads, kv_inde
 def test_pruning_a_pruned_member_again_equals_pruning_once():
     model = _model("qwen3")
     once = he.prune(model, he.HeadSet({0: [2], 2: [0, 3]}))
-    twice = he.prune(he.prune(model, he.HeadSet({0: [1, 2, 3], 2: [0, 1, 3]})), he.HeadSet({0: [2], 2: [0, 3]}))
+    twice = he.prune(
+        he.prune(model, he.HeadSet({0: [1, 2, 3], 2: [0, 1, 3]})), he.HeadSet({0: [2], 2: [0, 3]})
+    )
     x = decoder_inputs(batch=3)
     assert torch.equal(_logits([once], x), _logits([twice], x))
     assert he.get_adapter(twice).attention_block(twice, 2).kv_index == (0, 1)

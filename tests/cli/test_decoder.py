@@ -18,7 +18,7 @@ from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.layers import IndexedKVAttention
 from hydra_ensembles.models import load_tokenizer
 
-WORDS = "goal match team score bank shares market profit recipe with flour".split()
+WORDS = ["goal", "match", "team", "score", "bank", "shares", "market", "profit", "recipe", "with", "flour"]
 
 
 def _tokenizer(pad: bool = False) -> PreTrainedTokenizerFast:
@@ -76,7 +76,13 @@ def test_score_build_eval_predict(workspace, capsys):
     assert any(isinstance(m, IndexedKVAttention) for m in hydra.modules())
     assert load_tokenizer(str(w / "built" / "hydra")).pad_token_id == 1
 
-    args = ["eval", "--method", f"hydra={w / 'built' / 'hydra'}", "--method", f"members={w / 'built' / 'members'}"]
+    args = [
+        "eval",
+        "--method",
+        f"hydra={w / 'built' / 'hydra'}",
+        "--method",
+        f"members={w / 'built' / 'members'}",
+    ]
     args += ["--id-data", str(w / "train.csv"), "--ood", f"recipes={w / 'ood.csv'}:far"]
     assert main([*args, "--out", str(w / "report"), *common]) == 0
     report = (w / "report" / "report.md").read_text()
@@ -101,7 +107,9 @@ def test_score_build_eval_predict(workspace, capsys):
 
 def test_padding_follows_the_model_or_is_refused():
     model = LlamaForSequenceClassification(
-        LlamaConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, pad_token_id=None)
+        LlamaConfig(
+            vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, pad_token_id=None
+        )
     )
     tokenizer = _tokenizer()
     align_padding(tokenizer, model)  # no padding token: the end-of-sequence token, for both
@@ -111,5 +119,5 @@ def test_padding_follows_the_model_or_is_refused():
     align_padding(tokenizer, model)  # the model's padding id, where it names one
     assert tokenizer.pad_token_id == 2
     model.config.pad_token_id = 1
-    with pytest.raises(ValueError, match="pads with token id 2 but the model's config.pad_token_id is 1"):
+    with pytest.raises(ValueError, match=r"pads with token id 2 but the model's config\.pad_token_id is 1"):
         align_padding(_tokenizer(pad=True), model)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -39,12 +40,14 @@ class DecoderAdapter(WholeAttentionAdapter):
     head_modules = ("score",)
     embeddings_module = "embed_tokens"
     last_token_pooling = True
-    call_options = {"use_cache": False}
+    call_options: ClassVar[dict[str, object]] = {"use_cache": False}
 
     def group_size(self, model: nn.Module) -> int:
         """Query heads per key/value head in the unpruned model."""
         config = self.encoder_config(model)
-        return int(config.num_attention_heads) // int(config.num_key_value_heads or config.num_attention_heads)
+        return int(config.num_attention_heads) // int(
+            config.num_key_value_heads or config.num_attention_heads
+        )
 
     def attention_block(self, model: nn.Module, layer: int) -> AttentionBlock:
         block = super().attention_block(model, layer)
@@ -108,15 +111,23 @@ class DecoderAdapter(WholeAttentionAdapter):
         modules: dict[str, nn.Module] = {}
         for name, width in zip(PROJECTIONS, (h_max, kv_max, kv_max, h_max), strict=True):
             linear = getattr(template, name)
-            inputs, outputs = (width * dh, linear.out_features) if name == "o_proj" else (linear.in_features, width * dh)
-            grouped = GroupedLinear(m, inputs, outputs, linear.bias is not None, linear.weight.device, linear.weight.dtype)
+            inputs, outputs = (
+                (width * dh, linear.out_features) if name == "o_proj" else (linear.in_features, width * dh)
+            )
+            grouped = GroupedLinear(
+                m, inputs, outputs, linear.bias is not None, linear.weight.device, linear.weight.dtype
+            )
             for param in grouped.parameters():
                 nn.init.zeros_(param)
             modules[name] = grouped
         for name, child in template.named_children():
             if name not in PROJECTIONS and list(child.parameters()):
-                peers = [self._attention(source, layer).get_submodule(name) for source in sources] or [child] * m
-                modules[name] = PerMemberModule([copy.deepcopy(p) for p in peers]) if m > 1 else copy.deepcopy(peers[0])
+                peers = [self._attention(source, layer).get_submodule(name) for source in sources] or [
+                    child
+                ] * m
+                modules[name] = (
+                    PerMemberModule([copy.deepcopy(p) for p in peers]) if m > 1 else copy.deepcopy(peers[0])
+                )
         kv_counts = [len(kept) for kept, _ in plans]
         fused = IndexedKVAttention(template, modules, kv_index, [len(h) for h in heads], kv_counts)
         return fused.train(template.training)

@@ -322,7 +322,9 @@ def _install_empty_fused(
     stride = member_bias_stride(layout, original)
     for layer in range(len(original)):
         heads = [r[layer] for r in resolved[: 1 if layer < trunk else len(resolved)]]
-        adapter.install_fused_attention(model, layer, adapter.empty_fused_attention(model, layer, heads, stride))
+        adapter.install_fused_attention(
+            model, layer, adapter.empty_fused_attention(model, layer, heads, stride)
+        )
     for entry in layout:
         model.set_submodule(entry["path"], _empty_grouped(model, entry, len(head_sets)))
 

@@ -49,7 +49,12 @@ def indexed_kv_attention(module: nn.Module, query, key, value, attention_mask, *
 
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(module.inner_implementation, module.eager_attention)
     return attend(
-        module, query, expand_kv(key, module.kv_index), expand_kv(value, module.kv_index), attention_mask, **kwargs
+        module,
+        query,
+        expand_kv(key, module.kv_index),
+        expand_kv(value, module.kv_index),
+        attention_mask,
+        **kwargs,
     )
 
 
@@ -90,7 +95,9 @@ class IndexedKVAttention(nn.Module):
             self.inner_implementation = attention.inner_implementation
         else:
             self.forward_of = type(attention).forward
-            self.eager_attention = getattr(sys.modules[type(attention).__module__], "eager_attention_forward", None)
+            self.eager_attention = getattr(
+                sys.modules[type(attention).__module__], "eager_attention_forward", None
+            )
             self.inner_implementation = attention.config._attn_implementation or "eager"
             self.config = copy.copy(attention.config)  # routes this module's attention function only
             self.config._attn_implementation_internal = ATTENTION_FUNCTION
