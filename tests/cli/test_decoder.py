@@ -121,3 +121,12 @@ def test_padding_follows_the_model_or_is_refused():
     model.config.pad_token_id = 1
     with pytest.raises(ValueError, match=r"pads with token id 2 but the model's config\.pad_token_id is 1"):
         align_padding(_tokenizer(pad=True), model)
+
+
+def test_info_names_the_family_and_its_key_value_heads(workspace, capsys):
+    assert main(["info", "--families"]) == 0
+    assert "Decoder LLM (grouped-query attention) (llama, mistral, qwen2" in capsys.readouterr().out
+    assert main(["info", str(workspace / "model")]) == 0
+    out = capsys.readouterr().out
+    assert "family Decoder LLM (grouped-query attention)" in out
+    assert "key/value heads per layer (grouped-query attention): [2, 2]" in out

@@ -20,6 +20,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from ..loading import load_any
     from ..surgery import kept_heads
 
+    if args.families:
+        from ..adapters import supported_families
+
+        print("supported families:")
+        for family in supported_families():
+            print(f"  {family}")
+        return 0
     model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model
     if isinstance(model, HydraModel):
         adapter, inner = model.adapter, model.model
@@ -44,6 +51,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if (members := mimo_members(model)) > 1:
         print(f"MIMO: {members} inputs mixed into one pass, {members} task heads")
     print(f"layers: {len(original)}; heads per layer: {[len(k) for k in kept]} of {original}")
+    blocks = [adapter.attention_block(model, layer) for layer in range(len(original))]
+    if any(b.kv_index is not None and len(set(b.kv_index)) < b.num_heads for b in blocks):
+        kv = [b.key.out_features // b.head_dim for b in blocks]
+        print(f"key/value heads per layer (grouped-query attention): {kv}")
     print(f"parameters: {count_parameters(model):,}")
     return 0
 
@@ -53,5 +64,6 @@ def _add_info_command(sub) -> None:
     info.add_argument(
         "model", nargs="?", default=DEFAULT_TEXT_MODEL, help="HF id, local directory or minilm-l6"
     )
+    info.add_argument("--families", action="store_true", help="list the supported model families and exit")
     _num_labels_option(info)
     info.set_defaults(func=_cmd_info)
