@@ -242,6 +242,37 @@ def tiny_decoder(
     return getattr(transformers, f"{prefix}ForSequenceClassification")(config).eval()
 
 
+def tiny_siglip2(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, labels: int = 3, seed: int = 0, init_range=0.02
+):
+    """SigLIP 2's vision tower with a classifier: images as up to 4 patches of 4 x 4 grey pixels
+    (a 2 x 2 position grid resized to each image's shape), padded patches masked."""
+    from transformers import Siglip2Config, Siglip2ForImageClassification
+
+    torch.manual_seed(seed)
+    fields = _encoder(layers, heads, head_dim, labels, init_range)
+    labels_ = fields.pop("num_labels")
+    fields.pop("initializer_range")
+    vision = {**fields, "patch_size": 4, "num_channels": 1, "num_patches": 4, "vision_use_head": True}
+    text = {"vocab_size": VOCAB, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1}
+    text |= {"num_attention_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 1}
+    config = Siglip2Config(vision_config=vision, text_config=text, num_labels=labels_)
+    model = Siglip2ForImageClassification(config)
+    with torch.no_grad():  # position embeddings away from 0, so resizing them is seen
+        model.vision_model.embeddings.position_embedding.weight.normal_(0, 0.5)
+    return model.eval()
+
+
+def patch_inputs(batch: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """SigLIP 2's inputs: 4 patch slots per image, images of 2 x 2, 1 x 3 and 2 x 1 patches in
+    turn (the slots they leave empty masked out)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = torch.tensor([[2, 2], [1, 3], [2, 1]] * batch)[:batch]
+    mask = (torch.arange(4)[None] < shapes.prod(1, keepdim=True)).long()
+    pixels = torch.randn(batch, 4, 16, generator=g) * mask[..., None]
+    return {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": shapes}
+
+
 def text_inputs(
     batch: int = 4, tokens: int = 9, seed: int = 0, padded: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -292,6 +323,7 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "dinov2": (tiny_dinov2, image_inputs),
     "clip": (tiny_clip, image_inputs),
     "siglip": (tiny_siglip, image_inputs),
+    "siglip2": (tiny_siglip2, patch_inputs),
     **{name: (functools.partial(tiny_decoder, name), decoder_inputs) for name in DECODERS},
 }
 """Every supported family: (tiny model factory, input factory); tests parametrize over it."""
@@ -354,14 +386,46 @@ def tiny_siglip_model(layers: int = 2, heads: int = 4, head_dim: int = 3, text_h
     return model
 
 
-def tiny_siglip_zero_shot(
-    classes: int = 3, templates: int = 2, heads_pool: str = "both", seed: int = 0, **sizes
+def tiny_siglip2_model(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, text_heads: int = 2, seed: int = 0
 ):
-    """A zero-shot classifier over a tiny random SigLIP; its prompts fill the text tower's whole
-    length (SigLIP pools the last position)."""
+    """A full random ``Siglip2Model``: `tiny_siglip_model`'s shapes, images as patches
+    (`patch_inputs`)."""
+    from transformers import Siglip2Config, Siglip2Model
+
+    torch.manual_seed(seed)
+    vision = _encoder(layers, heads, head_dim, 2, 0.02)
+    vision.pop("num_labels")
+    vision.pop("initializer_range")
+    vision |= {"patch_size": 4, "num_channels": 1, "num_patches": 4}
+    text = {
+        "vocab_size": VOCAB,
+        "hidden_size": text_heads * 4,
+        "intermediate_size": 2 * text_heads * 4 + 1,
+        "num_hidden_layers": layers,
+        "num_attention_heads": text_heads,
+        "max_position_embeddings": 8,
+        "projection_size": heads * head_dim,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 1,
+    }
+    model = Siglip2Model(Siglip2Config(vision_config=vision, text_config=text)).eval()
+    with torch.no_grad():
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-4.0)
+        model.vision_model.embeddings.position_embedding.weight.normal_(0, 0.5)
+    return model
+
+
+def tiny_siglip_zero_shot(
+    classes: int = 3, templates: int = 2, heads_pool: str = "both", seed: int = 0, version: int = 1, **sizes
+):
+    """A zero-shot classifier over a tiny random SigLIP (``version=2``: SigLIP 2); its prompts fill
+    the text tower's whole length (SigLIP pools the last position)."""
     from hydra_ensembles.zeroshot import from_siglip
 
-    siglip = tiny_siglip_model(seed=seed, **sizes)
+    siglip = (tiny_siglip2_model if version == 2 else tiny_siglip_model)(seed=seed, **sizes)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (classes * templates, 8), generator=g)
     names = [f"class{c}" for c in range(classes)]

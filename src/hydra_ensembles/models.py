@@ -71,7 +71,17 @@ def default_model_path() -> Path:
 
 
 VISION_MODEL_TYPES = frozenset(
-    {"vit", "deit", "dinov2", "clip", "clip_vision_model", "siglip", "siglip_vision_model"}
+    {
+        "vit",
+        "deit",
+        "dinov2",
+        "clip",
+        "clip_vision_model",
+        "siglip",
+        "siglip_vision_model",
+        "siglip2",
+        "siglip2_vision_model",
+    }
 )
 """``config.model_type`` values of image models (they take ``pixel_values``, no tokenizer)."""
 IMAGE_POOLINGS = ("image_embeds", "image_pooler")

@@ -203,3 +203,25 @@ def test_siglip_attention_pooling_head_is_task_head_and_never_pruned():
     assert torch.allclose(
         hydra(**x).member_logits, _logits([he.prune(model, hs) for hs in HEADS], x), atol=TOL
     )
+
+
+def test_siglip2_padded_patches_change_nothing_in_pruned_and_fused_models():
+    """SigLIP 2 takes images of several shapes as patches in fixed slots: the padded slots are
+    masked in attention and in the mean pooling, so an image's logits are those of the same image
+    without the padding, for a pruned member and for the fused model alike."""
+    model = _model("siglip2")
+    x = _inputs("siglip2", batch=3)
+    assert x["pixel_attention_mask"].sum(1).tolist() == [4, 3, 2]
+    members = [he.prune(model, hs) for hs in HEADS]
+    hydra = he.fuse(model, HEADS).eval()
+    with torch.no_grad():
+        padded = hydra(**x).member_logits
+        for row, patches in ((1, 3), (2, 2)):
+            alone = {
+                "pixel_values": x["pixel_values"][row : row + 1, :patches],
+                "pixel_attention_mask": x["pixel_attention_mask"][row : row + 1, :patches],
+                "spatial_shapes": x["spatial_shapes"][row : row + 1],
+            }
+            expected = _logits(members, alone)[:, 0]
+            assert (hydra(**alone).member_logits[:, 0] - expected).abs().max().item() <= TOL
+            assert (padded[:, row] - expected).abs().max().item() <= TOL

@@ -24,6 +24,7 @@ from hydra_ensembles.zeroshot import (
 from tests.factories import (
     image_inputs,
     labelled,
+    patch_inputs,
     text_inputs,
     tiny_clip_model,
     tiny_clip_zero_shot,
@@ -35,6 +36,7 @@ from tests.factories import (
 FAMILIES = {
     "clip": (tiny_clip_zero_shot, image_inputs),
     "siglip": (tiny_siglip_zero_shot, image_inputs),
+    "siglip2": (functools.partial(tiny_siglip_zero_shot, version=2), patch_inputs),
     "sentence": (tiny_sentence_zero_shot, text_inputs),
     "mpnet-sentence": (functools.partial(tiny_sentence_zero_shot, encoder="mpnet"), text_inputs),
 }

@@ -15,7 +15,7 @@ from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
 from .dual import DualEncoderAdapter
 from .mpnet import MPNetAdapter
-from .siglip import SiglipTextAdapter, SiglipVisionAdapter
+from .siglip import Siglip2TextAdapter, Siglip2VisionAdapter, SiglipTextAdapter, SiglipVisionAdapter
 from .vit import ViTAdapter
 
 __all__ = [
@@ -30,6 +30,8 @@ __all__ = [
     "DistilBertAdapter",
     "DualEncoderAdapter",
     "MPNetAdapter",
+    "Siglip2TextAdapter",
+    "Siglip2VisionAdapter",
     "SiglipTextAdapter",
     "SiglipVisionAdapter",
     "UnsupportedModelError",
@@ -53,6 +55,8 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     ClipTextAdapter,
     SiglipVisionAdapter,
     SiglipTextAdapter,
+    Siglip2VisionAdapter,
+    Siglip2TextAdapter,
     DecoderAdapter,
 ]
 

@@ -167,6 +167,11 @@ class ArchitectureAdapter(ABC):
     """Keyword arguments the library's own forward passes add (decoders: ``use_cache=False``, a
     classifier never reuses keys and values)."""
 
+    head_reads_inputs: ClassVar[bool] = False
+    """The task head reads model inputs besides the last layer's output (a decoder's last-token
+    pooling reads ``input_ids``, SigLIP 2's mean pooling ``pixel_attention_mask``): a fused model's
+    shared trunk then keeps the inputs member-stacked."""
+
     last_token_pooling: ClassVar[bool] = False
     """The sequence classifier reads the last token that is not ``config.pad_token_id`` (decoder
     LLMs): inputs must be padded with that id."""
@@ -279,6 +284,8 @@ class ArchitectureAdapter(ABC):
         """Rows of hidden states one input becomes inside the transformer (tokens, or patches
         plus the class token), for sizing inference chunks; 1 where it cannot be told."""
         pixels = inputs.get("pixel_values")
+        if isinstance(pixels, torch.Tensor) and pixels.dim() == 3:  # already patches (SigLIP 2)
+            return int(pixels.shape[1])
         patch = getattr(self.encoder_config(model), "patch_size", None)
         if isinstance(pixels, torch.Tensor) and pixels.dim() == 4 and patch:
             return (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch) + 1

@@ -40,6 +40,7 @@ class DecoderAdapter(WholeAttentionAdapter):
     head_modules = ("score",)
     embeddings_module = "embed_tokens"
     last_token_pooling = True
+    head_reads_inputs = True
     call_options: ClassVar[dict[str, object]] = {"use_cache": False}
 
     def group_size(self, model: nn.Module) -> int:

@@ -1,6 +1,7 @@
 """SigLIP family: the vision tower with a classifier (``SiglipForImageClassification``), the bare
-towers (``SiglipVisionModel``, ``SiglipTextModel``, what a SigLIP dual encoder is made of).
-SigLIP2's variable-resolution inputs are not supported."""
+towers (``SiglipVisionModel``, ``SiglipTextModel``, what a SigLIP dual encoder is made of), and
+SigLIP 2's (variable-resolution images: patchified ``pixel_values`` with ``pixel_attention_mask``
+and ``spatial_shapes``, which the library passes through like any other input)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,19 @@ class SiglipTextAdapter(SiglipVisionAdapter):
 
     def encoder_config(self, model: nn.Module):
         return getattr(model.config, "text_config", model.config)
+
+
+class Siglip2VisionAdapter(SiglipVisionAdapter):
+    """SigLIP 2's vision tower (``Siglip2ForImageClassification``, ``Siglip2VisionModel``): SigLIP's
+    modules; images come as patches, padded ones masked in attention and in the mean pooling."""
+
+    family = "SigLIP 2 (vision)"
+    model_types = ("siglip2", "siglip2_vision_model")
+    head_reads_inputs = True
+
+
+class Siglip2TextAdapter(SiglipTextAdapter):
+    """SigLIP 2's text tower (``Siglip2TextModel``)."""
+
+    family = "SigLIP 2 (text)"
+    model_types = ("siglip2_text_model",)

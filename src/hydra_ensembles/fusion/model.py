@@ -130,9 +130,9 @@ class HydraModel(nn.Module):
         self._accepted = frozenset(adapter.input_names(model))
         self._batch: int | None = None
         self.chunk_rows: int | Literal["auto"] | None = "auto"
-        # where the head pools by the input ids (the last non-padding token), the inputs stay
+        # where the head reads the inputs (a pooling by input ids or a patch mask), the inputs stay
         # member-stacked and the trunk runs on member 0's copy of them
-        self._stacked_trunk = self.trunk_layers > 0 and adapter.last_token_pooling
+        self._stacked_trunk = self.trunk_layers > 0 and adapter.head_reads_inputs
         if self.trunk_layers:
             layers = adapter.layers(model)
             if self._stacked_trunk:

@@ -254,12 +254,16 @@ def from_siglip(
     prompt_inputs: dict[str, torch.Tensor] | None = None,
     heads: HeadPool = "both",
 ) -> DualEncoderClassifier:
-    """A zero-shot classifier over a Hugging Face ``SiglipModel``: its vision tower (pooled by its
-    attention-pooling head) for inputs, its text tower (last token, projected) for labels, and
-    its learned logit scale and bias. Give a ``tokenizer`` (prompts are padded to the text
-    tower's full length, as SigLIP was trained) or the tokenised ``prompt_inputs``."""
-    if type(siglip).__name__ != "SiglipModel":
-        raise TypeError(f"from_siglip needs a transformers SiglipModel, got {type(siglip).__name__}")
+    """A zero-shot classifier over a Hugging Face ``SiglipModel`` or ``Siglip2Model``: its vision
+    tower (pooled by its attention-pooling head) for inputs, its text tower (last token,
+    projected) for labels, and its learned logit scale and bias. Give a ``tokenizer`` (prompts
+    are padded to the text tower's full length, as SigLIP was trained) or the tokenised
+    ``prompt_inputs``. SigLIP 2's images come as patches with ``pixel_attention_mask`` and
+    ``spatial_shapes`` (its image processor's outputs), which the input tower takes as given."""
+    if type(siglip).__name__ not in ("SiglipModel", "Siglip2Model"):
+        raise TypeError(
+            f"from_siglip needs a transformers SiglipModel or Siglip2Model, got {type(siglip).__name__}"
+        )
     scale, bias = float(siglip.logit_scale.detach().exp()), float(siglip.logit_bias.detach())
     config = DualEncoderConfig(
         list(classes), list(templates), scale, "image_pooler", "text_pooler", heads, logit_bias=bias
@@ -300,12 +304,12 @@ def load_dual_encoder(
             raise ValueError("a CLIP model brings its own learned logit scale; do not give one")
         clip = CLIPModel.from_pretrained(path).eval()
         return from_clip(clip, classes, templates or ("A photo of a {}.",), tokenizer=tokenizer, heads=heads)
-    if config.model_type == "siglip":
-        from transformers import SiglipModel
+    if config.model_type in ("siglip", "siglip2"):
+        from transformers import Siglip2Model, SiglipModel
 
         if logit_scale is not None:
             raise ValueError("a SigLIP model brings its own learned logit scale and bias; do not give one")
-        siglip = SiglipModel.from_pretrained(path).eval()
+        siglip = (SiglipModel if config.model_type == "siglip" else Siglip2Model).from_pretrained(path).eval()
         templates = templates or ("This is a photo of {}.",)
         return from_siglip(siglip, classes, templates, tokenizer=tokenizer, heads=heads)
     encoder = AutoModel.from_pretrained(path).eval()
