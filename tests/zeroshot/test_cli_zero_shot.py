@@ -14,7 +14,7 @@ from transformers import CLIPImageProcessor, PreTrainedTokenizerFast
 from hydra_ensembles.cli import main
 from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.zeroshot import ZeroShotHydra, load_dual_encoder
-from tests.factories import tiny_clip_model, tiny_siglip_model
+from tests.factories import tiny_clip_model, tiny_siglip2_model, tiny_siglip_model
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +90,15 @@ def test_zero_shot_command_builds_a_model_that_eval_and_predict_load(clip_dir, t
     assert main(args) == 2  # a finished result is not overwritten silently
 
 
-@pytest.fixture(scope="module")
-def siglip_dir(tmp_path_factory):
-    """A 3-channel tiny SigLIP saved with a word-level tokenizer (prompts padded to the text
-    tower's 8 positions, SigLIP's way) and an 8 x 8 image processor, plus ID and OOD images."""
-    from transformers import SiglipImageProcessor
+@pytest.fixture(scope="module", params=[1, 2], ids=["siglip", "siglip2"])
+def siglip_dir(tmp_path_factory, request):
+    """A 3-channel tiny SigLIP (or SigLIP 2) saved with a word-level tokenizer (prompts padded to
+    the text tower's 8 positions, SigLIP's way) and an image processor (8 x 8; SigLIP 2's: up to
+    4 patches of 4 x 4, so 8 x 12 images keep their aspect), plus ID and OOD images."""
+    from transformers import Siglip2ImageProcessor, SiglipImageProcessor
 
-    root = tmp_path_factory.mktemp("siglip")
-    siglip = tiny_siglip_model()
+    root = tmp_path_factory.mktemp(f"siglip{request.param}")
+    siglip = (tiny_siglip_model if request.param == 1 else tiny_siglip2_model)()
     siglip.config.vision_config.num_channels = 3
     torch.manual_seed(0)
     siglip = type(siglip)(siglip.config).eval()
@@ -116,10 +117,16 @@ def siglip_dir(tmp_path_factory):
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>").save_pretrained(
         root / "model"
     )
-    SiglipImageProcessor(size={"height": 8, "width": 8}).save_pretrained(root / "model")
+    if request.param == 1:
+        SiglipImageProcessor(size={"height": 8, "width": 8}).save_pretrained(root / "model")
+    else:
+        Siglip2ImageProcessor(patch_size=4, max_num_patches=4).save_pretrained(root / "model")
     rng = np.random.default_rng(1)
-    np.savez(root / "id.npz", x=rng.integers(0, 256, (12, 8, 8), dtype=np.uint8), y=np.arange(12) % 2)
-    np.savez(root / "ood.npz", x=rng.integers(0, 256, (6, 8, 8), dtype=np.uint8), y=np.zeros(6, dtype=int))
+    width = 8 if request.param == 1 else 12
+    np.savez(root / "id.npz", x=rng.integers(0, 256, (12, 8, width), dtype=np.uint8), y=np.arange(12) % 2)
+    np.savez(
+        root / "ood.npz", x=rng.integers(0, 256, (6, 8, width), dtype=np.uint8), y=np.zeros(6, dtype=int)
+    )
     return root
 
 

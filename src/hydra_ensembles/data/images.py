@@ -67,27 +67,28 @@ def image_batches(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """``{"pixel_values", "labels"}`` batches, normalised as (x - mean) / std; with ``processor``
     (a Hugging Face image processor, e.g. a pretrained model's own) the images are resized,
-    given the model's channels and normalised by it instead."""
+    given the model's channels and normalised by it instead, and whatever else it makes for the
+    model comes along (SigLIP 2's ``pixel_attention_mask`` and ``spatial_shapes``)."""
     for start in range(0, len(dataset), batch_size):
         end = start + batch_size
         images = dataset.images[start:end]
         if processor is None:
-            pixels = (torch.from_numpy(images).float() - mean) / std
+            inputs = {"pixel_values": (torch.from_numpy(images).float() - mean) / std}
         else:
-            pixels = processed_pixels(images, processor)
-        yield {"pixel_values": pixels, "labels": torch.tensor(dataset.labels[start:end])}
+            inputs = processed_images(images, processor)
+        yield {**inputs, "labels": torch.tensor(dataset.labels[start:end])}
 
 
-def processed_pixels(images: np.ndarray, processor: Any) -> torch.Tensor:
-    """Images (N, C, H, W) in [0, 1] through an image processor; grey images are repeated to the
-    processor's channel count (three for RGB models)."""
+def processed_images(images: np.ndarray, processor: Any) -> dict[str, torch.Tensor]:
+    """Images (N, C, H, W) in [0, 1] through an image processor, as model inputs (float pixels);
+    grey images are repeated to the processor's channel count (three for RGB models)."""
     channels = len(processor.image_mean) if isinstance(processor.image_mean, (list, tuple)) else 1
     if images.shape[1] == 1 and channels > 1:
         images = np.repeat(images, channels, axis=1)
     out = processor(
         images=list(images), return_tensors="pt", do_rescale=False, input_data_format="channels_first"
     )
-    return out["pixel_values"].float()
+    return {k: v.float() if k == "pixel_values" else v for k, v in out.items()}
 
 
 def _read_idx(path: Path) -> np.ndarray:
