@@ -3,7 +3,8 @@
 # runs them), then run the tests of every path that depends on the precision again in bf16 and
 # in fp16 (tiny models; tests of pretrained checkpoints, and tests that name their precision and
 # so ran in the fp32 pass already, and the tests that compare one process with two, are skipped
-# there). Arguments go to the fp32 run only, and skip the reruns.
+# there). The tests run on every core (pytest-xdist, one worker per core, each with its share of
+# the threads). Arguments go to one fp32 run in one process only, and skip the reruns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -14,7 +15,7 @@ export HF_HUB_OFFLINE=1
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
-.venv/bin/python -m pytest -q
+.venv/bin/python -m pytest -q -n auto
 PRECISION_PATHS=(
     tests/members tests/baselines tests/test_training.py tests/scoring tests/zeroshot tests/fusion
     tests/layers tests/evaluation tests/test_low_precision.py tests/cli/test_pipeline.py
@@ -22,6 +23,6 @@ PRECISION_PATHS=(
 )
 for precision in bf16 fp16; do
     echo "--- the precision-dependent tests in $precision"
-    HYDRA_PRECISION=$precision .venv/bin/python -m pytest -q -m "not slow and not real_model" \
+    HYDRA_PRECISION=$precision .venv/bin/python -m pytest -q -n auto -m "not slow and not real_model" \
         -k "not bf16 and not fp16 and not fp32 and not two_process" "${PRECISION_PATHS[@]}"
 done
