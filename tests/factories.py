@@ -192,6 +192,43 @@ def tiny_siglip(
     return SiglipForImageClassification(config).eval()
 
 
+def tiny_deberta(
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    labels: int = 3,
+    seed: int = 0,
+    init_range: float = 0.02,
+    v3: bool = True,
+):
+    """DeBERTa with disentangled attention: v3's settings (W_K and W_Q shared with the position
+    terms, log-bucketed positions (4 buckets, so inputs of 9 tokens meet them), a layer-normed
+    relative table, no absolute positions) or, with ``v3=False``, v2's own position projections
+    (``pos_key_proj``, ``pos_query_proj``) and plain relative positions up to 6; the relative
+    table drawn wide, so a test notices a head reading another's position terms."""
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    fields = _encoder(layers, heads, head_dim, labels, init_range)
+    v3_position = {"share_att_key": True, "position_buckets": 4, "norm_rel_ebd": "layer_norm"}
+    v2_position = {"share_att_key": False, "position_buckets": -1, "max_relative_positions": 6}
+    position = {**v3_position, "max_relative_positions": 16} if v3 else v2_position
+    config = DebertaV2Config(
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        position_biased_input=not v3,
+        pooler_hidden_size=heads * head_dim,
+        **position,
+        **fields,
+    )
+    model = DebertaV2ForSequenceClassification(config)
+    with torch.no_grad():
+        model.deberta.encoder.rel_embeddings.weight.uniform_(-2.0, 2.0)
+    return model.eval()
+
+
 DECODERS = {
     "llama": ("Llama", {}),
     "mistral": ("Mistral", {"sliding_window": 4}),
@@ -318,6 +355,8 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "electra": (tiny_electra, text_inputs),
     "distilbert": (tiny_distilbert, text_inputs),
     "mpnet": (tiny_mpnet, text_inputs),
+    "deberta-v3": (tiny_deberta, text_inputs),
+    "deberta-v2": (functools.partial(tiny_deberta, v3=False), text_inputs),
     "vit": (tiny_vit, image_inputs),
     "deit": (tiny_deit, image_inputs),
     "dinov2": (tiny_dinov2, image_inputs),

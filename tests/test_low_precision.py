@@ -40,7 +40,7 @@ def _members(model, dtype=None):
 
 @pytest.mark.parametrize("way", ["autocast", "cast"])
 @pytest.mark.parametrize("precision", LOW)
-@pytest.mark.parametrize("family", ["bert", "mpnet", "vit", "clip", "llama", "qwen3", "gemma2"])
+@pytest.mark.parametrize("family", ["bert", "mpnet", "vit", "clip", "deberta-v3", "llama", "qwen3", "gemma2"])
 def test_fused_model_equals_its_members_in_low_precision(family, precision, way):
     factory, inputs = FAMILIES[family]
     model = factory(layers=2, heads=4, head_dim=3, init_range=0.3)

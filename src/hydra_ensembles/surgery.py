@@ -8,15 +8,14 @@ saved, and fused with its siblings while members from another base are refused.
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.nn.utils import skip_init
 
 from .adapters import AttentionBlock, get_adapter
+from .adapters.base import slice_linear
 from .hashing import fingerprint
 from .heads import HeadSet, HeadSetError
 
@@ -104,9 +103,9 @@ def slice_projections(
     kv_rows = rows  # grouped-query attention: the key/value heads the kept query heads read
     if block.kv_index is not None:
         kv_rows = _head_rows(sorted({block.kv_index[p] for p in positions}), block.head_dim)
-    q = _slice_linear(block.query, rows, dim=0)
-    k, v = (_slice_linear(lin, kv_rows, dim=0) for lin in (block.key, block.value))
-    return q, k, v, _slice_linear(block.output, rows, dim=1)
+    q = slice_linear(block.query, rows, dim=0)
+    k, v = (slice_linear(lin, kv_rows, dim=0) for lin in (block.key, block.value))
+    return q, k, v, slice_linear(block.output, rows, dim=1)
 
 
 def _head_rows(positions: Sequence[int], head_dim: int) -> torch.Tensor | None:
@@ -114,38 +113,6 @@ def _head_rows(positions: Sequence[int], head_dim: int) -> torch.Tensor | None:
     if not positions:
         return None
     return torch.cat([torch.arange(p * head_dim, (p + 1) * head_dim) for p in positions])
-
-
-def _slice_linear(linear: nn.Linear, index: torch.Tensor | None, dim: int) -> nn.Linear:
-    """A copy of ``linear`` keeping ``index`` of its outputs (dim 0) or inputs (dim 1)."""
-    weight = linear.weight.detach()
-    if index is None:
-        shape = (0, weight.shape[1]) if dim == 0 else (weight.shape[0], 0)
-        new_weight = weight.new_empty(shape)
-    else:
-        new_weight = weight.index_select(dim, index.to(weight.device)).clone()
-    bias = linear.bias
-    if bias is not None and dim == 0:
-        bias = bias.detach()[index.to(bias.device)].clone() if index is not None else bias.new_empty(0)
-    elif bias is not None:
-        bias = bias.detach().clone()
-    with warnings.catch_warnings():  # a 0-head layer has 0-element weights: nothing to initialise
-        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
-        out = skip_init(
-            nn.Linear,
-            new_weight.shape[1],
-            new_weight.shape[0],
-            bias=bias is not None,
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-    with torch.no_grad():
-        out.weight.copy_(new_weight)
-        if bias is not None:
-            out.bias.copy_(bias)
-    out.train(linear.training)
-    out.weight.requires_grad_(linear.weight.requires_grad)
-    return out
 
 
 # --------------------------------------------------------------------------- ablation

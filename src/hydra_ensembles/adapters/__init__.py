@@ -10,6 +10,7 @@ from torch import nn
 from .base import ArchitectureAdapter, AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention
 from .bert import BertAdapter
 from .clip import ClipTextAdapter, ClipVisionAdapter
+from .deberta import DebertaV2Adapter
 from .decoder import DecoderAdapter
 from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
@@ -25,6 +26,7 @@ __all__ = [
     "BertAdapter",
     "ClipTextAdapter",
     "ClipVisionAdapter",
+    "DebertaV2Adapter",
     "DecoderAdapter",
     "Dinov2Adapter",
     "DistilBertAdapter",
@@ -57,6 +59,7 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     SiglipTextAdapter,
     Siglip2VisionAdapter,
     Siglip2TextAdapter,
+    DebertaV2Adapter,
     DecoderAdapter,
 ]
 

@@ -8,6 +8,7 @@ saving) is written once against this interface, so a new family is one small fil
 from __future__ import annotations
 
 import inspect
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -16,6 +17,7 @@ from typing import ClassVar, Literal
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 Part = Literal["attention", "mlp", "norm", "head", "embeddings"]
 
@@ -158,6 +160,18 @@ class ArchitectureAdapter(ABC):
     """Modules of the base model holding per-head attention-score biases shared by all layers
     (one column per original head: MPNet's ``encoder.relative_attention_bias``). Like attention,
     fusion keeps them per member where members differ."""
+
+    position_tables: ClassVar[tuple[tuple[str, str | None], ...]] = ()
+    """Tables of the base model that every layer reads whole, as ``(table, norm)`` (DeBERTa's
+    relative position embeddings and the LayerNorm applied to them): fusion keeps the pair per
+    member (``(M, rows, width)``, `layers.MemberTable`) where members differ and the embeddings
+    policy is exact, else shares or averages it."""
+
+    @property
+    def position_table_paths(self) -> tuple[tuple[str, str | None], ...]:
+        return tuple(
+            (f"{self.prefix}{t}", f"{self.prefix}{n}" if n else None) for t, n in self.position_tables
+        )
 
     @property
     def head_bias_paths(self) -> tuple[str, ...]:
@@ -348,3 +362,35 @@ class WholeAttentionAdapter(ArchitectureAdapter):
 
     def attention_paths(self, layer: int) -> tuple[str, ...]:
         return (f"{self.layers_path}.{layer}.{self._attention_name}",)
+
+
+def slice_linear(linear: nn.Linear, index: torch.Tensor | None, dim: int) -> nn.Linear:
+    """A copy of ``linear`` keeping ``index`` of its outputs (dim 0) or inputs (dim 1)."""
+    weight = linear.weight.detach()
+    if index is None:
+        shape = (0, weight.shape[1]) if dim == 0 else (weight.shape[0], 0)
+        new_weight = weight.new_empty(shape)
+    else:
+        new_weight = weight.index_select(dim, index.to(weight.device)).clone()
+    bias = linear.bias
+    if bias is not None and dim == 0:
+        bias = bias.detach()[index.to(bias.device)].clone() if index is not None else bias.new_empty(0)
+    elif bias is not None:
+        bias = bias.detach().clone()
+    with warnings.catch_warnings():  # a 0-head layer has 0-element weights: nothing to initialise
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+        out = skip_init(
+            nn.Linear,
+            new_weight.shape[1],
+            new_weight.shape[0],
+            bias=bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+    with torch.no_grad():
+        out.weight.copy_(new_weight)
+        if bias is not None:
+            out.bias.copy_(bias)
+    out.train(linear.training)
+    out.weight.requires_grad_(linear.weight.requires_grad)
+    return out

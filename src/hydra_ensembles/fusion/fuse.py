@@ -16,6 +16,7 @@ from ..layers import (
     GroupedLayerNorm,
     GroupedLinear,
     MemberHeadBias,
+    MemberTable,
     PerMemberModule,
 )
 from ..surgery import (
@@ -141,7 +142,8 @@ def _same_weights_depth(adapter, projections: list, layout, limit: int) -> int:
     """Of the first ``limit`` layers, how many have identical attention weights across members and
     no per-member module (embeddings included)."""
     grouped = [entry["path"] for entry in layout]
-    if any(is_under(p, (*adapter.input_paths, *adapter.head_bias_paths)) for p in grouped):
+    tables = tuple(p for pair in adapter.position_table_paths for p in pair if p)
+    if any(is_under(p, (*adapter.input_paths, *adapter.head_bias_paths, *tables)) for p in grouped):
         return 0
     for layer in range(limit):
         root = f"{adapter.layers_path}.{layer}"
@@ -227,7 +229,7 @@ def _combine_shared(
     skip = tuple(p for layer in range(num_layers) for p in adapter.attention_paths(layer))
     emb_path = adapter.embeddings_path
     _combine_module(fused_model, members, emb_path, policy.embeddings, layout, as_unit=True)
-    replaced: list[str] = []
+    replaced = _combine_position_tables(adapter, fused_model, members, policy, layout)
     for path, module in list(fused_model.named_modules()):
         if not path or is_under(path, (*skip, emb_path, *replaced)):
             continue
@@ -239,6 +241,53 @@ def _combine_shared(
         if _combine_module(fused_model, members, path, mode, layout, as_unit=False, bias_table=bias_table):
             replaced.append(path)
     return layout
+
+
+def _combine_position_tables(
+    adapter: ArchitectureAdapter,
+    fused_model: nn.Module,
+    members: list[nn.Module],
+    policy: FusionPolicy,
+    layout: list[dict[str, Any]],
+) -> list[str]:
+    """Each position table and its norm as one unit (`ArchitectureAdapter.position_tables`): shared
+    where members agree, averaged (``merge``) or kept per member as (M, rows, width) with
+    per-member norms (``exact``) under the embeddings policy. Returns the paths it handled."""
+    handled: list[str] = []
+    for table, norm in adapter.position_table_paths:
+        norm = norm if norm and _exists(fused_model, norm) else None
+        if not _exists(fused_model, table):  # e.g. DeBERTa without relative attention
+            continue
+        paths = [table] + ([norm] if norm else [])
+        handled += paths
+        if not any(_differ(members, path) for path in paths):
+            continue
+        if policy.embeddings == "merge":
+            for path in paths:
+                _combine_module(fused_model, members, path, "merge", layout, as_unit=False)
+            continue
+        peers = [[m.get_submodule(path) for m in members] for path in paths]
+        fused_model.set_submodule(table, MemberTable.from_embeddings(peers[0]).train(fused_model.training))
+        layout.append({"path": table, "kind": "member_table"})
+        if norm:
+            grouped = GroupedLayerNorm.from_layer_norms(peers[1]).train(fused_model.training)
+            fused_model.set_submodule(norm, grouped)
+            layout.append({"path": norm, "kind": "grouped_layer_norm"})
+    return handled
+
+
+def _exists(model: nn.Module, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _differ(members: list[nn.Module], path: str) -> bool:
+    """Whether the members' parameters at ``path`` differ."""
+    named = [dict(m.get_submodule(path).named_parameters()) for m in members]
+    return not all(all(torch.equal(n[k], named[0][k]) for k in named[0]) for n in named[1:])
 
 
 def _combine_module(

@@ -23,6 +23,7 @@ from ..layers import (
     GroupedLinear,
     IndexedKVAttention,
     MemberHeadBias,
+    MemberTable,
     PerMemberModule,
 )
 from ..models import build_model
@@ -342,4 +343,6 @@ def _empty_grouped(model: nn.Module, entry: dict[str, Any], num_members: int) ->
         return PerMemberModule.empty_like(module, num_members)
     if kind == "member_head_bias":
         return MemberHeadBias(num_members, *module.weight.shape)
+    if kind == "member_table":
+        return MemberTable(num_members, *module.weight.shape)
     raise HydraLoadError(f"unknown layout kind {kind!r} at {entry['path']!r}")

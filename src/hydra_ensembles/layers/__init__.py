@@ -3,17 +3,20 @@ BatchEnsemble linear layers, packed (channel-grouped) layers."""
 
 from .attention import FusedMultiHeadAttention
 from .batch_ensemble import BatchEnsembleLinear
+from .disentangled import FusedDisentangledAttention, MemberTable
 from .grouped import GroupedLayerNorm, GroupedLinear, MemberHeadBias, PerMemberModule
 from .indexed_kv import IndexedKVAttention
 from .packed import PackedLayerNorm, PackedLinear
 
 __all__ = [
     "BatchEnsembleLinear",
+    "FusedDisentangledAttention",
     "FusedMultiHeadAttention",
     "GroupedLayerNorm",
     "GroupedLinear",
     "IndexedKVAttention",
     "MemberHeadBias",
+    "MemberTable",
     "PackedLayerNorm",
     "PackedLinear",
     "PerMemberModule",

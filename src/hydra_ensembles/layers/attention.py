@@ -77,10 +77,11 @@ class FusedMultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         heads: Sequence[Sequence[int]] | None = None,
         bias_stride: int = 0,
+        **settings,
     ) -> FusedMultiHeadAttention:
         """From each member's pruned (query, key, value, output) linears; ``heads``: the original
         heads each member keeps, ``bias_stride`` (see the module docstring): for families with a
-        per-head score bias."""
+        per-head score bias; ``settings``: a subclass's own."""
         if any(type(lin) is not nn.Linear for group in projections for lin in group):
             raise TypeError("fusion needs plain nn.Linear projections (not e.g. BatchEnsemble layers)")
         ref = projections[0][3].weight
@@ -94,8 +95,16 @@ class FusedMultiHeadAttention(nn.Module):
             dtype=ref.dtype,
             heads=heads,
             bias_stride=bias_stride,
+            **settings,
         )
-        width = fused.max_heads * head_dim
+        fused.load_projections(projections)
+        return fused
+
+    def load_projections(
+        self, projections: Sequence[tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]]
+    ) -> None:
+        """Copy each member's (query, key, value, output) linears into the padded storage."""
+        fused, width = self, self.max_heads * self.head_dim
         with torch.no_grad():
             for m, (q, k, v, o) in enumerate(projections):
                 rows = q.out_features
@@ -106,7 +115,6 @@ class FusedMultiHeadAttention(nn.Module):
                 fused.o_weight[m, :, :rows] = o.weight
                 if o.bias is not None:
                     fused.o_bias[m] = o.bias
-        return fused
 
     def num_effective_parameters(self) -> int:
         """Parameters without the zero padding of ragged members."""
