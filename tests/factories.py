@@ -229,6 +229,39 @@ def tiny_deberta(
     return model.eval()
 
 
+def tiny_modernbert(
+    layers: int = 2,
+    heads: int = 4,
+    head_dim: int = 3,
+    labels: int = 3,
+    seed: int = 0,
+    init_range: float = 0.02,
+    pooling: str = "mean",
+):
+    """ModernBERT: packed Q/K/V, rotary embeddings (``head_dim`` rounded up to an even size, the
+    hidden size ``heads`` times it), global layers alternating with local ones whose window (4
+    tokens) is shorter than the test inputs, and the classifier's masked mean (or [CLS])."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    torch.manual_seed(seed)
+    head_dim += head_dim % 2
+    fields = _encoder(layers, heads, head_dim, labels, init_range)
+    config = ModernBertConfig(
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        global_attn_every_n_layers=2,
+        local_attention=4,
+        classifier_pooling=pooling,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        **fields,
+    )
+    return ModernBertForSequenceClassification(config).eval()
+
+
 DECODERS = {
     "llama": ("Llama", {}),
     "mistral": ("Mistral", {"sliding_window": 4}),
@@ -356,6 +389,7 @@ FAMILIES: dict[str, tuple[Callable[..., torch.nn.Module], Callable[..., dict[str
     "distilbert": (tiny_distilbert, text_inputs),
     "mpnet": (tiny_mpnet, text_inputs),
     "deberta-v3": (tiny_deberta, text_inputs),
+    "modernbert": (tiny_modernbert, text_inputs),
     "deberta-v2": (functools.partial(tiny_deberta, v3=False), text_inputs),
     "vit": (tiny_vit, image_inputs),
     "deit": (tiny_deit, image_inputs),

@@ -31,6 +31,19 @@ from tests.factories import (
 LOW = ("bf16", "fp16")
 HEAD_SETS = [he.HeadSet({0: [0, 2], 1: []}), he.HeadSet({0: [1, 2, 3]}), he.HeadSet({0: [0], 1: [3]})]
 """Ragged members, a layer with no head, heads shared between members."""
+LOW_PRECISION_FAMILIES = [
+    "bert",
+    "mpnet",
+    "vit",
+    "clip",
+    "deberta-v3",
+    "modernbert",
+    "llama",
+    "qwen3",
+    "gemma2",
+]
+"""A family of each attention kind: BERT's, per-head biases, vision, disentangled, packed Q/K/V
+with rotary embeddings, grouped-query (with q/k norms, with soft-capped scores)."""
 
 
 def _members(model, dtype=None):
@@ -40,7 +53,7 @@ def _members(model, dtype=None):
 
 @pytest.mark.parametrize("way", ["autocast", "cast"])
 @pytest.mark.parametrize("precision", LOW)
-@pytest.mark.parametrize("family", ["bert", "mpnet", "vit", "clip", "deberta-v3", "llama", "qwen3", "gemma2"])
+@pytest.mark.parametrize("family", LOW_PRECISION_FAMILIES)
 def test_fused_model_equals_its_members_in_low_precision(family, precision, way):
     factory, inputs = FAMILIES[family]
     model = factory(layers=2, heads=4, head_dim=3, init_range=0.3)

@@ -49,8 +49,9 @@ def test_adapter_finds_every_layer_and_projection(family):
     assert model.config.model_type in adapter.model_types
     assert adapter.num_layers(model) == 3 and adapter.original_heads_per_layer(model) == [4, 4, 4]
     block = adapter.attention_block(model, 1)
-    head_dim = 4 if family in DECODERS else 3  # rotary embeddings need an even head size
-    assert (block.num_heads, block.head_dim, block.hidden_size) == (4, head_dim, 12)
+    head_dim = 4 if family in (*DECODERS, "modernbert") else 3  # rotary embeddings: an even size
+    hidden = 16 if family == "modernbert" else 12  # ModernBERT's heads fill the hidden size
+    assert (block.num_heads, block.head_dim, block.hidden_size) == (4, head_dim, hidden)
     assert block.query.out_features == 4 * head_dim
     assert adapter.task_head_modules(model)
     parts = {adapter.part_of(p, m) for p, m in model.named_modules() if list(m.parameters(recurse=False))}

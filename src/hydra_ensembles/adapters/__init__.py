@@ -15,6 +15,7 @@ from .decoder import DecoderAdapter
 from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
 from .dual import DualEncoderAdapter
+from .modernbert import ModernBertAdapter
 from .mpnet import MPNetAdapter
 from .siglip import Siglip2TextAdapter, Siglip2VisionAdapter, SiglipTextAdapter, SiglipVisionAdapter
 from .vit import ViTAdapter
@@ -32,6 +33,7 @@ __all__ = [
     "DistilBertAdapter",
     "DualEncoderAdapter",
     "MPNetAdapter",
+    "ModernBertAdapter",
     "Siglip2TextAdapter",
     "Siglip2VisionAdapter",
     "SiglipTextAdapter",
@@ -60,6 +62,7 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     Siglip2VisionAdapter,
     Siglip2TextAdapter,
     DebertaV2Adapter,
+    ModernBertAdapter,
     DecoderAdapter,
 ]
 

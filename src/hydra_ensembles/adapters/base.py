@@ -36,6 +36,17 @@ class AttentionBlock:
     kv_index: tuple[int, ...] | None = None
     """Grouped-query attention: for each query head, the position of the key/value head it reads
     among ``key``'s and ``value``'s heads (``None``: every query head has its own)."""
+    packed_qkv: nn.Parameter | None = None
+    """Where W_Q, W_K and W_V are rows of one packed weight ([Q | K | V], ModernBERT's ``Wqkv``):
+    that parameter, and ``query``, ``key``, ``value`` are copies of its rows (for reading; a
+    gradient is taken of the parameter)."""
+
+    def qkv_weights(self) -> list[tuple[nn.Parameter, slice]]:
+        """W_Q, W_K and W_V as (parameter, rows of it)."""
+        if self.packed_qkv is None:
+            return [(linear.weight, slice(None)) for linear in (self.query, self.key, self.value)]
+        width = self.query.out_features
+        return [(self.packed_qkv, slice(i * width, (i + 1) * width)) for i in range(3)]
 
     @property
     def hidden_size(self) -> int:

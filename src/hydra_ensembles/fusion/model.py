@@ -21,10 +21,10 @@ from ..layers import (
     FusedMultiHeadAttention,
     GroupedLayerNorm,
     GroupedLinear,
-    IndexedKVAttention,
     MemberHeadBias,
     MemberTable,
     PerMemberModule,
+    SwappedAttention,
 )
 from ..models import build_model
 from ..outputs import EnsembleOutput
@@ -160,10 +160,8 @@ class HydraModel(nn.Module):
         """The base model's configuration."""
         return self.model.config
 
-    def fused_attention(self) -> list[FusedMultiHeadAttention | IndexedKVAttention]:
-        return [
-            m for m in self.model.modules() if isinstance(m, (FusedMultiHeadAttention, IndexedKVAttention))
-        ]
+    def fused_attention(self) -> list[FusedMultiHeadAttention | SwappedAttention]:
+        return [m for m in self.model.modules() if isinstance(m, (FusedMultiHeadAttention, SwappedAttention))]
 
     def num_parameters(self, effective: bool = True) -> int:
         """Parameter count; ``effective`` leaves out the zero padding of ragged head counts."""

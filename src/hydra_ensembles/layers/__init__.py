@@ -7,11 +7,13 @@ from .disentangled import FusedDisentangledAttention, MemberTable
 from .grouped import GroupedLayerNorm, GroupedLinear, MemberHeadBias, PerMemberModule
 from .indexed_kv import IndexedKVAttention
 from .packed import PackedLayerNorm, PackedLinear
+from .swapped import FusedQKVAttention, SwappedAttention
 
 __all__ = [
     "BatchEnsembleLinear",
     "FusedDisentangledAttention",
     "FusedMultiHeadAttention",
+    "FusedQKVAttention",
     "GroupedLayerNorm",
     "GroupedLinear",
     "IndexedKVAttention",
@@ -20,4 +22,5 @@ __all__ = [
     "PackedLayerNorm",
     "PackedLinear",
     "PerMemberModule",
+    "SwappedAttention",
 ]

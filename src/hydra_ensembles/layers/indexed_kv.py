@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from .swapped import SwappedAttention
+
 ATTENTION_FUNCTION = "hydra_indexed_kv"
 """The name `IndexedKVAttention` registers its attention function under in ``transformers``'
 ``AttentionInterface`` (the module's own configuration copy selects it; the model's is untouched)."""
@@ -65,7 +67,7 @@ def _register() -> None:
         AttentionInterface.register(ATTENTION_FUNCTION, indexed_kv_attention)
 
 
-class IndexedKVAttention(nn.Module):
+class IndexedKVAttention(SwappedAttention):
     """A decoder's attention module with ``kv_index`` (M, H_max): member m's query slot h reads
     key/value slot ``kv_index[m, h]``. ``attention`` is the module it stands in for (its class's
     forward runs, its attributes and sub-modules are kept); ``modules`` replaces sub-modules by
@@ -80,21 +82,12 @@ class IndexedKVAttention(nn.Module):
         heads_per_member: Sequence[int],
         kv_heads_per_member: Sequence[int],
     ) -> None:
-        super().__init__()
+        super().__init__(attention, modules, heads_per_member)
         _register()
-        for name, value in vars(attention).items():
-            if not name.startswith("_") and name != "training":
-                setattr(self, name, value)
-        for name, child in attention.named_children():
-            self.add_module(name, modules.get(name, child))
-        for name, child in modules.items():
-            self.add_module(name, child)
-        if isinstance(attention, IndexedKVAttention):  # re-pruned: the family's forward and kernel
-            self.forward_of = attention.forward_of
+        if isinstance(attention, IndexedKVAttention):  # re-pruned: the family's kernel already routed
             self.eager_attention = attention.eager_attention
             self.inner_implementation = attention.inner_implementation
         else:
-            self.forward_of = type(attention).forward
             self.eager_attention = getattr(
                 sys.modules[type(attention).__module__], "eager_attention_forward", None
             )
@@ -102,27 +95,18 @@ class IndexedKVAttention(nn.Module):
             self.config = copy.copy(attention.config)  # routes this module's attention function only
             self.config._attn_implementation_internal = ATTENTION_FUNCTION
         self.num_key_value_groups = 1  # key/value heads come expanded to the query heads
-        self.heads_per_member = tuple(int(h) for h in heads_per_member)
         self.kv_heads_per_member = tuple(int(h) for h in kv_heads_per_member)
         self.register_buffer("kv_index", kv_index.to(torch.long), persistent=False)
 
-    @property
-    def num_members(self) -> int:
-        return self.kv_index.shape[0]
-
-    def forward(self, *args, **kwargs):
-        return self.forward_of(self, *args, **kwargs)
-
-    def num_effective_parameters(self) -> int:
-        """Parameters without the zero padding of ragged members."""
-        total = sum(p.numel() for p in self.parameters())
+    def padding(self) -> int:
         h_max, kv_max = max(self.heads_per_member), max(self.kv_heads_per_member)
-        padded_q = sum(h_max - h for h in self.heads_per_member)
-        padded_kv = sum(kv_max - h for h in self.kv_heads_per_member)
-        for name, slots in (("q_proj", padded_q), ("k_proj", padded_kv), ("v_proj", padded_kv)):
+        padded_q = sum(h_max - h for h in self.heads_per_member) * self.head_dim
+        padded_kv = sum(kv_max - h for h in self.kv_heads_per_member) * self.head_dim
+        total = padded_q * self.o_proj.out_features
+        for name, rows in (("q_proj", padded_q), ("k_proj", padded_kv), ("v_proj", padded_kv)):
             linear = getattr(self, name)
-            total -= slots * self.head_dim * (linear.in_features + (linear.bias is not None))
-        return total - padded_q * self.head_dim * self.o_proj.out_features
+            total += rows * (linear.in_features + (linear.bias is not None))
+        return total
 
     def extra_repr(self) -> str:
         return (

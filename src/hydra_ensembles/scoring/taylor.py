@@ -39,7 +39,8 @@ def taylor_scores(
     original = adapter.original_heads_per_layer(model)
     current = kept_heads(model).resolve(original)
     blocks = [adapter.attention_block(model, layer) for layer in range(len(original))]
-    weights = [lin.weight for b in blocks for lin in (b.query, b.key, b.value)]
+    qkv = [b.qkv_weights() for b in blocks]  # (parameter, rows) of W_Q, W_K, W_V per layer
+    weights = list({id(p): p for rows in qkv for p, _ in rows}.values())
 
     flags = {p: p.requires_grad for p in model.parameters()}
     was_training = model.training
@@ -70,14 +71,15 @@ def taylor_scores(
             p.requires_grad_(flag)
         model.train(was_training)
 
+    grad_of = {id(w): g for w, g in zip(weights, grads, strict=True)}
     scores = torch.full((len(original), max(original)), float("nan"))
     for layer, (block, kept) in enumerate(zip(blocks, current, strict=True)):
         if not kept:
             continue
         per_proj = []  # each projection's mean |w * g| per head it holds
-        for i, lin in enumerate((block.query, block.key, block.value)):
-            product = (lin.weight.detach().float() * grads[3 * layer + i]).abs()
-            per_proj.append(product.view(lin.out_features // block.head_dim, -1).mean(dim=1))
+        for param, rows in qkv[layer]:
+            product = (param.detach()[rows].float() * grad_of[id(param)][rows]).abs()
+            per_proj.append(product.view(product.shape[0] // block.head_dim, -1).mean(dim=1))
         # grouped-query attention: a query head's key/value terms are its group's key/value head's
         kv = block.kv_index or range(len(kept))
         for position, head in enumerate(kept):
