@@ -77,3 +77,10 @@ def test_taylor_scores_read_the_packed_weights_gradient():
     )
     assert (scores[2] > 0).all()
     torch.testing.assert_close(scores[2], expected, rtol=1e-5, atol=1e-9)
+
+
+def test_the_curvature_analysis_refuses_packed_projections():
+    from hydra_ensembles.analysis import attention_parameters
+
+    with pytest.raises(NotImplementedError, match="ModernBERT packs them"):
+        attention_parameters(_model())

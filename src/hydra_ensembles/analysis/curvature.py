@@ -49,6 +49,11 @@ def attention_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     params: dict[str, nn.Parameter] = {}
     for layer in range(adapter.num_layers(model)):
         block = adapter.attention_block(model, layer)
+        if block.packed_qkv is not None:
+            raise NotImplementedError(
+                "the curvature analysis needs W_Q, W_K and W_V as separate weights; "
+                f"{adapter.family} packs them"
+            )
         for name, linear in zip("qkvo", (block.query, block.key, block.value, block.output), strict=True):
             params[f"{layer}.{name}.weight"] = linear.weight
             if linear.bias is not None and name != "o":  # W_O's bias stays when heads go
