@@ -431,46 +431,22 @@ def tiny_clip_model(
     return CLIPModel(config).eval()
 
 
-def tiny_siglip_model(layers: int = 2, heads: int = 4, head_dim: int = 3, text_heads: int = 2, seed: int = 0):
-    """A full random ``SiglipModel`` (both towers, the vision tower's attention-pooling head, the
-    text projection, logit scale and bias)."""
-    from transformers import SiglipConfig, SiglipModel
-
-    torch.manual_seed(seed)
-    vision = _image(**_encoder(layers, heads, head_dim, 2, 0.02))
-    vision.pop("num_labels")
-    vision.pop("initializer_range")
-    text = {
-        "vocab_size": VOCAB,
-        "hidden_size": text_heads * 4,
-        "intermediate_size": 2 * text_heads * 4 + 1,
-        "num_hidden_layers": layers,
-        "num_attention_heads": text_heads,
-        "max_position_embeddings": 8,
-        "projection_size": heads * head_dim,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "pad_token_id": 1,
-    }
-    model = SiglipModel(SiglipConfig(vision_config=vision, text_config=text)).eval()
-    with torch.no_grad():  # a learned scale and bias, not the initial 0 and 0
-        model.logit_scale.fill_(2.3)
-        model.logit_bias.fill_(-4.0)
-    return model
-
-
-def tiny_siglip2_model(
-    layers: int = 2, heads: int = 4, head_dim: int = 3, text_heads: int = 2, seed: int = 0
+def tiny_siglip_model(
+    layers: int = 2, heads: int = 4, head_dim: int = 3, text_heads: int = 2, seed: int = 0, version: int = 1
 ):
-    """A full random ``Siglip2Model``: `tiny_siglip_model`'s shapes, images as patches
-    (`patch_inputs`)."""
-    from transformers import Siglip2Config, Siglip2Model
+    """A full random ``SiglipModel`` (both towers, the vision tower's attention-pooling head, the
+    text projection, logit scale and bias); ``version=2``: a ``Siglip2Model`` of the same shapes,
+    its images as patches (`patch_inputs`)."""
+    import transformers
 
+    prefix = "Siglip" if version == 1 else "Siglip2"
     torch.manual_seed(seed)
     vision = _encoder(layers, heads, head_dim, 2, 0.02)
     vision.pop("num_labels")
     vision.pop("initializer_range")
-    vision |= {"patch_size": 4, "num_channels": 1, "num_patches": 4}
+    vision = (
+        _image(**vision) if version == 1 else {**vision, "patch_size": 4, "num_channels": 1, "num_patches": 4}
+    )
     text = {
         "vocab_size": VOCAB,
         "hidden_size": text_heads * 4,
@@ -483,11 +459,13 @@ def tiny_siglip2_model(
         "eos_token_id": 2,
         "pad_token_id": 1,
     }
-    model = Siglip2Model(Siglip2Config(vision_config=vision, text_config=text)).eval()
-    with torch.no_grad():
+    config = getattr(transformers, f"{prefix}Config")(vision_config=vision, text_config=text)
+    model = getattr(transformers, f"{prefix}Model")(config).eval()
+    with torch.no_grad():  # a learned scale and bias, not the initial 0 and 0
         model.logit_scale.fill_(2.3)
         model.logit_bias.fill_(-4.0)
-        model.vision_model.embeddings.position_embedding.weight.normal_(0, 0.5)
+        if version == 2:  # position embeddings away from 0, so resizing them is seen
+            model.vision_model.embeddings.position_embedding.weight.normal_(0, 0.5)
     return model
 
 
@@ -498,7 +476,7 @@ def tiny_siglip_zero_shot(
     the text tower's whole length (SigLIP pools the last position)."""
     from hydra_ensembles.zeroshot import from_siglip
 
-    siglip = (tiny_siglip2_model if version == 2 else tiny_siglip_model)(seed=seed, **sizes)
+    siglip = tiny_siglip_model(seed=seed, version=version, **sizes)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (classes * templates, 8), generator=g)
     names = [f"class{c}" for c in range(classes)]

@@ -14,7 +14,7 @@ from transformers import CLIPImageProcessor, PreTrainedTokenizerFast
 from hydra_ensembles.cli import main
 from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.zeroshot import ZeroShotHydra, load_dual_encoder
-from tests.factories import tiny_clip_model, tiny_siglip2_model, tiny_siglip_model
+from tests.factories import tiny_clip_model, tiny_siglip_model
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def siglip_dir(tmp_path_factory, request):
     from transformers import Siglip2ImageProcessor, SiglipImageProcessor
 
     root = tmp_path_factory.mktemp(f"siglip{request.param}")
-    siglip = (tiny_siglip_model if request.param == 1 else tiny_siglip2_model)()
+    siglip = tiny_siglip_model(version=request.param)
     siglip.config.vision_config.num_channels = 3
     torch.manual_seed(0)
     siglip = type(siglip)(siglip.config).eval()

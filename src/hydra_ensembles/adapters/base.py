@@ -231,6 +231,13 @@ class ArchitectureAdapter(ABC):
         ``heads``: the original indices of the heads kept, for families whose attention takes
         per-head inputs besides Q/K/V (MPNet's relative position bias); others ignore it."""
 
+    def fused_settings(self, model: nn.Module, layer: int) -> tuple[type[nn.Module], dict]:
+        """The fused attention class of ``layer`` and its settings beyond the heads' shapes
+        (`FusedMultiHeadAttention`, none: a subclass for families whose attention differs)."""
+        from ..layers import FusedMultiHeadAttention
+
+        return FusedMultiHeadAttention, {}
+
     def fused_attention(
         self,
         model: nn.Module,
@@ -242,28 +249,27 @@ class ArchitectureAdapter(ABC):
     ) -> nn.Module:
         """The module fusion installs at ``layer`` of ``model``: the members' pruned (query, key,
         value, output) linears, ``heads`` the original heads each keeps, ``sources`` the models
-        they come from (`FusedMultiHeadAttention`; ``bias_stride``: see it)."""
-        from ..layers import FusedMultiHeadAttention
-
+        they come from (`fused_settings`' class; ``bias_stride``: see `FusedMultiHeadAttention`)."""
+        cls, settings = self.fused_settings(model, layer)
         dropout = self.attention_dropout(model)
-        return FusedMultiHeadAttention.from_projections(
-            projections, self.head_dim(model), dropout, heads, bias_stride
+        return cls.from_projections(
+            projections, self.head_dim(model), dropout, heads, bias_stride, **settings
         )
 
     def empty_fused_attention(
         self, model: nn.Module, layer: int, heads: Sequence[Sequence[int]], bias_stride: int = 0
     ) -> nn.Module:
         """`fused_attention`'s architecture for members keeping ``heads``, weights unset (loading)."""
-        from ..layers import FusedMultiHeadAttention
-
+        cls, settings = self.fused_settings(model, layer)
         block = self.attention_block(model, layer)
-        return FusedMultiHeadAttention(
+        return cls(
             block.hidden_size,
             block.head_dim,
             [len(h) for h in heads],
             self.attention_dropout(model),
             heads=heads,
             bias_stride=bias_stride,
+            **settings,
         )
 
     @abstractmethod

@@ -79,32 +79,24 @@ class DebertaV2Adapter(BertAdapter):
         core.all_head_size = num_heads * core.attention_head_size
         setattr(core, HEADS_ATTRIBUTE, list(heads))
 
-    def _settings(self, model: nn.Module, layer: int) -> dict:
-        core = self._core(model, layer)
-        types = tuple(core.pos_att_type) if core.relative_attention else ()
-        return {
-            "pos_att_type": types,
-            "share_att_key": bool(core.share_att_key),
-            "span": int(getattr(core, "pos_ebd_size", 0) or 0),
-            "position_dropout": float(getattr(self.encoder_config(model), "hidden_dropout_prob", 0.0)),
+    def fused_settings(self, model: nn.Module, layer: int) -> tuple[type[nn.Module], dict]:
+        """DeBERTa's position settings, read from the config as ``DisentangledSelfAttention`` does."""
+        config = self.encoder_config(model)
+        relative = bool(getattr(config, "relative_attention", False))
+        span = int(getattr(config, "max_relative_positions", -1))
+        span = span if span >= 1 else int(config.max_position_embeddings)
+        buckets = int(getattr(config, "position_buckets", -1))
+        return FusedDisentangledAttention, {
+            "pos_att_type": tuple(config.pos_att_type or ()) if relative else (),
+            "share_att_key": bool(getattr(config, "share_att_key", False)),
+            "span": buckets if buckets > 0 else span,
+            "position_dropout": float(getattr(config, "hidden_dropout_prob", 0.0)),
         }
 
-    def _core(self, model: nn.Module, layer: int) -> nn.Module:
-        """A DeBERTa attention core of ``layer`` (a fresh one where ``model``'s keeps no heads)."""
-        core = self.layers(model)[layer].attention.self
-        if isinstance(core, ZeroHeadAttention | FusedDisentangledAttention):
-            from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
-
-            return DisentangledSelfAttention(self.encoder_config(model))
-        return core
-
     def fused_attention(self, model, layer, projections, heads, bias_stride=0, sources=()) -> nn.Module:
-        settings = self._settings(model, layer)
-        fused = FusedDisentangledAttention.from_projections(
-            projections, self.head_dim(model), self.attention_dropout(model), heads, **settings
-        )
+        fused = super().fused_attention(model, layer, projections, heads, bias_stride, sources)
         for kind, name in POSITION_PROJECTIONS.items():
-            if not settings["share_att_key"] and kind in settings["pos_att_type"]:
+            if not fused.share_att_key and kind in fused.pos_att_type:
                 linears = [
                     self._position_projection(s, layer, name, h) for s, h in zip(sources, heads, strict=True)
                 ]
@@ -120,14 +112,3 @@ class DebertaV2Adapter(BertAdapter):
             return slice_linear(core.query_proj, None, dim=0)
         rows = _rows([_held(core).index(h) for h in heads], core.attention_head_size)
         return slice_linear(getattr(core, name), rows, dim=0)
-
-    def empty_fused_attention(self, model, layer, heads, bias_stride=0) -> nn.Module:
-        block = self.attention_block(model, layer)
-        return FusedDisentangledAttention(
-            block.hidden_size,
-            block.head_dim,
-            [len(h) for h in heads],
-            self.attention_dropout(model),
-            heads=heads,
-            **self._settings(model, layer),
-        )
