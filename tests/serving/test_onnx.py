@@ -168,3 +168,22 @@ def test_vision_towers_with_a_composite_config_export(family, tmp_path):
         with torch.no_grad():
             expected = hydra(pixel_values=pixels).member_logits.transpose(0, 1).numpy()
         assert np.abs(per_member - expected).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_fused_decoder_llm_exports_with_dynamic_batch_and_length(family, tmp_path):
+    """Grouped-query attention through its key/value index, rotary embeddings, the causal mask and
+    the last-token pooling, in one graph: onnxruntime equals PyTorch on right-padded inputs."""
+    from tests.factories import PAD, decoder_inputs, tiny_decoder
+
+    model = tiny_decoder(family, layers=2, heads=4, head_dim=4, init_range=0.3)
+    hydra = he.fuse(model, [he.HeadSet({0: [0, 1, 3]}), he.HeadSet({0: [2], 1: []}), he.HeadSet({1: [1, 2]})])
+    out = export_onnx(hydra, tmp_path / "onnx", input_names=["input_ids", "attention_mask"])
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+    for batch, tokens in ((1, 3), (4, 9), (7, 12)):
+        x = decoder_inputs(batch, tokens, seed=batch)
+        assert (x["input_ids"] == PAD).any() or batch == 1
+        _, per_member = session.run(None, {k: v.numpy() for k, v in x.items()})
+        with torch.no_grad():
+            expected = hydra(**x).member_logits.transpose(0, 1).numpy()
+        assert np.abs(per_member - expected).max() <= TOLERANCE
