@@ -74,18 +74,21 @@ def taylor_scores(
     grad_of = {id(w): g for w, g in zip(weights, grads, strict=True)}
     scores = torch.full((len(original), max(original)), float("nan"))
     for layer, (block, kept) in enumerate(zip(blocks, current, strict=True)):
-        if not kept:
-            continue
-        per_proj = []  # each projection's mean |w * g| per head it holds
-        for param, rows in qkv[layer]:
-            product = (param.detach()[rows].float() * grad_of[id(param)][rows]).abs()
-            per_proj.append(product.view(product.shape[0] // block.head_dim, -1).mean(dim=1))
-        # grouped-query attention: a query head's key/value terms are its group's key/value head's
-        kv = block.kv_index or range(len(kept))
-        for position, head in enumerate(kept):
-            q, k, v = per_proj[0][position], per_proj[1][kv[position]], per_proj[2][kv[position]]
-            scores[layer, head] = (q + k + v) / 3
+        if kept:
+            scores[layer, kept] = _head_scores(block, qkv[layer], grad_of)
     return scores
+
+
+def _head_scores(block, qkv: list, grad_of: dict[int, torch.Tensor]) -> torch.Tensor:
+    """The scores of ``block``'s heads: per head, the mean |w * g| over its W_Q, W_K and W_V rows
+    (``qkv``: (parameter, rows) of each), averaged over the three."""
+    per_proj = []  # each projection's mean |w * g| per head it holds
+    for param, rows in qkv:
+        product = (param.detach()[rows].float() * grad_of[id(param)][rows]).abs()
+        per_proj.append(product.view(product.shape[0] // block.head_dim, -1).mean(dim=1))
+    # grouped-query attention: a query head's key/value terms are its group's key/value head's
+    kv = torch.tensor(block.kv_index if block.kv_index is not None else range(block.num_heads))
+    return (per_proj[0] + per_proj[1][kv] + per_proj[2][kv]) / 3
 
 
 DECIDING_PRECISION = "fp32"
