@@ -25,7 +25,7 @@ class ClipVisionAdapter(WholeAttentionAdapter):
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
-        """The vision tower only: a full ``CLIPModel`` (text and vision) is not a classifier."""
+        """The vision tower only: a full model with both towers (``CLIPModel``) is not a classifier."""
         return super().matches(model) and not hasattr(model, "text_model")
 
     def encoder_config(self, model: nn.Module):
