@@ -70,18 +70,19 @@ def test_clip_zero_shot_matches_clipmodel_logits_per_image():
     torch.testing.assert_close(model(**batch).logits, reference)
 
 
-def test_siglip_zero_shot_gives_siglipmodels_sigmoid_logits_and_softmax_probabilities(tmp_path):
-    """SigLIP's logits are exp(t) x cosine + b, its own ``logits_per_image``; the ensemble's
-    probabilities are their softmax over the classes, where the bias cancels."""
+@pytest.mark.parametrize("version", [1, 2], ids=["siglip", "siglip2"])
+def test_siglip_zero_shot_gives_siglipmodels_sigmoid_logits_and_softmax_probabilities(version, tmp_path):
+    """SigLIP's (and SigLIP 2's) logits are exp(t) x cosine + b, its own ``logits_per_image``; the
+    ensemble's probabilities are their softmax over the classes, where the bias cancels."""
     from hydra_ensembles.zeroshot import ZeroShotHydra, from_siglip
 
-    siglip = tiny_siglip_model()
+    siglip = tiny_siglip_model(version=version)
     ids = torch.randint(3, 40, (3, 8), generator=torch.Generator().manual_seed(1))
     model = from_siglip(siglip, ["a", "b", "c"], ["{}"], prompt_inputs={"input_ids": ids})
     assert model.config.logit_bias == pytest.approx(-4.0) and model.config.logit_scale == pytest.approx(
         math.exp(2.3)
     )
-    pixels = image_inputs(4)
+    pixels = image_inputs(4) if version == 1 else patch_inputs(4)
     with torch.no_grad():
         expected = siglip(input_ids=ids, **pixels).logits_per_image
         out = model(**pixels)
