@@ -130,6 +130,8 @@ def first_copy_call(
     def first(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows:
             return value[:batch]
+        if isinstance(value, tuple):  # rotary embeddings come as (cos, sin)
+            return tuple(first(v) for v in value)
         return value
 
     return tuple(first(a) for a in args), {k: first(v) for k, v in kwargs.items()}

@@ -157,3 +157,16 @@ def test_effective_parameters_count_only_the_kept_heads():
     hydra = he.fuse(members, mlp="exact")
     assert hydra.num_parameters() == sum(p.numel() for m in members for p in m.parameters())
     assert hydra.num_parameters(effective=False) > hydra.num_parameters()
+
+
+def test_a_shared_trunk_takes_per_row_positions():
+    """Positions given per input row reach the trunk (one copy) and the members' layers alike."""
+    model = _model()
+    head_sets = [he.HeadSet({0: [0, 1, 3], 1: [m], 2: [m, 3]}) for m in range(3)]
+    hydra = he.fuse(model, head_sets).eval()
+    assert hydra.trunk_layers == 1
+    x = decoder_inputs(batch=3, padded=False)
+    x["position_ids"] = torch.arange(9).repeat(3, 1) + torch.tensor([[0], [2], [5]])
+    with torch.no_grad():
+        out = hydra(**x).member_logits
+    assert (out - _logits([he.prune(model, hs) for hs in head_sets], x)).abs().max().item() <= TOL
