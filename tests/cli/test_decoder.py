@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast, pipeline
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
@@ -102,6 +102,18 @@ def test_score_build_eval_predict(workspace, capsys):
         probs = (logits / temperature).softmax(-1).mean(0)
         expected = [float(row["p_money"]), float(row["p_sport"])]
         assert probs.tolist() == pytest.approx(expected, abs=1e-5)
+    # served through the pipeline: the records predict wrote, and padded batches of ragged texts
+    # give what each text gives alone (the pooling finds the last real token)
+    folder = str(w / "built" / "hydra")
+    served = pipeline("hydra-text-classification", model=folder, batch_size=5)
+    for row, record in zip(rows, served([row["text"] for row in rows]), strict=True):
+        assert record["predicted"] == row["predicted"] and record["flagged"] == (row["flagged"] == "True")
+        assert record["p_sport"] == pytest.approx(float(row["p_sport"]), abs=1e-5)
+    ragged = [row["text"] + " flour" * (i % 3) for i, row in enumerate(rows)]
+    alone = pipeline("hydra-text-classification", model=folder, batch_size=1)(ragged)
+    for batched, single in zip(served(ragged), alone, strict=True):
+        assert batched["predicted"] == single["predicted"]
+        assert batched["p_sport"] == pytest.approx(single["p_sport"], abs=1e-5)
     capsys.readouterr()
 
 
