@@ -196,9 +196,9 @@ def fine_tune(
 def _checked_batches(model: nn.Module, train, val, config: FineTuneConfig) -> tuple[list[dict], list[dict]]:
     """Train and validation batches as lists, each labelled within the model's classes."""
     num_labels = int(model.config.num_labels)
-    train_batches = checked_batches(train, "train", num_labels)
+    train_batches = checked_batches(train, "train", num_labels, model=model)
     val_batches = list(val) if val is not None else []
-    val_batches = checked_batches(val_batches, "val", num_labels) if val_batches else []
+    val_batches = checked_batches(val_batches, "val", num_labels, model=model) if val_batches else []
     if config.patience is not None and not val_batches:
         raise ValueError("early stopping (patience) needs validation data")
     return train_batches, val_batches

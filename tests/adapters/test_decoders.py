@@ -2,6 +2,8 @@
 by a group of query heads, removed only with its whole group), causal attention with sliding
 windows, padding on either side and the last non-padding token pooled, q/k norms per member."""
 
+import re
+
 import pytest
 import torch
 
@@ -170,3 +172,39 @@ def test_a_shared_trunk_takes_per_row_positions():
     with torch.no_grad():
         out = hydra(**x).member_logits
     assert (out - _logits([he.prune(model, hs) for hs in head_sets], x)).abs().max().item() <= TOL
+
+
+def test_padding_the_pooling_would_misread_is_refused_everywhere():
+    """Padding with another id than ``config.pad_token_id`` makes the pooling read a padded
+    position as the input's end (a silently wrong prediction): every entry point refuses it."""
+    from hydra_ensembles.analysis import proposition1
+    from hydra_ensembles.baselines import unstructured_prune
+    from hydra_ensembles.evaluation import predict
+    from hydra_ensembles.training import FineTuneConfig, fine_tune
+
+    model = _model(layers=2)
+    good = labelled(decoder_inputs())
+    bad = {**good, "input_ids": good["input_ids"].masked_fill(good["attention_mask"] == 0, PAD + 5)}
+    assert not torch.allclose(_logits([model], bad), _logits([model], good))  # what is guarded
+    members = [he.prune(model, he.HeadSet({0: [0, m + 1], 1: [m]})) for m in range(2)]
+    misread = re.escape(
+        "padded with token id 5 but the model's last-token pooling looks for config.pad_token_id 0"
+    )
+    calls = {
+        "predict": lambda b: predict(model, b, progress=False),
+        "predict an ensemble": lambda b: predict(members, b, progress=False),
+        "predict a Hydra model": lambda b: predict(he.fuse(members), b, progress=False),
+        "taylor": lambda b: he.taylor_scores(model, b, progress=False),
+        "circuit": lambda b: he.extract_circuit(model, b, b, budget=1, progress=False),
+        "fine-tune": lambda b: fine_tune(model, b, b, FineTuneConfig(epochs=1), progress=False),
+        "oba": lambda b: unstructured_prune(model, b, 0.1, "oba"),
+        "proposition 1": lambda b: proposition1(model, b, b, he.HeadSet({0: [0, 1], 1: [0, 1, 2]}), probes=2),
+    }
+    for call in calls.values():
+        with pytest.raises(ValueError, match=misread):  # CircuitError (a ValueError) for the circuit
+            call([bad])
+        call([good])  # padded as the pooling reads it: runs
+    model.config.pad_token_id = None
+    with pytest.raises(ValueError, match=r"is padded but the model names no config\.pad_token_id"):
+        predict(model, [good], progress=False)
+    predict(model, [decoder_inputs(batch=1, padded=False)], progress=False)  # nothing padded to misread

@@ -43,6 +43,8 @@ __all__ = [
     "WholeAttentionAdapter",
     "ZeroHeadAttention",
     "get_adapter",
+    "last_token_pads",
+    "model_configs",
     "pools_last_token",
     "register_adapter",
     "supported_families",
@@ -86,6 +88,24 @@ def pools_last_token(config) -> bool:
     (decoder LLM classifiers), so that its inputs must be padded with that id."""
     model_type = getattr(config, "model_type", None)
     return any(a.last_token_pooling and model_type in a.model_types for a in ADAPTERS)
+
+
+def model_configs(models) -> list:
+    """The configurations of a model, of the members of an ensemble, or of a list of models."""
+    if isinstance(models, (list, tuple)):
+        return [c for m in models for c in model_configs(m)]
+    members = getattr(models, "members", None)
+    found = [models.config] if getattr(models, "config", None) is not None else []
+    if isinstance(members, nn.ModuleList):
+        found += [c for m in members for c in model_configs(m)]
+    return found
+
+
+def last_token_pads(models) -> list:
+    """The padding ids (``config.pad_token_id``, None where unset) that ``models`` (a model, an
+    ensemble or a list) look for when they pool the last token that is not padding: one per
+    such model, none for models that pool otherwise."""
+    return [c.pad_token_id for c in model_configs(models) if pools_last_token(c)]
 
 
 def get_adapter(model: nn.Module) -> ArchitectureAdapter:

@@ -232,8 +232,8 @@ def proposition1(
     if probes < 2:
         raise ValueError(f"probes must be at least 2 (the standard error needs two), got {probes}")
     num_labels = int(model.config.num_labels)
-    clean = checked_batches(clean, "clean", num_labels)
-    noisy = checked_batches(noisy, "noisy", num_labels)
+    clean = checked_batches(clean, "clean", num_labels, model=model)
+    noisy = checked_batches(noisy, "noisy", num_labels, model=model)
     params = list(attention_parameters(model).values())
     original = get_adapter(model).original_heads_per_layer(model)
     deltas, supports, counts = _perturbations(model, heads)

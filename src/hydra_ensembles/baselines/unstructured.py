@@ -97,7 +97,7 @@ def taylor_terms(
     calibration examples, with respect to the prunable linears' weights, for the direction
     ``d`` given per linear path (float64 results by path; a path missing from ``direction``
     moves by 0). The model's parameters, ``requires_grad`` flags and mode are left as they were."""
-    batches = checked_batches(calib, "calib", int(model.config.num_labels))
+    batches = checked_batches(calib, "calib", int(model.config.num_labels), model=model)
     if any(torch_prune.is_pruned(m) for m in prunable_linears(model).values()):
         raise ValueError("the model has pruning masks installed: fold them in with make_permanent first")
     scored = _float32(model)

@@ -133,10 +133,9 @@ def align_padding(tokenizer: Any, models: Any) -> None:
     have it read padding. A tokenizer without a padding token pads with the model's, or else with
     its end-of-sequence token (and a model without one is given the tokenizer's); a tokenizer and
     a model that name different ids are refused. Other models are left as they are."""
-    from ..adapters import pools_last_token
+    from ..adapters import model_configs, pools_last_token
 
-    configs = _configs(models)
-    decoders = [c for c in configs if pools_last_token(c)]
+    decoders = [c for c in model_configs(models) if pools_last_token(c)]
     if not decoders or tokenizer is None:
         return
     named = {c.pad_token_id for c in decoders if c.pad_token_id is not None}
@@ -158,19 +157,6 @@ def align_padding(tokenizer: Any, models: Any) -> None:
         )
     for config in decoders:
         config.pad_token_id = tokenizer.pad_token_id
-
-
-def _configs(models: Any) -> list[Any]:
-    """The configurations of a model, of the members of an ensemble, or of a list of models."""
-    from torch import nn
-
-    if isinstance(models, (list, tuple)):
-        return [c for m in models for c in _configs(m)]
-    members = getattr(models, "members", None)
-    found = [models.config] if getattr(models, "config", None) is not None else []
-    if isinstance(members, nn.ModuleList):
-        found += [c for m in members for c in _configs(m)]
-    return found
 
 
 def model_batches(

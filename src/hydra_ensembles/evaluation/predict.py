@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..batching import model_inputs
+from ..batching import check_padding, model_inputs
 from ..members.ensemble import as_ensemble
 from ..precision import Precision, in_precision, model_device, resolve_precision
 
@@ -110,6 +110,7 @@ def predict(
             f"{desc}: {labelled.count(True)} batches have labels and {labelled.count(False)} do not: "
             "give labels for every batch or for none"
         )
+    check_padding(batches, model, desc)
     device = model_device(list(model) if isinstance(model, Sequence) else [model])
     compute = resolve_precision(precision, device)
     if not compute.reduced:

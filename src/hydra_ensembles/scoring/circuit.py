@@ -338,8 +338,12 @@ def _checked_inputs(model, heads_per_layer, id_val, ood_val, objective) -> tuple
     if kept_heads(model).resolve(heads_per_layer) != HeadSet.full(heads_per_layer).resolve(heads_per_layer):
         raise CircuitError("extract circuits from an unpruned model; prune with the resulting head sets")
     check_finite(model.named_parameters(), "the model", CircuitError)
-    id_batches = checked_batches(id_val or [], "id_val", int(model.config.num_labels), CircuitError)
-    ood_batches = [] if ood_val is None else checked_batches(ood_val, "ood_val", error=CircuitError)
+    id_batches = checked_batches(
+        id_val or [], "id_val", int(model.config.num_labels), CircuitError, model=model
+    )
+    ood_batches = (
+        [] if ood_val is None else checked_batches(ood_val, "ood_val", error=CircuitError, model=model)
+    )
     if objective in ("ood", "avg") and not ood_batches:
         raise CircuitError(f"objective {objective!r} needs OOD validation data (ood_val)")
     return id_batches, ood_batches

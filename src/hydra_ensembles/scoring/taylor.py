@@ -33,7 +33,7 @@ def taylor_scores(
     and ``requires_grad`` flags are left as they were; its gradients are cleared. Forward passes
     run under ``precision``'s autocast (`precision.resolve_precision`); gradients are summed in fp32.
     """
-    batches = checked_batches(calib, "calib", int(model.config.num_labels))
+    batches = checked_batches(calib, "calib", int(model.config.num_labels), model=model)
     check_finite(model.named_parameters(), "the model to score")
     adapter = get_adapter(model)
     original = adapter.original_heads_per_layer(model)
