@@ -114,6 +114,9 @@ def test_score_build_eval_predict(workspace, capsys):
     for batched, single in zip(served(ragged), alone, strict=True):
         assert batched["predicted"] == single["predicted"]
         assert batched["p_sport"] == pytest.approx(single["p_sport"], abs=1e-5)
+    served.tokenizer.pad_token = "<pad>"  # another tokenizer's padding: the pooling would read it
+    with pytest.raises(ValueError, match="the pipeline's batch is padded with token id 2 but"):
+        served(ragged)
     capsys.readouterr()
 
 

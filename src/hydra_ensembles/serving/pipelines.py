@@ -28,6 +28,7 @@ from transformers import (
 )
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from ..batching import check_padding
 from ..evaluation.calibration import Calibration, saved_calibration
 from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
@@ -72,7 +73,14 @@ class _UncertaintyRecords:
 
 
 class HydraTextClassificationPipeline(_UncertaintyRecords, TextClassificationPipeline):
-    """``text-classification`` with the uncertainty fields and the OOD flag (one dict per input)."""
+    """``text-classification`` with the uncertainty fields and the OOD flag (one dict per input).
+    A batch padded with another id than a decoder classifier's pooling looks for is refused
+    (`batching.check_padding`: a tokenizer other than the one saved with the model)."""
+
+    def _forward(self, model_inputs: dict[str, Any], **kwargs: Any) -> Any:
+        model = self.model
+        check_padding([model_inputs], getattr(model, "ensemble", model), "the pipeline's batch")
+        return super()._forward(model_inputs, **kwargs)
 
 
 class HydraImageClassificationPipeline(_UncertaintyRecords, ImageClassificationPipeline):
