@@ -48,9 +48,9 @@ def check_padding(batches: list[dict[str, Any]], model: Any, what: str, error: t
     classifier pools the last token that is not ``config.pad_token_id``, so a padded position
     (``attention_mask`` 0) holding another id would be read as the input's last token, and
     without a padding id it reads the last position, padding or not. Other models pass."""
-    from .adapters import last_token_pads
+    from .adapters import last_token_configs
 
-    pads = set(last_token_pads(model))
+    pads = {config.pad_token_id for config in last_token_configs(model)}
     for batch in batches if pads else ():
         ids, mask = batch.get("input_ids"), batch.get("attention_mask")
         if ids is None or mask is None or bool((mask != 0).all()):

@@ -43,7 +43,7 @@ __all__ = [
     "WholeAttentionAdapter",
     "ZeroHeadAttention",
     "get_adapter",
-    "last_token_pads",
+    "last_token_configs",
     "model_configs",
     "pools_last_token",
     "register_adapter",
@@ -101,11 +101,10 @@ def model_configs(models) -> list:
     return found
 
 
-def last_token_pads(models) -> list:
-    """The padding ids (``config.pad_token_id``, None where unset) that ``models`` (a model, an
-    ensemble or a list) look for when they pool the last token that is not padding: one per
-    such model, none for models that pool otherwise."""
-    return [c.pad_token_id for c in model_configs(models) if pools_last_token(c)]
+def last_token_configs(models) -> list:
+    """The configurations, among ``models``' (a model, an ensemble or a list), of those that pool
+    the last token that is not ``config.pad_token_id`` (none for models that pool otherwise)."""
+    return [c for c in model_configs(models) if pools_last_token(c)]
 
 
 def get_adapter(model: nn.Module) -> ArchitectureAdapter:

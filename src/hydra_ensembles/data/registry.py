@@ -133,9 +133,9 @@ def align_padding(tokenizer: Any, models: Any) -> None:
     have it read padding. A tokenizer without a padding token pads with the model's, or else with
     its end-of-sequence token (and a model without one is given the tokenizer's); a tokenizer and
     a model that name different ids are refused. Other models are left as they are."""
-    from ..adapters import model_configs, pools_last_token
+    from ..adapters import last_token_configs
 
-    decoders = [c for c in model_configs(models) if pools_last_token(c)]
+    decoders = last_token_configs(models)
     if not decoders or tokenizer is None:
         return
     named = {c.pad_token_id for c in decoders if c.pad_token_id is not None}
