@@ -17,6 +17,21 @@ from hydra_ensembles.zeroshot import ZeroShotHydra, load_dual_encoder
 from tests.factories import tiny_clip_model, tiny_siglip_model
 
 
+def _save_word_tokenizer(folder, words: list[str], end_of_text: bool) -> None:
+    """A word-level tokenizer (<unk> 0, <pad> 1, </s> 2, then ``words``) saved to ``folder``;
+    with ``end_of_text``, every text ends in </s>, CLIP's way (its pooling reads that token)."""
+    vocab = {"<unk>": 0, "<pad>": 1, "</s>": 2, **{w: i for i, w in enumerate(words, 3)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = {"pad_token": "<pad>", "unk_token": "<unk>"}
+    if end_of_text:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A </s>", special_tokens=[("</s>", 2)]
+        )
+        special["eos_token"] = "</s>"
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special).save_pretrained(folder)
+
+
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory):
     """A 3-channel tiny CLIP with a word-level tokenizer (eos 2) and an 8 x 8 image processor,
@@ -27,18 +42,7 @@ def clip_dir(tmp_path_factory):
     torch.manual_seed(0)
     clip = type(clip)(clip.config).eval()
     clip.save_pretrained(root / "model")
-    vocab = {
-        "<unk>": 0,
-        "<pad>": 1,
-        "</s>": 2,
-        **{w: i for i, w in enumerate(["a", "photo", "of", "cat", "dog", "car"], 3)},
-    }
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", eos_token="</s>"
-    ).save_pretrained(root / "model")
+    _save_word_tokenizer(root / "model", ["a", "photo", "of", "cat", "dog", "car"], end_of_text=True)
     CLIPImageProcessor(size={"shortest_edge": 8}, crop_size={"height": 8, "width": 8}).save_pretrained(
         root / "model"
     )
@@ -106,17 +110,7 @@ def siglip_dir(tmp_path_factory, request):
         siglip.logit_scale.fill_(2.3)
         siglip.logit_bias.fill_(-4.0)
     siglip.save_pretrained(root / "model")
-    vocab = {
-        "<unk>": 0,
-        "<pad>": 1,
-        "</s>": 2,
-        **{w: i for i, w in enumerate(["this", "is", "cat", "dog"], 3)},
-    }
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>").save_pretrained(
-        root / "model"
-    )
+    _save_word_tokenizer(root / "model", ["this", "is", "cat", "dog"], end_of_text=False)
     if request.param == 1:
         SiglipImageProcessor(size={"height": 8, "width": 8}).save_pretrained(root / "model")
     else:
