@@ -19,15 +19,18 @@ class EnsembleOutput:
     """Outputs of an ensemble.
 
     ``member_logits`` is (M, B, C); ``probs`` is the ensemble prediction (B, C): the mean of the
-    members' softmax probabilities. ``members`` holds every batch-shaped output of an underlying
-    Hugging Face model, reshaped to (M, B, ...). ``loss`` is the ensemble's NLL (`ensemble_nll`)
-    when ``labels`` were given.
+    members' softmax probabilities. ``member_features`` (M, B, D) is what each member's output
+    layer read (`ood.features`; None for a model whose logits are not one affine map of one
+    feature vector). ``members`` holds every batch-shaped output of an underlying Hugging Face
+    model, reshaped to (M, B, ...). ``loss`` is the ensemble's NLL (`ensemble_nll`) when
+    ``labels`` were given.
     """
 
     member_logits: torch.Tensor | None = None
     probs: torch.Tensor | None = None
     loss: torch.Tensor | None = None
     members: dict[str, torch.Tensor] = field(default_factory=dict)
+    member_features: torch.Tensor | None = None
 
     @property
     def member_probs(self) -> torch.Tensor | None:
@@ -39,12 +42,17 @@ class EnsembleOutput:
 
     @classmethod
     def from_member_logits(
-        cls, member_logits: torch.Tensor, labels: torch.Tensor | None = None, **members: torch.Tensor
+        cls,
+        member_logits: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        member_features: torch.Tensor | None = None,
+        **members: torch.Tensor,
     ) -> EnsembleOutput:
-        """The output of members whose logits are ``member_logits`` (M, B, C)."""
+        """The output of members whose logits are ``member_logits`` (M, B, C) and whose output
+        layers read ``member_features`` (M, B, D)."""
         probs = member_logits.float().softmax(-1).mean(0)
         loss = None if labels is None else ensemble_nll(member_logits, labels.to(member_logits.device))
-        return cls(member_logits=member_logits, probs=probs, loss=loss, members=members)
+        return cls(member_logits, probs, loss, members, member_features)
 
 
 def ensemble_log_probs(member_logits: torch.Tensor) -> torch.Tensor:

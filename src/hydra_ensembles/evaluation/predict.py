@@ -18,10 +18,12 @@ from ..precision import Precision, in_precision, model_device, resolve_precision
 
 @dataclass
 class Predictions:
-    """Member logits (M, N, C) (M = 1 for a single model) and labels (N,) if known."""
+    """Member logits (M, N, C) (M = 1 for a single model), labels (N,) if known, and the features
+    each member's output layer read (M, N, D) where the model has them (`ood.features`)."""
 
     member_logits: np.ndarray
     labels: np.ndarray | None = None
+    member_features: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         logits = np.asarray(self.member_logits)
@@ -29,6 +31,13 @@ class Predictions:
             raise ValueError(
                 f"member logits must be (members, inputs, classes), none empty; got {logits.shape}"
             )
+        if self.member_features is not None:
+            features = np.asarray(self.member_features)
+            if features.ndim != 3 or features.shape[:2] != logits.shape[:2]:
+                raise ValueError(
+                    f"member features must be (members, inputs, width) for logits {logits.shape}; "
+                    f"got {features.shape}"
+                )
         if self.labels is not None:
             labels = np.asarray(self.labels)
             if labels.shape != (logits.shape[1],):
@@ -117,11 +126,16 @@ def predict(
         model = [_upcast(m) for m in model] if isinstance(model, Sequence) else _upcast(model)
     ensemble = as_ensemble(model, mc_samples).eval()
     parts: list[np.ndarray] = []
+    features: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     with compute.autocast(device):
         for batch in tqdm(batches, desc=desc, leave=False, disable=not progress or None):
             if "labels" in batch:
                 labels.append(batch["labels"].cpu().numpy())
-            parts.append(ensemble(**model_inputs(batch)).member_logits.float().cpu().numpy())
+            output = ensemble(**model_inputs(batch))
+            parts.append(output.member_logits.float().cpu().numpy())
+            if output.member_features is not None:
+                features.append(output.member_features.float().cpu().numpy())
     logits = np.concatenate(parts, axis=1)
-    return Predictions(logits, np.concatenate(labels) if labels else None)
+    member_features = np.concatenate(features, axis=1) if len(features) == len(parts) else None
+    return Predictions(logits, np.concatenate(labels) if labels else None, member_features)

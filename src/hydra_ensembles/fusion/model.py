@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from ..layers import (
     SwappedAttention,
 )
 from ..models import build_model
+from ..ood.features import FeatureError, FeatureTap
 from ..outputs import EnsembleOutput
 from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
@@ -206,20 +208,36 @@ class HydraModel(nn.Module):
         chunks = -(-batch // largest)
         return -(-batch // chunks)
 
+    def feature_tap(self) -> FeatureTap | None:
+        """What records the members' features in a forward pass (`ood.features`), or None for a
+        model without one output layer giving the logits (a base model, DeiT's two heads)."""
+        if not hasattr(self, "_feature_tap"):
+            try:
+                self._feature_tap: FeatureTap | None = FeatureTap(self.model, self.num_members)
+            except FeatureError:
+                self._feature_tap = None
+        return self._feature_tap
+
     def _member_outputs(self, inputs: dict[str, Any], batch: int) -> dict[str, torch.Tensor]:
-        """Every batch-shaped output of the model on ``inputs``, as (M, batch, ...)."""
+        """Every batch-shaped output of the model on ``inputs``, as (M, batch, ...), and the
+        members' features as ``member_features``."""
         self._batch = batch
         inputs = {**self.adapter.call_options, **inputs}
-        if self.trunk_layers and not self._stacked_trunk:  # the trunk runs once on B rows; hooks fan out
-            output = self.model(**inputs)
-        else:
-            output = self.model(**self.stack_inputs(inputs, batch))
+        tap = self.feature_tap()
+        with tap if tap is not None else contextlib.nullcontext():
+            if self.trunk_layers and not self._stacked_trunk:  # the trunk runs once on B rows; hooks fan out
+                output = self.model(**inputs)
+            else:
+                output = self.model(**self.stack_inputs(inputs, batch))
         m = self.num_members
-        return {
+        outputs = {
             name: value.view(m, batch, *value.shape[1:])
             for name, value in output.items()
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == m * batch
         }
+        if tap is not None and "logits" in outputs:
+            outputs["member_features"] = tap.features(inputs, batch)
+        return outputs
 
     def forward(self, **inputs: Any) -> EnsembleOutput:
         labels = inputs.pop("labels", None)
@@ -236,11 +254,14 @@ class HydraModel(nn.Module):
             ]
             members = {name: torch.cat([part[name] for part in parts], 1) for name in parts[0]}
         member_logits = members.pop("logits", None)
+        features = members.pop("member_features", None)
         if member_logits is None:
             if labels is not None:
                 raise ValueError("labels were given but the model produces no logits")
             return EnsembleOutput(members=members)
-        return EnsembleOutput.from_member_logits(member_logits, labels, logits=member_logits, **members)
+        return EnsembleOutput.from_member_logits(
+            member_logits, labels, features, logits=member_logits, **members
+        )
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Write ``hydra_config.json`` and ``model.safetensors`` (atomically) to ``path``, then the

@@ -9,6 +9,7 @@ evaluation and calibration have one code path for all of them.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from ..baselines.packed import packed_members
 from ..batching import batch_rows, member_stacked
 from ..configuration import write_hf_config
 from ..io import atomic_write_json, read_json
+from ..ood.features import FeatureError, FeatureTap
 from ..outputs import EnsembleOutput
 from .storage import MemberLoadError, load_member, save_member
 
@@ -52,8 +54,15 @@ class DeepEnsemble(nn.Module):
         return len(self.members)
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
-        logits = torch.stack([member(**inputs).logits for member in self.members])
-        return EnsembleOutput.from_member_logits(logits, labels)
+        taps = [_tap(member) for member in self.members]
+        logits, features = [], []
+        for member, tap in zip(self.members, taps, strict=True):
+            with tap if tap is not None else contextlib.nullcontext():
+                logits.append(member(**inputs).logits)
+            if tap is not None:
+                features.append(tap.features(inputs, logits[-1].shape[0])[0])
+        stacked = torch.stack(features) if len(features) == len(logits) else None
+        return EnsembleOutput.from_member_logits(torch.stack(logits), labels, stacked)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Each member as a saved member (``member-<m>/``), then ``ensemble_config.json``."""
@@ -139,11 +148,14 @@ class MCDropout(nn.Module):
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
         was_training = self.model.training
         self.model.train()
+        tap = _tap(self.model, self.samples)
         try:
-            logits = torch.stack([self.model(**inputs).logits for _ in range(self.samples)])
+            with tap if tap is not None else contextlib.nullcontext():
+                logits = torch.stack([self.model(**inputs).logits for _ in range(self.samples)])
         finally:
             self.model.train(was_training)
-        return EnsembleOutput.from_member_logits(logits, labels)
+        features = None if tap is None else tap.features(inputs, logits.shape[1])
+        return EnsembleOutput.from_member_logits(logits, labels, features)
 
 
 class StackedMembers(nn.Module):
@@ -158,10 +170,22 @@ class StackedMembers(nn.Module):
         return self._members
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
-        logits = member_stacked(self.model(**inputs).logits, batch_rows(inputs))
+        tap = _tap(self.model, self._members)
+        with tap if tap is not None else contextlib.nullcontext():
+            logits = member_stacked(self.model(**inputs).logits, batch_rows(inputs))
         if logits.shape[0] != self._members:
             raise ValueError(f"the model answered for {logits.shape[0]} members, not {self._members}")
-        return EnsembleOutput.from_member_logits(logits, labels)
+        features = None if tap is None else tap.features(inputs, logits.shape[1])
+        return EnsembleOutput.from_member_logits(logits, labels, features)
+
+
+def _tap(model: nn.Module, num_members: int = 1) -> FeatureTap | None:
+    """What records ``model``'s features (`ood.features`), or None where its logits are not one
+    affine map of one feature vector per member."""
+    try:
+        return FeatureTap(model, num_members)
+    except (FeatureError, TypeError):  # TypeError: a family without an adapter
+        return None
 
 
 def stacked_members(model: nn.Module) -> int:
