@@ -298,4 +298,3 @@ def check_scores(names: Sequence[str], statistics: FeatureStatistics | None) -> 
                 f"the OOD score {name!r} reads feature statistics fit on ID training data, and "
                 + ("none were fit" if statistics is None else "these have none for it")
             )
-

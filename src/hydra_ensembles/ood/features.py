@@ -57,9 +57,9 @@ def logits_layers(model: nn.Module, num_members: int = 1) -> list[nn.Module]:
         return [_last_affine(head, classes, num_members, type(model).__name__) for head in last.heads]
     found: dict[str, nn.Module] = {}
     for path, module in model.named_modules():
-        if isinstance(module, _AFFINE) and is_under(path, adapter.head_paths):
-            if _out_width(module) in (classes, num_members * classes):
-                found[path.split(".")[0]] = module  # the last such layer of each head module
+        outputs = isinstance(module, _AFFINE) and _out_width(module) in (classes, num_members * classes)
+        if outputs and is_under(path, adapter.head_paths):
+            found[path.split(".")[0]] = module  # the last such layer of each head module
     if len(found) != 1:
         what = "no" if not found else f"{len(found)} ({', '.join(found)})"
         raise FeatureError(
@@ -170,7 +170,9 @@ def ensemble_heads(ensemble: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | N
 
 
 @torch.no_grad()
-def member_heads(layers: Sequence[nn.Module], num_members: int, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+def member_heads(
+    layers: Sequence[nn.Module], num_members: int, classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each member's output layer as ``(W (M, C, D), b (M, C))`` in float64: member m's logits are
     ``W[m] @ feature_m + b[m]`` (ViM reads them)."""
     weights, biases = [], []
