@@ -119,8 +119,8 @@ class FeatureStatistics:
     ) -> FeatureStatistics:
         """Fit on training features ``(M, N, D)`` with their class ``labels`` (N,); ``heads``
         = each member's output layer ``(W (M, C, D), b (M, C))`` (`ood.features.member_heads`;
-        without it ViM is not fit). ValueError where a class has no example or features are not
-        finite."""
+        without it, or with no more examples than ViM's principal dimension, ViM is not fit).
+        ValueError where a class has no example or features are not finite."""
         feats = np.asarray(torch.as_tensor(member_features).double().cpu(), dtype=np.float64)
         y = np.asarray(labels).astype(np.int64).reshape(-1)
         if feats.ndim != 3 or feats.shape[1] != len(y) or len(y) < 2:
@@ -140,6 +140,8 @@ class FeatureStatistics:
         members, n, width = feats.shape
         k = min(knn_k, n, bank_size)
         bank_rows = np.sort(np.random.default_rng(seed).permutation(n)[:bank_size])
+        if heads is not None and n <= vim_dimension(width):
+            heads = None  # the training features lie inside ViM's principal subspace: no residual
         parts: dict[str, list[np.ndarray]] = {}
         for m in range(members):
             head = None if heads is None else (np.asarray(heads[0][m], np.float64), np.asarray(heads[1][m]))
