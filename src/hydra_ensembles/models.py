@@ -168,6 +168,10 @@ def load_classifier(
         hf_logging.set_verbosity(verbosity)
     _check_loaded(model, info, config, name_or_path, num_labels)
     setattr(model, UNTRAINED_ATTR, sorted(info["missing_keys"]))
+    if Path(path).is_dir():  # the OOD statistics its calibration names (`hydra-ens finetune --val-data`)
+        from .ood.storage import read_statistics
+
+        read_statistics(model, path)
     return model
 
 

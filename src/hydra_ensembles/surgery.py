@@ -24,6 +24,10 @@ FINGERPRINT_KEY = "hydra_base_fingerprint"
 CALIBRATION_KEY = "hydra_calibration"
 """Where a model's configuration holds its calibration (`evaluation.calibrate`), which is bound to
 its weights: a model made from it (pruned, fused, trained) starts without one."""
+STATISTICS_ATTRIBUTE = "hydra_ood_statistics"
+"""Where a model holds the feature statistics its calibration was fit with (`ood.FeatureStatistics`,
+arrays too large for the configuration: saved beside the weights, ``ood_statistics.safetensors``,
+and named by their digest in the calibration)."""
 
 
 # --------------------------------------------------------------------------- records
@@ -83,6 +87,8 @@ def forget_calibration(model: nn.Module) -> None:
     config = getattr(model, "config", None)
     if config is not None and getattr(config, CALIBRATION_KEY, None) is not None:
         setattr(config, CALIBRATION_KEY, None)
+    if getattr(model, STATISTICS_ATTRIBUTE, None) is not None:
+        setattr(model, STATISTICS_ATTRIBUTE, None)
 
 
 def slice_projections(

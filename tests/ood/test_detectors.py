@@ -133,7 +133,7 @@ def test_low_precision_features_are_scored_in_float64(dtype):
 
 
 def test_refusals():
-    feats, y, head, _, _ = _data()
+    feats, y, _, _, _ = _data()
     with pytest.raises(ValueError, match="every class"):
         FeatureStatistics.fit(feats, np.where(y == 1, 0, y), 3)
     bad = feats.copy()

@@ -5,7 +5,10 @@ the temperature (one, shared by the members), the OOD score that decides the fla
 likely OOD), the score's threshold (the value at or below which a share ``keep`` of the ID
 validation inputs fall), and what it was fit on: the data's name, the SHA-256 of its batches,
 the number of inputs, the precision the predictions were computed in, and the SHA-256 of the
-model's weights (`surgery.fingerprint`): a calibration is refused for any other weights.
+model's weights (`surgery.fingerprint`): a calibration is refused for any other weights. Where
+the model's training data was given, it also holds the feature statistics of the feature-space
+OOD scores (`ood.FeatureStatistics`, fit on the members' features of that data), named by their
+digest and by the data they were fit on; the flag score is then chosen by `choose_flag_score`.
 
 `calibrate` fits it and records it in the model's configuration (``config.hydra_calibration``;
 pruning, fusing and fine-tuning a model leave the new model without it),
@@ -20,16 +23,25 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .. import metrics as M
 from ..hashing import batches_digest
+from ..members.ensemble import as_ensemble
+from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
+from ..ood.features import ensemble_heads
 from ..precision import model_device, resolve_precision
-from ..surgery import CALIBRATION_KEY, fingerprint
-from .evaluate import OOD_SCORES
+from ..surgery import CALIBRATION_KEY, STATISTICS_ATTRIBUTE, fingerprint
+from .evaluate import OOD_SCORES, applicable_scores, ood_scores
 from .predict import Predictions, predict
 from .temperature import fit_temperature
 from .uncertainty import flag_threshold, per_example
+
+AUTO_SCORE = "auto"
+"""The flag score `choose_flag_score` picks."""
+DEFAULT_FEATURE_SCORE = "mds"
+"""The flag score where feature statistics were fit and no OOD validation data was given."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,10 @@ class Calibration:
     examples: int
     precision: str
     model_sha256: str = ""
+    statistics_sha256: str = ""
+    statistics_data: str = ""
+    statistics_data_sha256: str = ""
+    statistics: FeatureStatistics | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -57,6 +73,12 @@ class Calibration:
             raise ValueError(f"keep must be in (0, 1], got {self.keep}")
         if self.examples < 1:
             raise ValueError(f"a calibration is fit on at least one input, got {self.examples}")
+        if self.score in FEATURE_SCORES and not self.statistics_sha256:
+            raise ValueError(
+                f"the flag score {self.score!r} needs feature statistics; the calibration has none"
+            )
+        if self.statistics is not None and self.statistics.digest() != self.statistics_sha256:
+            raise ValueError("the feature statistics are not the ones this calibration records")
 
     @classmethod
     def fit(
@@ -69,39 +91,63 @@ class Calibration:
         data_sha256: str = "",
         precision: str = "",
         model_sha256: str = "",
+        statistics: FeatureStatistics | None = None,
+        statistics_data: str = "",
+        statistics_data_sha256: str = "",
+        ood_validation: Predictions | None = None,
     ) -> Calibration:
         """Fit on labelled ID validation predictions: the temperature minimising their NLL, then the
-        threshold of ``score`` (at that temperature) that keeps ``keep`` of them unflagged."""
+        threshold of ``score`` (at that temperature; ``"auto"``: `choose_flag_score`, which
+        may read ``ood_validation``) that keeps ``keep`` of them unflagged. ``statistics``: the
+        feature statistics of the feature scores, fit on ``statistics_data``."""
         temperature = float(fit_temperature(id_validation))
-        threshold = flag_threshold(id_validation, score, keep, temperature)
+        if score == AUTO_SCORE:
+            score = choose_flag_score(id_validation, statistics, ood_validation, temperature)
+        threshold = flag_threshold(id_validation, score, keep, temperature, statistics)
         examples = len(id_validation.labels)
-        return cls(temperature, score, threshold, keep, data, data_sha256, examples, precision, model_sha256)
+        digest = statistics.digest() if statistics is not None else ""
+        return cls(
+            temperature, score, threshold, keep, data, data_sha256, examples, precision, model_sha256,
+            digest, statistics_data, statistics_data_sha256, statistics,
+        )  # fmt: skip
 
     def records(self, predictions: Predictions, classes: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """One record per input (`per_example`), calibrated and flagged with these settings."""
-        return per_example(predictions, classes, self.temperature, self.score, self.threshold)
+        return per_example(
+            predictions, classes, self.temperature, self.score, self.threshold, self.statistics
+        )
 
     def describe(self) -> str:
         """One line: the settings and the data they were fit on."""
         fit_on = (
             f"{self.data or 'ID validation data'} ({self.examples} inputs, sha256 {self.data_sha256[:12]})"
         )
+        statistics = ""
+        if self.statistics_sha256:
+            examples = self.statistics.settings["examples"] if self.statistics is not None else "?"
+            statistics = (
+                f"; feature statistics fit on {self.statistics_data or 'ID training data'} ({examples} "
+                f"inputs, sha256 {self.statistics_data_sha256[:12]})"
+            )
         return (
             f"temperature {self.temperature:.3f}; flag: ood_score_{self.score} > {self.threshold:.4f} "
             f"(keeps {self.keep:.0%} of ID validation); fit on {fit_on}"
             + (f" in {self.precision}" if self.precision else "")
+            + statistics
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON record (the statistics are saved beside it and named by their digest)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "statistics"}
 
     @classmethod
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; ValueError naming what is wrong or missing."""
         if not isinstance(saved, dict):
             raise ValueError(f"a saved calibration is a JSON object, got {type(saved).__name__}")
-        fields = set(cls.__dataclass_fields__)
-        if set(saved) != fields:
+        fields = set(cls.__dataclass_fields__) - {"statistics"}
+        optional = {"statistics_sha256", "statistics_data", "statistics_data_sha256"}  # older saves lack them
+        if not fields - optional <= set(saved) <= fields:
             raise ValueError(
                 f"a saved calibration has the fields {sorted(fields)}; this one has {sorted(saved)}"
             )
@@ -116,9 +162,60 @@ class Calibration:
                 examples=int(saved["examples"]),
                 precision=str(saved["precision"]),
                 model_sha256=str(saved["model_sha256"]),
+                **{name: str(saved[name]) for name in optional if name in saved},
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a saved calibration is malformed: {exc}") from None
+
+
+def fit_statistics(
+    model: Any,
+    id_train: Iterable[dict[str, Any]],
+    *,
+    precision: str = "auto",
+    progress: bool = True,
+) -> FeatureStatistics:
+    """The feature statistics of ``model`` (any model or ensemble `predict` takes) fit on the
+    members' features of labelled ID training batches (`ood.FeatureStatistics.fit`; ViM also
+    reads each member's output layer). ValueError for a model whose logits are not one affine
+    map of one feature vector per member."""
+    batches = list(id_train)
+    if not batches or not all("labels" in batch for batch in batches):
+        raise ValueError("feature statistics need labelled ID training batches (every batch with labels)")
+    train = predict(model, batches, "feature statistics", progress=progress, precision=precision)
+    if train.member_features is None:
+        raise ValueError(
+            f"{type(model).__name__}'s logits are not one affine map of one feature vector per member: "
+            "it has no features for the feature scores"
+        )
+    heads = ensemble_heads(as_ensemble(model))
+    return FeatureStatistics.fit(
+        train.member_features, train.class_labels("ID training data"), train.num_classes, heads
+    )
+
+
+def choose_flag_score(
+    id_validation: Predictions,
+    statistics: FeatureStatistics | None = None,
+    ood_validation: Predictions | None = None,
+    temperature: float = 1.0,
+) -> str:
+    """The flag score, by the rule of docs/ood.md: with OOD validation predictions, the score
+    (among those the predictions and statistics allow) with the highest AUROC of ID validation
+    against OOD validation, the earlier in `OOD_SCORES` on a tie; without, `DEFAULT_FEATURE_SCORE`
+    where feature statistics were fit, else ``msp``. Never give it an OOD test set."""
+    usable = applicable_scores(id_validation, statistics)
+    if ood_validation is None:
+        return DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in usable else "msp"
+    usable = [s for s in usable if s in applicable_scores(ood_validation, statistics)]
+    aurocs = {
+        s: M.auroc(
+            ood_scores(id_validation, s, temperature, statistics),
+            ood_scores(ood_validation, s, temperature, statistics),
+        )
+        for s in usable
+    }
+    return max(usable, key=lambda s: (aurocs[s], -usable.index(s)))
 
 
 def fit_calibration(
@@ -130,17 +227,44 @@ def fit_calibration(
     data: str = "",
     precision: str = "auto",
     progress: bool = True,
+    id_train: Iterable[dict[str, Any]] | None = None,
+    train_data: str = "",
+    ood_validation: Iterable[dict[str, Any]] | None = None,
 ) -> tuple[Calibration, Predictions]:
     """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
     included) fit on labelled ID validation batches, with the predictions it was fit on; nothing
-    is recorded in the model (`calibrate` does, for one model)."""
+    is recorded in the model (`calibrate` does, for one model). With labelled ID training
+    batches ``id_train`` (named ``train_data``), the feature statistics are fit on them and the
+    feature scores can flag; ``score="auto"`` chooses the flag score by `choose_flag_score`, from
+    the unlabelled OOD validation batches ``ood_validation`` where given."""
     batches = list(id_validation)
     if not batches or not all("labels" in batch for batch in batches):
         raise ValueError("calibration needs labelled ID validation batches (every batch with labels)")
+    if score not in (*OOD_SCORES, AUTO_SCORE):
+        raise ValueError(f"unknown OOD score {score!r}; choose from {(AUTO_SCORE, *OOD_SCORES)}")
+    if score in FEATURE_SCORES and id_train is None:
+        raise ValueError(f"the flag score {score!r} reads feature statistics: give the ID training data")
     compute = resolve_precision(precision, model_device(model))
+    statistics, train_sha256 = None, ""
+    if id_train is not None:
+        train = list(id_train)
+        statistics = fit_statistics(model, train, precision=precision, progress=progress)
+        train_sha256 = batches_digest(train)
     predictions = predict(model, batches, "calibration", progress=progress, precision=precision)
+    ood = None
+    if ood_validation is not None and score == AUTO_SCORE:
+        ood = predict(model, list(ood_validation), "OOD validation", progress=progress, precision=precision)
     calibration = Calibration.fit(
-        predictions, score, keep, data=data, data_sha256=batches_digest(batches), precision=compute.name
+        predictions,
+        score,
+        keep,
+        data=data,
+        data_sha256=batches_digest(batches),
+        precision=compute.name,
+        statistics=statistics,
+        statistics_data=train_data,
+        statistics_data_sha256=train_sha256,
+        ood_validation=ood,
     )
     return calibration, predictions
 
@@ -154,21 +278,41 @@ def calibrate(
     data: str = "",
     precision: str = "auto",
     progress: bool = True,
+    id_train: Iterable[dict[str, Any]] | None = None,
+    train_data: str = "",
+    ood_validation: Iterable[dict[str, Any]] | None = None,
 ) -> Calibration:
-    """Fit ``model``'s `Calibration` on labelled ID validation batches (`fit_calibration`), bind
-    it to the model's weights and record it in its configuration (saved with the model from then
-    on). ``model`` is a Hydra model, a member, an ensemble of members or a Hugging Face
-    classifier; ``data`` names the batches' source in the record."""
+    """Fit ``model``'s `Calibration` on labelled ID validation batches (`fit_calibration`, with
+    the feature statistics where ``id_train`` is given), bind it to the model's weights and record
+    it in the model (saved with it from then on). ``model`` is a Hydra model, a member, an
+    ensemble of members or a Hugging Face classifier; ``data`` names the batches' source."""
     fitted, _ = fit_calibration(
-        model, id_validation, score, keep, data=data, precision=precision, progress=progress
+        model,
+        id_validation,
+        score,
+        keep,
+        data=data,
+        precision=precision,
+        progress=progress,
+        id_train=id_train,
+        train_data=train_data,
+        ood_validation=ood_validation,
     )
-    calibration = dataclasses.replace(fitted, model_sha256=fingerprint(model))
+    return record_calibration(model, fitted)
+
+
+def record_calibration(model: Any, calibration: Calibration) -> Calibration:
+    """Bind ``calibration`` to ``model``'s weights and record it (and its feature statistics) in
+    the model: what its savers write and `saved_calibration` reads."""
+    calibration = dataclasses.replace(calibration, model_sha256=fingerprint(model))
     setattr(model.config, CALIBRATION_KEY, calibration.to_dict())
+    setattr(model, STATISTICS_ATTRIBUTE, calibration.statistics)
     return calibration
 
 
 def saved_calibration(model: Any) -> Calibration | None:
-    """The `Calibration` recorded in ``model``'s configuration, or None where it has none."""
+    """The `Calibration` recorded in ``model`` (with its feature statistics), or None where it has
+    none; ValueError where it was fit on other weights or its statistics are not the recorded ones."""
     saved = getattr(getattr(model, "config", None), CALIBRATION_KEY, None)
     if saved is None:
         return None
@@ -178,4 +322,9 @@ def saved_calibration(model: Any) -> Calibration | None:
             "the calibration recorded in the model's configuration was fit on other weights (the model "
             "was trained, pruned or cast since): fit it again (evaluation.calibrate, or --val-data)"
         )
-    return calibration
+    statistics = getattr(model, STATISTICS_ATTRIBUTE, None)
+    if not calibration.statistics_sha256:
+        return calibration
+    if statistics is None:
+        raise ValueError("the model's calibration names feature statistics, but the model holds none")
+    return dataclasses.replace(calibration, statistics=statistics)

@@ -9,18 +9,30 @@ from typing import Any, Literal
 import numpy as np
 
 from .. import metrics as M
+from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
 from .predict import Predictions
 
-OOD_SCORES = ("msp", "max_logit", "energy", "entropy", "mutual_information")
+LOGIT_SCORES = ("msp", "max_logit", "energy", "entropy", "mutual_information", "gen")
+"""Scores of the ensemble's (calibrated) probabilities or mean logits."""
+OOD_SCORES = (*LOGIT_SCORES, *FEATURE_SCORES)
+"""Every OOD score; the feature scores (`ood.detectors`) read statistics fit on ID training data."""
 Kind = Literal["near", "far"]
 
 
 def ood_scores(
-    predictions: Predictions, score: str = "msp", temperature: float | np.ndarray = 1.0
+    predictions: Predictions,
+    score: str = "msp",
+    temperature: float | np.ndarray = 1.0,
+    statistics: FeatureStatistics | None = None,
 ) -> np.ndarray:
-    """Per-sample OOD scores (higher = more OOD) of an ensemble's predictions."""
+    """Per-sample OOD scores (higher = more OOD) of an ensemble's predictions; a feature score is
+    the mean of the members' scores on their own features under ``statistics``."""
+    if score in FEATURE_SCORES:
+        return member_feature_scores(predictions, score, statistics).mean(0)
     if score == "msp":
         return M.msp_score(predictions.probs(temperature))
+    if score == "gen":
+        return M.gen_score(predictions.probs(temperature))
     if score == "entropy":
         return M.entropy_score(predictions.probs(temperature))
     if score == "mutual_information":
@@ -35,17 +47,48 @@ def ood_scores(
     raise ValueError(f"unknown OOD score {score!r}; choose from {OOD_SCORES}")
 
 
+def member_feature_scores(
+    predictions: Predictions, score: str, statistics: FeatureStatistics | None
+) -> np.ndarray:
+    """Each member's feature ``score`` (M, N) on its own features (ViM also reads the members'
+    logits at temperature 1); ValueError where the predictions have no features or no statistics
+    were fit."""
+    if statistics is None or score not in statistics.scores:
+        raise ValueError(
+            f"the OOD score {score!r} reads feature statistics fit on ID training data: "
+            + ("none were given" if statistics is None else f"these compute {statistics.scores}")
+        )
+    if predictions.member_features is None:
+        raise ValueError(f"the OOD score {score!r} reads the members' features; these predictions have none")
+    scores = statistics.member_scores(score, predictions.member_features, predictions.member_logits)
+    return scores.numpy()
+
+
+def applicable_scores(
+    predictions: Predictions, statistics: FeatureStatistics | None = None
+) -> tuple[str, ...]:
+    """The OOD scores these predictions can be scored with: every logit score (mutual information
+    for ensembles only) and, with features and statistics, every feature score they compute."""
+    logit = tuple(s for s in LOGIT_SCORES if s != "mutual_information" or predictions.num_members > 1)
+    has_features = statistics is not None and predictions.member_features is not None
+    return logit + (statistics.scores if has_features else ())
+
+
 def evaluate_predictions(
     id_test: Predictions,
     ood: Mapping[str, tuple[Kind, Predictions]] | None = None,
     shift: Mapping[tuple[str, int], Predictions] | None = None,
     temperature: float | np.ndarray = 1.0,
     scores: tuple[str, ...] = OOD_SCORES,
+    statistics: FeatureStatistics | None = None,
 ) -> dict[str, Any]:
     """All metrics of one method.
 
     ``ood`` maps dataset name -> ("near" | "far", predictions); ``shift`` maps
-    (corruption, severity) -> labelled predictions. Intervals: `evaluation.bootstrap`.
+    (corruption, severity) -> labelled predictions; ``statistics``: the method's feature
+    statistics (fit on its ID training features), for the feature scores. For an ensemble, each
+    OOD set also records every feature score's AUROC member by member (``member_auroc``: the
+    members' spread). Intervals: `evaluation.bootstrap`.
     """
     id_labels = id_test.class_labels("ID test predictions")
     others = [("OOD set " + name, p) for name, (_, p) in (ood or {}).items()]
@@ -61,14 +104,27 @@ def evaluate_predictions(
     if ensemble:
         result["diversity"] = {"id": M.diversity(id_test.member_probs(temperature))}
     if ood:
-        id_scores = {s: ood_scores(id_test, s, temperature) for s in scores if _applicable(s, id_test)}
+        usable = set(applicable_scores(id_test, statistics))
+        id_scores = {s: ood_scores(id_test, s, temperature, statistics) for s in scores if s in usable}
+        id_members = {
+            s: member_feature_scores(id_test, s, statistics)
+            for s in id_scores
+            if ensemble and s in FEATURE_SCORES
+        }
         per_set: dict[str, Any] = {}
         for name, (kind, preds) in ood.items():
             if kind not in ("near", "far"):
                 raise ValueError(f"OOD set {name!r}: kind must be 'near' or 'far', got {kind!r}")
             per_set[name] = {"kind": kind, "scores": {}}
             for score, id_s in id_scores.items():
-                per_set[name]["scores"][score] = M.ood(id_s, ood_scores(preds, score, temperature))
+                per_set[name]["scores"][score] = M.ood(
+                    id_s, ood_scores(preds, score, temperature, statistics)
+                )
+            for score, id_m in id_members.items():
+                theirs = member_feature_scores(preds, score, statistics)
+                per_set[name].setdefault("member_auroc", {})[score] = [
+                    M.auroc(id_m[m], theirs[m]) for m in range(len(id_m))
+                ]
             if ensemble:
                 result["diversity"][name] = M.diversity(preds.member_probs(temperature))
         result["ood"] = per_set
@@ -87,10 +143,6 @@ def evaluate_predictions(
             for (name, severity), p in shift.items()
         }
     return result
-
-
-def _applicable(score: str, predictions: Predictions) -> bool:
-    return score != "mutual_information" or predictions.num_members > 1
 
 
 def main_row(result: Mapping[str, Any], score: str = "msp") -> dict[str, float]:

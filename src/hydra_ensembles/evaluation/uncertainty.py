@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from .. import metrics as M
-from .evaluate import ood_scores
+from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
+from .evaluate import member_feature_scores, ood_scores
 from .predict import Predictions
 
 
@@ -25,11 +26,14 @@ def per_example(
     temperature: float | np.ndarray = 1.0,
     flag_score: str = "msp",
     threshold: float | None = None,
+    statistics: FeatureStatistics | None = None,
 ) -> list[dict[str, Any]]:
     """One record per input (see the module docstring); ``classes`` names the columns of the
     probabilities (indices when None). ``ood_score_<flag_score>`` holds the input's OOD score
-    (higher = more likely OOD; ``ood_score_msp`` is 1 - the largest class probability); with
-    ``threshold``, ``flagged`` says whether it exceeds the threshold."""
+    (higher = more likely OOD; ``ood_score_msp`` is 1 - the largest class probability; a feature
+    score, under ``statistics``, is the mean of the members' scores and, for an ensemble,
+    ``ood_score_<flag_score>_spread`` their standard deviation); with ``threshold``, ``flagged``
+    says whether it exceeds the threshold."""
     member_probs = predictions.member_probs(temperature)
     probs = member_probs.mean(0)
     num_classes = probs.shape[1]
@@ -42,7 +46,12 @@ def per_example(
     mutual = M.mutual_information_score(member_probs)
     ensemble = predictions.num_members > 1
     labels = None if predictions.labels is None else predictions.class_labels()
-    score = ood_scores(predictions, flag_score, temperature)
+    spread = None
+    if flag_score in FEATURE_SCORES:
+        members = member_feature_scores(predictions, flag_score, statistics)
+        score, spread = members.mean(0), members.std(0) if ensemble else None
+    else:
+        score = ood_scores(predictions, flag_score, temperature)
     records = []
     for i in range(probs.shape[0]):
         record: dict[str, Any] = {
@@ -54,6 +63,8 @@ def per_example(
         if ensemble:  # members' disagreement: a single model has none to report
             record.update(mutual_information=float(mutual[i]), members_agreeing=float(agreeing[i]))
         record[f"ood_score_{flag_score}"] = float(score[i])
+        if spread is not None:
+            record[f"ood_score_{flag_score}_spread"] = float(spread[i])
         if threshold is not None:
             record["flagged"] = bool(score[i] > threshold)
         if labels is not None:
@@ -68,9 +79,10 @@ def flag_threshold(
     score: str = "msp",
     keep: float = 0.95,
     temperature: float | np.ndarray = 1.0,
+    statistics: FeatureStatistics | None = None,
 ) -> float:
     """The ``score`` value at or below which a share ``keep`` of ID validation inputs fall (the
     usual 95%-TPR operating point when ``keep`` = 0.95). Never fit this on OOD test data."""
     if not 0 < keep <= 1:
         raise ValueError(f"keep must be in (0, 1], got {keep}")
-    return float(np.quantile(ood_scores(id_validation, score, temperature), keep))
+    return float(np.quantile(ood_scores(id_validation, score, temperature, statistics), keep))

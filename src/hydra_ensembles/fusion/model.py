@@ -29,6 +29,7 @@ from ..layers import (
 )
 from ..models import build_model
 from ..ood.features import FeatureError, FeatureTap
+from ..ood.storage import read_statistics, write_statistics
 from ..outputs import EnsembleOutput
 from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
@@ -280,6 +281,7 @@ class HydraModel(nn.Module):
             "layout": list(self.layout),
             "trunk_layers": self.trunk_layers,
         }
+        write_statistics(self.model, path)  # before the config, whose checksums then cover it
         saved = write_saved(path, CONFIG_NAME, config, self.model.state_dict())
         write_hf_config(saved, self.model.config, "fused")
         return saved
@@ -309,6 +311,7 @@ class HydraModel(nn.Module):
         except RuntimeError as exc:
             raise HydraLoadError(f"weights in {path} do not fit {CONFIG_NAME}: {exc}") from exc
         model.to(device or "cpu").eval()
+        read_statistics(model, path, HydraLoadError)
         policy = FusionPolicy(**config["policy"])
         return cls(model, adapter, head_sets, policy, config["layout"], trunk_layers=trunk)
 

@@ -28,6 +28,7 @@ from ..batching import batch_rows, member_stacked
 from ..configuration import write_hf_config
 from ..io import atomic_write_json, read_json
 from ..ood.features import FeatureError, FeatureTap
+from ..ood.storage import read_statistics, write_statistics
 from ..outputs import EnsembleOutput
 from .storage import MemberLoadError, load_member, save_member
 
@@ -70,6 +71,7 @@ class DeepEnsemble(nn.Module):
         names = [f"member-{m}" for m in range(self.num_members)]
         for name, member in zip(names, self.members, strict=True):
             save_member(member, path / name)
+        write_statistics(self, path)
         return write_ensemble_index(path, names, self.config, self.config.hydra_calibration)
 
     @classmethod
@@ -78,6 +80,7 @@ class DeepEnsemble(nn.Module):
         config = read_ensemble_index(path)
         ensemble = cls([load_member(Path(path) / name) for name in config["members"]])
         ensemble.config.hydra_calibration = config.get("calibration")
+        read_statistics(ensemble, path, MemberLoadError)
         return ensemble
 
 

@@ -15,6 +15,7 @@ from ..baselines.packed import PACKED_KEY, pack_layers
 from ..configuration import write_hf_config
 from ..heads import HeadSet
 from ..models import build_model
+from ..ood.storage import read_statistics, write_statistics
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
 from ..surgery import CALIBRATION_KEY, FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
 
@@ -40,6 +41,7 @@ def save_member(model: nn.Module, path: str | os.PathLike) -> Path:
         "config": model.config.to_dict(),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
     }
+    write_statistics(model, path)  # before the config, whose checksums then cover it
     saved = write_saved(path, CONFIG_NAME, meta, model.state_dict())
     write_hf_config(saved, model.config, "member")
     return saved
@@ -58,9 +60,11 @@ def load_member(path: str | os.PathLike) -> nn.Module:
         unsigned_versions=(1,),
     )
     try:
-        return _rebuild(meta, state)
+        model = _rebuild(meta, state)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise MemberLoadError(f"{path} cannot be rebuilt: {exc}") from exc
+    read_statistics(model, path, MemberLoadError)
+    return model
 
 
 class AutoMember:

@@ -97,6 +97,19 @@ def entropy_score(probs: Any) -> np.ndarray:
     return -(p * np.log(np.clip(p, 1e-12, None))).sum(-1)
 
 
+GEN_GAMMA = 0.1
+GEN_TOP = 100
+
+
+def gen_score(probs: Any, gamma: float = GEN_GAMMA, top: int = GEN_TOP) -> np.ndarray:
+    """Generalized entropy (Liu et al., 2023, GEN): ``sum_j p_j^gamma (1 - p_j)^gamma`` over the
+    ``top`` largest probabilities (all of them for fewer classes); higher = more OOD. The
+    authors' settings, gamma = 0.1 and the top 100, are the defaults."""
+    p = check_probs(probs)
+    kept = np.sort(p, axis=-1)[:, -min(top, p.shape[-1]) :]
+    return (kept**gamma * (1 - kept) ** gamma).sum(-1)
+
+
 def mutual_information_score(member_probs: Any) -> np.ndarray:
     """Entropy of the mean minus mean entropy, per sample, for member probabilities (M, N, C)."""
     p = as_array(member_probs, "member_probs", ndim=3)

@@ -1,0 +1,52 @@
+"""Feature statistics saved with a model: ``ood_statistics.safetensors`` beside its weights.
+
+A model's calibration (``config.hydra_calibration``) names the statistics it was fit with by their
+digest (``statistics_sha256``); the statistics themselves are held by the model
+(`surgery.STATISTICS_ATTRIBUTE`) and written by every saver before the file that marks the save
+complete, so the folder's checksums cover them. Reading checks them against the digest the
+calibration records: statistics edited, swapped or taken from another model are refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch import nn
+
+from ..surgery import CALIBRATION_KEY, STATISTICS_ATTRIBUTE
+from .detectors import STATISTICS_NAME, FeatureStatistics
+
+__all__ = ["read_statistics", "recorded_digest", "write_statistics"]
+
+
+def recorded_digest(model: nn.Module) -> str:
+    """The digest of the statistics ``model``'s calibration was fit with ("" for none)."""
+    calibration = getattr(getattr(model, "config", None), CALIBRATION_KEY, None)
+    return str(calibration.get("statistics_sha256") or "") if isinstance(calibration, dict) else ""
+
+
+def write_statistics(model: nn.Module, folder: str | os.PathLike) -> Path | None:
+    """Write the statistics ``model`` holds into ``folder`` (nothing where it holds none)."""
+    statistics = getattr(model, STATISTICS_ATTRIBUTE, None)
+    if statistics is None or not recorded_digest(model):
+        return None
+    return statistics.save(Path(folder) / STATISTICS_NAME)
+
+
+def read_statistics(
+    model: nn.Module, folder: str | os.PathLike, error: type[ValueError] = ValueError
+) -> None:
+    """Give ``model`` the statistics its calibration names, read from ``folder`` and checked
+    against the recorded digest; ``error`` where they are missing or are not those."""
+    digest = recorded_digest(model)
+    if not digest:
+        return
+    path = Path(folder) / STATISTICS_NAME
+    if not path.is_file():
+        raise error(f"{path} is missing: the model's calibration was fit with OOD feature statistics")
+    try:
+        statistics = FeatureStatistics.load(path, digest)
+    except ValueError as exc:
+        raise error(str(exc)) from None
+    setattr(model, STATISTICS_ATTRIBUTE, statistics)
