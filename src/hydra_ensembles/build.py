@@ -57,7 +57,8 @@ class BuildConfig:
     None leaves the members untrained (fusion is then exact); member m trains
     with seed ``fine_tune.seed + m``. ``shared_layers=k`` gives every member member 0's heads in
     the first k layers (a shared trunk `fuse` runs once). ``flag_score`` and ``keep`` set the OOD
-    flag (`Calibration`)."""
+    flag (`Calibration`; ``"auto"``: `evaluation.choose_flag_score`, a feature score where
+    training data is given)."""
 
     num_members: int = 3
     num_pruned: int | None = None
@@ -68,7 +69,7 @@ class BuildConfig:
     shared_layers: int = 0
     fine_tune: FineTuneConfig | None = None
     mlp: str = "merge"
-    flag_score: str = "msp"
+    flag_score: str = "auto"
     keep: float = 0.95
     precision: str = "auto"
 
@@ -101,8 +102,10 @@ class Build:
                 if not members_saved:
                     save_with_preprocessor(member, out / "members" / name, preprocessor)
             save_preprocessor(preprocessor, out / "members")
-            members = self.members_calibration.to_dict() if self.members_calibration else None
-            write_ensemble_index(out / "members", names, self.members[0].config, members)
+            calibration = self.members_calibration
+            members = calibration.to_dict() if calibration else None
+            statistics = calibration.statistics if calibration else None
+            write_ensemble_index(out / "members", names, self.members[0].config, members, statistics)
         save_with_preprocessor(self.hydra, out / "hydra", preprocessor)
         return out
 
@@ -117,6 +120,7 @@ def build_hydra(
     ranking: Ranking | None = None,
     classes: Sequence[str] | None = None,
     validation_name: str = "",
+    train_name: str = "",
     checkpoint_dir: str | os.PathLike | None = None,
     on_member: Callable[[int, nn.Module, FineTuneResult], None] | None = None,
     make_member: Callable[[int, HeadSet], nn.Module] | None = None,
@@ -126,9 +130,10 @@ def build_hydra(
     """Build a fused, calibrated Hydra model from ``model`` (a fine-tuned classifier; see the module
     docstring). ``train`` and ``validation`` are labelled batches (``validation`` is ID data: it
     ranks heads by Taylor importance when no ``ranking`` or ``ood_validation`` is given, stops
-    fine-tuning with ``patience`` and fits the calibration); ``ood_validation`` unlabelled OOD
-    batches for circuit extraction. ``classes`` names the model's classes in every member's
-    configuration. ``checkpoint_dir``: each member's fine-tuning checkpoints
+    fine-tuning with ``patience`` and fits the calibration, whose feature statistics are fit on
+    ``train`` where given); ``ood_validation`` unlabelled OOD batches for circuit extraction
+    (and, with ``flag_score="auto"``, for choosing the flag score). ``classes`` names the
+    model's classes in every member's configuration. ``checkpoint_dir``: each member's fine-tuning checkpoints
     (``member-<m>/``), so a rerun resumes. ``on_member(m, member, result)`` is called after each
     member's fine-tuning, ``log`` with one line per step. ``make_member(m, head_set)`` replaces
     pruning and fine-tuning member m (a cache of trained members, such as the demo's, plugs in
@@ -160,9 +165,18 @@ def build_hydra(
             histories = _fine_tune_members(members, train_one, config, checkpoint_dir, on_member, say)
     built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking, histories)
     if validation:
+        calibrate_one = functools.partial(
+            _calibrate,
+            data=(validation, validation_name),
+            train=(train, train_name),
+            ood_validation=ood_validation,
+            config=config,
+        )
         if histories:  # the members' explicit ensemble, calibrated as one model
-            built.members_calibration = _calibrate(DeepEnsemble(members), validation, config, validation_name)
-        built.calibration = _calibrate(built.hydra, validation, config, validation_name)
+            say("calibrating the members' ensemble")
+            built.members_calibration = calibrate_one(DeepEnsemble(members))
+        say("calibrating the fused model" + (" (feature statistics on the training data)" if train else ""))
+        built.calibration = calibrate_one(built.hydra)
     return built
 
 
@@ -212,7 +226,10 @@ def _rank(model, validation, ood_validation, config: BuildConfig, progress: bool
     )
 
 
-def _calibrate(model, validation, config: BuildConfig, name: str) -> Calibration:
+def _calibrate(model, *, data, train, ood_validation, config: BuildConfig) -> Calibration:
+    """``model``'s calibration on ``data`` = (validation batches, name), with feature statistics
+    fit on ``train`` = (training batches or None, name)."""
+    (validation, name), (train_batches, train_name) = data, train
     return calibrate(
         model,
         validation,
@@ -221,6 +238,9 @@ def _calibrate(model, validation, config: BuildConfig, name: str) -> Calibration
         data=name,
         precision=config.precision,
         progress=False,
+        id_train=train_batches or None,
+        train_data=train_name,
+        ood_validation=ood_validation,
     )
 
 

@@ -198,9 +198,10 @@ def test_score_build_eval(workspace, capsys):
 
 
 def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
-    """build --val-data calibrates the fused model and the members' ensemble; predict then flags
-    with the saved calibration (no --val-data), exactly as `Calibration.records` computes; a model
-    without one is predicted at temperature 1 with a warning and no flag."""
+    """build --val-data calibrates the fused model and the members' ensemble, flagging by default
+    on the Mahalanobis score of the members' features on --data; predict then flags with the saved
+    calibration (no --val-data), exactly as `Calibration.records` computes; a model without one is
+    predicted at temperature 1 with a warning and no flag."""
     w, common = workspace, ["--batch-size", "8", "--max-length", "12"]
     data, built, scores = ["--data", str(w / "train.csv")], tmp_path / "built", tmp_path / "taylor.json"
     args = ["score", str(w / "model"), "--method", "taylor", "--heads-per-layer", "2", *data]
@@ -209,8 +210,9 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     args += ["--num-pruned", "2", "--fine-tune", *data, "--val-data", str(w / "train.csv"), "--epochs", "1"]
     assert main([*args, "--keep", "0.9", "--out", str(built), *common]) == 0
     saved = saved_calibration(load_any(str(built / "hydra")))
-    assert saved is not None and (saved.score, saved.keep, saved.examples) == ("msp", 0.9, 24)
+    assert saved is not None and (saved.score, saved.keep, saved.examples) == ("mds", 0.9, 24)
     assert saved.data == str(w / "train.csv") and len(saved.data_sha256) == 64
+    assert saved.statistics_data == str(w / "train.csv") and saved.statistics.settings["examples"] == 24
     capsys.readouterr()
 
     out = tmp_path / "p.csv"
@@ -225,7 +227,9 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     )
     expected = saved.records(predict(hydra, batches, progress=False), ["money", "sport"])
     assert [r["flagged"] == "True" for r in rows] == [e["flagged"] for e in expected]
-    assert [float(r["ood_score_msp"]) for r in rows] == pytest.approx([e["ood_score_msp"] for e in expected])
+    assert [float(r["ood_score_mds"]) for r in rows] == pytest.approx([e["ood_score_mds"] for e in expected])
+    spread = [float(r["ood_score_mds_spread"]) for r in rows]
+    assert spread == pytest.approx([e["ood_score_mds_spread"] for e in expected]) and max(spread) > 0
 
     out = tmp_path / "m.jsonl"  # the members' saved ensemble, with its own calibration
     assert (
@@ -233,7 +237,7 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
         == 0
     )
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) == 10 and {"flagged", "mutual_information", "ood_score_msp"} <= set(records[0])
+    assert len(records) == 10 and {"flagged", "mutual_information", "ood_score_mds"} <= set(records[0])
     assert saved_calibration(load_any(str(built / "members"))).keep == 0.9
     capsys.readouterr()
 
@@ -245,7 +249,7 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     out = tmp_path / "entropy.csv"  # another score needs data to fit it on
     args = ["predict", str(built / "hydra"), *data, "--flag-score", "entropy", "--out", str(out), *common]
     assert main(args) == 2 and not out.exists()
-    assert "saved calibration flags on msp keeping 90%" in capsys.readouterr().err
+    assert "saved calibration flags on mds keeping 90%" in capsys.readouterr().err
     assert main([*args, "--val-data", str(w / "train.csv")]) == 0
     assert "fit on --val-data (not saved with the model)" in capsys.readouterr().out
     assert "ood_score_entropy" in next(csv.DictReader(out.open()))
@@ -264,9 +268,9 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
             rows = [{**r, "flagged": r["flagged"] == "True"} for r in table]
         else:
             rows = [json.loads(line) for line in (tmp_path / written).read_text().splitlines()]
-        scores = [float(r["ood_score_msp"]) for r in rows]
-        tol = rounding_tolerance(precision, torch.ones(1), layers=2, fp32=1e-6)
-        assert [r["ood_score_msp"] for r in records] == pytest.approx(scores, abs=tol)
+        scores = [float(r["ood_score_mds"]) for r in rows]
+        tol = rounding_tolerance(precision, torch.tensor(scores), layers=2, fp32=1e-6 * max(scores))
+        assert [r["ood_score_mds"] for r in records] == pytest.approx(scores, abs=tol)
         threshold = saved_calibration(load_any(str(folder))).threshold
         clear = [i for i, score in enumerate(scores) if precision == "fp32" or abs(score - threshold) > tol]
         assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]

@@ -37,16 +37,21 @@ def _cmd_build(args: argparse.Namespace) -> int:
     )
     if args.fine_tune and not args.data:
         raise ValueError("--fine-tune needs --data (labelled training data)")
+    if args.ood_data and not args.val_data:
+        raise ValueError("--ood-data chooses the flag score of the calibration: it needs --val-data")
     model = _load_model(args.model, args)
     ranking = read_ranking(args.scores, model)
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     _say_precision(args)
     train, classes = None, None
-    if args.fine_tune:
+    if args.data:
         dataset, train = _data_batches(args.data, args, preprocessor, model=model)
         check_trainable(dataset.labels, dataset.classes, args.data)
         classes = list(dataset.classes)  # saved models name their classes (predict, pipelines)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    ood = None
+    if args.ood_data:
+        ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
     config = _build_config(args)
     tuning = config.fine_tune
 
@@ -62,6 +67,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         ranking=ranking,
         classes=classes,
         validation_name=args.val_data or "",
+        train_name=args.data or "",
+        ood_validation=ood,
         checkpoint_dir=out / "checkpoints",
         on_member=trained,
         log=lambda line: print(line, file=sys.stderr),
@@ -130,11 +137,15 @@ def _add_build_command(sub) -> None:
     )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
-    build.add_argument("--data", help="labelled training data for --fine-tune")
+    build.add_argument(
+        "--data",
+        help="labelled training data: for --fine-tune, and for the feature statistics of the OOD "
+        "scores saved with the calibration",
+    )
     build.add_argument(
         "--val-data",
         help="labelled ID validation data: early stopping, and the calibration (temperature, OOD "
-        "flag threshold) saved with the fused model and the members' ensemble",
+        "flag score and threshold) saved with the fused model and the members' ensemble",
     )
     _training_options(build)
     build.add_argument("--mlp", choices=["merge", "exact"], default="merge")

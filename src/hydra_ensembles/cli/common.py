@@ -85,12 +85,24 @@ def _print_history(result, config, val: list[dict] | None) -> None:
             )
 
 
-def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str):
+def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, train=None, ood=None):
     """Fit ``model``'s calibration (temperature, ``--flag-score`` threshold keeping ``--keep`` of
-    ID validation) on labelled ``batches`` and record it in its configuration, saved with it."""
+    ID validation) on labelled ``batches``, with the feature statistics on the labelled training
+    batches ``train`` (``--data``) where given and the flag score chosen on the OOD validation
+    batches ``ood`` (``--ood-data``), and record it in the model, saved with it."""
     from ..evaluation import calibrate
 
-    calibration = calibrate(model, batches, args.flag_score, args.keep, data=data, precision=args.precision)
+    calibration = calibrate(
+        model,
+        batches,
+        args.flag_score,
+        args.keep,
+        data=data,
+        precision=args.precision,
+        id_train=train,
+        train_data=args.data if train is not None else "",
+        ood_validation=ood,
+    )
     print(f"calibration: {calibration.describe()}")
     return calibration
 

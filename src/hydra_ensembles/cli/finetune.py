@@ -27,11 +27,14 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_output_dir
     from ..loading import load_preprocessor
     from ..models import untrained_weights
+    from ..ood.storage import write_statistics
     from ..training import FineTuneConfig, fine_tune
 
     out = check_output_dir(
         args.out, finished="config.json", resumable=(), overwrite=args.overwrite, replaced=True
     )
+    if args.ood_data and not args.val_data:
+        raise ValueError("--ood-data chooses the flag score of the calibration: it needs --val-data")
     if args.val_data and args.flag_score == "mutual_information":
         raise ValueError(
             "--flag-score mutual_information measures members' disagreement: a single fine-tuned "
@@ -48,6 +51,9 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    ood = None
+    if args.ood_data:
+        ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
     name_classes(model, dataset.classes)
     config = FineTuneConfig(
         epochs=args.epochs,
@@ -63,10 +69,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     _print_history(result, config, val)
     model.config.hydra_training_precision = args.precision  # saved with its config
     if val is not None:
-        _calibrate(model, val, args, args.val_data)
+        _calibrate(model, val, args, args.val_data, train=train, ood=ood)
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)  # safetensors + config.json (with the class names)
+        write_statistics(model, folder)  # the feature statistics its calibration names
         if preprocessor is not None:
             preprocessor.save_pretrained(folder)
 

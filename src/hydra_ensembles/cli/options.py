@@ -108,14 +108,23 @@ def _training_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _calibration_options(p: argparse.ArgumentParser, data: str) -> None:
-    """The calibration a command fits on ``data`` and saves with the model it writes."""
+def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool = True) -> None:
+    """The calibration a command fits on ``data`` and saves with the model it writes (with
+    ``ood_option``, an ``--ood-data`` option for the flag score's choice)."""
     p.add_argument(
         "--flag-score",
-        choices=OOD_SCORES,
-        default="msp",
-        help=f"OOD score the saved calibration flags on (higher = more likely OOD), fit on {data}",
+        choices=("auto", *OOD_SCORES),
+        default="auto",
+        help=f"OOD score the saved calibration flags on (higher = more likely OOD), its threshold fit "
+        f"on {data}; the feature scores (mds, rmds, mds++, knn, vim) read statistics of the members' "
+        "features on --data. auto: with --ood-data, the score separating it best from the ID "
+        "validation data; without, mds where --data is given, else msp (docs/ood.md)",
     )
+    if ood_option:
+        p.add_argument(
+            "--ood-data",
+            help="unlabelled OOD validation data (never test data): --flag-score auto picks the score on it",
+        )
     p.add_argument(
         "--keep",
         type=_fraction,

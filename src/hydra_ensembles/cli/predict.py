@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..evaluation.evaluate import OOD_SCORES
+from ..ood.detectors import FEATURE_SCORES
 from .common import _data_batches, _load_methods, _say_precision
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _random_head_option
 
@@ -32,6 +33,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
     calibration, val = _calibration(args, model, len(models), val_batches)
     flag_score = calibration.score if calibration is not None else args.flag_score or "msp"
+    if calibration is None and flag_score in FEATURE_SCORES:
+        raise ValueError(
+            f"--flag-score {flag_score} reads the feature statistics of a calibration: give --val-data "
+            "for a model saved with them (build or finetune with --data and --val-data)"
+        )
     preds = partial(predict_any, precision=args.precision)(model, batches, "predict")
     if calibration is not None:
         records = calibration.records(preds, classes)
@@ -39,9 +45,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         records = per_example(preds, classes, flag_score=flag_score)
     summary = []
     if val is not None:  # where the data's scores fall against ID validation, and the threshold
+        t, statistics = calibration.temperature, calibration.statistics
         scores = {
-            f"ID validation ({args.val_data})": ood_scores(val, flag_score, calibration.temperature),
-            f"data ({args.data})": ood_scores(preds, flag_score, calibration.temperature),
+            f"ID validation ({args.val_data})": ood_scores(val, flag_score, t, statistics),
+            f"data ({args.data})": ood_scores(preds, flag_score, t, statistics),
         }
         plot = out.with_name(f"{out.stem}_{flag_score}.png")
         reporting.score_histograms(scores, plot, flag_score, calibration.threshold)
@@ -62,7 +69,8 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     or ``--keep`` ask for another), else none (with a warning)."""
     from ..evaluation import fit_calibration, saved_calibration
 
-    calibration = None if val_batches is not None or num_models > 1 else saved_calibration(model)
+    saved = saved_calibration(model) if num_models == 1 else None
+    calibration = None if val_batches is not None else saved
     if calibration is not None and (args.flag_score or calibration.score, args.keep or calibration.keep) != (
         calibration.score,
         calibration.keep,
@@ -80,6 +88,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
             args.keep or 0.95,
             data=args.val_data,
             precision=args.precision,
+            statistics=saved.statistics if saved is not None else None,  # feature scores' statistics
         )
         print(f"calibration fit on --val-data (not saved with the model): {calibration.describe()}")
         return calibration, val
@@ -126,7 +135,8 @@ def _add_predict_command(sub) -> None:
     pred.add_argument(
         "--flag-score",
         choices=OOD_SCORES,
-        help="OOD score to flag on, with --val-data (default: the saved calibration's, else msp)",
+        help="OOD score to flag on, with --val-data (default: the saved calibration's, else msp; a "
+        "feature score needs a model saved with feature statistics)",
     )
     pred.add_argument(
         "--keep",

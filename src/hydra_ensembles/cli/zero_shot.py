@@ -66,7 +66,8 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
         f"Jaccard overlap between members: {member_overlap(heads, heads_per_layer(dual)).round(2).tolist()}"
     )
     model = fuse_dual_encoder(dual, heads, progress=True)
-    _calibrate(model, id_val, args, args.data)  # on the ID validation data the circuit used
+    # on the ID and OOD validation data the circuit used
+    _calibrate(model, id_val, args, args.data, ood=ood_val)
     save_preprocessor(preprocessor, out / "zero-shot")
     model.save_pretrained(out / "zero-shot")  # its config last: the marker of a finished run
     (out / "circuit-checkpoint.json").unlink(missing_ok=True)
@@ -116,7 +117,7 @@ def _add_zero_shot_command(sub) -> None:
     zs.add_argument("--seed", type=int, default=0)
     zs.add_argument("--out", required=True, help="output directory (zero-shot/, circuit.json)")
     zs.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
-    _calibration_options(zs, "--data")
+    _calibration_options(zs, "--data", ood_option=False)
     _overwrite_option(zs)
     _data_options(zs)
     zs.set_defaults(func=_cmd_zero_shot)

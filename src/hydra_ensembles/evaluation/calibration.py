@@ -230,22 +230,24 @@ def fit_calibration(
     id_train: Iterable[dict[str, Any]] | None = None,
     train_data: str = "",
     ood_validation: Iterable[dict[str, Any]] | None = None,
+    statistics: FeatureStatistics | None = None,
 ) -> tuple[Calibration, Predictions]:
     """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
     included) fit on labelled ID validation batches, with the predictions it was fit on; nothing
     is recorded in the model (`calibrate` does, for one model). With labelled ID training
     batches ``id_train`` (named ``train_data``), the feature statistics are fit on them and the
     feature scores can flag; ``score="auto"`` chooses the flag score by `choose_flag_score`, from
-    the unlabelled OOD validation batches ``ood_validation`` where given."""
+    the unlabelled OOD validation batches ``ood_validation`` where given. Without ``id_train``,
+    ``statistics`` fit earlier (a saved calibration's) serve the feature scores."""
     batches = list(id_validation)
     if not batches or not all("labels" in batch for batch in batches):
         raise ValueError("calibration needs labelled ID validation batches (every batch with labels)")
     if score not in (*OOD_SCORES, AUTO_SCORE):
         raise ValueError(f"unknown OOD score {score!r}; choose from {(AUTO_SCORE, *OOD_SCORES)}")
-    if score in FEATURE_SCORES and id_train is None:
+    if score in FEATURE_SCORES and id_train is None and statistics is None:
         raise ValueError(f"the flag score {score!r} reads feature statistics: give the ID training data")
     compute = resolve_precision(precision, model_device(model))
-    statistics, train_sha256 = None, ""
+    train_sha256 = ""
     if id_train is not None:
         train = list(id_train)
         statistics = fit_statistics(model, train, precision=precision, progress=progress)

@@ -281,7 +281,7 @@ class HydraModel(nn.Module):
             "layout": list(self.layout),
             "trunk_layers": self.trunk_layers,
         }
-        write_statistics(self.model, path)  # before the config, whose checksums then cover it
+        write_statistics(self, path)  # before the config, whose checksums then cover it
         saved = write_saved(path, CONFIG_NAME, config, self.model.state_dict())
         write_hf_config(saved, self.model.config, "fused")
         return saved
@@ -311,9 +311,10 @@ class HydraModel(nn.Module):
         except RuntimeError as exc:
             raise HydraLoadError(f"weights in {path} do not fit {CONFIG_NAME}: {exc}") from exc
         model.to(device or "cpu").eval()
-        read_statistics(model, path, HydraLoadError)
         policy = FusionPolicy(**config["policy"])
-        return cls(model, adapter, head_sets, policy, config["layout"], trunk_layers=trunk)
+        hydra = cls(model, adapter, head_sets, policy, config["layout"], trunk_layers=trunk)
+        read_statistics(hydra, path, HydraLoadError)
+        return hydra
 
     def extra_repr(self) -> str:
         policy = self.policy.to_dict()

@@ -27,9 +27,11 @@ from ..baselines.packed import packed_members
 from ..batching import batch_rows, member_stacked
 from ..configuration import write_hf_config
 from ..io import atomic_write_json, read_json
+from ..ood.detectors import STATISTICS_NAME
 from ..ood.features import FeatureError, FeatureTap
-from ..ood.storage import read_statistics, write_statistics
+from ..ood.storage import read_statistics
 from ..outputs import EnsembleOutput
+from ..surgery import STATISTICS_ATTRIBUTE
 from .storage import MemberLoadError, load_member, save_member
 
 CONFIG_NAME = "ensemble_config.json"
@@ -71,8 +73,8 @@ class DeepEnsemble(nn.Module):
         names = [f"member-{m}" for m in range(self.num_members)]
         for name, member in zip(names, self.members, strict=True):
             save_member(member, path / name)
-        write_statistics(self, path)
-        return write_ensemble_index(path, names, self.config, self.config.hydra_calibration)
+        statistics = getattr(self, STATISTICS_ATTRIBUTE, None)
+        return write_ensemble_index(path, names, self.config, self.config.hydra_calibration, statistics)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:
@@ -103,14 +105,18 @@ def write_ensemble_index(
     names: Sequence[str],
     config: Any,
     calibration: dict[str, Any] | None = None,
+    statistics: Any = None,
 ) -> Path:
     """Record that the saved members ``path/<name>`` form one ensemble (written after them, so
     its presence means every member is complete), with the ensemble's calibration where it has
-    one: what `DeepEnsemble.from_pretrained` reads. Then the ``config.json`` (from the members'
+    one (and the feature ``statistics`` it names, written first): what
+    `DeepEnsemble.from_pretrained` reads. Then the ``config.json`` (from the members'
     configuration ``config``) that routes ``transformers``' Auto classes to it."""
     index = {"format": FORMAT, "members": list(names)}
     if calibration is not None:
         index["calibration"] = calibration
+        if statistics is not None and calibration.get("statistics_sha256"):
+            statistics.save(Path(path) / STATISTICS_NAME)
     atomic_write_json(Path(path) / CONFIG_NAME, index)
     write_hf_config(path, config, "ensemble")
     return Path(path)

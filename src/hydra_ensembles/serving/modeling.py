@@ -11,9 +11,12 @@ so a folder the library saved loads with the Auto classes and serves through ``t
 The model's ``logits`` are the log of the ensemble's calibrated probabilities (the mean of the
 members' softmaxes at the saved temperature): a softmax of them, as every pipeline applies, gives
 those probabilities exactly, and their argmax is the ensemble's prediction. ``logits_per_member``
-keeps the members' own logits (batch first) for the uncertainty fields, which the pipelines of
-`serving.pipelines` add per input. Loading goes through the library's checked loaders
-(safetensors and JSON, checksums verified); ``config.json`` only routes the Auto classes here.
+keeps the members' own logits (batch first) and ``features_per_member`` what each member's output
+layer read, for the uncertainty fields, which the pipelines of `serving.pipelines` add per input.
+Where the calibration flags on a feature score, ``ood_score_per_member`` and ``ood_score`` (their
+mean) are that score, computed in float64 from the saved feature statistics. Loading goes through
+the library's checked loaders (safetensors and JSON, checksums verified); ``config.json`` only
+routes the Auto classes here.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from ..fusion.model import HydraModel
 from ..loading import load_saved
 from ..members.ensemble import DeepEnsemble, as_ensemble
 from ..members.storage import save_member
+from ..ood.detectors import FEATURE_SCORES
 from ..outputs import ensemble_log_probs
 
 __all__ = [
@@ -54,11 +58,17 @@ __all__ = [
 class HydraClassifierOutput(ModelOutput):
     """``logits`` (batch, classes): log of the calibrated ensemble probabilities;
     ``logits_per_member`` (batch, members, classes): the members' logits before calibration;
-    ``loss``: the NLL of ``labels`` under the calibrated ensemble, when given."""
+    ``features_per_member`` (batch, members, width): what each member's output layer read;
+    ``ood_score`` (batch,) and ``ood_score_per_member`` (batch, members): the calibration's
+    feature score (float64), where it flags on one; ``loss``: the NLL of ``labels`` under the
+    calibrated ensemble, when given."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     logits_per_member: torch.Tensor | None = None
+    features_per_member: torch.Tensor | None = None
+    ood_score: torch.Tensor | None = None
+    ood_score_per_member: torch.Tensor | None = None
 
 
 class HydraPreTrainedModel(PreTrainedModel):
@@ -154,11 +164,25 @@ class HydraPreTrainedModel(PreTrainedModel):
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> HydraClassifierOutput:
         inputs = {k: v for k, v in inputs.items() if v is not None}
-        member_logits = self.ensemble(**inputs).member_logits  # (M, B, C)
+        out = self.ensemble(**inputs)
+        member_logits, features = out.member_logits, out.member_features  # (M, B, C), (M, B, D)
         logits = ensemble_log_probs(member_logits / self.temperature)
         loss = None if labels is None else F.nll_loss(logits, labels.to(logits.device))
+        scores = None
+        calibration = self.calibration
+        if (
+            calibration is not None
+            and calibration.statistics is not None
+            and calibration.score in FEATURE_SCORES
+        ):
+            scores = calibration.statistics.member_scores(calibration.score, features, member_logits.float())
         return HydraClassifierOutput(
-            loss=loss, logits=logits, logits_per_member=member_logits.transpose(0, 1)
+            loss=loss,
+            logits=logits,
+            logits_per_member=member_logits.transpose(0, 1),
+            features_per_member=None if features is None else features.transpose(0, 1),
+            ood_score=None if scores is None else scores.mean(0),
+            ood_score_per_member=None if scores is None else scores.transpose(0, 1),
         )
 
 

@@ -18,6 +18,7 @@ are at temperature 1 and no record holds ``flagged``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from transformers import (
@@ -32,6 +33,7 @@ from ..batching import check_padding
 from ..evaluation.calibration import Calibration, saved_calibration
 from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
+from ..ood.features import FeatureError, FeatureTap
 from .modeling import HydraPreTrainedModel
 
 TEXT_TASK = "hydra-text-classification"
@@ -53,15 +55,36 @@ class _UncertaintyRecords:
             )
         return self._cached_calibration
 
+    def _forward(self, model_inputs: dict[str, Any], **kwargs: Any) -> Any:
+        """The model's outputs; a plain Hugging Face classifier's features are recorded on the way
+        (a Hydra model returns its members' own)."""
+        model = self.model
+        tap = None
+        if not isinstance(model, HydraPreTrainedModel):
+            try:
+                tap = FeatureTap(model)
+            except (FeatureError, TypeError):  # no single output layer, or a family without adapter
+                tap = None
+        with tap if tap is not None else contextlib.nullcontext():
+            outputs = super()._forward(model_inputs, **kwargs)
+        if tap is not None:
+            batch = outputs["logits"].shape[0]
+            outputs["features_per_member"] = tap.features(model_inputs, batch).transpose(0, 1)
+        return outputs
+
     def _sanitize_parameters(self, **kwargs: Any):
         preprocess, forward, _ = super()._sanitize_parameters(**kwargs)
         return preprocess, forward, {}
 
     def postprocess(self, model_outputs: Any, **_: Any) -> dict[str, Any]:
         per_member = model_outputs.get("logits_per_member")
+        features = model_outputs.get("features_per_member")
         if per_member is None:  # a Hugging Face classifier: an ensemble of one
             per_member = model_outputs["logits"][:, None]
-        predictions = Predictions(per_member.float().transpose(0, 1).cpu().numpy())
+        predictions = Predictions(
+            per_member.float().transpose(0, 1).cpu().numpy(),
+            member_features=None if features is None else features.float().transpose(0, 1).cpu().numpy(),
+        )
         config = self.model.config
         classes = [str(config.id2label[i]) for i in range(predictions.num_classes)]
         calibration = self._calibration()
