@@ -5,11 +5,15 @@ The graph holds every member and the aggregation: from the preprocessor's tensor
 
 - ``logits`` (batch, classes): log of the calibrated ensemble probabilities (the saved temperature
   is part of the graph): ``softmax(logits)`` are the probabilities, ``argmax`` the prediction;
-- ``logits_per_member`` (batch, members, classes): the members' logits before calibration.
+- ``logits_per_member`` (batch, members, classes): the members' logits before calibration;
+- where the calibration flags on a feature score (``mds``, ``rmds``, ``mds++``, ``knn``, ``vim``):
+  ``ood_score`` (batch,) and ``ood_score_per_member`` (batch, members), that score computed in
+  the graph, in float64, from the feature statistics saved with the model (graph constants).
 
 Beside ``model.onnx``, ``calibration.json`` holds the class names, the input and output names and
 the saved `Calibration` (temperature, OOD score and flag threshold), so a server with only
-onnxruntime computes the flag: for the ``msp`` score, ``1 - max(softmax(logits)) > threshold``.
+onnxruntime computes the flag: ``ood_score > threshold`` for a feature score; for the ``msp``
+score, ``1 - max(softmax(logits)) > threshold``.
 The preprocessor (tokenizer or image processor) is saved beside them. The export is checked: the
 graph is run by onnxruntime on the export's inputs and compared with PyTorch before it is kept.
 """
@@ -30,11 +34,13 @@ from ..fusion.model import HydraModel
 from ..io import atomic_dir, atomic_write_json
 from ..loading import load_any, saved_preprocessor
 from ..models import VISION_MODEL_TYPES
+from ..ood.detectors import FEATURE_SCORES
 from .modeling import HydraPreTrainedModel
 
 ONNX_NAME = "model.onnx"
 SIDECAR_NAME = "calibration.json"
 OUTPUT_NAMES = ("logits", "logits_per_member")
+SCORE_NAMES = ("ood_score", "ood_score_per_member")
 TOLERANCE = 1e-4
 """The largest difference (fp32) accepted between onnxruntime's outputs and PyTorch's."""
 
@@ -51,9 +57,14 @@ class _Graph(nn.Module):
     def __init__(self, model: HydraPreTrainedModel, input_names: Sequence[str]) -> None:
         super().__init__()
         self.model, self.input_names = model, tuple(input_names)
+        calibration = model.calibration
+        self.scored = calibration is not None and calibration.score in FEATURE_SCORES
+        self.output_names = OUTPUT_NAMES + (SCORE_NAMES if self.scored else ())
 
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.model(**dict(zip(self.input_names, tensors, strict=True)))
+        if self.scored:
+            return out.logits, out.logits_per_member, out.ood_score, out.ood_score_per_member
         return out.logits, out.logits_per_member
 
 
@@ -104,7 +115,7 @@ def export_onnx(
     finally:
         for h, rows in zip(hydra, chunking, strict=True):
             h.chunk_rows = rows
-    sidecar = _sidecar(wrapped, config, names, difference)
+    sidecar = _sidecar(wrapped, config, names, difference, graph.output_names)
     out = Path(out)
     if source is not None and (
         out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
@@ -120,17 +131,25 @@ def export_onnx(
     return atomic_dir(out, write)
 
 
-def _sidecar(wrapped: HydraPreTrainedModel, config, names: list[str], difference: float | None) -> dict:
+OUTPUTS = {
+    "logits": "(batch, classes): log of the calibrated ensemble probabilities",
+    "logits_per_member": "(batch, members, classes): the members' logits before calibration",
+    "ood_score": "(batch,): the calibration's feature score (float64), the mean of the members'; "
+    "flagged where > calibration.threshold",
+    "ood_score_per_member": "(batch, members): each member's feature score (float64)",
+}
+
+
+def _sidecar(
+    wrapped: HydraPreTrainedModel, config, names: list[str], difference: float | None, outputs: Sequence[str]
+) -> dict:
     """``calibration.json``: what a runtime needs beside the graph (classes, inputs, outputs,
     the calibration) and how far the graph was from PyTorch."""
     return {
         "format": "hydra-ensembles/onnx",
         "classes": [str(config.id2label[i]) for i in range(int(config.num_labels))],
         "inputs": names,
-        "outputs": {
-            "logits": "(batch, classes): log of the calibrated ensemble probabilities",
-            "logits_per_member": "(batch, members, classes): the members' logits before calibration",
-        },
+        "outputs": {name: OUTPUTS[name] for name in outputs},
         "members": int(wrapped.ensemble.num_members),
         "calibration": None if wrapped.calibration is None else wrapped.calibration.to_dict(),
         "base_model_type": config.model_type,
@@ -222,7 +241,7 @@ def _export(graph: nn.Module, example: tuple, names: Sequence[str], vision: bool
                 program,
                 dynamo=True,
                 input_names=list(names),
-                output_names=list(OUTPUT_NAMES),
+                output_names=list(graph.output_names),
                 opset_version=opset,
                 verbose=False,
             )
@@ -252,14 +271,16 @@ def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vi
             expected = graph(*inputs)
         feed = {n: t.numpy() for n, t in zip(names, inputs, strict=True)}
         try:
-            got = session.run(list(OUTPUT_NAMES), feed)
+            got = session.run(list(graph.output_names), feed)
         except Exception as exc:  # onnxruntime's errors: a graph that fixed a shape, an operator
             raise ExportError(
                 f"the exported graph does not run on batch {batch}, {tokens} tokens "
                 f"({' '.join(str(exc).split())[:300]}): not written"
             ) from exc
-        for name, ours, theirs in zip(OUTPUT_NAMES, expected, got, strict=True):
+        for name, ours, theirs in zip(graph.output_names, expected, got, strict=True):
             diff = float((torch.from_numpy(theirs) - ours).abs().max())
+            if name in SCORE_NAMES:  # distances grow with the width: relative to their size
+                diff /= max(1.0, float(ours.abs().max()))
             if not diff <= TOLERANCE:
                 raise ExportError(
                     f"the exported graph's {name} differs from PyTorch's by {diff:.3g} (batch {batch}, "
