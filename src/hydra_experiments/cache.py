@@ -47,7 +47,12 @@ class PredictionCache:
             model = list(model.members)
         if isinstance(model, list):
             parts = [self.predict(m, batches, split, mc_samples, precision, progress) for m in model]
-            return Predictions(np.concatenate([p.member_logits for p in parts]), parts[0].labels)
+            features = [p.member_features for p in parts]
+            return Predictions(
+                np.concatenate([p.member_logits for p in parts]),
+                parts[0].labels,
+                None if any(f is None for f in features) else np.concatenate(features),
+            )
         if mc_samples:
             return predict(
                 model, batches, split, progress=progress, mc_samples=mc_samples, precision=precision
@@ -61,16 +66,17 @@ class PredictionCache:
         if self.root is None:
             return predict(model, batches, split, progress=progress, precision=precision)
         batches = list(batches)
-        digest = text_digest(f"{self._fingerprint(model)}|{batches_digest(batches)}|{precision}")[:24]
+        # "features": predictions hold the members' features (older stored ones did not)
+        key = f"{self._fingerprint(model)}|{batches_digest(batches)}|{precision}|features"
+        digest = text_digest(key)[:24]
         path = self.root / f"{digest}.safetensors"
         if path.is_file():
-            stored = load_file(str(path))
-            labels = stored.get("labels")
-            return Predictions(stored["member_logits"].numpy(), None if labels is None else labels.numpy())
+            stored = {k: v.numpy() for k, v in load_file(str(path)).items()}
+            return Predictions(stored["member_logits"], stored.get("labels"), stored.get("member_features"))
         found = predict(model, batches, split, progress=progress, precision=precision)
-        tensors = {"member_logits": torch.from_numpy(np.ascontiguousarray(found.member_logits))}
-        if found.labels is not None:
-            tensors["labels"] = torch.from_numpy(np.ascontiguousarray(found.labels))
+        arrays = {"member_logits": found.member_logits, "labels": found.labels}
+        arrays["member_features"] = found.member_features
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items() if v is not None}
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"split": split}))
         return found
 

@@ -36,6 +36,9 @@ class Benchmark:
     shifted: dict[tuple[str, int], list[dict]]
     circuit_id: list[dict]
     circuit_ood: list[dict]
+    ood_val: list[dict]
+    """The whole OOD validation set (unlabelled), at the evaluation's length: chooses each
+    method's flag score (never an OOD test set)."""
     initial: Callable[[int], torch.nn.Module]
     """seed -> the model before training: pretrained weights with a new head, or random."""
     from_scratch: bool
@@ -87,6 +90,7 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
             model_inputs(b)
             for b in batched(head(task.ood_val, config.circuit_ood_items), 64, config.circuit_length)
         ],
+        ood_val=[model_inputs(b) for b in batched(task.ood_val)],
         initial=initial,
         from_scratch=from_scratch,
         preprocessor=preprocessor,

@@ -20,6 +20,7 @@ from hydra_ensembles.evaluation import (
     MethodPredictions,
     add_comparisons,
     add_intervals,
+    add_score_comparisons,
     bootstrap_draws,
     evaluate_method,
     evaluate_predictions,
@@ -48,7 +49,7 @@ def evaluate_all(
     (temperature-scaled rows after their method), each row's Heads label (its method's) and the
     fitted temperatures."""
     bench = run.bench
-    data = EvalData(bench.test, bench.oods, bench.shifted, bench.val)
+    data = EvalData(bench.test, bench.oods, bench.shifted, bench.val, bench.train, bench.ood_val)
     preds, results, heads, temperatures = {}, {}, {}, {}
     for method in methods:
         precision = method.precision or run.evaluation.name
@@ -80,6 +81,7 @@ def evaluate_all(
         if other in row_names and other + row[len(method.name) :] in results
     ]
     add_comparisons(results, draws, pairs)
+    add_score_comparisons(results, draws)
     return preds, results, heads, temperatures
 
 

@@ -1,10 +1,27 @@
 """Evaluation: predictions of any model or ensemble, temperature scaling, metrics, shift."""
 
-from .bootstrap import MAIN_METRICS, add_comparisons, add_intervals, bootstrap_draws
-from .calibration import Calibration, calibrate, fit_calibration, saved_calibration
-from .evaluate import OOD_SCORES, evaluate_predictions, main_row, ood_scores, summarise_ood
+from .bootstrap import MAIN_METRICS, add_comparisons, add_intervals, add_score_comparisons, bootstrap_draws
+from .calibration import (
+    Calibration,
+    calibrate,
+    choose_flag_score,
+    fit_calibration,
+    fit_statistics,
+    record_calibration,
+    saved_calibration,
+)
+from .evaluate import (
+    LOGIT_SCORES,
+    OOD_SCORES,
+    applicable_scores,
+    evaluate_predictions,
+    main_row,
+    member_feature_scores,
+    ood_scores,
+    summarise_ood,
+)
 from .predict import Predictions, predict
-from .run import EvalData, MethodPredictions, evaluate_method, predict_method
+from .run import EvalData, MethodPredictions, evaluate_method, method_statistics, predict_method
 from .shift import (
     IMAGE_CORRUPTIONS,
     SEVERITIES,
@@ -18,6 +35,7 @@ from .uncertainty import flag_threshold, per_example
 
 __all__ = [
     "IMAGE_CORRUPTIONS",
+    "LOGIT_SCORES",
     "MAIN_METRICS",
     "OOD_SCORES",
     "SEVERITIES",
@@ -28,20 +46,27 @@ __all__ = [
     "Predictions",
     "add_comparisons",
     "add_intervals",
+    "add_score_comparisons",
+    "applicable_scores",
     "bootstrap_draws",
     "calibrate",
+    "choose_flag_score",
     "corrupt_images",
     "corrupt_texts",
     "evaluate_method",
     "evaluate_predictions",
     "fit_calibration",
+    "fit_statistics",
     "fit_temperature",
     "flag_threshold",
     "main_row",
+    "member_feature_scores",
+    "method_statistics",
     "ood_scores",
     "per_example",
     "predict",
     "predict_method",
+    "record_calibration",
     "saved_calibration",
     "shifted_sets",
     "summarise_ood",

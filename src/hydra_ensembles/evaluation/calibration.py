@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .. import metrics as M
 from ..hashing import batches_digest
 from ..members.ensemble import as_ensemble
@@ -198,7 +200,7 @@ def choose_flag_score(
     id_validation: Predictions,
     statistics: FeatureStatistics | None = None,
     ood_validation: Predictions | None = None,
-    temperature: float = 1.0,
+    temperature: float | np.ndarray = 1.0,
 ) -> str:
     """The flag score, by the rule of docs/ood.md: with OOD validation predictions, the score
     (among those the predictions and statistics allow) with the highest AUROC of ID validation

@@ -145,11 +145,20 @@ def evaluate_predictions(
     return result
 
 
-def main_row(result: Mapping[str, Any], score: str = "msp") -> dict[str, float]:
-    """The paper's Table 1 row: ID calibration and the OOD average (near and far) for ``score``."""
+def main_row(result: Mapping[str, Any], score: str | None = None) -> dict[str, float]:
+    """The paper's Table 1 row: ID calibration and the OOD average (near and far) for ``score``
+    (None: the row's own ``flag_score``, else ``msp``). Every other score's OOD average is there
+    too, as ``<metric>@<score>``."""
+    score = score or result.get("flag_score", "msp")
     row = dict(result["classification"])
-    average = result.get("ood_summary", {}).get(score, {}).get("average", {})
+    summary = result.get("ood_summary", {})
+    average = summary.get(score, {}).get("average", {})
     row.update({k: average[k] for k in ("auroc", "fpr95", "aupr_in", "aupr_out") if k in average})
+    for other, groups in summary.items():
+        average = groups.get("average", {})
+        row.update(
+            {f"{k}@{other}": average[k] for k in ("auroc", "fpr95", "aupr_in", "aupr_out") if k in average}
+        )
     return row
 
 

@@ -1,6 +1,8 @@
 """The one evaluation path of a method (used by ``hydra-ens demo``, ``eval`` and ``predict``):
 predict the ID test, validation, OOD and shifted sets, evaluate, and add temperature-scaled rows
-fit on ID validation only."""
+fit on ID validation only. With ID training data, the method's feature statistics are fit on its
+members' training features and every feature score is evaluated too; each row then names its
+flag score (`calibration.choose_flag_score`, on ID validation and the OOD validation set)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from ..members.ensemble import as_ensemble
+from ..ood.detectors import FeatureStatistics
+from ..ood.features import ensemble_heads
 from .bootstrap import add_intervals, bootstrap_draws
-from .evaluate import evaluate_predictions
+from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score
+from .evaluate import applicable_scores, evaluate_predictions
 from .predict import Predictions
 from .temperature import fit_temperature
 
@@ -23,35 +29,60 @@ PredictFn = Callable[[Any, Batches, str], Predictions]
 @dataclass
 class EvalData:
     """What a method is evaluated on, as batches: labelled ID test (and validation, for
-    temperature scaling), OOD sets as name -> (near|far, batches), shifted ID test sets as
-    (corruption, severity) -> batches."""
+    temperature scaling and the flag score's choice), OOD sets as name -> (near|far, batches),
+    shifted ID test sets as (corruption, severity) -> batches, labelled ID training data (for the
+    feature statistics) and OOD validation data (for the flag score's choice; never a test set)."""
 
     test: Batches
     ood: Mapping[str, tuple[str, Batches]] = field(default_factory=dict)
     shift: Mapping[tuple[str, int], Batches] = field(default_factory=dict)
     val: Batches | None = None
+    train: Batches | None = None
+    ood_val: Batches | None = None
 
 
 @dataclass
 class MethodPredictions:
-    """A method's predictions on every set of an `EvalData`."""
+    """A method's predictions on every set of an `EvalData`, and its members' output layers
+    (``heads``: `ood.features.member_heads`, for ViM)."""
 
     test: Predictions
     ood: dict[str, tuple[str, Predictions]]
     shift: dict[tuple[str, int], Predictions]
     val: Predictions | None = None
+    train: Predictions | None = None
+    ood_val: Predictions | None = None
+    heads: tuple[Any, Any] | None = None
 
 
 def predict_method(
     model: Any, data: EvalData, predict: PredictFn, calibrate: bool = False
 ) -> MethodPredictions:
-    """Predictions of ``model`` on ``data`` (validation only where it will be ``calibrate``d).
-    The order (test, validation, OOD, shift) fixes the random masks of MC dropout."""
+    """Predictions of ``model`` on ``data`` (validation only where it will be ``calibrate``d;
+    training and OOD validation data only for a model with features). The order (test,
+    validation, OOD, shift, training, OOD validation) fixes the random masks of MC dropout."""
     test = predict(model, data.test, "test")
     val = predict(model, data.val, "val") if calibrate and data.val else None
     ood = {name: (kind, predict(model, batches, name)) for name, (kind, batches) in data.ood.items()}
     shift = {key: predict(model, batches, f"{key[0]}@{key[1]}") for key, batches in data.shift.items()}
-    return MethodPredictions(test, ood, shift, val)
+    train = ood_val = heads = None
+    if test.member_features is not None and data.train:
+        train = predict(model, data.train, "train")
+        heads = ensemble_heads(as_ensemble(model))
+        if heads is not None and heads[0].shape[0] != test.num_members:  # MC dropout: one model's head
+            heads = tuple(h.expand(test.num_members, *h.shape[1:]) for h in heads)
+    if data.ood_val:
+        ood_val = predict(model, data.ood_val, "OOD validation")
+    return MethodPredictions(test, ood, shift, val, train, ood_val, heads)
+
+
+def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
+    """The method's feature statistics, fit on its members' ID training features (None without)."""
+    train = preds.train
+    if train is None or train.member_features is None:
+        return None
+    labels = train.class_labels("ID training predictions")
+    return FeatureStatistics.fit(train.member_features, labels, train.num_classes, preds.heads)
 
 
 def evaluate_method(
@@ -59,15 +90,27 @@ def evaluate_method(
 ) -> tuple[dict[str, Any], dict[str, float | list[float]], dict[str, dict[str, np.ndarray]]]:
     """Result rows of a method: ``name``, and where validation predictions exist, ``name + TS``
     (one temperature) and, for ensembles, ``name + TS per member`` (each member's own
-    temperature, fit on its own NLL). Returns the rows, the fitted temperatures, and with
-    ``bootstrap`` resamples each row's metric draws (`evaluation.bootstrap`; the rows then hold
-    their 95% ``intervals``)."""
+    temperature, fit on its own NLL). Every OOD score the predictions allow is evaluated (the
+    feature scores under `method_statistics`), and each row names its ``flag_score``: the one
+    `choose_flag_score` picks on its validation (and OOD validation) predictions, else ``msp``.
+    Returns the rows, the fitted temperatures, and with ``bootstrap`` resamples each row's metric
+    draws for every score (`evaluation.bootstrap`; the rows then hold their 95% ``intervals``)."""
     rows, temperatures, draws = {}, {}, {}
+    statistics = method_statistics(preds)
+    scores = applicable_scores(preds.test, statistics)
 
     def add(row_name: str, temperature: float | np.ndarray = 1.0) -> None:
-        rows[row_name] = evaluate_predictions(preds.test, preds.ood, preds.shift, temperature)
+        row = evaluate_predictions(preds.test, preds.ood, preds.shift, temperature, statistics=statistics)
+        if preds.val is not None:
+            chosen = choose_flag_score(preds.val, statistics, preds.ood_val, temperature)
+        else:  # the rule without validation data
+            chosen = DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in scores else "msp"
+        row["flag_score"] = chosen
+        rows[row_name] = row
         if bootstrap:
-            draws[row_name] = bootstrap_draws(preds.test, preds.ood, temperature, bootstrap, seed)
+            draws[row_name] = bootstrap_draws(
+                preds.test, preds.ood, temperature, bootstrap, seed, chosen, scores, statistics
+            )
 
     add(name)
     if preds.val is not None:

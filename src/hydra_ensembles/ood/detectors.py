@@ -120,7 +120,8 @@ class FeatureStatistics:
         """Fit on training features ``(M, N, D)`` with their class ``labels`` (N,); ``heads``
         = each member's output layer ``(W (M, C, D), b (M, C))`` (`ood.features.member_heads`;
         without it, or with no more examples than ViM's principal dimension, ViM is not fit).
-        ValueError where a class has no example or features are not finite."""
+        Classes without an example have no mean (a warning says so). ValueError where features
+        are not finite or labels out of range."""
         feats = np.asarray(torch.as_tensor(member_features).double().cpu(), dtype=np.float64)
         y = np.asarray(labels).astype(np.int64).reshape(-1)
         if feats.ndim != 3 or feats.shape[1] != len(y) or len(y) < 2:
@@ -134,8 +135,10 @@ class FeatureStatistics:
             raise ValueError(f"training labels out of range for {num_classes} classes")
         missing = sorted(set(range(num_classes)) - set(y.tolist()))
         if missing:
-            raise ValueError(
-                f"feature statistics need training examples of every class; classes {missing} have none"
+            warnings.warn(
+                f"classes {missing} have no training example: the class-conditional scores measure the "
+                "distance to the other classes only",
+                stacklevel=2,
             )
         members, n, width = feats.shape
         k = min(knn_k, n, bank_size)
@@ -246,9 +249,11 @@ def _fit_member(
     x: np.ndarray, y: np.ndarray, classes: int, head: tuple[np.ndarray, np.ndarray] | None, bank: np.ndarray
 ) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
+    present = np.unique(y)  # sorted; a class without examples has no mean
     for name, feats in (("mds", x), ("mds++", _normalised(x))):
-        means = np.stack([feats[y == c].mean(0) for c in range(classes)])
-        out[f"{name}.means"] = means
+        means = np.zeros((classes, x.shape[1]))
+        means[present] = np.stack([feats[y == c].mean(0) for c in present])
+        out[f"{name}.means"] = means[present]
         out[f"{name}.precision"] = _precision(feats - means[y], name)
     out["rmds.mean"] = x.mean(0)
     out["rmds.precision"] = _precision(x - x.mean(0), "rmds")
