@@ -17,7 +17,7 @@ from .options import (
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .. import reporting
-    from ..evaluation import add_comparisons, evaluate_method, predict, predict_method
+    from ..evaluation import add_comparisons, add_score_comparisons, evaluate_method, predict, predict_method
     from ..io import check_report_dir, mark_report_dir
     from ..loading import load_preprocessor
 
@@ -54,10 +54,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         draws.update(row_draws)
     first = next(iter(methods))  # every other method's differences from the first, paired
     add_comparisons(results, draws, [(name, first) for name in results if name != first])
+    add_score_comparisons(results, draws)
     meta = {
         "command": "hydra-ens eval",
         "ID": args.id_data,
         "OOD": ", ".join(args.ood or []) or "none",
+        "feature statistics fit on": args.train_data or "none (no --train-data: logit scores only)",
+        "flag score chosen on": f"{args.val_data or 'no validation data'}"
+        + (f" and OOD validation {args.ood_val}" if args.ood_val else ""),
         "precision": f"{args.precision} ({args.precision_reason})",
     }
     reporting.write_results(mark_report_dir(out), results, meta=meta)
@@ -94,7 +98,17 @@ def _eval_data(args: argparse.Namespace, preprocessor, models: list, oods_named:
         if args.val_data
         else None
     )
-    return EvalData(id_test, oods, shift, val)
+    train = (
+        _data_batches(args.train_data, args, preprocessor, args.limit, model=models)[1]
+        if args.train_data
+        else None
+    )
+    ood_val = (
+        _data_batches(args.ood_val, args, preprocessor, args.limit, labels=False, model=models[0])[1]
+        if args.ood_val
+        else None
+    )
+    return EvalData(id_test, oods, shift, val, train, ood_val)
 
 
 def _add_eval_command(sub) -> None:
@@ -107,7 +121,20 @@ def _add_eval_command(sub) -> None:
     )
     evaluate.add_argument("--id-data", required=True, help="labelled ID test data")
     evaluate.add_argument("--ood", action="append", help="NAME=SPEC:near|far (repeatable)")
-    evaluate.add_argument("--val-data", help="labelled ID validation data: also report temperature scaling")
+    evaluate.add_argument(
+        "--val-data",
+        help="labelled ID validation data: also report temperature scaling, and choose each method's "
+        "flag score (docs/ood.md)",
+    )
+    evaluate.add_argument(
+        "--train-data",
+        help="labelled ID training data: fit each method's feature statistics on it and report the "
+        "feature scores (mds, rmds, mds++, knn, vim) beside the logit scores",
+    )
+    evaluate.add_argument(
+        "--ood-val",
+        help="unlabelled OOD validation data (never a test set): chooses each method's flag score",
+    )
     evaluate.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     evaluate.add_argument("--limit", type=POSITIVE, help="at most this many examples per dataset")
     evaluate.add_argument(

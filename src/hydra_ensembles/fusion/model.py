@@ -113,6 +113,7 @@ class HydraModel(nn.Module):
     ``chunk_rows`` overrides the token rows per chunk (``None``: never chunk; ``"auto"``: sized
     by the machine's cache, the default). The first CPU forward also applies the bounded
     allocator setting of `runtime.ensure_cpu_allocator_tuned` (``HYDRA_TUNE_ALLOCATOR=0``: not).
+    The output carries the members' features (`ood.features`) unless ``record_features`` is False.
     """
 
     def __init__(
@@ -134,6 +135,7 @@ class HydraModel(nn.Module):
         self._accepted = frozenset(adapter.input_names(model))
         self._batch: int | None = None
         self.chunk_rows: int | Literal["auto"] | None = "auto"
+        self.record_features = True
         # where the head reads the inputs (a pooling by input ids or a patch mask), the inputs stay
         # member-stacked and the trunk runs on member 0's copy of them
         self._stacked_trunk = self.trunk_layers > 0 and adapter.head_reads_inputs
@@ -224,7 +226,7 @@ class HydraModel(nn.Module):
         members' features as ``member_features``."""
         self._batch = batch
         inputs = {**self.adapter.call_options, **inputs}
-        tap = self.feature_tap()
+        tap = self.feature_tap() if self.record_features else None
         with tap if tap is not None else contextlib.nullcontext():
             if self.trunk_layers and not self._stacked_trunk:  # the trunk runs once on B rows; hooks fan out
                 output = self.model(**inputs)

@@ -138,42 +138,107 @@ def markdown_report(
     results: Mapping[str, Mapping[str, Any]],
     heads: Mapping[str, str] | None = None,
     meta: Mapping[str, Any] | None = None,
-    score: str = "msp",
+    score: str | None = None,
     title: str = "Hydra Ensembles evaluation",
 ) -> str:
     """The report: main table, intervals, near/far OOD, OOD scores, diversity and shift sections
-    (each present when some result has the data)."""
+    (each present when some result has the data). ``score``: the OOD score of every row (None:
+    each row's own ``flag_score``)."""
     parts = [f"# {title}", ""]
     if meta:
         parts += [f"- **{k}**: {v}" for k, v in meta.items()] + [""]
     parts += _main_section(results, heads or {}, score)
     parts += interval_sections(results)
     parts += _ood_sections(results, score)
+    parts += score_sections(results)
     parts += _diversity_section(results)
     parts += _shift_sections(results)
     return "\n".join(parts)
 
 
+def row_score(result: Mapping[str, Any], score: str | None = None) -> str:
+    """The OOD score a row is shown with: ``score``, else the row's own flag score, else MSP."""
+    return score or result.get("flag_score", "msp")
+
+
 def _main_section(
-    results: Mapping[str, Mapping[str, Any]], heads: Mapping[str, str], score: str
+    results: Mapping[str, Mapping[str, Any]], heads: Mapping[str, str], score: str | None
 ) -> list[str]:
     rows = {m: main_row(r, score) for m, r in results.items()}
     shown = _bold_best(rows, MAIN_COLUMNS)
+    which = (
+        f"score = {score.upper()}"
+        if score
+        else "each row's flag score (the **OOD score** column: the one the library would ship for it, "
+        "chosen on ID validation and OOD validation data, never on these test sets)"
+    )
     return [
         f"Percentages except Brier and NLL. OOD columns: average of the near-OOD and far-OOD means, "
-        f"score = {score.upper()}, **{POSITIVE_CLASS} is the positive class**; FPR95 is the share of ID "
+        f"{which}, **{POSITIVE_CLASS} is the positive class**; FPR95 is the share of ID "
         "samples flagged at the threshold that catches 95% of OOD samples. Best value in bold.",
         "",
         markdown_table(
-            ["Method", "Heads"] + [h for _, h, _ in MAIN_COLUMNS],
-            [[m, heads.get(m, "")] + [shown[m][k] for k, _, _ in MAIN_COLUMNS] for m in results],
+            ["Method", "Heads", "OOD score"] + [h for _, h, _ in MAIN_COLUMNS],
+            [
+                [m, heads.get(m, ""), row_score(results[m], score)]
+                + [shown[m][k] for k, _, _ in MAIN_COLUMNS]
+                for m in results
+            ],
         ),
         "",
     ]
 
 
-def _ood_sections(results: Mapping[str, Mapping[str, Any]], score: str) -> list[str]:
-    """Near/far means and per-set AUROC for ``score``; average AUROC for every score."""
+def score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each row's flag score against every other score of the same row (paired differences of the
+    OOD average), and the members' spread of each feature score's AUROC."""
+    compared = [
+        (m, r["flag_score"], other, d)
+        for m, r in results.items()
+        for other, d in r.get("score_differences", {}).items()
+        if other == "msp"
+    ]
+    parts: list[str] = []
+    if compared:
+        body = [
+            [m, f"{flag} − {other}"]
+            + [
+                f"{_signed(k, d[k]['difference'])} [{_signed(k, d[k]['low'])}, {_signed(k, d[k]['high'])}]"
+                f" p={d[k]['p_value']:.2f}{' *' if d[k]['p_value'] < 0.05 else ''}"
+                for k in ("auroc", "fpr95")
+            ]
+            for m, flag, other, d in compared
+        ]
+        parts += [
+            "## Each row's flag score against MSP (same model, same bootstrap resamples; * p < 0.05)",
+            "",
+            markdown_table(["Method", "Scores", "AUROC ↑", "FPR95 ↓"], body),
+            "",
+        ]
+    spread = [
+        (m, score, [a for s in r["ood"].values() for a in [s.get("member_auroc", {}).get(score)] if a])
+        for m, r in results.items()
+        if "ood" in r
+        for score in next(iter(r["ood"].values())).get("member_auroc", {})
+    ]
+    if spread:
+        body = [
+            [m, score] + [f"{100 * np.mean([a[i] for a in sets]):.2f}" for i in range(len(sets[0]))]
+            for m, score, sets in spread
+        ]
+        width = max(len(sets[0]) for _, _, sets in spread)
+        parts += [
+            "## Feature scores member by member (AUROC, mean over the OOD sets)",
+            "",
+            markdown_table(["Method", "Score", *[f"member {i}" for i in range(width)]], body),
+            "",
+        ]
+    return parts
+
+
+def _ood_sections(results: Mapping[str, Mapping[str, Any]], score: str | None) -> list[str]:
+    """Near/far means and per-set AUROC for each row's score; average AUROC and FPR95 for every
+    score."""
     breakdown = [(m, r) for m, r in results.items() if "ood" in r]
     if not breakdown:
         return []
@@ -184,7 +249,8 @@ def _ood_sections(results: Mapping[str, Mapping[str, Any]], score: str) -> list[
     ]
     body = []
     for method, r in breakdown:
-        summary = r["ood_summary"][score]
+        own = row_score(r, score)
+        summary = r["ood_summary"][own]
         body.append(
             [method]
             + [
@@ -192,27 +258,30 @@ def _ood_sections(results: Mapping[str, Mapping[str, Any]], score: str) -> list[
                 for kind in ("near", "far")
                 for k in ("auroc", "fpr95")
             ]
-            + [format_value("auroc", r["ood"][s]["scores"][score]["auroc"]) for s in sets]
+            + [format_value("auroc", r["ood"][s]["scores"][own]["auroc"]) for s in sets]
         )
     score_names = list(dict.fromkeys(s for _, r in breakdown for s in r["ood_summary"]))
-    by_score = [
-        [method]
-        + [
-            format_value("auroc", r["ood_summary"].get(s, {}).get("average", {}).get("auroc"))
+    parts = ["## Near- and far-OOD", "", markdown_table(headers, body), ""]
+    for key, label in (("auroc", "AUROC ↑"), ("fpr95", "FPR95 ↓")):
+        values = {m: {s: _average(r, s, key) for s in score_names} for m, r in breakdown}
+        best = {
+            s: (max if key == "auroc" else min)(present)
             for s in score_names
-        ]
-        for method, r in breakdown
-    ]
-    return [
-        "## Near- and far-OOD",
-        "",
-        markdown_table(headers, body),
-        "",
-        "## OOD average AUROC by score",
-        "",
-        markdown_table(["Method", *score_names], by_score),
-        "",
-    ]
+            if (present := [v[s] for v in values.values() if v[s] is not None])
+        }
+        body = [[m] + [_marked(key, v[s], best.get(s)) for s in score_names] for m, v in values.items()]
+        title = f"## OOD average {label} by score (best per score in bold)"
+        parts += [title, "", markdown_table(["Method", *score_names], body), ""]
+    return parts
+
+
+def _marked(key: str, value: float | None, best: float | None) -> str:
+    text = format_value(key, value)
+    return f"**{text}**" if value is not None and value == best else text
+
+
+def _average(result: Mapping[str, Any], score: str, key: str) -> float | None:
+    return result["ood_summary"].get(score, {}).get("average", {}).get(key)
 
 
 def _diversity_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -258,7 +327,7 @@ def write_results(
     results: Mapping[str, Mapping[str, Any]],
     heads: Mapping[str, str] | None = None,
     meta: Mapping[str, Any] | None = None,
-    score: str = "msp",
+    score: str | None = None,
     title: str = "Hydra Ensembles evaluation",
     sections: Sequence[str] = (),
 ) -> dict[str, Path]:
@@ -271,11 +340,12 @@ def write_results(
     )
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["method", "heads"] + [k for k, _, _ in MAIN_COLUMNS])
+    writer.writerow(["method", "heads", "ood_score"] + [k for k, _, _ in MAIN_COLUMNS])
     for method, result in results.items():
         row = main_row(result, score)
         writer.writerow(
-            [method, (heads or {}).get(method, "")] + [row.get(k, "") for k, _, _ in MAIN_COLUMNS]
+            [method, (heads or {}).get(method, ""), row_score(result, score)]
+            + [row.get(k, "") for k, _, _ in MAIN_COLUMNS]
         )
     atomic_write_text(files["csv"], buffer.getvalue())
     atomic_write_text(
