@@ -166,3 +166,29 @@ def test_saved_statistics_load_equal_and_a_changed_file_is_refused(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="cannot read"):
         FeatureStatistics.load(tmp_path / "junk.safetensors")
+
+
+def test_fitting_fewer_scores_stores_less():
+    feats, y, head, queries, _ = _data()
+    full = FeatureStatistics.fit(feats, y, 3, head)
+    mds = FeatureStatistics.fit(feats, y, 3, head, scores=("mds",))
+    assert set(mds.tensors) == {"mds.means", "mds.precision"} and mds.scores == ("mds",)
+    assert torch.equal(mds.member_scores("mds", queries), full.member_scores("mds", queries))
+    rmds = FeatureStatistics.fit(feats, y, 3, scores=("rmds",))  # reads mds's means and precision
+    assert rmds.scores == ("rmds",) and torch.equal(
+        rmds.member_scores("rmds", queries), full.member_scores("rmds", queries)
+    )
+    with pytest.raises(ValueError, match="unknown feature scores"):
+        FeatureStatistics.fit(feats, y, 3, scores=("mahalanobis",))
+
+
+@pytest.mark.slow
+def test_a_4096_wide_decoder_feature_fits():
+    """A 4096-wide feature (a 7B decoder's): one precision matrix of 4096 x 4096 float64 (128 MiB)
+    per member, fit on fewer examples than dimensions, scores finite."""
+    rng = np.random.default_rng(0)
+    feats = rng.normal(size=(1, 600, 4096)).astype(np.float32)
+    y = np.arange(600) % 2
+    stats = FeatureStatistics.fit(feats, y, 2, scores=("mds",))
+    assert stats.tensors["mds.precision"].shape == (1, 4096, 4096)
+    assert torch.isfinite(stats.member_scores("mds", feats[:, :10])).all()

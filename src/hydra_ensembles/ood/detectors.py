@@ -84,7 +84,11 @@ def _precision(x: np.ndarray, what: str) -> np.ndarray:
             "distance is 0 for every input (fit on more varied data)",
             stacklevel=4,
         )
-    return np.linalg.pinv(covariance, hermitian=True)
+    try:  # positive definite (what shrinkage gives): its inverse through a Cholesky factor
+        inverse = np.linalg.inv(np.linalg.cholesky(covariance))
+        return inverse.T @ inverse
+    except np.linalg.LinAlgError:
+        return np.linalg.pinv(covariance, hermitian=True)
 
 
 def _normalised(x: np.ndarray) -> np.ndarray:
@@ -116,12 +120,17 @@ class FeatureStatistics:
         knn_k: int = KNN_K,
         bank_size: int = BANK_SIZE,
         seed: int = 0,
+        scores: Sequence[str] = FEATURE_SCORES,
     ) -> FeatureStatistics:
         """Fit on training features ``(M, N, D)`` with their class ``labels`` (N,); ``heads``
         = each member's output layer ``(W (M, C, D), b (M, C))`` (`ood.features.member_heads`;
         without it, or with no more examples than ViM's principal dimension, ViM is not fit).
-        Classes without an example have no mean (a warning says so). ValueError where features
-        are not finite or labels out of range."""
+        Classes without an example have no mean (a warning says so). ``scores``: the feature
+        scores to fit (all by default; fewer store less, e.g. ``("mds",)`` one precision matrix
+        per member). ValueError where features are not finite or labels out of range."""
+        unknown = sorted(set(scores) - set(FEATURE_SCORES))
+        if unknown or not scores:
+            raise ValueError(f"unknown feature scores {unknown}; choose from {FEATURE_SCORES}")
         feats = np.asarray(torch.as_tensor(member_features).double().cpu(), dtype=np.float64)
         y = np.asarray(labels).astype(np.int64).reshape(-1)
         if feats.ndim != 3 or feats.shape[1] != len(y) or len(y) < 2:
@@ -143,12 +152,12 @@ class FeatureStatistics:
         members, n, width = feats.shape
         k = min(knn_k, n, bank_size)
         bank_rows = np.sort(np.random.default_rng(seed).permutation(n)[:bank_size])
-        if heads is not None and n <= vim_dimension(width):
+        if heads is not None and (n <= vim_dimension(width) or "vim" not in scores):
             heads = None  # the training features lie inside ViM's principal subspace: no residual
         parts: dict[str, list[np.ndarray]] = {}
         for m in range(members):
             head = None if heads is None else (np.asarray(heads[0][m], np.float64), np.asarray(heads[1][m]))
-            for name, value in _fit_member(feats[m], y, num_classes, head, bank_rows).items():
+            for name, value in _fit_member(feats[m], y, num_classes, head, bank_rows, scores).items():
                 parts.setdefault(name, []).append(value)
         tensors = {name: torch.from_numpy(np.stack(values)) for name, values in parts.items()}
         settings = {
@@ -159,13 +168,14 @@ class FeatureStatistics:
             "examples": n,
             "knn_k": int(k),
             "vim_dim": vim_dimension(width) if heads is not None else None,
+            "scores": [s for s in FEATURE_SCORES if s in scores and (s != "vim" or heads is not None)],
         }
         return cls(tensors, settings)
 
     @property
     def scores(self) -> tuple[str, ...]:
         """The feature scores these statistics compute (ViM needs the output layers)."""
-        return tuple(s for s in FEATURE_SCORES if s != "vim" or "vim.basis" in self.tensors)
+        return tuple(self.settings["scores"])
 
     def member_scores(self, score: str, member_features: Any, member_logits: Any = None) -> torch.Tensor:
         """Each member's ``score`` (M, N), float64, from features ``(M, N, D)`` (and, for ViM,
@@ -246,18 +256,26 @@ class FeatureStatistics:
 
 
 def _fit_member(
-    x: np.ndarray, y: np.ndarray, classes: int, head: tuple[np.ndarray, np.ndarray] | None, bank: np.ndarray
+    x: np.ndarray,
+    y: np.ndarray,
+    classes: int,
+    head: tuple[np.ndarray, np.ndarray] | None,
+    bank: np.ndarray,
+    scores: Sequence[str],
 ) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     present = np.unique(y)  # sorted; a class without examples has no mean
     for name, feats in (("mds", x), ("mds++", _normalised(x))):
-        means = np.zeros((classes, x.shape[1]))
-        means[present] = np.stack([feats[y == c].mean(0) for c in present])
-        out[f"{name}.means"] = means[present]
-        out[f"{name}.precision"] = _precision(feats - means[y], name)
-    out["rmds.mean"] = x.mean(0)
-    out["rmds.precision"] = _precision(x - x.mean(0), "rmds")
-    out["knn.bank"] = _normalised(x[bank])
+        if name in scores or (name == "mds" and "rmds" in scores):  # rmds reads mds's statistics
+            means = np.zeros((classes, x.shape[1]))
+            means[present] = np.stack([feats[y == c].mean(0) for c in present])
+            out[f"{name}.means"] = means[present]
+            out[f"{name}.precision"] = _precision(feats - means[y], name)
+    if "rmds" in scores:
+        out["rmds.mean"] = x.mean(0)
+        out["rmds.precision"] = _precision(x - x.mean(0), "rmds")
+    if "knn" in scores:
+        out["knn.bank"] = _normalised(x[bank])
     if head is not None:
         weight, bias = head
         origin = -np.linalg.pinv(weight) @ bias
