@@ -209,15 +209,28 @@ def choose_flag_score(
     usable = applicable_scores(id_validation, statistics)
     if ood_validation is None:
         return DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in usable else "msp"
+    aurocs = validation_aurocs(id_validation, ood_validation, statistics, temperature)
+    order = list(aurocs)
+    return max(order, key=lambda s: (aurocs[s], -order.index(s)))
+
+
+def validation_aurocs(
+    id_validation: Predictions,
+    ood_validation: Predictions,
+    statistics: FeatureStatistics | None = None,
+    temperature: float | np.ndarray = 1.0,
+) -> dict[str, float]:
+    """The AUROC of ID validation against OOD validation of every score both allow (what
+    `choose_flag_score` chooses by), in the order of `OOD_SCORES`."""
+    usable = applicable_scores(id_validation, statistics)
     usable = [s for s in usable if s in applicable_scores(ood_validation, statistics)]
-    aurocs = {
+    return {
         s: M.auroc(
             ood_scores(id_validation, s, temperature, statistics),
             ood_scores(ood_validation, s, temperature, statistics),
         )
         for s in usable
     }
-    return max(usable, key=lambda s: (aurocs[s], -usable.index(s)))
 
 
 def fit_calibration(

@@ -16,7 +16,7 @@ from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
 from .bootstrap import add_intervals, bootstrap_draws
-from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score
+from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, validation_aurocs
 from .evaluate import applicable_scores, evaluate_predictions
 from .predict import Predictions
 from .temperature import fit_temperature
@@ -103,6 +103,10 @@ def evaluate_method(
         row = evaluate_predictions(preds.test, preds.ood, preds.shift, temperature, statistics=statistics)
         if preds.val is not None:
             chosen = choose_flag_score(preds.val, statistics, preds.ood_val, temperature)
+            if preds.ood_val is not None:  # what it was chosen by (validation sets only)
+                row["flag_score_validation_auroc"] = validation_aurocs(
+                    preds.val, preds.ood_val, statistics, temperature
+                )
         else:  # the rule without validation data
             chosen = DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in scores else "msp"
         row["flag_score"] = chosen
