@@ -61,13 +61,16 @@ def run_seeds(config: DemoConfig, seeds: list[int]) -> dict[str, Any]:
 
 def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
     """method -> metric -> [mean, std (ddof 1), n] of the main metrics over the seeds (methods
-    present in every seed)."""
+    present in every seed), the OOD metrics for each seed's own flag score (their names under
+    ``flag_scores``) and for every score as ``<metric>@<score>``."""
     common = [m for m in next(iter(per_seed.values())) if all(m in r for r in per_seed.values())]
     summary = {}
     for method in common:
         rows = [main_row(r[method]) for r in per_seed.values()]
+        keys = [k for k in rows[0] if all(k in r for r in rows)]
         summary[method] = {
             k: [float(np.mean([r[k] for r in rows])), float(np.std([r[k] for r in rows], ddof=1)), len(rows)]
-            for k in rows[0]
+            for k in keys
         }
+        summary[method]["flag_scores"] = [r[method].get("flag_score", "msp") for r in per_seed.values()]
     return summary

@@ -111,25 +111,33 @@ def interval_sections(results: Mapping[str, Mapping[str, Any]], heading: str = "
 def seeds_table(
     summary: Mapping[str, Mapping[str, Sequence[float]]], seeds: Sequence[int], command: str
 ) -> str:
-    """Main metrics as mean ± std over seeds (`hydra_experiments.seed_summary`)."""
-    headers = ["Method"] + [h for _, h, _ in MAIN_COLUMNS]
+    """Main metrics as mean ± std over seeds (`hydra_experiments.seed_summary`), the OOD columns
+    for each seed's flag score (named per seed), then every score's OOD average AUROC and FPR95."""
+    headers = ["Method", "OOD score"] + [h for _, h, _ in MAIN_COLUMNS]
+
+    def cell(v: Mapping[str, Any], k: str) -> str:
+        return f"{format_value(k, v[k][0])} ± {format_value(k, v[k][1])}" if k in v else "–"
+
     body = [
-        [method]
-        + [
-            f"{format_value(k, v[k][0])} ± {format_value(k, v[k][1])}" if k in v else "–"
-            for k, _, _ in MAIN_COLUMNS
-        ]
+        [method, ", ".join(v.get("flag_scores", ["msp"]))] + [cell(v, k) for k, _, _ in MAIN_COLUMNS]
         for method, v in summary.items()
     ]
+    scores = list(dict.fromkeys(k.partition("@")[2] for v in summary.values() for k in v if "@" in k))
+    by_score = []
+    for key, label in (("auroc", "AUROC ↑"), ("fpr95", "FPR95 ↓")):
+        rows = [[method] + [cell(v, f"{key}@{s}") for s in scores] for method, v in summary.items()]
+        by_score += [f"## OOD average {label} by score", "", markdown_table(["Method", *scores], rows), ""]
     return "\n".join(
         [
             f"# Mean ± std over seeds {', '.join(map(str, seeds))}",
             "",
             f"`{command} --seeds {','.join(map(str, seeds))}`; each seed's report (with bootstrap "
-            "intervals and paired differences) is in `seed-<s>/`.",
+            "intervals and paired differences) is in `seed-<s>/`. OOD columns: each seed's flag score "
+            "(chosen on ID and OOD validation data; listed per seed).",
             "",
             markdown_table(headers, body),
             "",
+            *(by_score if scores else []),
         ]
     )
 
