@@ -26,7 +26,8 @@ def test_seed_summary_is_mean_and_sample_std_of_methods_in_every_seed():
         (np.mean([0.75, 0.79, 0.77]), np.std([0.75, 0.79, 0.77], ddof=1), 3)
     )
     table = seeds_table(summary, [0, 1, 2], "hydra-ens demo")
-    assert "| Hydra (Circ) | 84.00 ± 2.65 |" in table and "--seeds 0,1,2" in table
+    assert "| Hydra (Circ) | msp, msp, msp | 84.00 ± 2.65 |" in table and "--seeds 0,1,2" in table
+    assert "| Hydra (Circ) | 77.00 ± 2.00 |" in table.split("AUROC ↑ by score")[1]  # every score's
 
 
 @pytest.mark.parametrize("seeds", [[0], [1, 1]])

@@ -116,7 +116,8 @@ def seeds_table(
     headers = ["Method", "OOD score"] + [h for _, h, _ in MAIN_COLUMNS]
 
     def cell(v: Mapping[str, Any], k: str) -> str:
-        return f"{format_value(k, v[k][0])} ± {format_value(k, v[k][1])}" if k in v else "–"
+        metric = k.partition("@")[0]
+        return f"{format_value(metric, v[k][0])} ± {format_value(metric, v[k][1])}" if k in v else "–"
 
     body = [
         [method, ", ".join(v.get("flag_scores", ["msp"]))] + [cell(v, k) for k, _, _ in MAIN_COLUMNS]
