@@ -140,3 +140,17 @@ def test_mc_dropout_samples_have_their_own_features():
     logits = torch.einsum("mcd,mnd->mnc", weight, out.member_features.double()) + bias[:, None]
     assert (logits - out.member_logits.double()).abs().max() <= 1e-5
     assert not torch.equal(out.member_features[0], out.member_features[1])
+
+
+def test_zero_shot_features_are_the_unit_input_embeddings_of_each_member():
+    from hydra_ensembles.zeroshot import fuse_dual_encoder
+    from tests.factories import image_inputs, tiny_clip_zero_shot
+
+    model = tiny_clip_zero_shot(classes=3, templates=2, heads_pool="both")
+    head_sets = [he.HeadSet({0: [0, 1], 1: [2]}), he.HeadSet({0: [3], 1: []}), he.HeadSet({1: [0, 3]})]
+    fused = fuse_dual_encoder(model, head_sets)
+    x = image_inputs(5, seed=1)
+    out = _check_affine(fused, x)
+    explicit = _check_affine([he.prune(model, hs) for hs in head_sets], x)
+    assert (out.member_features - explicit.member_features).abs().max() <= 1e-5
+    assert torch.allclose(out.member_features.norm(dim=-1), torch.ones(3, 5))

@@ -57,9 +57,14 @@ class DeepEnsemble(nn.Module):
         return len(self.members)
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
-        taps = [_tap(member) for member in self.members]
         logits, features = [], []
-        for member, tap in zip(self.members, taps, strict=True):
+        for member in self.members:
+            if hasattr(member, "features_and_logits"):  # a dual encoder: its unit input embedding
+                feature, member_logits = member.features_and_logits(**inputs)
+                logits.append(member_logits)
+                features.append(feature)
+                continue
+            tap = _tap(member)
             with tap if tap is not None else contextlib.nullcontext():
                 logits.append(member(**inputs).logits)
             if tap is not None:

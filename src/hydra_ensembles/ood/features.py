@@ -153,6 +153,12 @@ def ensemble_heads(ensemble: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | N
     deep ensemble, MC dropout, a model answering for M members), or None where its logits are not
     one affine map of one feature vector per member."""
     members = int(ensemble.num_members)
+    if hasattr(ensemble, "output_head"):  # a zero-shot Hydra model: its cosine heads
+        return ensemble.output_head()
+    owned = getattr(ensemble, "members", None)
+    if isinstance(owned, nn.ModuleList) and all(hasattr(m, "output_head") for m in owned):
+        heads = [m.output_head() for m in owned]  # dual encoders
+        return torch.stack([w for w, _ in heads]), torch.stack([b for _, b in heads])
     try:
         if hasattr(ensemble, "feature_tap"):  # a fused Hydra model
             tap = ensemble.feature_tap()

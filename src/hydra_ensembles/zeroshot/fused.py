@@ -27,7 +27,7 @@ from ..outputs import EnsembleOutput
 from ..serialization import read_saved, write_saved
 from ..surgery import forget_calibration, kept_heads, prune
 from .model import DualEncoderClassifier, DualEncoderConfig
-from .towers import EncoderTower, cosine_logits, pool
+from .towers import EncoderTower, cosine_logits, normalize, pool
 
 CONFIG_NAME = "zero_shot_config.json"
 FORMAT = "hydra-ensembles/zero-shot"
@@ -73,7 +73,14 @@ class ZeroShotHydra(nn.Module):
         logits = cosine_logits(
             embeddings, self.class_embeddings, self.config.logit_scale, self.config.logit_bias
         )
-        return EnsembleOutput.from_member_logits(logits, labels)
+        return EnsembleOutput.from_member_logits(logits, labels, normalize(embeddings))
+
+    @torch.no_grad()
+    def output_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each member's affine map from its unit input embedding (its feature) to its logits,
+        ``(W (M, C, D), b (M, C))`` in float64: ``logit_scale`` x its class embeddings, ``logit_bias``."""
+        weight = self.config.logit_scale * self.class_embeddings.double()
+        return weight, torch.full(weight.shape[:2], float(self.config.logit_bias), dtype=torch.float64)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """The fused input tower in ``input_tower/`` (a Hydra save), then the class embeddings and

@@ -170,6 +170,19 @@ class DualEncoderClassifier(nn.Module):
             input_embeddings, class_embeddings, self.config.logit_scale, self.config.logit_bias
         )
 
+    def features_and_logits(self, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input's feature, its unit embedding (B, D), and the logits (B, C) its output
+        layer `output_head` maps it to."""
+        embeddings = self.input_tower(**inputs)
+        return normalize(embeddings), self.logits_from(embeddings, self.class_embeddings())
+
+    @torch.no_grad()
+    def output_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The affine map from unit input embeddings to logits, ``(W (C, D), b (C,))`` in float64:
+        ``logit_scale`` x the unit class embeddings, and ``logit_bias``."""
+        weight = self.config.logit_scale * self.class_embeddings().double()
+        return weight, torch.full((weight.shape[0],), float(self.config.logit_bias), dtype=torch.float64)
+
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> SequenceClassifierOutput:
         logits = self.logits_from(self.input_tower(**inputs), self.class_embeddings())
         loss = None if labels is None else F.cross_entropy(logits, labels.to(logits.device))
