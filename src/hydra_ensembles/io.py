@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -369,11 +370,24 @@ def output_lock(path: str | os.PathLike) -> Iterator[None]:
 
 
 def _take_lock(fcntl: Any, lock: Path, path: str | os.PathLike) -> int:
-    """The open, exclusively locked descriptor of ``lock`` (see `output_lock`)."""
+    """The open, exclusively locked descriptor of ``lock`` (see `output_lock`). The lock file is
+    opened without following a symbolic link and must be a regular file: a link planted in the
+    output's folder would otherwise have the lock truncate whatever file it points to."""
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+            except OSError as exc:
+                if lock.is_symlink():
+                    raise OutputError(
+                        f"{lock} is a symbolic link, not a lock file: remove it (it may have been "
+                        "planted to make this command overwrite another file)"
+                    ) from None
+                raise exc
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OutputError(f"{lock} is not a regular file: remove it")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

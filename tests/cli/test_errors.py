@@ -551,6 +551,12 @@ CLOBBERING = [
         "is the input",
         "unlabelled.csv",
     ),
+    (  # a link planted where the output's lock goes must not make the lock truncate its target
+        "lock-file-is-a-planted-link",
+        lambda w: predict(w, "--labelled", out="planted/p.csv"),
+        "is a symbolic link",
+        "victim.txt",
+    ),
 ]
 
 
@@ -599,6 +605,10 @@ def test_an_output_never_replaces_or_enters_an_input(w, case, capsys):
     (w / "sub" / "data.csv").write_text((w / "train.csv").read_text())
     if not (w / "link-to-train.csv").exists():
         (w / "link-to-train.csv").symlink_to(w / "train.csv")
+    (w / "victim.txt").write_text("a file the user cares about\n")
+    (w / "planted").mkdir(exist_ok=True)
+    if not (w / "planted" / ".p.csv.lock").is_symlink():
+        (w / "planted" / ".p.csv.lock").symlink_to(w / "victim.txt")
     before = _digest(w / kept) if kept else None
     code = run(argv(w))
     lines = said(capsys.readouterr().err)
