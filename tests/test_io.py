@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import json
+
 import pytest
 import torch
 
@@ -185,3 +188,16 @@ def test_a_file_set_is_written_and_read_as_one(tmp_path):
     files["a.txt"].write_text("4")
     with pytest.raises(ValueError, match="differs from what was saved"):
         load_file_set(tmp_path)
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_neutralised(tmp_path):
+    from hydra_ensembles.io import atomic_write_records
+
+    texts = ['=HYPERLINK("http://x")', "+1+2", "-2+3", "@SUM(A1)", "\tcmd", "plain", "a = b"]
+    rows = [{"id": str(i), "text": t, "ood_score_energy": -1.5, "n": 3} for i, t in enumerate(texts)]
+    atomic_write_records(tmp_path / "p.csv", rows)
+    read = list(csv.DictReader((tmp_path / "p.csv").open(newline="")))
+    assert [r["text"] for r in read] == ["'" + t for t in texts[:5]] + texts[5:]
+    assert {r["ood_score_energy"] for r in read} == {"-1.5"}  # numbers are not text cells
+    atomic_write_records(tmp_path / "p.jsonl", rows)  # JSON Lines keep every value as it is
+    assert [json.loads(line)["text"] for line in (tmp_path / "p.jsonl").read_text().splitlines()] == texts

@@ -131,9 +131,20 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet reads as the start of a formula in a CSV cell (the usual CSV-injection rule)."""
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A text cell that a spreadsheet would run as a formula, prefixed with ``'`` (shown as text,
+    the quote hidden); numbers and every other value unchanged."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+
+
 def atomic_write_records(path: str | os.PathLike, rows: list[dict[str, Any]]) -> Path:
-    """``rows`` (dicts with the same keys) as a table: JSON Lines for a ``.jsonl`` path, else CSV
-    with the first row's keys as header; written atomically."""
+    """``rows`` (dicts with the same keys) as a table: JSON Lines for a ``.jsonl`` path (values as
+    they are), else CSV with the first row's keys as header, text cells that begin like a
+    formula prefixed with ``'`` (`spreadsheet_safe`); written atomically."""
     if Path(path).suffix == ".jsonl":
         return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     import csv
@@ -142,7 +153,7 @@ def atomic_write_records(path: str | os.PathLike, rows: list[dict[str, Any]]) ->
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else [])
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in rows)
     return atomic_write_text(path, buffer.getvalue())
 
 
