@@ -115,16 +115,23 @@ def to_batches(
     return batches(dataset, preprocessor, batch_size, max_length)
 
 
-def check_max_length(max_length: int, tokenizer: Any, models: Any) -> None:
-    """Refuse a ``max_length`` beyond the positions the tokenizer and the model(s) know (longer
-    inputs would index past the position embeddings)."""
+def position_limit(tokenizer: Any, models: Any) -> int | None:
+    """The most tokens the tokenizer and every model (or ensemble: its configuration) know
+    positions for, or None where none says."""
     limits = [getattr(tokenizer, "model_max_length", None)]
     for m in models if isinstance(models, list) else [models]:
         config = getattr(m, "config", None)
         limits.append(getattr(config, "max_position_embeddings", None) if config is not None else None)
     known = [int(n) for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
-    if known and max_length > min(known):
-        raise ValueError(f"--max-length {max_length} exceeds the model's {min(known)} positions")
+    return min(known) if known else None
+
+
+def check_max_length(max_length: int, tokenizer: Any, models: Any) -> None:
+    """Refuse a ``max_length`` beyond the positions the tokenizer and the model(s) know (longer
+    inputs would index past the position embeddings)."""
+    limit = position_limit(tokenizer, models)
+    if limit is not None and max_length > limit:
+        raise ValueError(f"--max-length {max_length} exceeds the model's {limit} positions")
 
 
 def align_padding(tokenizer: Any, models: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -194,6 +195,18 @@ def _table_rows(reader, path: Path) -> list[dict]:
             )
         rows.append(dict(zip(header, fields, strict=True)))
     return rows
+
+
+def check_text_input(value: Any) -> None:
+    """Refuse, in one line, what a served text classifier cannot read: anything but a text that
+    is not blank (None, numbers, lists, dicts and empty texts)."""
+    if not isinstance(value, str):
+        raise ValueError(
+            f"a text classifier takes texts (str), got {type(value).__name__}: pass each input as a "
+            "non-empty string"
+        )
+    if not value.strip():
+        raise ValueError("an empty text has nothing to classify: pass a non-empty string")
 
 
 def checked_texts(values: Sequence, source: str, column: str) -> list[str]:

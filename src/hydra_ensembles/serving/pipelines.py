@@ -19,6 +19,7 @@ are at temperature 1 and no record holds ``flagged``.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 from transformers import (
@@ -30,6 +31,8 @@ from transformers import (
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from ..batching import check_padding
+from ..data.registry import position_limit
+from ..data.text import check_text_input
 from ..evaluation.calibration import Calibration, saved_calibration
 from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
@@ -97,8 +100,23 @@ class _UncertaintyRecords:
 
 class HydraTextClassificationPipeline(_UncertaintyRecords, TextClassificationPipeline):
     """``text-classification`` with the uncertainty fields and the OOD flag (one dict per input).
-    A batch padded with another id than a decoder classifier's pooling looks for is refused
-    (`batching.check_padding`: a tokenizer other than the one saved with the model)."""
+    Each input must be a text that is not blank (anything else is refused in one line, as
+    ``hydra-ens predict`` refuses it); texts longer than the model's positions are truncated to
+    them unless ``truncation``/``max_length`` say otherwise. A batch padded with another id than
+    a decoder classifier's pooling looks for is refused (`batching.check_padding`: a tokenizer
+    other than the one saved with the model)."""
+
+    def _sanitize_parameters(self, **kwargs: Any):
+        preprocess, forward, post = super()._sanitize_parameters(**kwargs)
+        if "truncation" not in preprocess and "max_length" not in preprocess:
+            limit = position_limit(self.tokenizer, getattr(self.model, "ensemble", self.model))
+            if limit is not None:
+                preprocess = {**preprocess, "truncation": True, "max_length": limit}
+        return preprocess, forward, post
+
+    def preprocess(self, inputs: Any, **tokenizer_kwargs: Any) -> Any:
+        check_text_input(inputs)
+        return super().preprocess(inputs, **tokenizer_kwargs)
 
     def _forward(self, model_inputs: dict[str, Any], **kwargs: Any) -> Any:
         model = self.model
@@ -107,7 +125,26 @@ class HydraTextClassificationPipeline(_UncertaintyRecords, TextClassificationPip
 
 
 class HydraImageClassificationPipeline(_UncertaintyRecords, ImageClassificationPipeline):
-    """``image-classification`` with the uncertainty fields and the OOD flag (one dict per input)."""
+    """``image-classification`` with the uncertainty fields and the OOD flag (one dict per input).
+    Each input is an image: a PIL image, an array, or a path or URL of one; anything else (None,
+    a text that names no file) is refused in one line."""
+
+    def __call__(self, inputs: Any = None, **kwargs: Any) -> Any:
+        for item in inputs if isinstance(inputs, list) else [inputs]:
+            _check_image_input(item)
+        return super().__call__(inputs, **kwargs)
+
+
+def _check_image_input(value: Any) -> None:
+    """Refuse what no image loader reads: None, blank strings, texts that are no file or URL."""
+    if isinstance(value, str) and value.strip():
+        if value.startswith(("http://", "https://", "data:image/")) or os.path.isfile(value):
+            return
+    elif value is not None and not isinstance(value, str):
+        return
+    raise ValueError(
+        f"{IMAGE_TASK} takes images (a PIL image, an array, or a path or URL of one), got {value!r:.60}"
+    )
 
 
 def register_pipelines() -> None:

@@ -1,0 +1,68 @@
+"""The served paths' catalogue: what the pipelines must refuse in one line (as `hydra-ens predict`
+refuses it), and texts longer than the model's positions, truncated as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification, pipeline
+
+import hydra_ensembles as he
+from hydra_ensembles.models import load_tokenizer
+
+from .conftest import CLASSES, HEAD_SETS, tiny_image_classifier
+
+TEXT_REFUSALS = [
+    ("empty", "", "empty text"),
+    ("blank", "  \n", "empty text"),
+    ("none", None, "got NoneType"),
+    ("number", 5, "got int"),
+    ("nested-object", {"text": {"a": 1}}, "got dict"),
+    ("list-with-an-empty-text", ["a text", ""], "empty text"),
+]
+
+
+@pytest.mark.parametrize(("case", "value", "fragment"), TEXT_REFUSALS, ids=[c[0] for c in TEXT_REFUSALS])
+@pytest.mark.parametrize("kind", ["calibrated", "ensemble"])
+def test_the_text_pipeline_refuses_what_predict_refuses(saved, kind, case, value, fragment):
+    served = pipeline("hydra-text-classification", model=str(saved[kind]))
+    with pytest.raises(ValueError, match=fragment) as raised:
+        served(value)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_text_longer_than_the_positions_is_truncated_to_them(tmp_path):
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=12, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
+        max_position_embeddings=32, id2label=CLASSES, label2id={v: k for k, v in CLASSES.items()},
+    )  # fmt: skip
+    base = BertForSequenceClassification(config).eval()
+    folder = tmp_path / "hydra"
+    tokenizer = load_tokenizer()  # it knows 512 positions, the model 32
+    tokenizer.save_pretrained(folder)
+    he.fuse(base, list(HEAD_SETS)).save_pretrained(folder)
+    long = " ".join(["market"] * 100)
+    served = pipeline("hydra-text-classification", model=str(folder))
+    record = served(long)[0] if isinstance(served(long), list) else served(long)
+    cut = tokenizer.decode(
+        tokenizer(long, truncation=True, max_length=32)["input_ids"], skip_special_tokens=True
+    )
+    expected = served(cut)
+    expected = expected[0] if isinstance(expected, list) else expected
+    assert record["confidence"] == pytest.approx(expected["confidence"], abs=1e-6)
+    explicit = pipeline("hydra-text-classification", model=str(folder), truncation=True, max_length=16)
+    assert explicit(long)  # what the caller asks for wins
+
+
+@pytest.mark.parametrize("value", [None, "", "  ", "a photo of a cat", [None]])
+def test_the_image_pipeline_refuses_what_is_no_image(tmp_path, value):
+    folder = tmp_path / "vit"
+    model = tiny_image_classifier()
+    he.fuse(model, [he.HeadSet({0: [0, 1]}), he.HeadSet({1: [2]})]).save_pretrained(folder)
+    from transformers import ViTImageProcessor
+
+    ViTImageProcessor(size={"height": 8, "width": 8}).save_pretrained(folder)
+    served = pipeline("hydra-image-classification", model=str(folder))
+    with pytest.raises(ValueError, match="takes images"):
+        served(value)
