@@ -52,20 +52,40 @@ class ExportError(ValueError):
 
 
 class _Graph(nn.Module):
-    """The wrapped model's forward with named tensor inputs and a tuple of outputs."""
+    """The wrapped model's forward with named tensor inputs and a tuple of outputs. A row that
+    PyTorch would refuse or that holds nothing to read (a token id outside the vocabulary, an
+    attention mask of zeros only) gives NaN in every output of that row, never a number."""
 
-    def __init__(self, model: HydraPreTrainedModel, input_names: Sequence[str]) -> None:
+    def __init__(self, model: HydraPreTrainedModel, input_names: Sequence[str], vocab: int | None) -> None:
         super().__init__()
-        self.model, self.input_names = model, tuple(input_names)
+        self.model, self.input_names, self.vocab = model, tuple(input_names), vocab
         calibration = model.calibration
         self.scored = calibration is not None and calibration.score in FEATURE_SCORES
         self.output_names = OUTPUT_NAMES + (SCORE_NAMES if self.scored else ())
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(**dict(zip(self.input_names, tensors, strict=True)))
+        inputs = dict(zip(self.input_names, tensors, strict=True))
+        valid = None
+        if "input_ids" in inputs and self.vocab:
+            ids = inputs["input_ids"]
+            valid = ((ids >= 0) & (ids < self.vocab)).all(-1)
+            inputs["input_ids"] = ids.clamp(0, self.vocab - 1)  # what is read of a refused row is moot
+        if "attention_mask" in inputs:
+            attended = inputs["attention_mask"].sum(-1) > 0
+            valid = attended if valid is None else valid & attended
+        out = self.model(**inputs)
+        outputs = (out.logits, out.logits_per_member)
         if self.scored:
-            return out.logits, out.logits_per_member, out.ood_score, out.ood_score_per_member
-        return out.logits, out.logits_per_member
+            outputs += (out.ood_score, out.ood_score_per_member)
+        if valid is None:
+            return outputs
+        return tuple(_refused_as_nan(x, valid) for x in outputs)
+
+
+def _refused_as_nan(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``x`` with the rows that are not ``valid`` (batch first) set to NaN."""
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    return torch.where(valid.reshape(shape), x, torch.full_like(x, float("nan")))
 
 
 def export_onnx(
@@ -109,7 +129,7 @@ def export_onnx(
     for h in hydra:  # one forward for the whole batch: chunks would fix the batch size in the graph
         h.chunk_rows = None
     try:
-        graph = _Graph(wrapped, names).eval()
+        graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
         program = _export(graph, example, names, vision, opset)
         difference = _check(program, graph, config, names, vision) if check else None
     finally:
@@ -155,6 +175,15 @@ def _sidecar(
         "base_model_type": config.model_type,
         "max_difference_from_pytorch": difference,
     }
+
+
+def _vocabulary(config: Any, vision: bool) -> int | None:
+    """The token ids a text model's embeddings hold (None for images)."""
+    if vision:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    size = getattr(text, "vocab_size", None)
+    return int(size) if size else None
 
 
 def _load(folder: Path) -> HydraPreTrainedModel:
@@ -209,6 +238,18 @@ def _example_inputs(config: Any, names: Sequence[str], vision: bool, batch: int,
     return tuple(tensors)
 
 
+def _refused_rows(inputs: tuple, names: Sequence[str], vocab: int | None) -> tuple:
+    """``inputs`` with row 0's attention mask all zeros, row 1 holding the id ``vocab`` and row 2
+    the id -1: rows PyTorch refuses or cannot read."""
+    tensors = dict(zip(names, (t.clone() for t in inputs), strict=True))
+    if "attention_mask" in tensors:
+        tensors["attention_mask"][0] = 0
+    if "input_ids" in tensors and vocab:
+        tensors["input_ids"][1, 0] = vocab
+        tensors["input_ids"][2, -1] = -1
+    return tuple(tensors[n] for n in names)
+
+
 def _export(graph: nn.Module, example: tuple, names: Sequence[str], vision: bool, opset: int):
     try:
         import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
@@ -254,7 +295,9 @@ def _export(graph: nn.Module, example: tuple, names: Sequence[str], vision: bool
 
 
 def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vision: bool) -> float:
-    """Run the graph with onnxruntime on several shapes; ExportError where it differs from PyTorch."""
+    """Run the graph with onnxruntime on several shapes (one token; padded rows; for text, a batch
+    whose rows hold a mask of zeros only, a token id past the vocabulary and a negative one, which
+    must give NaN); ExportError where it differs from PyTorch."""
     try:
         import onnxruntime
     except ImportError as exc:
@@ -265,8 +308,12 @@ def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vi
         program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
     )
     worst = 0.0
-    for seed, (batch, tokens) in enumerate([(1, 5), (3, 11), (5, 16)]):
+    shapes = [(1, 1), (1, 5), (3, 11), (5, 16)] + ([] if vision else [(4, 7)])
+    for seed, (batch, tokens) in enumerate(shapes):
         inputs = _example_inputs(config, names, vision, batch, tokens, seed=seed + 1)
+        refused = not vision and batch == 4
+        if refused:
+            inputs = _refused_rows(inputs, names, graph.vocab)
         with torch.no_grad():
             expected = graph(*inputs)
         feed = {n: t.numpy() for n, t in zip(names, inputs, strict=True)}
@@ -278,7 +325,14 @@ def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vi
                 f"({' '.join(str(exc).split())[:300]}): not written"
             ) from exc
         for name, ours, theirs in zip(graph.output_names, expected, got, strict=True):
-            diff = float((torch.from_numpy(theirs) - ours).abs().max())
+            theirs = torch.from_numpy(theirs)
+            if not torch.equal(theirs.isnan(), ours.isnan()) or (refused and not theirs[:3].isnan().all()):
+                raise ExportError(
+                    f"the exported graph's {name} is NaN in other rows than PyTorch's (batch {batch}, "
+                    f"{tokens} tokens; rows of zero masks or ids outside the vocabulary): not written"
+                )
+            ours, theirs = ours.nan_to_num(), theirs.nan_to_num()
+            diff = float((theirs - ours).abs().max())
             if name in SCORE_NAMES:  # distances grow with the width: relative to their size
                 diff /= max(1.0, float(ours.abs().max()))
             if not diff <= TOLERANCE:
