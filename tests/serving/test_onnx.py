@@ -201,3 +201,25 @@ def test_rows_pytorch_refuses_give_nan_in_the_graph(exported):
     logits, per_member = session.run(["logits", "logits_per_member"], inputs)
     assert np.isnan(logits[:3]).all() and np.isnan(per_member[:3]).all()
     assert np.array_equal(logits[3:], clean[0][3:]) and np.array_equal(per_member[3:], clean[1][3:])
+
+
+def test_the_serving_pages_onnx_example_runs_as_written(saved, exported, tmp_path, monkeypatch):
+    """docs/serving.md's onnxruntime snippet runs as written beside an export (one that flags on
+    MSP; the feature-score branch reads `ood_score`, checked in test_feature_scores) and gives the
+    library's flags."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "InferenceSession" in b)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "onnx").symlink_to(exported["calibrated"])
+    namespace: dict = {}
+    exec(compile(block, "docs/serving.md", "exec"), namespace)
+    calibration = saved_calibration(load_any(str(saved["calibrated"])))
+    records = calibration.records(
+        Predictions(namespace["outputs"]["logits_per_member"].transpose(1, 0, 2)),
+        namespace["side"]["classes"],
+    )
+    assert namespace["flagged"].tolist() == [r["flagged"] for r in records]
+    assert namespace["usable"].all()
