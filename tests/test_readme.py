@@ -41,6 +41,7 @@ def test_the_documented_python_examples_run(tmp_path, monkeypatch):
         exec(compile(readme[1], "README.md", "exec"), namespace)  # the building blocks
     out = namespace["out"]
     assert out.member_logits.shape == (3, 1, 4) and out.probs.shape == (1, 4)
+    assert out.member_features.shape == (3, 1, 384)
     assert (tmp_path / "runs" / "readme-hydra" / "hydra_config.json").is_file()
     exec(compile(api[0], "docs/python-api.md", "exec"), namespace)  # scoring, members, evaluation
     assert len(namespace["order"].removed) == 4
@@ -57,7 +58,9 @@ def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     # the serving example, on what the CSV quick start built
     exec(compile(readme[2], "README.md", "exec"), namespace)
     served = namespace["uncertain"]("The match ended in a draw.")[0]
-    assert {"flagged", "mutual_information", "ood_score_msp", "entropy"} <= set(served)
+    assert {"flagged", "mutual_information", "ood_score_mds", "ood_score_mds_spread", "entropy"} <= set(
+        served
+    )
 
 
 def test_the_documented_experiments_example_names_what_exists():
