@@ -18,7 +18,7 @@ def _python_blocks(page: str) -> list[str]:
 
 def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     readme, api = _python_blocks("README.md"), _python_blocks("docs/python-api.md")
-    assert len(readme) == 3 and len(api) == 3, "the Python blocks changed: keep this test in step"
+    assert len(readme) == 3 and len(api) == 4, "the Python blocks changed: keep this test in step"
     monkeypatch.chdir(tmp_path)
     # the quick start on one's own CSV: a classifier `finetune` made, train.csv and val.csv
     classifier = load_classifier("minilm-l6", num_labels=2)
@@ -55,6 +55,10 @@ def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     assert saved.data == "bbc-news:val" and saved.examples == 16
     again = namespace["predict"](namespace["hydra"], namespace["ood_val"])
     assert namespace["records"] == saved.records(again, namespace["news"].classes)
+    exec(compile(api[2], "docs/python-api.md", "exec"), namespace)  # feature scores
+    feature = namespace["calibration"]
+    assert feature.statistics is not None and feature.statistics_data == "bbc-news:train"
+    assert namespace["preds"].member_features.shape == (3, 16, 384)
     # the serving example, on what the CSV quick start built
     exec(compile(readme[2], "README.md", "exec"), namespace)
     served = namespace["uncertain"]("The match ended in a draw.")[0]
@@ -70,7 +74,7 @@ def test_the_documented_experiments_example_names_what_exists():
 
     import hydra_experiments
 
-    block = _python_blocks("docs/python-api.md")[2]
+    block = _python_blocks("docs/python-api.md")[3]
     compile(block, "docs/python-api.md", "exec")
     config = hydra_experiments.DemoConfig.preset("text", out_dir="runs/my-demo")
     cache = hydra_experiments.Cache(config.cache_dir, enabled=True)
