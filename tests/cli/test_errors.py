@@ -112,6 +112,7 @@ def w(tmp_path_factory):
     file.write_text(json.dumps(meta))
     shutil.copytree(root / "member", root / "member-broken")
     (root / "member-broken" / "member_config.json").write_text('{"format": "hydra-ensembles/mem')
+    _saved_ensembles(root, loaded, tokenizer)
 
     circuit = {
         "method": "circuit",
@@ -186,6 +187,32 @@ def w(tmp_path_factory):
     return root
 
 
+def _saved_ensembles(root, model, tokenizer) -> None:
+    """A calibrated saved ensemble of two members, and copies edited after saving: the index's
+    temperature raised, one member named twice, a member folder swapped for another member."""
+    from hydra_ensembles.evaluation import calibrate
+    from hydra_ensembles.members import DeepEnsemble
+
+    members = [he.prune(model, he.HeadSet({0: [0, 1]})), he.prune(model, he.HeadSet({1: [2, 3]}))]
+    ensemble = DeepEnsemble(members)
+    batch = dict(tokenizer(["a text", "another one", "third", "fourth"], padding=True, return_tensors="pt"))
+    calibrate(ensemble, [{**batch, "labels": torch.tensor([0, 1, 0, 1])}], "msp", progress=False)
+    ensemble.save_pretrained(root / "ens")
+    tokenizer.save_pretrained(root / "ens")
+    for name in ("ens-edited", "ens-twice", "ens-swapped"):
+        shutil.copytree(root / "ens", root / name)
+    index = root / "ens-edited" / "ensemble_config.json"
+    saved = json.loads(index.read_text())
+    saved["calibration"]["temperature"] = 50.0
+    index.write_text(json.dumps(saved))
+    index = root / "ens-twice" / "ensemble_config.json"
+    saved = json.loads(index.read_text())
+    saved["members"] = ["member-0", "member-0"]
+    index.write_text(json.dumps(saved))
+    shutil.rmtree(root / "ens-swapped" / "member-1")
+    shutil.copytree(root / "ens" / "member-0", root / "ens-swapped" / "member-1")
+
+
 def finetune(w, *extra, out="tuned"):
     return ["finetune", str(w / "model"), "--data", str(w / "train.csv"), *extra, "--out", str(w / out)]
 
@@ -238,6 +265,10 @@ CASES = [
         "report",
     ),
     ("broken-member-json", lambda w: evaluate(w, method="member-broken"), "not valid JSON", "report"),
+    # a saved ensemble edited or mixed after saving
+    ("ensemble-index-edited", lambda w: predict(w, model="ens-edited"), "own checksum", "p.csv"),
+    ("ensemble-names-a-member-twice", lambda w: predict(w, model="ens-twice"), "a member twice", "p.csv"),
+    ("ensemble-member-swapped", lambda w: predict(w, model="ens-swapped"), "is not the member", "p.csv"),
     (
         "malformed-saved-calibration",
         lambda w: predict(w, model="bad-calibration"),

@@ -26,16 +26,20 @@ from ..baselines.mimo import mimo_members
 from ..baselines.packed import packed_members
 from ..batching import batch_rows, member_stacked
 from ..configuration import write_hf_config
+from ..hashing import config_digest
 from ..io import atomic_write_json, read_json
 from ..ood.detectors import STATISTICS_NAME
 from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics
 from ..outputs import EnsembleOutput
 from ..surgery import STATISTICS_ATTRIBUTE
+from .storage import CONFIG_NAME as MEMBER_CONFIG
 from .storage import MemberLoadError, load_member, save_member
 
 CONFIG_NAME = "ensemble_config.json"
 FORMAT = "hydra-ensembles/ensemble"
+FORMAT_VERSION = 2
+"""2: the index carries its own checksum and each member config's (1: neither; still read)."""
 
 
 class DeepEnsemble(nn.Module):
@@ -93,15 +97,37 @@ class DeepEnsemble(nn.Module):
 
 def read_ensemble_index(path: str | os.PathLike) -> dict[str, Any]:
     """The checked index of a saved ensemble (`write_ensemble_index`): its members' folder names
-    (``members``) and its calibration where it has one."""
+    (``members``) and its calibration where it has one. MemberLoadError where it is not one, is
+    of an unknown format version, names a member twice, or (format 2) does not match its own
+    checksum or names members whose saved configs changed since (a member folder swapped)."""
     path = Path(path)
+    file = path / CONFIG_NAME
     try:
-        config = read_json(path / CONFIG_NAME, "ensemble config")
+        config = read_json(file, "ensemble config")
     except ValueError as exc:
         raise MemberLoadError(f"{exc}: not a saved ensemble (or the save did not finish)") from None
     names = config.get("members") if isinstance(config, dict) and config.get("format") == FORMAT else None
     if not names or not all(isinstance(n, str) and "/" not in n and n not in (".", "..") for n in names):
-        raise MemberLoadError(f"{path / CONFIG_NAME} is not a {FORMAT} file")
+        raise MemberLoadError(f"{file} is not a {FORMAT} file")
+    version = config.get("format_version", 1)
+    if version not in (1, FORMAT_VERSION):
+        raise MemberLoadError(
+            f"{file} has format version {version}, this library reads [1, {FORMAT_VERSION}]"
+        )
+    if len(set(names)) != len(names):
+        raise MemberLoadError(f"{file} names a member twice: an ensemble of copies measures no disagreement")
+    if version >= 2:
+        if config.get("config_sha256") != config_digest(config):
+            raise MemberLoadError(f"{file} does not match its own checksum: it was modified after saving")
+        members = config.get("members_sha256", {})
+        for name in names:
+            saved = (
+                read_json(path / name / MEMBER_CONFIG, "member config")
+                if (path / name / MEMBER_CONFIG).is_file()
+                else {}
+            )
+            if members.get(name) != saved.get("config_sha256"):
+                raise MemberLoadError(f"{path / name} is not the member {file} was saved with")
     return config
 
 
@@ -117,12 +143,22 @@ def write_ensemble_index(
     one (and the feature ``statistics`` it names, written first): what
     `DeepEnsemble.from_pretrained` reads. Then the ``config.json`` (from the members'
     configuration ``config``) that routes ``transformers``' Auto classes to it."""
-    index = {"format": FORMAT, "members": list(names)}
+    path = Path(path)
+    members = {
+        name: read_json(path / name / MEMBER_CONFIG, "member config").get("config_sha256") for name in names
+    }
+    index = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "members": list(names),
+        "members_sha256": members,
+    }
     if calibration is not None:
         index["calibration"] = calibration
         if statistics is not None and calibration.get("statistics_sha256"):
-            statistics.save(Path(path) / STATISTICS_NAME)
-    atomic_write_json(Path(path) / CONFIG_NAME, index)
+            statistics.save(path / STATISTICS_NAME)
+    index["config_sha256"] = config_digest(index)
+    atomic_write_json(path / CONFIG_NAME, index)
     write_hf_config(path, config, "ensemble")
     return Path(path)
 
