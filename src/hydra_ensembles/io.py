@@ -53,18 +53,27 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def atomic_dir(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+OUTPUT_MARKER = ".hydra-ens-output"
+"""The file that marks a folder a command replaces as a whole (``finetune``'s, ``export``'s) as
+written by hydra-ens: ``--overwrite`` replaces such a folder, never one of the user's own."""
+
+
+def atomic_dir(path: str | os.PathLike, write: Callable[[Path], None], marker: bool = False) -> Path:
     """Call ``write(tmp)`` on a temporary directory beside ``path``, then rename it to ``path``:
     ``path`` is either the old directory or the complete new one, never half written, and the
     old one is deleted only once the new one is in place. Where the old one cannot be moved (a
     mount point), nothing is deleted: OutputError says where the new result is. Leftovers of a
-    killed writer go at the next call."""
+    killed writer go at the next call. ``marker``: the new folder holds `OUTPUT_MARKER`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
     prefix = f"{_temp_prefix(path)}{os.getpid()}."
     tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent))
     try:
+        if marker:
+            (tmp / OUTPUT_MARKER).write_text(
+                "A folder written by hydra-ens: --overwrite replaces it whole.\n"
+            )
         write(tmp)
         os.chmod(tmp, 0o777 & ~_umask())
     except BaseException:
@@ -288,7 +297,9 @@ def check_output_dir(
     ``overwrite=False`` (model outputs): a directory holding ``finished`` (the marker of a
     complete result) or anything outside ``resumable`` (what an interrupted run of the same
     command leaves, which it resumes) is refused: results are never mixed with stale files.
-    ``replaced``: the folder is replaced as a whole (`atomic_dir`), which a mount point cannot be.
+    ``replaced``: the folder is replaced as a whole (`atomic_dir`), which a mount point cannot be,
+    and which is allowed only for an empty folder or one hydra-ens wrote (`OUTPUT_MARKER`), even
+    with ``overwrite``: the user's own files are never deleted.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -301,6 +312,11 @@ def check_output_dir(
     for entry in path.iterdir():
         if is_stale_temp(entry):  # what a killed writer left: never a reason to refuse
             _remove(entry)
+    if replaced and any(path.iterdir()) and not (path / OUTPUT_MARKER).is_file():
+        raise OutputError(
+            f"{path} holds files hydra-ens did not write, which replacing it would delete: choose another "
+            "--out (--overwrite replaces only a folder this command wrote)"
+        )
     if overwrite:
         return path
     entries = {p.name for p in path.iterdir()}

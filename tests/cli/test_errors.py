@@ -582,6 +582,18 @@ CLOBBERING = [
         "is the input",
         "unlabelled.csv",
     ),
+    (  # --overwrite replaces a folder the command wrote, never one holding the user's own files
+        "finetune-overwrite-onto-a-users-folder",
+        lambda w: [*finetune(w, out="used"), "--overwrite"],
+        "did not write",
+        "used",
+    ),
+    (
+        "export-overwrite-onto-a-users-folder",
+        lambda w: [*export(w, out="used"), "--overwrite"],
+        "did not write",
+        "used",
+    ),
     (  # a link planted where the output's lock goes must not make the lock truncate its target
         "lock-file-is-a-planted-link",
         lambda w: predict(w, "--labelled", out="planted/p.csv"),

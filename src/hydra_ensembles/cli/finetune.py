@@ -77,7 +77,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         if preprocessor is not None:
             preprocessor.save_pretrained(folder)
 
-    atomic_dir(out, write)
+    atomic_dir(out, write, marker=True)
     if not args.keep_checkpoints:
         shutil.rmtree(checkpoint, ignore_errors=True)
     print(f"saved the fine-tuned classifier ({len(dataset.classes)} classes) to {out}")

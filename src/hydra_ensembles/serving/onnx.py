@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..fusion.model import HydraModel
-from ..io import atomic_dir, atomic_write_json
+from ..io import atomic_dir, atomic_write_json, check_output_dir
 from ..loading import load_any, saved_preprocessor
 from ..models import VISION_MODEL_TYPES
 from ..ood.detectors import FEATURE_SCORES
@@ -104,8 +104,10 @@ def export_onnx(
     model's folder); its ``model_input_names`` name the graph's inputs unless ``input_names`` does.
     ``check``: run the graph with onnxruntime on several batch sizes (and sequence lengths) and
     raise `ExportError` where an output differs from PyTorch's by more than 1e-4 (the largest
-    difference is recorded in ``calibration.json``). A model in memory must be float32.
+    difference is recorded in ``calibration.json``). A model in memory must be float32. ``out``
+    must be new, empty or an earlier export: a folder of other files is refused before any work.
     """
+    check_output_dir(out, replaced=True)  # never a folder of the user's own files
     source = None
     if isinstance(model, (str, os.PathLike)):
         source = Path(model)
@@ -148,7 +150,7 @@ def export_onnx(
             preprocessor.save_pretrained(folder)
         atomic_write_json(folder / SIDECAR_NAME, sidecar)
 
-    return atomic_dir(out, write)
+    return atomic_dir(out, write, marker=True)
 
 
 OUTPUTS = {
