@@ -508,6 +508,8 @@ CASES = [
         "report",
     ),
     ("out-bad-suffix", lambda w: predict(w, out="p.txt"), ".csv or .jsonl", "p.txt"),
+    ("plot-without-val-data", lambda w: predict(w, "--plot", str(w / "s.png")), "give --val-data", "p.csv"),
+    ("plot-bad-suffix", lambda w: predict(w, "--plot", str(w / "s.pdf")), ".png", "p.csv"),
     ("build-into-foreign-dir", lambda w: build(w, *HEADS_PER_LAYER, out="used"), "not empty", "used/hydra"),
     ("eval-report-is-a-file", lambda w: evaluate(w, out="a-file"), "is a file", None),
     ("eval-into-the-users-folder", lambda w: evaluate(w, out="used"), "did not write", "used/report.md"),

@@ -175,8 +175,11 @@ def test_score_build_eval(workspace, capsys):
 
     hydra_dir, tokenizer = str(w / "built" / "hydra"), []  # build saved the tokenizer beside it
     labelled = ["--data", str(w / "train.csv"), "--labelled", "--val-data", str(w / "train.csv")]
-    out = w / "predictions.csv"
-    assert main(["predict", hydra_dir, *tokenizer, *labelled, "--out", str(out), *common]) == 0
+    out, plot = w / "predictions.csv", w / "scores.png"
+    assert (
+        main(["predict", hydra_dir, *tokenizer, *labelled, "--out", str(out), "--plot", str(plot), *common])
+        == 0
+    )
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 24 and rows[0]["id"] == "train.csv/0" and rows[0]["text"].startswith("goal match")
     assert {"predicted", "confidence", "p_money", "p_sport", "entropy", "mutual_information"} <= set(rows[0])
@@ -185,7 +188,8 @@ def test_score_build_eval(workspace, capsys):
     flagged = sum(r["flagged"] == "True" for r in rows)
     assert flagged <= 2  # the threshold keeps 95% of these same (validation) inputs unflagged
     assert "24 predictions" in capsys.readouterr().out
-    assert (w / "predictions_msp.png").stat().st_size > 0  # the score histograms with the threshold
+    assert plot.stat().st_size > 0  # the score histograms with the threshold, where --plot says
+    assert sorted(p.name for p in w.glob("predictions*")) == ["predictions.csv"]  # nothing unnamed
 
     out = w / "ood.jsonl"
     ensemble = f"{w / 'built' / 'members' / 'member-0'},{w / 'built' / 'members' / 'member-1'}"

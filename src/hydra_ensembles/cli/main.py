@@ -148,7 +148,7 @@ INPUT_OPTIONS = (
     "preprocessor",
     "cache_dir",
 )
-OUTPUT_OPTIONS = {"out": "--out", "checkpoint": "--checkpoint"}
+OUTPUT_OPTIONS = {"out": "--out", "checkpoint": "--checkpoint", "plot": "--plot"}
 
 
 def _guard_outputs(args: argparse.Namespace) -> None:

@@ -21,6 +21,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from ..loading import load_preprocessor
 
     out = check_output_file(args.out, (".csv", ".jsonl"))
+    plot = check_output_file(args.plot, (".png",)) if args.plot else None
+    if plot is not None and not args.val_data:
+        raise ValueError("--plot draws the data's OOD scores against --val-data's: give --val-data")
     models, preprocessor = _load_methods(args.model, args)
     if args.preprocessor:
         preprocessor = load_preprocessor(args.preprocessor)
@@ -44,13 +47,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     else:
         records = per_example(preds, classes, flag_score=flag_score)
     summary = []
-    if val is not None:  # where the data's scores fall against ID validation, and the threshold
+    if plot is not None:  # where the data's scores fall against ID validation, and the threshold
         t, statistics = calibration.temperature, calibration.statistics
         scores = {
             f"ID validation ({args.val_data})": ood_scores(val, flag_score, t, statistics),
             f"data ({args.data})": ood_scores(preds, flag_score, t, statistics),
         }
-        plot = out.with_name(f"{out.stem}_{flag_score}.png")
         reporting.score_histograms(scores, plot, flag_score, calibration.threshold)
         summary.append(f"score histograms -> {plot}")
     texts = getattr(dataset, "texts", None)
@@ -147,5 +149,10 @@ def _add_predict_command(sub) -> None:
     _random_head_option(pred)
     pred.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     pred.add_argument("--out", required=True, help="output file: .csv or .jsonl")
+    pred.add_argument(
+        "--plot",
+        help="with --val-data: also draw where the data's OOD scores fall against the validation "
+        "data's, with the threshold (a .png file)",
+    )
     _data_options(pred)
     pred.set_defaults(func=_cmd_predict)
