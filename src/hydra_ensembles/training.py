@@ -316,6 +316,7 @@ class _Run:
                     f"fine-tuning diverged in epoch {epoch + 1}: the weights {bad} hold NaN or Inf; "
                     f"lower the learning rate (lr={config.lr:g})"
                 )
+            self._check_predicts(epoch)
             if self.ckpt is not None and self.accelerator.is_main_process:
                 _save_checkpoint(self.ckpt, self.unwrapped, self.optimizer, config, epoch + 1, result,
                                  self.best_nll, self.best_state, self.inputs,
@@ -372,6 +373,25 @@ class _Run:
             bar.update(per_step)
             bar.set_postfix(epoch=epoch, loss=f"{running / max(1, seen):.3f}")
         return running / max(1, seen)
+
+    @torch.no_grad()
+    def _check_predicts(self, epoch: int) -> None:
+        """TrainingDiverged where the weights the epoch ends with, finite as they are, give NaN or
+        Inf on the first training batch (weights so large that the forward pass overflows): such
+        a model is never saved or returned."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            loss = self._loss(self.train_batches[0])
+        finally:
+            self.model.train(was_training)
+        if not bool(torch.isfinite(loss)):
+            largest = max(float(p.detach().abs().max()) for p in self.params)
+            raise TrainingDiverged(
+                f"fine-tuning diverged in epoch {epoch + 1}: the trained model's loss on a training "
+                f"batch is {float(loss)} (weights up to {largest:.3g}); lower the learning rate "
+                f"(lr={self.config.lr:g})"
+            )
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Cross-entropy of every member on the labels (one model: its own loss; a BatchEnsemble

@@ -391,6 +391,12 @@ CASES = [
     ),
     ("keep-outside-0-1", lambda w: predict(w, "--keep", "1.5"), "--keep", "p.csv"),
     ("lr-negative", lambda w: build(w, *HEADS_PER_LAYER, "--lr", "-1"), "--lr", "built"),
+    (  # weights finite but so large that the model predicts NaN: nothing is saved
+        "finetune-diverges-to-huge-weights",
+        lambda w: finetune(w, "--lr", "1e30", "--epochs", "1"),
+        "diverged",
+        "tuned",
+    ),
     # data
     ("data-empty", lambda w: score(w, data="header-only.csv"), "no rows", "out.json"),
     ("data-missing-column", lambda w: score(w, data="no-label-column.csv"), "no column", "out.json"),
