@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..evaluation.evaluate import main_row
+from ..evaluation.evaluate import OOD_SCORES, main_row
 from ..io import atomic_write_json, atomic_write_text
 from ..metrics import POSITIVE_CLASS
 
@@ -90,15 +90,7 @@ def interval_sections(results: Mapping[str, Mapping[str, Any]], heading: str = "
     if compared:
         keys = [k for k in INTERVAL_COLUMNS if k in compared[0][2]]
         headers = [h for k, h, _ in MAIN_COLUMNS if k in keys]
-        body = [
-            [f"{m} − {other}"]
-            + [
-                f"{_signed(k, d[k]['difference'])} [{_signed(k, d[k]['low'])}, {_signed(k, d[k]['high'])}]"
-                f" p={d[k]['p_value']:.2f}{' *' if d[k]['p_value'] < 0.05 else ''}"
-                for k in keys
-            ]
-            for m, other, d in compared
-        ]
+        body = [[f"{m} − {other}"] + [_difference(k, d[k]) for k in keys] for m, other, d in compared]
         parts += [
             f"{heading} Paired differences (same bootstrap resamples; * p < 0.05, two-sided)",
             "",
@@ -210,12 +202,7 @@ def score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     parts: list[str] = []
     if compared:
         body = [
-            [m, f"{flag} − {other}"]
-            + [
-                f"{_signed(k, d[k]['difference'])} [{_signed(k, d[k]['low'])}, {_signed(k, d[k]['high'])}]"
-                f" p={d[k]['p_value']:.2f}{' *' if d[k]['p_value'] < 0.05 else ''}"
-                for k in ("auroc", "fpr95")
-            ]
+            [m, f"{flag} − {other}"] + [_difference(k, d[k]) for k in ("auroc", "fpr95")]
             for m, flag, other, d in compared
         ]
         parts += [
@@ -224,18 +211,22 @@ def score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             markdown_table(["Method", "Scores", "AUROC ↑", "FPR95 ↓"], body),
             "",
         ]
-    spread = [
-        (m, score, [a for s in r["ood"].values() for a in [s.get("member_auroc", {}).get(score)] if a])
-        for m, r in results.items()
-        if "ood" in r
-        for score in next(iter(r["ood"].values())).get("member_auroc", {})
-    ]
+    parts += _same_score_sections(results)
+    spread, seen = [], []
+    for m, r in results.items():
+        member_auroc = [s.get("member_auroc", {}) for s in r.get("ood", {}).values()]
+        if not member_auroc or not member_auroc[0] or member_auroc in seen:
+            continue  # a temperature-scaled row has its method's features: shown once
+        seen.append(member_auroc)
+        for score in member_auroc[0]:
+            per_member = zip(*[a[score] for a in member_auroc], strict=True)
+            spread.append((m, score, [100 * float(np.mean(v)) for v in per_member]))
     if spread:
+        width = max(len(values) for _, _, values in spread)
         body = [
-            [m, score] + [f"{100 * np.mean([a[i] for a in sets]):.2f}" for i in range(len(sets[0]))]
-            for m, score, sets in spread
+            [m, score, *[f"{v:.2f}" for v in values], *["–"] * (width - len(values))]
+            for m, score, values in spread
         ]
-        width = max(len(sets[0]) for _, _, sets in spread)
         parts += [
             "## Feature scores member by member (AUROC, mean over the OOD sets)",
             "",
@@ -243,6 +234,37 @@ def score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             "",
         ]
     return parts
+
+
+def _same_score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The paired differences between methods with the **same** OOD score, every score: does one
+    method detect OOD better than another whatever score both use?"""
+    parts: list[str] = []
+    for m, r in results.items():
+        for other, d in r.get("differences", {}).items():
+            scores = [s for s in OOD_SCORES if f"auroc@{s}" in d]
+            if not scores:
+                continue
+            body = [
+                [score] + [_difference(k, d.get(f"{k}@{score}")) for k in ("auroc", "fpr95")]
+                for score in scores
+            ]
+            parts += [
+                f"## {m} − {other}, each OOD score (the same score for both; * p < 0.05)",
+                "",
+                markdown_table(["Score", "AUROC ↑", "FPR95 ↓"], body),
+                "",
+            ]
+    return parts
+
+
+def _difference(key: str, d: Mapping[str, float] | None) -> str:
+    """A paired difference as ``+1.23 [+0.10, +2.30] p=0.03 *``."""
+    if d is None:
+        return "–"
+    star = " *" if d["p_value"] < 0.05 else ""
+    interval = f"[{_signed(key, d['low'])}, {_signed(key, d['high'])}]"
+    return f"{_signed(key, d['difference'])} {interval} p={d['p_value']:.2f}{star}"
 
 
 def _ood_sections(results: Mapping[str, Mapping[str, Any]], score: str | None) -> list[str]:
