@@ -3,6 +3,7 @@ ensemble of members, or a Hugging Face classifier."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,33 @@ def saved_preprocessor(path: str | os.PathLike) -> Any:
     if (folder / "preprocessor_config.json").is_file():
         return load_image_processor(str(folder))
     return None
+
+
+def preprocessing_signature(preprocessor: Any) -> str | None:
+    """A digest of what ``preprocessor`` turns an input into (a tokenizer's whole definition:
+    vocabulary, normalisation, special tokens, padding side; an image processor's settings):
+    equal digests, equal model inputs. None for no preprocessor."""
+    from .hashing import json_digest
+
+    if preprocessor is None:
+        return None
+    backend = getattr(preprocessor, "backend_tokenizer", None)
+    if backend is not None or hasattr(preprocessor, "get_vocab"):
+        if backend is not None:  # its definition, without the padding/truncation of its last call
+            definition: Any = json.loads(backend.to_str())
+            definition = {k: v for k, v in definition.items() if k not in ("padding", "truncation")}
+        else:
+            definition = sorted(preprocessor.get_vocab().items())
+        return json_digest(
+            {
+                "backend": definition,
+                "special": {k: str(v) for k, v in preprocessor.special_tokens_map.items()},
+                "padding_side": getattr(preprocessor, "padding_side", None),
+                "inputs": list(getattr(preprocessor, "model_input_names", [])),
+            }
+        )
+    settings = preprocessor.to_dict() if hasattr(preprocessor, "to_dict") else vars(preprocessor)
+    return json_digest({"class": type(preprocessor).__name__, **settings})
 
 
 def load_preprocessor(path: str) -> Any:

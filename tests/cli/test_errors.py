@@ -113,6 +113,10 @@ def w(tmp_path_factory):
     shutil.copytree(root / "member", root / "member-broken")
     (root / "member-broken" / "member_config.json").write_text('{"format": "hydra-ensembles/mem')
     _saved_ensembles(root, loaded, tokenizer)
+    shutil.copytree(root / "model", root / "model-cased")  # the same weights, another tokenizer
+    settings = json.loads((root / "model-cased" / "tokenizer_config.json").read_text())
+    settings["do_lower_case"] = False  # "Goal" and "goal" become different ids
+    (root / "model-cased" / "tokenizer_config.json").write_text(json.dumps(settings))
 
     circuit = {
         "method": "circuit",
@@ -269,6 +273,12 @@ CASES = [
     ("ensemble-index-edited", lambda w: predict(w, model="ens-edited"), "own checksum", "p.csv"),
     ("ensemble-names-a-member-twice", lambda w: predict(w, model="ens-twice"), "a member twice", "p.csv"),
     ("ensemble-member-swapped", lambda w: predict(w, model="ens-swapped"), "is not the member", "p.csv"),
+    (  # one input would reach the members as different token ids
+        "ensemble-of-differently-tokenized-members",
+        lambda w: ["predict", f"{w / 'model'},{w / 'model-cased'}", *predict(w)[2:]],
+        "different tokenizers",
+        "p.csv",
+    ),
     (
         "malformed-saved-calibration",
         lambda w: predict(w, model="bad-calibration"),
@@ -777,3 +787,19 @@ def test_python_api_errors_are_typed(w):
     mine = he.prune(load_any(str(w / "model")), he.HeadSet({1: [0]}))  # same configuration
     with pytest.raises(ValueError, match="base model"):
         he.fuse([mine, other])
+
+
+def test_eval_reads_each_method_through_its_own_tokenizer(w, capsys):
+    """A method's results do not depend on which other methods share the eval call: each is fed
+    by the tokenizer saved with it."""
+    rows = (w / "train.csv").read_text().splitlines()
+    titled = [f"{text.title()},{label}" for text, label in (r.rsplit(",", 1) for r in rows[1:])]
+    (w / "capitals.csv").write_text("\n".join([rows[0], *titled]) + "\n")
+    common = ["--id-data", str(w / "capitals.csv"), "--max-length", "12"]
+    assert main(["eval", "--method", f"cased={w / 'model-cased'}", *common, "--out", str(w / "r1")]) == 0
+    both = ["--method", f"m={w / 'model'}", "--method", f"cased={w / 'model-cased'}"]
+    assert main(["eval", *both, *common, "--out", str(w / "r2")]) == 0
+    alone = json.loads((w / "r1" / "results.json").read_text())["results"]["cased"]["classification"]
+    mixed = json.loads((w / "r2" / "results.json").read_text())["results"]
+    assert mixed["cased"]["classification"] == alone
+    assert mixed["cased"]["classification"] != mixed["m"]["classification"]  # read otherwise

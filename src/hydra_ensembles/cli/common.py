@@ -108,15 +108,25 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
 
 
 def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
-    """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and, where the first
-    path has one, its tokenizer or image processor (a saved Hydra model or member keeps none:
-    pass ``--tokenizer``)."""
-    from ..loading import load_preprocessor
+    """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and their tokenizer or
+    image processor (a saved Hydra model or member keeps none: pass ``--tokenizer``); models saved
+    with different preprocessors are refused as one ensemble, since one input would reach them as
+    different token ids."""
+    from ..loading import load_preprocessor, preprocessing_signature
 
     paths = [p for p in spec.split(",") if p]
     if not paths:
         raise ValueError(f"no model path in {spec!r}")
-    return [_load_model(p, args) for p in paths], load_preprocessor(paths[0])
+    models = [_load_model(p, args) for p in paths]
+    found = [(p, load_preprocessor(p)) for p in paths]
+    found = [(p, pre) for p, pre in found if pre is not None]
+    for path, pre in found[1:]:
+        if preprocessing_signature(pre) != preprocessing_signature(found[0][1]):
+            raise ValueError(
+                f"{found[0][0]} and {path} were saved with different tokenizers or image processors: "
+                "an ensemble's members must read the same inputs"
+            )
+    return models, found[0][1] if found else None
 
 
 def _say_precision(args: argparse.Namespace) -> None:

@@ -19,7 +19,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .. import reporting
     from ..evaluation import add_comparisons, add_score_comparisons, evaluate_method, predict, predict_method
     from ..io import check_report_dir, mark_report_dir
-    from ..loading import load_preprocessor
+    from ..loading import load_preprocessor, preprocessing_signature
 
     out = check_report_dir(args.out, args.overwrite)
     items = [item.partition("=") for item in args.method]
@@ -32,14 +32,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         if repeated:
             raise ValueError(f"{option} names {repeated[0]!r} twice: give every {option} its own name")
     methods: dict[str, list] = {}
-    preprocessor = None
+    preprocessors: dict[str, object] = {}
     for name, _, paths in items:
-        methods[name], found = _load_methods(paths, args)
-        preprocessor = preprocessor or found
+        methods[name], preprocessors[name] = _load_methods(paths, args)
     models = [m for group in methods.values() for m in group]  # mapping labels checks they agree
     if args.preprocessor:
-        preprocessor = load_preprocessor(args.preprocessor)
-    data = _eval_data(args, preprocessor, models, oods_named)
+        preprocessors = dict.fromkeys(methods, load_preprocessor(args.preprocessor))
+    known = [p for p in preprocessors.values() if p is not None]
+    preprocessors = {
+        name: p if p is not None else (known[0] if known else None) for name, p in preprocessors.items()
+    }
+    datasets: dict = {}  # each method reads its data through its own preprocessor, made once per kind
+    for preprocessor in preprocessors.values():
+        signature = preprocessing_signature(preprocessor)
+        if signature not in datasets:
+            datasets[signature] = _eval_data(args, preprocessor, models, oods_named)
     _say_precision(args)
     results, preds, draws = {}, {}, {}
     for name, group in methods.items():
@@ -48,6 +55,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             return predict(model, batches, f"{name}: {split}", precision=args.precision)
 
         model = group[0] if len(group) == 1 else group
+        data = datasets[preprocessing_signature(preprocessors[name])]
         preds[name] = predict_method(model, data, predict_fn, calibrate=data.val is not None)
         rows, _, row_draws = evaluate_method(name, preds[name], bootstrap=args.bootstrap)
         results.update(rows)
