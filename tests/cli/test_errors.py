@@ -159,6 +159,12 @@ def w(tmp_path_factory):
     (root / "bad.jsonl").write_text('{"text": "a", "label": 0}\n{"text": "b", "label"\n')
     (root / "unlabelled.csv").write_text("text\nrecipe with flour\nanother recipe\n")
     (root / "nan-label.jsonl").write_text('{"text": "a", "label": 0}\n{"text": "b", "label": NaN}\n')
+    (root / "bool-labels.jsonl").write_text('{"text": "a", "label": true}\n{"text": "b", "label": false}\n')
+    (root / "nested-text.jsonl").write_text(
+        '{"text": {"body": "a"}, "label": 0}\n{"text": "b", "label": 1}\n'
+    )
+    for name in ("cat", "dog"):  # an image folder whose class folders hold folders
+        (root / "nested-images" / name / "more").mkdir(parents=True)
     (root / "nan-text-label.csv").write_text("text,label\na,sport\nb,nan\n")
     (root / "shifted.csv").write_text("text,label\ngoal match,sport\nbank, shares and profit,money\n")
     (root / "one-class.csv").write_text("text,label\n" + "".join(f"goal {i},sport\n" for i in range(8)))
@@ -431,6 +437,14 @@ CASES = [
     ("data-nan-images", lambda w: score(w, model="vit", data="nan.npz"), "NaN", "out.json"),
     # labels (one parser for every format)
     ("label-nan", lambda w: score(w, data="nan-label.jsonl"), "no 'label'", "out.json"),
+    ("label-boolean", lambda w: score(w, data="bool-labels.jsonl"), "a boolean", "out.json"),
+    ("text-is-an-object", lambda w: score(w, data="nested-text.jsonl"), "is a dict, not a text", "out.json"),
+    (
+        "image-folder-nested",
+        lambda w: score(w, model="vit", data="nested-images"),
+        "holds folders",
+        "out.json",
+    ),
     ("label-nan-text", lambda w: score(w, data="nan-text-label.csv"), "no 'label'", "out.json"),
     ("label-shifted-by-a-comma", lambda w: score(w, data="shifted.csv"), "line 3: 3 fields", "out.json"),
     ("label-absurd-class-id", lambda w: score(w, data="absurd-id.csv"), "implausible", "out.json"),
@@ -803,3 +817,22 @@ def test_eval_reads_each_method_through_its_own_tokenizer(w, capsys):
     mixed = json.loads((w / "r2" / "results.json").read_text())["results"]
     assert mixed["cased"]["classification"] == alone
     assert mixed["cased"]["classification"] != mixed["m"]["classification"]  # read otherwise
+
+
+def test_a_byte_order_mark_is_read_as_utf8(w, capsys):
+    """Excel saves UTF-8 CSVs with a byte-order mark: its first column is still ``text``."""
+    (w / "bom.csv").write_bytes(b"\xef\xbb\xbf" + (w / "train.csv").read_bytes())
+    assert main(predict(w, "--labelled", data="bom.csv", out="bom.jsonl")) == 0
+    plain = main(predict(w, "--labelled", out="plain.jsonl"))
+    assert plain == 0
+    strip = [{k: v for k, v in json.loads(line).items() if k != "id"} for line in (w / "bom.jsonl").open()]
+    assert strip == [
+        {k: v for k, v in json.loads(line).items() if k != "id"} for line in (w / "plain.jsonl").open()
+    ]
+
+
+def test_a_local_path_named_like_a_built_in_dataset_is_refused_as_ambiguous(w, capsys, monkeypatch):
+    monkeypatch.chdir(w)
+    (w / "textures").mkdir(exist_ok=True)
+    assert main(["score", str(w / "vit"), "--data", "textures", "--out", str(w / "t.json")]) == 2
+    assert "write ./textures for the path" in capsys.readouterr().err and not (w / "t.json").exists()

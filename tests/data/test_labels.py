@@ -16,7 +16,7 @@ from hydra_ensembles.data.labels import MAX_CLASS_ID, check_trainable, parse_lab
 @pytest.mark.parametrize(
     ("values", "labels", "classes"),
     [
-        ([0, "0", " 0 ", 0.0, "0.0", 1, True], [0, 0, 0, 0, 0, 1, 1], ["0", "1"]),
+        ([0, "0", " 0 ", 0.0, "0.0", 1, "1"], [0, 0, 0, 0, 0, 1, 1], ["0", "1"]),
         (["pos ", "pos", " neg"], [1, 1, 0], ["neg", "pos"]),
         ([np.int64(2), np.float32(0.0)], [2, 0], ["0", "1", "2"]),
         ([MAX_CLASS_ID, 0], [MAX_CLASS_ID, 0], None),
@@ -43,6 +43,7 @@ def test_one_class_however_a_label_is_written(values, labels, classes):
         ([0, MAX_CLASS_ID + 1], "implausible"),
         ([0, "cat"], "mixes class ids"),
         ([0, [1]], "not a class id or a class name"),
+        ([True, False], "row 1: the 'label' True (a boolean) is not a class id"),
     ],
 )
 def test_every_missing_or_malformed_label_is_refused(values, message):

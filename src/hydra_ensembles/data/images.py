@@ -173,8 +173,14 @@ def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool
         raise ValueError(f"{root} has no class sub-folders")
     images, labels, ids = [], [], []
     for label, name in enumerate(classes):
+        nested = sorted(p.name for p in (root / name).iterdir() if p.is_dir())
+        if nested:  # its images would be left out without a word
+            raise ValueError(
+                f"{root / name} holds folders ({', '.join(nested[:3])}): an image folder is "
+                "<class>/<image>, one level; move their images up or into their own class folders"
+            )
         for file in sorted((root / name).iterdir()):
-            if not file.is_file():
+            if not file.is_file() or file.name.startswith("."):
                 continue
             try:
                 with Image.open(file) as image:

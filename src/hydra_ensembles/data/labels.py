@@ -41,8 +41,8 @@ def _label(value: object) -> int | str | None:
     is neither (a fraction, a list, ...), with the value in the message."""
     if value is None:
         return None
-    if isinstance(value, bool):  # before numbers: True is an int
-        return int(value)
+    if isinstance(value, bool):  # before numbers: True is an int, and never meant as class 1
+        raise ValueError(f"{value!r} (a boolean) is not a class id or a class name: write 0/1 or names")
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):

@@ -65,6 +65,11 @@ def load_spec(
     if folder and is_saved_dataset(Path(folder)):
         return load_hf(folder, split, text_column, label_column, labelled)
     name, _, part = spec.partition(":")
+    if name in BUILTIN and Path(spec).exists():
+        raise ValueError(
+            f"{spec!r} names both a built-in dataset and a path here: write ./{spec} for the path "
+            "(or run from another folder for the built-in data)"
+        )
     if name == "bbc-news" or name == "bbc-tech":  # only BBC News is read, no other corpus
         parts, tech = bbc_news_splits()
         if name == "bbc-tech":

@@ -145,7 +145,7 @@ def load_text_table(
     rows: list[dict] = []
     csv.field_size_limit(1 << 30)  # long documents are data, not an error
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
+        with path.open(encoding="utf-8-sig", newline="") as handle:  # a byte-order mark is skipped
             if path.suffix in (".jsonl", ".json"):
                 for number, line in enumerate(handle, 1):
                     if line.strip():
@@ -210,7 +210,14 @@ def check_text_input(value: Any) -> None:
 
 
 def checked_texts(values: Sequence, source: str, column: str) -> list[str]:
-    """A column's values as texts; ValueError naming ``source`` where one is missing or empty."""
+    """A column's values as texts (numbers as their text); ValueError naming ``source`` where one
+    is missing or empty, or is an object, a list or a boolean (which no model reads as text)."""
+    for row, value in enumerate(values, 1):
+        if isinstance(value, (dict, list, tuple, bool)):
+            raise ValueError(
+                f"{source}: row {row}: the {column!r} is a {type(value).__name__}, not a text: "
+                "flatten it into a string first"
+            )
     texts = ["" if v is None else str(v) for v in values]
     empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
     if empty:
