@@ -49,6 +49,8 @@ def w(tmp_path_factory):
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
     BertModel(BertConfig(**TINY)).save_pretrained(root / "base")  # no classifier head
+    BertForSequenceClassification(BertConfig(**TINY, num_labels=1)).save_pretrained(root / "one-label")
+    tokenizer.save_pretrained(root / "one-label")
     tokenizer.save_pretrained(root / "base")
     vit = ViTForImageClassification(
         ViTConfig(**TINY, image_size=8, patch_size=4, num_channels=1, num_labels=2)
@@ -438,6 +440,7 @@ CASES = [
     # labels (one parser for every format)
     ("label-nan", lambda w: score(w, data="nan-label.jsonl"), "no 'label'", "out.json"),
     ("label-boolean", lambda w: score(w, data="bool-labels.jsonl"), "a boolean", "out.json"),
+    ("one-class-model", lambda w: predict(w, model="one-label"), "at least two classes", "p.csv"),
     ("text-is-an-object", lambda w: score(w, data="nested-text.jsonl"), "is a dict, not a text", "out.json"),
     (
         "image-folder-nested",

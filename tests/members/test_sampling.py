@@ -62,3 +62,11 @@ def test_bad_arguments():
         he.sample_members(_order(), 2, heads_per_layer=2, pool_size=1)
     with pytest.raises(he.HeadSetError, match="heads_per_layer"):
         he.sample_members(_order(), 2, heads_per_layer=5)
+
+
+def test_duplicate_members_among_distinct_ones_are_warned():
+    """Six members drawn from a pool that allows fewer distinct head sets: the copies are said."""
+    scores = torch.arange(8, dtype=torch.float32).reshape(2, 4)
+    with pytest.warns(UserWarning, match=r"only \d of the 6 members keep distinct heads"):
+        members = he.sample_members(scores, 6, num_pruned=1, pool_size=2, seed=0)
+    assert len(set(members)) < 6

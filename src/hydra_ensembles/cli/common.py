@@ -14,6 +14,12 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
     from ..models import untrained_weights
 
     model = load_any(path, num_labels or getattr(args, "num_labels", None))
+    classes = getattr(getattr(model, "config", None), "num_labels", None)
+    if isinstance(classes, int) and classes < 2:
+        raise ValueError(
+            f"{path} classifies into {classes} class: a classifier needs at least two (its probability "
+            "would always be 1; a regression head is no classifier)"
+        )
     untrained = untrained_weights(model)
     if untrained and not getattr(args, "allow_random_head", False):
         raise ValueError(

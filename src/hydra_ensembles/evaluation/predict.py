@@ -31,6 +31,11 @@ class Predictions:
             raise ValueError(
                 f"member logits must be (members, inputs, classes), none empty; got {logits.shape}"
             )
+        if logits.shape[2] < 2:
+            raise ValueError(
+                f"a classifier needs at least two classes; this one gives {logits.shape[2]} logit per "
+                "input, whose probability is always 1 (confidence 1, entropy 0, never flagged)"
+            )
         if self.member_features is not None:
             features = np.asarray(self.member_features)
             if features.ndim != 3 or features.shape[:2] != logits.shape[:2]:

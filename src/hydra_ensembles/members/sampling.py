@@ -78,6 +78,12 @@ def sample_members(
             "(make the pool larger than the heads pruned)",
             stacklevel=2,
         )
+    elif (distinct := len(set(members))) < num_members:  # HeadSet is a hashable value
+        warnings.warn(
+            f"only {distinct} of the {num_members} members keep distinct heads: the copies add cost and no "
+            "diversity (make the pool larger, or ask for fewer members)",
+            stacklevel=2,
+        )
     return _share_trunk(members, heads, shared_layers) if shared_layers else members
 
 
