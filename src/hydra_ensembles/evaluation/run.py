@@ -53,16 +53,19 @@ class MethodPredictions:
     train: Predictions | None = None
     ood_val: Predictions | None = None
     heads: tuple[Any, Any] | None = None
+    scaled: bool = True
+    """Whether the method gets temperature-scaled rows (fit on ``val``)."""
 
 
 def predict_method(
     model: Any, data: EvalData, predict: PredictFn, calibrate: bool = False
 ) -> MethodPredictions:
-    """Predictions of ``model`` on ``data`` (validation only where it will be ``calibrate``d;
-    training and OOD validation data only for a model with features). The order (test,
-    validation, OOD, shift, training, OOD validation) fixes the random masks of MC dropout."""
+    """Predictions of ``model`` on ``data`` (validation where it will be ``calibrate``d or the
+    OOD validation data choose its flag score; training data only for a model with features).
+    The order (test, validation, OOD, shift, training, OOD validation) fixes the random masks of
+    MC dropout."""
     test = predict(model, data.test, "test")
-    val = predict(model, data.val, "val") if calibrate and data.val else None
+    val = predict(model, data.val, "val") if (calibrate or data.ood_val) and data.val else None
     ood = {name: (kind, predict(model, batches, name)) for name, (kind, batches) in data.ood.items()}
     shift = {key: predict(model, batches, f"{key[0]}@{key[1]}") for key, batches in data.shift.items()}
     train = ood_val = heads = None
@@ -73,7 +76,7 @@ def predict_method(
             heads = tuple(h.expand(test.num_members, *h.shape[1:]) for h in heads)
     if data.ood_val:
         ood_val = predict(model, data.ood_val, "OOD validation")
-    return MethodPredictions(test, ood, shift, val, train, ood_val, heads)
+    return MethodPredictions(test, ood, shift, val, train, ood_val, heads, scaled=calibrate)
 
 
 def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
@@ -88,7 +91,7 @@ def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
 def evaluate_method(
     name: str, preds: MethodPredictions, bootstrap: int = 0, seed: int = 0
 ) -> tuple[dict[str, Any], dict[str, float | list[float]], dict[str, dict[str, np.ndarray]]]:
-    """Result rows of a method: ``name``, and where validation predictions exist, ``name + TS``
+    """Result rows of a method: ``name``, and where it is ``scaled`` with validation predictions, ``name + TS``
     (one temperature) and, for ensembles, ``name + TS per member`` (each member's own
     temperature, fit on its own NLL). Every OOD score the predictions allow is evaluated (the
     feature scores under `method_statistics`), and each row names its ``flag_score``: the one
@@ -117,7 +120,7 @@ def evaluate_method(
             )
 
     add(name)
-    if preds.val is not None:
+    if preds.val is not None and preds.scaled:
         shared = float(fit_temperature(preds.val))
         temperatures[f"{name} + TS"] = shared
         add(f"{name} + TS", shared)
