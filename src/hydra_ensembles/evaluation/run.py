@@ -91,8 +91,8 @@ def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
 def evaluate_method(
     name: str, preds: MethodPredictions, bootstrap: int = 0, seed: int = 0
 ) -> tuple[dict[str, Any], dict[str, float | list[float]], dict[str, dict[str, np.ndarray]]]:
-    """Result rows of a method: ``name``, and where it is ``scaled`` with validation predictions, ``name + TS``
-    (one temperature) and, for ensembles, ``name + TS per member`` (each member's own
+    """Result rows of a method: ``name``, and where it is ``scaled`` with validation predictions,
+    ``name + TS`` (one temperature) and, for ensembles, ``name + TS per member`` (each member's own
     temperature, fit on its own NLL). Every OOD score the predictions allow is evaluated (the
     feature scores under `method_statistics`), and each row names its ``flag_score``: the one
     `choose_flag_score` picks on its validation (and OOD validation) predictions, else ``msp``.
