@@ -553,6 +553,22 @@ CASES = [
         "b",
     ),
     (
+        "bench-tokens-beyond-positions",
+        lambda w: [
+            "bench",
+            str(w / "model"),
+            "--tokens",
+            "600",
+            "--heads-per-layer",
+            "2",
+            "--out",
+            str(w / "b"),
+        ],
+        "exceeds the model's 512 positions",
+        "b",
+    ),
+    ("export-opset-not-written", lambda w: [*export(w), "--opset", "7"], "opset", "onnx"),
+    (
         "bench-unknown-device",
         lambda w: ["bench", str(w / "model"), "--device", "foo", "--out", str(w / "b")],
         "not a device",

@@ -280,7 +280,7 @@ def _export(graph: nn.Module, example: tuple, names: Sequence[str], vision: bool
                 strict=False,
                 prefer_deferred_runtime_asserts_over_guards=True,
             )
-            return torch.onnx.export(
+            exported = torch.onnx.export(
                 program,
                 dynamo=True,
                 input_names=list(names),
@@ -294,6 +294,13 @@ def _export(graph: nn.Module, example: tuple, names: Sequence[str], vision: bool
         raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {cause}") from exc
     finally:
         exporter_log.setLevel(level)
+    written = {o.version for o in exported.model_proto.opset_import if o.domain in ("", "ai.onnx")}
+    if written != {opset}:
+        raise ExportError(
+            f"the exporter wrote opset {sorted(written)} where opset {opset} was asked (it supports "
+            "18 and later): not written"
+        )
+    return exported
 
 
 def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vision: bool) -> float:
