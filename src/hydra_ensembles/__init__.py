@@ -8,7 +8,7 @@ from . import layers, metrics
 from ._version import __version__
 from .adapters import UnsupportedModelError, get_adapter, register_adapter
 from .build import Build, BuildConfig, build_hydra
-from .configuration import on_first_config, register_config
+from .configuration import after_import, on_first_config, register_config
 from .fusion import (
     FusionError,
     FusionPolicy,
@@ -30,6 +30,8 @@ def _register_serving() -> None:
 
 register_config()  # saved models load with AutoConfig / AutoModel... and serve through pipeline
 on_first_config(_register_serving)
+# the pipeline tasks exist once transformers' pipelines load, for plain classifiers too
+after_import("transformers.pipelines", _register_serving)
 
 __all__ = [
     "AutoMember",

@@ -9,7 +9,10 @@ own checked files; the class names are read from those files too, never from ``c
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,39 @@ def on_first_config(hook: Callable[[], None]) -> None:
 def _first_use() -> None:
     while _FIRST_USE:
         _FIRST_USE.pop(0)()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``hook`` once the module ``name`` has been imported (its code executed)."""
+
+    def __init__(self, name: str, hook: Callable[[], None]) -> None:
+        self.name, self.hook = name, hook
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; the other finders locate the module itself
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run, hook = spec.loader.exec_module, self.hook
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            hook()
+
+        spec.loader.exec_module = exec_module  # this spec's own loader object
+        return spec
+
+
+def after_import(name: str, hook: Callable[[], None]) -> None:
+    """Call ``hook`` when the module ``name`` is imported, or now where it already is.
+    `hydra_ensembles` registers its pipeline tasks this way when ``transformers.pipelines`` loads
+    (``from transformers import pipeline`` loads it), without importing it itself."""
+    if name in sys.modules:
+        hook()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, hook))
 
 
 def register_config() -> None:

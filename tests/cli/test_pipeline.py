@@ -360,3 +360,30 @@ def test_predict_errors(workspace, capsys):
     assert main(["predict", str(hydra), *data, *out]) == 2  # a saved Hydra model keeps no tokenizer
     assert "pass --tokenizer" in capsys.readouterr().err
     assert not (w / "p.csv").exists()
+
+
+def test_finetune_saves_feature_statistics_that_predict_and_the_pipeline_serve(workspace, tmp_path, capsys):
+    """finetune --data --val-data calibrates the plain classifier on the Mahalanobis score of its
+    features on --data, saves the statistics beside its weights, and predict and the uncertainty
+    pipeline (which serves a plain classifier as an ensemble of one) give the same scores and flags."""
+    w, common = workspace, ["--batch-size", "8", "--max-length", "12"]
+    tuned = tmp_path / "tuned"
+    data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--epochs", "1"]
+    assert main(["finetune", str(w / "model"), *data, "--out", str(tuned), *common]) == 0
+    assert (tuned / "ood_statistics.safetensors").is_file()
+    model = load_any(str(tuned))
+    saved = saved_calibration(model)
+    assert saved.score == "mds" and saved.statistics.num_members == 1
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(tuned), "--data", str(w / "ood.csv"), "--out", str(out), *common]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    texts = [row["text"] for row in rows]
+    served = pipeline("hydra-text-classification", model=str(tuned), truncation=True, max_length=12)
+    precision = resolve_precision("auto", "cpu").name
+    with computing_in(precision):
+        records = served(texts, batch_size=8)
+    scores = [r["ood_score_mds"] for r in rows]
+    tol = rounding_tolerance(precision, torch.tensor(scores), layers=2, fp32=1e-6 * max(scores))
+    assert [r["ood_score_mds"] for r in records] == pytest.approx(scores, abs=tol)
+    clear = [i for i, s in enumerate(scores) if abs(s - saved.threshold) > tol]
+    assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]

@@ -22,7 +22,7 @@ from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.serving import HydraForSequenceClassification, HydraPreTrainedModel
 
 from ..factories import rounding_tolerance
-from .conftest import CLASSES, HEAD_SETS, TEXTS, tiny_image_classifier
+from .conftest import CLASSES, HEAD_SETS, TEXTS, tiny_image_classifier, tiny_text_classifier
 
 
 def _explicit_probs(model, inputs, temperature=1.0):
@@ -208,3 +208,28 @@ print(sorted(pipeline("hydra-text-classification", model={str(saved["calibrated"
         "HydraForSequenceClassification",
         "['confidence', 'entropy', 'flagged']",
     ]
+
+
+@pytest.mark.parametrize("order", ["library first", "transformers first"])
+def test_a_plain_classifier_is_served_in_a_fresh_process(tmp_path, order):
+    """The uncertainty tasks exist as soon as transformers' pipelines load, whichever is imported
+    first, so a plain Hugging Face classifier (no Hydra config read before) is served too."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "plain"
+    tiny_text_classifier().save_pretrained(folder)
+    load_tokenizer().save_pretrained(folder)
+    imports = ["import hydra_ensembles", "from transformers import pipeline"]
+    script = "\n".join(
+        [
+            *(imports if order == "library first" else imports[::-1]),
+            f"""
+record = pipeline("hydra-text-classification", model={str(folder)!r})("a text")
+print(sorted(record[0] if isinstance(record, list) else record)[:2])
+""",
+        ]
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['confidence', 'entropy']"

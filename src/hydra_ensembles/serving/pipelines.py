@@ -37,6 +37,8 @@ from ..evaluation.calibration import Calibration, saved_calibration
 from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
 from ..ood.features import FeatureError, FeatureTap
+from ..ood.storage import read_statistics, recorded_digest
+from ..surgery import STATISTICS_ATTRIBUTE
 from .modeling import HydraPreTrainedModel
 
 TEXT_TASK = "hydra-text-classification"
@@ -53,6 +55,13 @@ class _UncertaintyRecords:
     def _calibration(self) -> Calibration | None:
         if not hasattr(self, "_cached_calibration"):
             model = self.model
+            if (
+                not isinstance(model, HydraPreTrainedModel)
+                and getattr(model, STATISTICS_ATTRIBUTE, None) is None
+            ):
+                folder = getattr(model, "name_or_path", "") or ""
+                if recorded_digest(model) and os.path.isdir(folder):  # a classifier loaded by transformers
+                    read_statistics(model, folder)
             self._cached_calibration = (
                 model.calibration if isinstance(model, HydraPreTrainedModel) else saved_calibration(model)
             )
