@@ -89,16 +89,22 @@ def add_comparisons(
     """For each (a, b) with draws for both, row a gets ``differences[b]``: metric -> a - b,
     its paired interval and p-value (`metrics.paired_difference`); the plain OOD metrics compare
     each row's own flag score (``score``: one score for both), ``<metric>@<score>`` the same
-    score."""
+    score, and ``<metric>-vs-msp`` a's flag score with b's MSP."""
     for a, b in pairs:
         if a not in draws or b not in draws:
             continue
         values_a, values_b = main_row(results[a], score), main_row(results[b], score)
-        results[a].setdefault("differences", {})[b] = {
+        differences = {
             key: M.paired_difference(draws[a][key], draws[b][key], values_a[key], values_b[key], level)
             for key in draws[a]
             if key in draws[b] and key in values_a and key in values_b
         }
+        for key in OOD_METRICS:  # a's own flag score against b's MSP, the logit flag it replaces
+            if key in draws[a] and f"{key}@msp" in draws[b] and f"{key}@msp" in values_b:
+                differences[f"{key}-vs-msp"] = M.paired_difference(
+                    draws[a][key], draws[b][f"{key}@msp"], values_a[key], values_b[f"{key}@msp"], level
+                )
+        results[a].setdefault("differences", {})[b] = differences
 
 
 def add_score_comparisons(

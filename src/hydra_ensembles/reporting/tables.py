@@ -249,6 +249,9 @@ def _same_score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 [score] + [_difference(k, d.get(f"{k}@{score}")) for k in ("auroc", "fpr95")]
                 for score in scores
             ]
+            if "auroc-vs-msp" in d:  # the row's own flag score against the other's MSP flag
+                label = f"{r.get('flag_score', 'msp')} − {other}'s msp"
+                body.append([label] + [_difference(k, d.get(f"{k}-vs-msp")) for k in ("auroc", "fpr95")])
             parts += [
                 f"## {m} − {other}, each OOD score (the same score for both; * p < 0.05)",
                 "",
