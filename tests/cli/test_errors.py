@@ -71,12 +71,19 @@ def w(tmp_path_factory):
     calibrate(model, [val], progress=False)
     model.save_pretrained(root / "calibrated")  # with its calibration in config.json
     tokenizer.save_pretrained(root / "calibrated")
-    shutil.copytree(root / "calibrated", root / "bad-calibration")
+    shutil.copytree(root / "calibrated", root / "edited-calibration")  # edited by hand
     saved = json.loads((root / "calibrated" / "config.json").read_text())
-    saved["hydra_calibration"]["temperature"] = -1
+    saved["hydra_calibration"]["threshold"] = -1.0  # would flag every input
+    (root / "edited-calibration" / "config.json").write_text(json.dumps(saved))
+    shutil.copytree(root / "calibrated", root / "bad-calibration")  # its checksum recomputed
+    saved["hydra_calibration"] = _resigned(
+        {**saved["hydra_calibration"], "threshold": 0.5, "temperature": -1}
+    )
     (root / "bad-calibration" / "config.json").write_text(json.dumps(saved))
     shutil.copytree(root / "calibrated", root / "other-weights-calibration")
-    saved["hydra_calibration"] = {**saved["hydra_calibration"], "temperature": 1.0, "model_sha256": "0" * 64}
+    saved["hydra_calibration"] = _resigned(
+        {**saved["hydra_calibration"], "temperature": 1.0, "model_sha256": "0" * 64}
+    )
     (root / "other-weights-calibration" / "config.json").write_text(json.dumps(saved))
 
     shutil.copytree(root / "model", root / "fewer-layers")
@@ -199,6 +206,15 @@ def w(tmp_path_factory):
     return root
 
 
+def _resigned(record: dict) -> dict:
+    """A calibration record with its own checksum recomputed (an edit that keeps it well formed)."""
+    from hydra_ensembles.evaluation.calibration import RECORD_DIGEST
+    from hydra_ensembles.hashing import json_digest
+
+    body = {k: v for k, v in record.items() if k != RECORD_DIGEST}
+    return {**body, RECORD_DIGEST: json_digest(body)}
+
+
 def _saved_ensembles(root, model, tokenizer) -> None:
     """A calibrated saved ensemble of two members, and copies edited after saving: the index's
     temperature raised, one member named twice, a member folder swapped for another member."""
@@ -287,6 +303,7 @@ CASES = [
         "different tokenizers",
         "p.csv",
     ),
+    ("calibration-edited-by-hand", lambda w: predict(w, model="edited-calibration"), "own checksum", "p.csv"),
     (
         "malformed-saved-calibration",
         lambda w: predict(w, model="bad-calibration"),

@@ -19,7 +19,8 @@ from hydra_ensembles.evaluation import (
     predict,
     saved_calibration,
 )
-from hydra_ensembles.hashing import batches_digest, fingerprint
+from hydra_ensembles.evaluation.calibration import RECORD_DIGEST
+from hydra_ensembles.hashing import batches_digest, fingerprint, json_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.precision import resolve_precision
@@ -60,8 +61,13 @@ def test_fit_is_the_temperature_then_the_threshold_at_it():
     ],
 )
 def test_a_malformed_saved_calibration_is_refused(change, message):
+    """Each field checked on its own (a record whose checksum was recomputed after the change),
+    and any change at all refused by the record's own checksum."""
     good = Calibration(1.2, "msp", 0.3, 0.95, "v.csv", "0" * 64, 50, "fp32", "1" * 64).to_dict()
+    changed = {k: v for k, v in {**good, **change}.items() if k != RECORD_DIGEST}
     with pytest.raises(ValueError, match=message):
+        Calibration.from_dict({**changed, RECORD_DIGEST: json_digest(changed)})
+    with pytest.raises(ValueError, match="does not match its own checksum"):
         Calibration.from_dict({**good, **change})
 
 

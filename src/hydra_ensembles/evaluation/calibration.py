@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics as M
-from ..hashing import batches_digest
+from ..hashing import batches_digest, json_digest
 from ..members.ensemble import as_ensemble
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
 from ..ood.features import ensemble_heads
@@ -40,6 +40,8 @@ from .predict import Predictions, predict
 from .temperature import fit_temperature
 from .uncertainty import flag_threshold, per_example
 
+RECORD_DIGEST = "record_sha256"
+"""The key of a saved calibration record's own SHA-256."""
 AUTO_SCORE = "auto"
 """The flag score `choose_flag_score` picks."""
 DEFAULT_FEATURE_SCORE = "mds"
@@ -139,14 +141,23 @@ class Calibration:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record (the statistics are saved beside it and named by their digest)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "statistics"}
+        """The JSON record (the statistics are saved beside it and named by their digest), with
+        its own SHA-256 (``record_sha256``): a record edited by hand is refused by `from_dict`."""
+        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "statistics"}
+        return {**record, RECORD_DIGEST: json_digest(record)}
 
     @classmethod
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; ValueError naming what is wrong or missing."""
         if not isinstance(saved, dict):
             raise ValueError(f"a saved calibration is a JSON object, got {type(saved).__name__}")
+        saved = dict(saved)
+        digest = saved.pop(RECORD_DIGEST, None)  # older saves lack it
+        if digest is not None and digest != json_digest(saved):
+            raise ValueError(
+                "a saved calibration does not match its own checksum: its temperature, score, threshold "
+                "or data were edited after it was fit (fit it again with --val-data)"
+            )
         fields = set(cls.__dataclass_fields__) - {"statistics"}
         optional = {"statistics_sha256", "statistics_data", "statistics_data_sha256"}  # older saves lack them
         if not fields - optional <= set(saved) <= fields:
