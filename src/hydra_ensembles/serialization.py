@@ -37,14 +37,14 @@ def write_saved(
     config = {
         **config,
         "weights_sha256": sha256_file(weights),
-        "files_sha256": _companions(path, config_name),
+        "files_sha256": companion_digests(path, config_name),
     }
     config["config_sha256"] = config_digest(config)
     atomic_write_json(path / config_name, config)  # written last: its presence means complete
     return path
 
 
-def _companions(path: Path, config_name: str) -> dict[str, str]:
+def companion_digests(path: Path, config_name: str) -> dict[str, str]:
     """SHA-256 of every file in ``path`` besides the weights and the config (hidden files and
     leftovers of interrupted writes excluded; so is the Hugging Face ``config.json``, which only
     routes the Auto classes to the library's loader, is written after the model and is never
@@ -101,17 +101,25 @@ def read_saved(
             f"{weights} does not match the checksum in {config_name}: the file is truncated, "
             "corrupted or was modified after saving"
         )
-    for name, digest in config.get("files_sha256", {}).items():
-        companion = path / name
-        if not companion.is_file() or sha256_file(companion) != digest:
-            state_of = "is missing" if not companion.is_file() else "was modified after saving"
-            raise error(f"{companion} {state_of} (its checksum is in {config_name})")
+    check_companions(path, config.get("files_sha256", {}), config_name, error)
     try:
         state = load_file(str(weights), device=str(device) if device else "cpu")
     except (SafetensorError, OSError) as exc:
         raise error(f"cannot read {weights}: {exc}") from exc
     check_finite(state.items(), str(weights), error)
     return config, state
+
+
+def check_companions(
+    path: Path, digests: dict[str, str], config_name: str, error: type[ValueError] = ValueError
+) -> None:
+    """``error`` where a file `companion_digests` recorded (a tokenizer, feature statistics) is
+    missing or was modified since."""
+    for name, digest in digests.items():
+        companion = path / name
+        if not companion.is_file() or sha256_file(companion) != digest:
+            state_of = "is missing" if not companion.is_file() else "was modified after saving"
+            raise error(f"{companion} {state_of} (its checksum is in {config_name})")
 
 
 def first_non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> str | None:

@@ -225,10 +225,12 @@ def _saved_ensembles(root, model, tokenizer) -> None:
     ensemble = DeepEnsemble(members)
     batch = dict(tokenizer(["a text", "another one", "third", "fourth"], padding=True, return_tensors="pt"))
     calibrate(ensemble, [{**batch, "labels": torch.tensor([0, 1, 0, 1])}], "msp", progress=False)
+    tokenizer.save_pretrained(root / "ens")  # first: the index's checksums cover it
     ensemble.save_pretrained(root / "ens")
-    tokenizer.save_pretrained(root / "ens")
-    for name in ("ens-edited", "ens-twice", "ens-swapped"):
+    for name in ("ens-edited", "ens-twice", "ens-swapped", "ens-tokenizer-edited"):
         shutil.copytree(root / "ens", root / name)
+    vocab = root / "ens-tokenizer-edited" / "tokenizer.json"
+    vocab.write_text(vocab.read_text().replace('"[UNK]"', '"[UNKNOWN]"', 1))
     index = root / "ens-edited" / "ensemble_config.json"
     saved = json.loads(index.read_text())
     saved["calibration"]["temperature"] = 50.0
@@ -297,6 +299,12 @@ CASES = [
     ("ensemble-index-edited", lambda w: predict(w, model="ens-edited"), "own checksum", "p.csv"),
     ("ensemble-names-a-member-twice", lambda w: predict(w, model="ens-twice"), "a member twice", "p.csv"),
     ("ensemble-member-swapped", lambda w: predict(w, model="ens-swapped"), "is not the member", "p.csv"),
+    (
+        "ensemble-tokenizer-edited",
+        lambda w: predict(w, model="ens-tokenizer-edited"),
+        "tokenizer.json was modified after saving",
+        "p.csv",
+    ),
     (  # one input would reach the members as different token ids
         "ensemble-of-differently-tokenized-members",
         lambda w: ["predict", f"{w / 'model'},{w / 'model-cased'}", *predict(w)[2:]],

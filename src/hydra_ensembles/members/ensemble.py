@@ -32,6 +32,7 @@ from ..ood.detectors import STATISTICS_NAME
 from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics
 from ..outputs import EnsembleOutput
+from ..serialization import check_companions, companion_digests
 from ..surgery import STATISTICS_ATTRIBUTE
 from .storage import CONFIG_NAME as MEMBER_CONFIG
 from .storage import MemberLoadError, load_member, save_member
@@ -119,6 +120,7 @@ def read_ensemble_index(path: str | os.PathLike) -> dict[str, Any]:
     if version >= 2:
         if config.get("config_sha256") != config_digest(config):
             raise MemberLoadError(f"{file} does not match its own checksum: it was modified after saving")
+        check_companions(path, config.get("files_sha256", {}), CONFIG_NAME, MemberLoadError)
         members = config.get("members_sha256", {})
         for name in names:
             saved = (
@@ -157,6 +159,7 @@ def write_ensemble_index(
         index["calibration"] = calibration
         if statistics is not None and calibration.get("statistics_sha256"):
             statistics.save(path / STATISTICS_NAME)
+    index["files_sha256"] = companion_digests(path, CONFIG_NAME)  # the tokenizer, the statistics
     index["config_sha256"] = config_digest(index)
     atomic_write_json(path / CONFIG_NAME, index)
     write_hf_config(path, config, "ensemble")
