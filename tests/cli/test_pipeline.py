@@ -387,3 +387,31 @@ def test_finetune_saves_feature_statistics_that_predict_and_the_pipeline_serve(w
     assert [r["ood_score_mds"] for r in records] == pytest.approx(scores, abs=tol)
     clear = [i for i, s in enumerate(scores) if abs(s - saved.threshold) > tol]
     assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
+
+
+def test_the_length_a_model_was_fit_at_is_served_with_it(workspace, tmp_path, capsys):
+    """finetune --max-length saves the length with the model: predict (no --max-length) and the
+    pipeline (no truncation arguments) cut texts to it, so they serve what was calibrated."""
+    w = workspace
+    tuned = tmp_path / "tuned"
+    data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--epochs", "1"]
+    assert main(["finetune", str(w / "model"), *data, "--max-length", "8", "--out", str(tuned)]) == 0
+    assert load_any(str(tuned)).config.hydra_max_length == 8
+    long = tmp_path / "long.csv"  # texts of more than 8 tokens
+    long.write_text(
+        "text\n" + "\n".join(f"bank shares {i} and then many more words {i} {i}" for i in range(8))
+    )
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(tuned), "--data", str(long), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    texts, scores = [r["text"] for r in rows], [r["ood_score_mds"] for r in rows]
+    served = pipeline("hydra-text-classification", model=str(tuned))(texts, batch_size=4)
+    precision = resolve_precision("auto", "cpu").name
+    tol = rounding_tolerance(precision, torch.tensor(scores), layers=2, fp32=1e-6 * max(scores))
+    with computing_in(precision):
+        served = pipeline("hydra-text-classification", model=str(tuned))(texts, batch_size=4)
+        longer = pipeline("hydra-text-classification", model=str(tuned), truncation=True, max_length=12)
+        full = longer(texts, batch_size=4)
+    assert [s["ood_score_mds"] for s in served] == pytest.approx(scores, abs=tol)
+    # the texts are longer than 8 tokens: cut elsewhere, their features differ
+    assert max(abs(s["ood_score_mds"] - r) for s, r in zip(full, scores, strict=True)) > 1e3 * tol

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import _data_batches, _load_model, _print_history, _say_precision
+from .common import _data_batches, _load_model, _print_history, _record_length, _say_precision
 from .options import (
     COUNT,
     POSITIVE,
@@ -49,6 +49,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         check_trainable(dataset.labels, dataset.classes, args.data)
         classes = list(dataset.classes)  # saved models name their classes (predict, pipelines)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    _record_length(model, args)  # the members and the fused model inherit it, saved with them
     ood = None
     if args.ood_data:
         ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]

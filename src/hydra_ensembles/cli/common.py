@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+DEFAULT_MAX_LENGTH = 128
+"""Tokens per text where neither ``--max-length`` nor the model says."""
+
 
 def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = None):
     """A model for a command that predicts with its head: refused where the head was initialised
@@ -47,12 +50,22 @@ def _data_batches(
     """The dataset ``spec`` names (``dataset``: already loaded), sampled down to ``limit`` items,
     as batches for ``model`` (`data.model_batches`: checked and label-aligned)."""
     from ..data import load_spec, model_batches, stable_sample
+    from ..data.registry import saved_length
 
     if dataset is None:
         dataset = load_spec(spec, args.text_column, args.label_column, labelled=labels)
     if limit:
         dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
+    if args.max_length is None:  # once per command: every data set is cut alike
+        args.max_length = saved_length(model) or DEFAULT_MAX_LENGTH
     return model_batches(dataset, model, preprocessor, args.batch_size, args.max_length, labels, spec)
+
+
+def _record_length(model, args: argparse.Namespace) -> None:
+    """Save the token length a command trains or calibrates at with the model it writes (its
+    configuration's ``hydra_max_length``), so predict, eval and the pipelines cut texts alike."""
+    if args.max_length is not None and getattr(model, "config", None) is not None:
+        model.config.hydra_max_length = int(args.max_length)
 
 
 def _print_history(result, config, val: list[dict] | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import _calibrate, _data_batches, _load_model, _print_history, _say_precision
+from .common import _calibrate, _data_batches, _load_model, _print_history, _record_length, _say_precision
 from .options import (
     POSITIVE,
     PREPROCESSOR_HELP,
@@ -68,6 +68,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
     _print_history(result, config, val)
     model.config.hydra_training_precision = args.precision  # saved with its config
+    _record_length(model, args)  # the length it was trained and calibrated at, saved with it
     if val is not None:
         _calibrate(model, val, args, args.val_data, train=train, ood=ood)
 

@@ -145,4 +145,9 @@ def _data_options(p: argparse.ArgumentParser) -> None:
         help="label column (default: label; for a Hugging Face dataset, label or its only ClassLabel)",
     )
     p.add_argument("--batch-size", type=POSITIVE, default=32)
-    p.add_argument("--max-length", type=_at_least(2), default=128, help="tokens per text")
+    p.add_argument(
+        "--max-length",
+        type=_at_least(2),
+        help="tokens per text (default: the length the model was trained and calibrated at, which "
+        "finetune and build save with it; else 128)",
+    )

@@ -131,6 +131,19 @@ def position_limit(tokenizer: Any, models: Any) -> int | None:
     return min(known) if known else None
 
 
+def saved_length(models) -> int | None:
+    """The token length the model(s) were trained and calibrated at (``hydra_max_length`` in
+    their configuration); ValueError where models of one command say different lengths."""
+    from ..adapters import model_configs
+
+    lengths = {getattr(c, "hydra_max_length", None) for c in model_configs(models)} - {None}
+    if len(lengths) > 1:
+        raise ValueError(
+            f"the models were fit at different token lengths {sorted(lengths)}: give --max-length"
+        )
+    return int(lengths.pop()) if lengths else None
+
+
 def check_max_length(max_length: int, tokenizer: Any, models: Any) -> None:
     """Refuse a ``max_length`` beyond the positions the tokenizer and the model(s) know (longer
     inputs would index past the position embeddings)."""

@@ -31,7 +31,7 @@ from transformers import (
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from ..batching import check_padding
-from ..data.registry import position_limit
+from ..data.registry import position_limit, saved_length
 from ..data.text import check_text_input
 from ..evaluation.calibration import Calibration, saved_calibration
 from ..evaluation.predict import Predictions
@@ -110,21 +110,19 @@ class _UncertaintyRecords:
 class HydraTextClassificationPipeline(_UncertaintyRecords, TextClassificationPipeline):
     """``text-classification`` with the uncertainty fields and the OOD flag (one dict per input).
     Each input must be a text that is not blank (anything else is refused in one line, as
-    ``hydra-ens predict`` refuses it); texts longer than the model's positions are truncated to
-    them unless ``truncation``/``max_length`` say otherwise. A batch padded with another id than
+    ``hydra-ens predict`` refuses it); texts are cut to the length the model was trained and
+    calibrated at (saved with it by ``finetune`` and ``build``), else to its positions, unless
+    ``truncation``/``max_length`` say otherwise. A batch padded with another id than
     a decoder classifier's pooling looks for is refused (`batching.check_padding`: a tokenizer
     other than the one saved with the model)."""
 
-    def _sanitize_parameters(self, **kwargs: Any):
-        preprocess, forward, post = super()._sanitize_parameters(**kwargs)
-        if "truncation" not in preprocess and "max_length" not in preprocess:
-            limit = position_limit(self.tokenizer, getattr(self.model, "ensemble", self.model))
-            if limit is not None:
-                preprocess = {**preprocess, "truncation": True, "max_length": limit}
-        return preprocess, forward, post
-
     def preprocess(self, inputs: Any, **tokenizer_kwargs: Any) -> Any:
         check_text_input(inputs)
+        if "truncation" not in tokenizer_kwargs and "max_length" not in tokenizer_kwargs:
+            model = getattr(self.model, "ensemble", self.model)
+            limit = saved_length(model) or position_limit(self.tokenizer, model)
+            if limit is not None:  # the length the model was fit at, else its positions
+                tokenizer_kwargs = {**tokenizer_kwargs, "truncation": True, "max_length": limit}
         return super().preprocess(inputs, **tokenizer_kwargs)
 
     def _forward(self, model_inputs: dict[str, Any], **kwargs: Any) -> Any:
