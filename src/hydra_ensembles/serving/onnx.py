@@ -20,6 +20,7 @@ graph is run by onnxruntime on the export's inputs and compared with PyTorch bef
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import warnings
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.registry import saved_length
 from ..fusion.model import HydraModel
 from ..io import atomic_dir, atomic_write_json, check_output_dir
 from ..loading import load_any, saved_preprocessor
@@ -137,17 +139,22 @@ def export_onnx(
     finally:
         for h, rows in zip(hydra, chunking, strict=True):
             h.chunk_rows = rows
-    sidecar = _sidecar(wrapped, config, names, difference, graph.output_names)
+    sidecar = _sidecar(wrapped, config, names, difference, graph.output_names, vision)
     out = Path(out)
     if source is not None and (
         out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
     ):
         raise ExportError(f"{out} is or lies inside the model folder {source}: choose another output")
 
+    length = sidecar["max_length"]
+
     def write(folder: Path) -> None:
         program.save(str(folder / ONNX_NAME))
         if preprocessor is not None:
-            preprocessor.save_pretrained(folder)
+            saved = copy.deepcopy(preprocessor)
+            if length is not None and hasattr(saved, "model_max_length"):
+                saved.model_max_length = length  # truncation=True cuts to what was calibrated
+            saved.save_pretrained(folder)
         atomic_write_json(folder / SIDECAR_NAME, sidecar)
 
     return atomic_dir(out, write, marker=True)
@@ -163,7 +170,12 @@ OUTPUTS = {
 
 
 def _sidecar(
-    wrapped: HydraPreTrainedModel, config, names: list[str], difference: float | None, outputs: Sequence[str]
+    wrapped: HydraPreTrainedModel,
+    config,
+    names: list[str],
+    difference: float | None,
+    outputs: Sequence[str],
+    vision: bool = False,
 ) -> dict:
     """``calibration.json``: what a runtime needs beside the graph (classes, inputs, outputs,
     the calibration) and how far the graph was from PyTorch."""
@@ -176,6 +188,7 @@ def _sidecar(
         "calibration": None if wrapped.calibration is None else wrapped.calibration.to_dict(),
         "base_model_type": config.model_type,
         "max_difference_from_pytorch": difference,
+        "max_length": None if vision else saved_length(wrapped.ensemble),
     }
 
 
