@@ -218,6 +218,10 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     assert saved.data == str(w / "train.csv") and len(saved.data_sha256) == 64
     assert saved.statistics_data == str(w / "train.csv") and saved.statistics.settings["examples"] == 24
     capsys.readouterr()
+    assert main(["info", str(built / "members")]) == 0  # a saved ensemble of members
+    said = capsys.readouterr().out
+    assert "an ensemble of 2 saved members" in said and "calibration: temperature" in said
+    assert "fit at 12 tokens per text" in said
 
     out = tmp_path / "p.csv"
     assert (

@@ -128,7 +128,7 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
 
 def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
     """Models named by ``PATH[,PATH...]`` (several = an explicit ensemble) and their tokenizer or
-    image processor (a saved Hydra model or member keeps none: pass ``--tokenizer``); models saved
+    image processor (saved beside them by build and finetune; else pass ``--tokenizer``); models saved
     with different preprocessors are refused as one ensemble, since one input would reach them as
     different token ids."""
     from ..loading import load_preprocessor, preprocessing_signature

@@ -18,6 +18,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from ..cost import count_parameters
     from ..fusion import HydraModel
     from ..loading import load_any
+    from ..members.ensemble import DeepEnsemble
     from ..surgery import kept_heads
 
     if args.families:
@@ -28,6 +29,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"  {family}")
         return 0
     model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model
+    if isinstance(model, DeepEnsemble):  # a saved ensemble of members: each member described
+        print(f"model: {args.model} (an ensemble of {model.num_members} saved members)")
+        for m, member in enumerate(model.members):
+            original = get_adapter(member).original_heads_per_layer(member)
+            kept = [len(k) for k in kept_heads(member).resolve(original)]
+            print(f"  member {m}: {type(member).__name__}, heads per layer {kept} of {original}")
+        _print_calibration(model)
+        print(f"parameters: {sum(count_parameters(m) for m in model.members):,}")
+        return 0
     if isinstance(model, HydraModel):
         adapter, inner = model.adapter, model.model
         original = adapter.original_heads_per_layer(inner)
@@ -36,6 +46,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         for m, heads in enumerate(model.head_sets):
             print(f"  member {m}: heads per layer {[len(k) for k in heads.resolve(original)]} of {original}")
         print(f"fusion policy: {asdict(model.policy)}; per-member modules: {len(model.layout)}")
+        _print_calibration(model)
         print(f"parameters: {count_parameters(model):,} (without padding)")
         return 0
     adapter = get_adapter(model)
@@ -55,8 +66,21 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if any(b.kv_index is not None and len(set(b.kv_index)) < b.num_heads for b in blocks):
         kv = [b.key.out_features // b.head_dim for b in blocks]
         print(f"key/value heads per layer (grouped-query attention): {kv}")
+    _print_calibration(model)
     print(f"parameters: {count_parameters(model):,}")
     return 0
+
+
+def _print_calibration(model) -> None:
+    """The calibration saved with the model, where it has one (and the length it was fit at)."""
+    from ..data.registry import saved_length
+    from ..evaluation import saved_calibration
+
+    calibration = saved_calibration(model)
+    if calibration is not None:
+        print(f"calibration: {calibration.describe()}")
+    if (length := saved_length(model)) is not None:
+        print(f"fit at {length} tokens per text (predict, eval and the pipelines cut texts to it)")
 
 
 def _add_info_command(sub) -> None:

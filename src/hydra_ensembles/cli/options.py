@@ -8,7 +8,7 @@ from ..evaluation.evaluate import OOD_SCORES
 
 PREPROCESSOR_HELP = (
     "a model directory or hub id to load the tokenizer (text) or image processor (images) from, "
-    "instead of the first model's own (needed for a saved Hydra model, which keeps none)"
+    "instead of the one saved with the model (build and finetune save it beside every model they write)"
 )
 NUM_LABELS_HELP = "classes of a freshly initialised head (default: the saved head; 2 where none is saved)"
 PRECISION_HELP = (
