@@ -235,6 +235,15 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     )
     expected = saved.records(predict(hydra, batches, progress=False), ["money", "sport"])
     assert [r["flagged"] == "True" for r in rows] == [e["flagged"] for e in expected]
+    report = tmp_path / "report"  # eval measures what is served: the saved calibration, as saved
+    ood = f"o={w / 'ood.csv'}:far"
+    args = ["eval", "--method", f"hydra={built / 'hydra'}", "--id-data", str(w / "train.csv"), "--ood", ood]
+    assert main([*args, "--out", str(report), *common]) == 0
+    as_saved = json.loads((report / "results.json").read_text())["results"]["hydra (as saved)"]
+    assert as_saved["flag_score"] == "mds"
+    assert as_saved["flagged"]["o"] == pytest.approx(sum(r["flagged"] == "True" for r in rows) / len(rows))
+    assert "## As served" in (report / "report.md").read_text()
+    capsys.readouterr()
     assert [float(r["ood_score_mds"]) for r in rows] == pytest.approx([e["ood_score_mds"] for e in expected])
     spread = [float(r["ood_score_mds_spread"]) for r in rows]
     assert spread == pytest.approx([e["ood_score_mds_spread"] for e in expected]) and max(spread) > 0

@@ -17,7 +17,14 @@ from .options import (
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .. import reporting
-    from ..evaluation import add_comparisons, add_score_comparisons, evaluate_method, predict, predict_method
+    from ..evaluation import (
+        add_comparisons,
+        add_score_comparisons,
+        evaluate_method,
+        predict,
+        predict_method,
+        saved_calibration,
+    )
     from ..io import check_report_dir, mark_report_dir
     from ..loading import load_preprocessor, preprocessing_signature
 
@@ -42,11 +49,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     preprocessors = {
         name: p if p is not None else (known[0] if known else None) for name, p in preprocessors.items()
     }
+    signatures = {name: preprocessing_signature(p) for name, p in preprocessors.items()}
     datasets: dict = {}  # each method reads its data through its own preprocessor, made once per kind
-    for preprocessor in preprocessors.values():
-        signature = preprocessing_signature(preprocessor)
+    for name, signature in signatures.items():
         if signature not in datasets:
-            datasets[signature] = _eval_data(args, preprocessor, models, oods_named)
+            datasets[signature] = _eval_data(args, preprocessors[name], models, oods_named)
     _say_precision(args)
     results, preds, draws = {}, {}, {}
     for name, group in methods.items():
@@ -55,9 +62,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             return predict(model, batches, f"{name}: {split}", precision=args.precision)
 
         model = group[0] if len(group) == 1 else group
-        data = datasets[preprocessing_signature(preprocessors[name])]
+        data = datasets[signatures[name]]
         preds[name] = predict_method(model, data, predict_fn, calibrate=data.val is not None)
-        rows, _, row_draws = evaluate_method(name, preds[name], bootstrap=args.bootstrap)
+        saved = saved_calibration(model) if len(group) == 1 else None  # what is served
+        rows, _, row_draws = evaluate_method(name, preds[name], bootstrap=args.bootstrap, saved=saved)
         results.update(rows)
         draws.update(row_draws)
     first = next(iter(methods))  # every other method's differences from the first, paired
@@ -71,6 +79,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         "flag score chosen on": f"{args.val_data or 'no validation data'}"
         + (f" and OOD validation {args.ood_val}" if args.ood_val else ""),
         "precision": f"{args.precision} ({args.precision_reason})",
+        "rows": "NAME: temperature 1; NAME + TS: fit on --val-data; NAME (as saved): the calibration "
+        "saved with the model, as predict and the pipelines serve it",
+        "ECE": "15 equal-width bins of top-label confidence; aECE: 15 equal-mass bins (docs/metrics.md)",
     }
     reporting.write_results(mark_report_dir(out), results, meta=meta)
     reporting.method_plots(out / "plots", preds, list(preds), list(preds))

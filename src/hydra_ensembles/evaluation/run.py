@@ -17,7 +17,7 @@ from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
 from .bootstrap import add_intervals, bootstrap_draws
 from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, validation_aurocs
-from .evaluate import applicable_scores, evaluate_predictions
+from .evaluate import applicable_scores, evaluate_predictions, ood_scores
 from .predict import Predictions
 from .temperature import fit_temperature
 
@@ -89,22 +89,33 @@ def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
 
 
 def evaluate_method(
-    name: str, preds: MethodPredictions, bootstrap: int = 0, seed: int = 0
+    name: str, preds: MethodPredictions, bootstrap: int = 0, seed: int = 0, saved: Any = None
 ) -> tuple[dict[str, Any], dict[str, float | list[float]], dict[str, dict[str, np.ndarray]]]:
     """Result rows of a method: ``name``, and where it is ``scaled`` with validation predictions,
     ``name + TS`` (one temperature) and, for ensembles, ``name + TS per member`` (each member's own
     temperature, fit on its own NLL). Every OOD score the predictions allow is evaluated (the
     feature scores under `method_statistics`), and each row names its ``flag_score``: the one
     `choose_flag_score` picks on its validation (and OOD validation) predictions, else ``msp``.
+    With ``saved`` (the `Calibration` saved with the model), the row ``name (as saved)`` measures
+    what is served: the saved temperature, flag score, feature statistics and threshold, with the
+    share of each set the saved flag raises (``flagged``).
     Returns the rows, the fitted temperatures, and with ``bootstrap`` resamples each row's metric
     draws for every score (`evaluation.bootstrap`; the rows then hold their 95% ``intervals``)."""
     rows, temperatures, draws = {}, {}, {}
     statistics = method_statistics(preds)
     scores = applicable_scores(preds.test, statistics)
 
-    def add(row_name: str, temperature: float | np.ndarray = 1.0) -> None:
-        row = evaluate_predictions(preds.test, preds.ood, preds.shift, temperature, statistics=statistics)
-        if preds.val is not None:
+    def add(row_name: str, temperature: float | np.ndarray = 1.0, served: Any = None) -> None:
+        stats = served.statistics if served is not None and served.statistics is not None else statistics
+        row = evaluate_predictions(preds.test, preds.ood, preds.shift, temperature, statistics=stats)
+        if served is not None:  # what the saved calibration flags, as served
+            row["flag_score"] = chosen = served.score
+            flagged = {"ID test": preds.test, **{k: p for k, (_, p) in preds.ood.items()}}
+            row["flagged"] = {
+                k: float(np.mean(ood_scores(p, chosen, temperature, stats) > served.threshold))
+                for k, p in flagged.items()
+            }
+        elif preds.val is not None:
             chosen = choose_flag_score(preds.val, statistics, preds.ood_val, temperature)
             if preds.ood_val is not None:  # what it was chosen by (validation sets only)
                 row["flag_score_validation_auroc"] = validation_aurocs(
@@ -115,11 +126,14 @@ def evaluate_method(
         row["flag_score"] = chosen
         rows[row_name] = row
         if bootstrap:
+            usable = applicable_scores(preds.test, stats)
             draws[row_name] = bootstrap_draws(
-                preds.test, preds.ood, temperature, bootstrap, seed, chosen, scores, statistics
+                preds.test, preds.ood, temperature, bootstrap, seed, chosen, usable, stats
             )
 
     add(name)
+    if saved is not None:
+        add(f"{name} (as saved)", saved.temperature, served=saved)
     if preds.val is not None and preds.scaled:
         shared = float(fit_temperature(preds.val))
         temperatures[f"{name} + TS"] = shared

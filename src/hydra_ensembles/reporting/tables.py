@@ -152,6 +152,7 @@ def markdown_report(
     parts += interval_sections(results)
     parts += _ood_sections(results, score)
     parts += score_sections(results)
+    parts += _served_section(results)
     parts += _diversity_section(results)
     parts += _shift_sections(results)
     return "\n".join(parts)
@@ -234,6 +235,27 @@ def score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             "",
         ]
     return parts
+
+
+def _served_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The share of each set the saved calibration's flag raises, for rows measured as saved."""
+    served = [(m, r) for m, r in results.items() if "flagged" in r]
+    if not served:
+        return []
+    sets = list(served[0][1]["flagged"])
+    body = [
+        [m, r["flag_score"], *[f"{100 * r['flagged'].get(s, float('nan')):.1f}" for s in sets]]
+        for m, r in served
+    ]
+    return [
+        "## As served: the share each saved flag raises (%)",
+        "",
+        "The saved calibration (temperature, flag score, statistics and threshold) as `predict` and "
+        "the pipelines apply it. On ID data the share should be near 100% - keep.",
+        "",
+        markdown_table(["Method", "Flag score", *sets], body),
+        "",
+    ]
 
 
 def _same_score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
