@@ -189,3 +189,13 @@ def test_finetune_says_which_epoch_it_kept_and_when_it_learned_nothing(w, capsys
     assert main([*argv, "--epochs", "1", "--lr", "1e-9", *COMMON, "--out", str(stuck)]) == 0
     err = capsys.readouterr().err
     assert "never rose above 0.333, the share of the largest class" in err
+
+
+def test_still_learning_is_said_only_while_accuracy_keeps_rising():
+    from hydra_ensembles.cli.common import still_learning
+
+    rising = [{"val_acc": a} for a in (0.65, 0.71, 0.77)]  # a quick start's three short epochs
+    assert still_learning(rising)
+    assert not still_learning(rising[:2])  # two epochs say too little
+    assert not still_learning([{"val_acc": a} for a in (0.65, 0.77, 0.77)])  # it levelled off
+    assert not still_learning([{"val_acc": a} for a in (0.900, 0.902, 0.904)])  # within noise

@@ -102,6 +102,24 @@ def _print_history(result, config, val: list[dict] | None) -> None:
                 "the model predicts one class; try a larger --lr or more --epochs",
                 stacklevel=2,
             )
+        elif still_learning(history) and not result.stopped_early:
+            steps = ", ".join(f"{r['val_acc']:.2f}" for r in history[-3:])
+            warnings.warn(
+                f"validation accuracy was still rising at the last epoch ({steps}): the model is "
+                "probably under-trained; more --epochs (or a larger --lr) would likely help",
+                stacklevel=2,
+            )
+
+
+def still_learning(history: list[dict], tolerance: float = 0.005) -> bool:
+    """Whether validation accuracy rose over each of the last two epochs by more than
+    ``tolerance`` (three epochs at least): training stopped while the model was still learning."""
+    accuracy = [r["val_acc"] for r in history if "val_acc" in r]
+    return (
+        len(accuracy) >= 3
+        and accuracy[-1] > accuracy[-2] + tolerance
+        and accuracy[-2] > accuracy[-3] + tolerance
+    )
 
 
 def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, train=None, ood=None):
