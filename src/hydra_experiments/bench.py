@@ -69,13 +69,17 @@ def peak_memory(run: Callable[[], Any]) -> int:
 
 def random_inputs(config: Any, tokens: int, seed: int) -> Callable[[int], dict[str, torch.Tensor]]:
     """``batch`` -> random inputs for an encoder of ``config``: images of its size, or ``tokens``
-    random token ids past the special tokens of a real vocabulary (one seeded stream)."""
+    random token ids past the special tokens of a real vocabulary (one seeded stream); ValueError
+    (when inputs are first made) for more tokens than the model has positions."""
     generator = torch.Generator().manual_seed(seed)
 
     def make(batch: int) -> dict[str, torch.Tensor]:
         if config.model_type in VISION_MODEL_TYPES:
             size = config.image_size
             return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
+        positions = getattr(config, "max_position_embeddings", None)
+        if isinstance(positions, int) and tokens > positions:
+            raise ValueError(f"--tokens {tokens} exceeds the model's {positions} positions")
         low = min(1000, config.vocab_size // 2)
         ids = torch.randint(low, config.vocab_size, (batch, tokens), generator=generator)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}

@@ -41,8 +41,11 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
     assert "Hydra (Circ)" in out and "report:" in out
     report = (tmp_path / "report" / "report.md").read_text()
     for section in (
-        "| Method | Heads | Acc",
+        "| Method | Heads | OOD score | Acc",
         "## Near- and far-OOD",
+        "## OOD average AUROC ↑ by score",
+        "## Each row's flag score against MSP",
+        "## Feature scores member by member",
         "## Diversity",
         "under shift",
         "## Cost",
