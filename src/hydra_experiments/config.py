@@ -216,6 +216,8 @@ class DemoConfig:
     circuit_budget: int = 48
     circuit_id_items: int = 10
     circuit_ood_items: int = 10
+    flag_ood_items: int | None = 200
+    """OOD validation items each method's flag score is chosen on (None: all of them)."""
     circuit_length: int = 16
     curve_step: int = 16
     """The training-free pruning curves measure every ``curve_step`` heads up to the pool size."""

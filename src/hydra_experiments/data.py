@@ -90,7 +90,9 @@ def prepare_benchmark(config: DemoConfig, task: Task) -> Benchmark:
             model_inputs(b)
             for b in batched(head(task.ood_val, config.circuit_ood_items), 64, config.circuit_length)
         ],
-        ood_val=[model_inputs(b) for b in batched(task.ood_val)],
+        ood_val=[
+            model_inputs(b) for b in batched(head(task.ood_val, config.flag_ood_items or len(task.ood_val)))
+        ],
         initial=initial,
         from_scratch=from_scratch,
         preprocessor=preprocessor,

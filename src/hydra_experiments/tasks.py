@@ -70,8 +70,9 @@ class Task:
         out = {
             "ID": f"{self.sources.get('ID', 'ID')}: {sizes}",
             "OOD test": ood,
-            "OOD validation (circuit extraction only)": f"{self.sources.get('OOD validation', '')} "
-            f"({len(self.ood_val)})",
+            "OOD validation (circuits, the flag score's choice)": (
+                f"{self.sources.get('OOD validation', '')} ({len(self.ood_val)})"
+            ),
         }
         if self.shift:
             corruptions = sorted({c for c, _ in self.shift})

@@ -14,7 +14,9 @@ from hydra_experiments import Cache, DemoConfig, TrainingRecipe, run_demo
 def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
     config = DemoConfig(
         train_limit=16,
+        val_limit=24,
         test_limit=24,
+        flag_ood_items=12,
         ood_limit=12,
         shift_limit=4,
         members=2,

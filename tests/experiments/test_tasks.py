@@ -24,7 +24,12 @@ def test_image_task_splits_are_disjoint_deterministic_and_hold_out_near_classes(
     assert {k for k, _ in task.ood_test.values()} == {"near", "far"} and len(task.ood_val) == 500
     assert not any(i.startswith("elpv/") for _, d in task.ood_test.values() for i in d.ids)
     assert len(task.shift) == 6 * 5 and all(len(d) == 5 for d in task.shift.values())
-    assert set(task.describe()) == {"ID", "OOD test", "OOD validation (circuit extraction only)", "shift"}
+    assert set(task.describe()) == {
+        "ID",
+        "OOD test",
+        "OOD validation (circuits, the flag score's choice)",
+        "shift",
+    }
 
 
 def test_unknown_task():
