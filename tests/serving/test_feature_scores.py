@@ -23,6 +23,9 @@ from hydra_ensembles.serving.onnx import export_onnx
 
 from .conftest import HEAD_SETS, tiny_text_classifier, validation
 
+EXPORTED = ("mds", "knn", "vim")
+"""The scores whose graphs are exported: between them every operation the five scores use (rmds
+and mds++ are mds's matrix products and knn's normalisation)."""
 TEXTS = ["goal match team score", "bank shares market", "rain and wind tomorrow", "a recipe with flour"]
 TEXTS += ["the quarterly report", "snow later", "an unrelated sentence about poetry", "x y z"]
 
@@ -55,7 +58,8 @@ def built(tmp_path_factory):
         folder = root / score / "hydra"
         tokenizer.save_pretrained(folder)
         model.save_pretrained(folder)
-        folders[score] = (folder, export_onnx(folder, root / score / "onnx"))
+        exported = export_onnx(folder, root / score / "onnx") if score in EXPORTED else None
+        folders[score] = (folder, exported)
     return folders
 
 
@@ -74,6 +78,8 @@ def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
     assert [s[f"ood_score_{score}_spread"] for s in served] == pytest.approx(
         [r[f"ood_score_{score}_spread"] for r in records], rel=1e-4, abs=1e-6
     )
+    if exported is None:
+        return
     session = onnxruntime.InferenceSession(str(exported / "model.onnx"))
     sidecar = json.loads((exported / "calibration.json").read_text())
     assert "ood_score" in sidecar["outputs"] and sidecar["calibration"]["score"] == score
