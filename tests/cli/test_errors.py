@@ -305,6 +305,12 @@ CASES = [
         "tokenizer.json was modified after saving",
         "p.csv",
     ),
+    (  # a fused model answers for several members: it is no member of an explicit ensemble
+        "ensemble-of-a-hydra-model-and-a-classifier",
+        lambda w: ["predict", f"{w / 'hydra'},{w / 'model'}", *predict(w)[2:]],
+        "takes single models",
+        "p.csv",
+    ),
     (  # one input would reach the members as different token ids
         "ensemble-of-differently-tokenized-members",
         lambda w: ["predict", f"{w / 'model'},{w / 'model-cased'}", *predict(w)[2:]],

@@ -155,6 +155,10 @@ def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
     if not paths:
         raise ValueError(f"no model path in {spec!r}")
     models = [_load_model(p, args) for p in paths]
+    if len(models) > 1:  # checked before any work: the members of an explicit ensemble are models
+        from ..members.ensemble import DeepEnsemble
+
+        DeepEnsemble(models)
     found = [(p, load_preprocessor(p)) for p in paths]
     found = [(p, pre) for p, pre in found if pre is not None]
     for path, pre in found[1:]:

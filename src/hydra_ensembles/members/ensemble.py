@@ -50,6 +50,12 @@ class DeepEnsemble(nn.Module):
         super().__init__()
         if not models:
             raise ValueError("an ensemble needs at least one model")
+        nested = [type(m).__name__ for m in models if hasattr(m, "num_members") or stacked_members(m) > 1]
+        if nested:
+            raise ValueError(
+                f"an explicit ensemble takes single models, and {nested[0]} answers for several members "
+                "already: predict it on its own, or list its members"
+            )
         self.members = nn.ModuleList(models)
         # the members' configuration (family, classes), with the ensemble's own calibration
         # (`evaluation.calibrate`; saved in its index file), never a member's
