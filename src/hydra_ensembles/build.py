@@ -71,6 +71,7 @@ class BuildConfig:
     mlp: str = "merge"
     flag_score: str = "auto"
     keep: float = 0.95
+    flag_method: str = "conformal"
     precision: str = "auto"
 
 
@@ -241,6 +242,7 @@ def _calibrate(model, *, data, train, ood_validation, config: BuildConfig) -> Ca
         id_train=train_batches or None,
         train_data=train_name,
         ood_validation=ood_validation,
+        flag_method=config.flag_method,
     )
 
 

@@ -15,11 +15,13 @@ from hydra_ensembles.evaluation import (
     calibrate,
     fit_temperature,
     flag_threshold,
+    ood_scores,
     per_example,
     predict,
     saved_calibration,
 )
 from hydra_ensembles.evaluation.calibration import RECORD_DIGEST
+from hydra_ensembles.evaluation.conformal import conformal_threshold
 from hydra_ensembles.hashing import batches_digest, fingerprint, json_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
@@ -39,12 +41,20 @@ def test_fit_is_the_temperature_then_the_threshold_at_it():
     calibration = Calibration.fit(preds, "entropy", keep=0.9, data="v.csv", data_sha256="ab" * 32)
     temperature = fit_temperature(preds)
     assert calibration.temperature == pytest.approx(temperature, rel=1e-12)
-    assert calibration.threshold == flag_threshold(preds, "entropy", 0.9, calibration.temperature)
+    scores = ood_scores(preds, "entropy", calibration.temperature)
+    assert calibration.flag_method == "conformal" and calibration.alpha == pytest.approx(0.1)
+    assert calibration.threshold == conformal_threshold(scores, 0.1)  # the 73rd smallest of 80
+    assert calibration.threshold == np.sort(scores)[72]
     assert (calibration.score, calibration.keep, calibration.examples) == ("entropy", 0.9, 80)
+    records = calibration.records(preds)
     expected = per_example(preds, None, calibration.temperature, "entropy", calibration.threshold)
-    assert calibration.records(preds) == expected
-    assert np.mean([r["flagged"] for r in expected]) <= 0.1 + 1e-9  # 90% of validation kept
+    assert [{k: v for k, v in r.items() if k != "ood_p_value"} for r in records] == expected
+    assert [r["ood_p_value"] <= 0.1 for r in records] == [r["flagged"] for r in records]
+    assert np.mean([r["flagged"] for r in expected]) <= 0.1 + 1e-9
     assert Calibration.from_dict(json.loads(json.dumps(calibration.to_dict()))) == calibration
+    plain = Calibration.fit(preds, "entropy", keep=0.9, flag_method="quantile")  # the plain quantile
+    assert plain.threshold == flag_threshold(preds, "entropy", 0.9, plain.temperature)
+    assert "ood_p_value" not in plain.records(preds)[0]
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,10 @@ def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
     assert np.allclose(ood, expected, rtol=1e-4, atol=1e-5)
     assert np.allclose(per_member.mean(1), ood)
     flags = ood > sidecar["calibration"]["threshold"]
+    kept = np.asarray(sidecar["calibration"]["calibration_scores"])  # the conformal p-value, as documented
+    p_values = (1 + (kept[None] >= ood[:, None]).sum(1)) / (len(kept) + 1)
+    assert p_values.tolist() == pytest.approx([r["ood_p_value"] for r in records])
+    assert [s["ood_p_value"] for s in served] == pytest.approx([r["ood_p_value"] for r in records])
     clear = np.abs(expected - calibration.threshold) > 1e-4 * max(1.0, abs(calibration.threshold))
     assert flags[clear].tolist() == [r["flagged"] for r, c in zip(records, clear, strict=True) if c]
     assert [s["flagged"] for s in served] == [r["flagged"] for r in records]

@@ -100,6 +100,7 @@ def _build_config(args: argparse.Namespace):
         mlp=args.mlp,
         flag_score=args.flag_score,
         keep=args.keep,
+        flag_method=args.flag_method,
         precision=args.precision,
     )
 

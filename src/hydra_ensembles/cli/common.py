@@ -139,6 +139,7 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
         id_train=train,
         train_data=args.data if train is not None else "",
         ood_validation=ood,
+        flag_method=args.flag_method,
     )
     print(f"calibration: {calibration.describe()}")
     return calibration

@@ -129,7 +129,15 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
         "--keep",
         type=_fraction,
         default=0.95,
-        help=f"share of {data}'s inputs the saved flag threshold leaves unflagged",
+        help=f"1 - the flag's level: with --flag-method conformal, at most 1 - KEEP of ID inputs like "
+        f"{data}'s are flagged (in expectation); with quantile, the share of {data}'s inputs left unflagged",
+    )
+    p.add_argument(
+        "--flag-method",
+        choices=("conformal", "quantile"),
+        default="conformal",
+        help="conformal: the threshold with the (n+1) correction, a bounded false-flag rate and a "
+        "p-value per input (docs/ood.md); quantile: the plain empirical quantile",
     )
 
 

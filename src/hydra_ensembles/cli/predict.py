@@ -111,9 +111,13 @@ def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[st
     lines = []
     if calibration is not None:
         flagged = sum(r["flagged"] for r in rows) / len(rows)
+        how = (
+            f"conformal p-value <= {calibration.alpha:.3g}"
+            if calibration.flag_method == "conformal"
+            else f"keeping {calibration.keep:.0%} of ID validation"
+        )
         lines.append(
-            f"flagged (ood_score_{calibration.score} > {calibration.threshold:.4f}, keeping "
-            f"{calibration.keep:.0%} of ID validation): {flagged:.1%}"
+            f"flagged (ood_score_{calibration.score} > {calibration.threshold:.4f}, {how}): {flagged:.1%}"
         )
     if args.labelled:
         lines.append(f"accuracy {sum(r['correct'] for r in rows) / len(rows):.4f}")

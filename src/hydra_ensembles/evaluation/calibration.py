@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
 from ..ood.features import ensemble_heads
 from ..precision import model_device, resolve_precision
 from ..surgery import CALIBRATION_KEY, STATISTICS_ATTRIBUTE, fingerprint
+from .conformal import FLAG_METHODS, conformal_p_values, conformal_threshold, smallest_alpha
 from .evaluate import OOD_SCORES, applicable_scores, ood_scores
 from .predict import Predictions, predict
 from .temperature import fit_temperature
@@ -64,6 +66,8 @@ class Calibration:
     statistics_sha256: str = ""
     statistics_data: str = ""
     statistics_data_sha256: str = ""
+    flag_method: str = "quantile"
+    calibration_scores: tuple[float, ...] = ()
     statistics: FeatureStatistics | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +87,28 @@ class Calibration:
             )
         if self.statistics is not None and self.statistics.digest() != self.statistics_sha256:
             raise ValueError("the feature statistics are not the ones this calibration records")
+        if self.flag_method not in FLAG_METHODS:
+            raise ValueError(f"unknown flag method {self.flag_method!r}; choose from {FLAG_METHODS}")
+        if self.flag_method == "conformal":
+            object.__setattr__(self, "calibration_scores", tuple(sorted(map(float, self.calibration_scores))))
+            if not self.calibration_scores:
+                raise ValueError(
+                    "a conformal flag keeps the ID calibration scores; this calibration has none"
+                )
+            if conformal_threshold(self.calibration_scores, 1 - self.keep) != self.threshold:
+                raise ValueError("the conformal flag's threshold does not follow from its calibration scores")
+
+    @property
+    def alpha(self) -> float:
+        """The flag's level: the share of ID inputs it may flag (1 - ``keep``)."""
+        return 1.0 - self.keep
+
+    def p_values(self, scores: Any) -> np.ndarray:
+        """The conformal p-value of each OOD score against the ID calibration scores (a conformal
+        flag only): an input is flagged exactly where its p-value is <= `alpha`."""
+        if self.flag_method != "conformal":
+            raise ValueError("p-values need a conformal flag (its calibration scores)")
+        return conformal_p_values(self.calibration_scores, scores)
 
     @classmethod
     def fit(
@@ -99,27 +125,50 @@ class Calibration:
         statistics_data: str = "",
         statistics_data_sha256: str = "",
         ood_validation: Predictions | None = None,
+        flag_method: str = "conformal",
     ) -> Calibration:
         """Fit on labelled ID validation predictions: the temperature minimising their NLL, then the
         threshold of ``score`` (at that temperature; ``"auto"``: `choose_flag_score`, which
-        may read ``ood_validation``) that keeps ``keep`` of them unflagged. ``statistics``: the
-        feature statistics of the feature scores, fit on ``statistics_data``."""
+        may read ``ood_validation``): ``flag_method="conformal"`` flags at level 1 - ``keep`` with
+        the (n + 1) correction (`evaluation.conformal`; the ID scores are kept for p-values),
+        ``"quantile"`` at the scores' plain ``keep`` quantile. ``statistics``: the feature
+        statistics of the feature scores, fit on ``statistics_data``."""
         temperature = float(fit_temperature(id_validation))
         if score == AUTO_SCORE:
             score = choose_flag_score(id_validation, statistics, ood_validation, temperature)
-        threshold = flag_threshold(id_validation, score, keep, temperature, statistics)
+        kept: tuple[float, ...] = ()
+        n = len(id_validation.labels)
+        if flag_method == "conformal" and 1 - keep < smallest_alpha(n):
+            warnings.warn(
+                f"{n} ID validation inputs cannot flag at level {1 - keep:.3g} with its guarantee (that "
+                f"needs at least {math.ceil(1 / (1 - keep)) - 1 if keep < 1 else 'infinitely many'}): "
+                "the plain quantile sets the threshold, without the guarantee",
+                stacklevel=2,
+            )
+            flag_method = "quantile"
+        if flag_method == "conformal":
+            kept = tuple(float(s) for s in ood_scores(id_validation, score, temperature, statistics))
+            threshold = conformal_threshold(kept, 1 - keep)
+        else:
+            threshold = flag_threshold(id_validation, score, keep, temperature, statistics)
         examples = len(id_validation.labels)
         digest = statistics.digest() if statistics is not None else ""
         return cls(
             temperature, score, threshold, keep, data, data_sha256, examples, precision, model_sha256,
-            digest, statistics_data, statistics_data_sha256, statistics,
+            digest, statistics_data, statistics_data_sha256, flag_method, kept, statistics,
         )  # fmt: skip
 
     def records(self, predictions: Predictions, classes: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """One record per input (`per_example`), calibrated and flagged with these settings."""
-        return per_example(
+        """One record per input (`per_example`), calibrated and flagged with these settings; a
+        conformal flag adds each input's ``ood_p_value``."""
+        records = per_example(
             predictions, classes, self.temperature, self.score, self.threshold, self.statistics
         )
+        if self.flag_method == "conformal":
+            p_values = self.p_values([r[f"ood_score_{self.score}"] for r in records])
+            for record, p_value in zip(records, p_values, strict=True):
+                record["ood_p_value"] = float(p_value)
+        return records
 
     def describe(self) -> str:
         """One line: the settings and the data they were fit on."""
@@ -133,17 +182,21 @@ class Calibration:
                 f"; feature statistics fit on {self.statistics_data or 'ID training data'} ({examples} "
                 f"inputs, sha256 {self.statistics_data_sha256[:12]})"
             )
+        level = (
+            f"conformal, level {self.alpha:.3g}: at most {self.alpha:.1%} of ID inputs flagged"
+            if self.flag_method == "conformal"
+            else f"keeps {self.keep:.0%} of ID validation"
+        )
         return (
             f"temperature {self.temperature:.3f}; flag: ood_score_{self.score} > {self.threshold:.4f} "
-            f"(keeps {self.keep:.0%} of ID validation); fit on {fit_on}"
-            + (f" in {self.precision}" if self.precision else "")
-            + statistics
+            f"({level}); fit on {fit_on}" + (f" in {self.precision}" if self.precision else "") + statistics
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record (the statistics are saved beside it and named by their digest), with
         its own SHA-256 (``record_sha256``): a record edited by hand is refused by `from_dict`."""
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "statistics"}
+        record["calibration_scores"] = list(self.calibration_scores)  # as JSON holds it
         return {**record, RECORD_DIGEST: json_digest(record)}
 
     @classmethod
@@ -160,6 +213,7 @@ class Calibration:
             )
         fields = set(cls.__dataclass_fields__) - {"statistics"}
         optional = {"statistics_sha256", "statistics_data", "statistics_data_sha256"}  # older saves lack them
+        optional |= {"flag_method", "calibration_scores"}
         if not fields - optional <= set(saved) <= fields:
             raise ValueError(
                 f"a saved calibration has the fields {sorted(fields)}; this one has {sorted(saved)}"
@@ -175,7 +229,13 @@ class Calibration:
                 examples=int(saved["examples"]),
                 precision=str(saved["precision"]),
                 model_sha256=str(saved["model_sha256"]),
-                **{name: str(saved[name]) for name in optional if name in saved},
+                **{
+                    name: str(saved[name])
+                    for name in optional
+                    if name in saved and name.startswith("statistics")
+                },
+                flag_method=str(saved.get("flag_method", "quantile")),
+                calibration_scores=tuple(float(s) for s in saved.get("calibration_scores", ())),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a saved calibration is malformed: {exc}") from None
@@ -257,6 +317,7 @@ def fit_calibration(
     train_data: str = "",
     ood_validation: Iterable[dict[str, Any]] | None = None,
     statistics: FeatureStatistics | None = None,
+    flag_method: str = "conformal",
 ) -> tuple[Calibration, Predictions]:
     """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
     included) fit on labelled ID validation batches, with the predictions it was fit on; nothing
@@ -293,6 +354,7 @@ def fit_calibration(
         statistics_data=train_data,
         statistics_data_sha256=train_sha256,
         ood_validation=ood,
+        flag_method=flag_method,
     )
     return calibration, predictions
 
@@ -309,6 +371,7 @@ def calibrate(
     id_train: Iterable[dict[str, Any]] | None = None,
     train_data: str = "",
     ood_validation: Iterable[dict[str, Any]] | None = None,
+    flag_method: str = "conformal",
 ) -> Calibration:
     """Fit ``model``'s `Calibration` on labelled ID validation batches (`fit_calibration`, with
     the feature statistics where ``id_train`` is given), bind it to the model's weights and record
@@ -325,6 +388,7 @@ def calibrate(
         id_train=id_train,
         train_data=train_data,
         ood_validation=ood_validation,
+        flag_method=flag_method,
     )
     return record_calibration(model, fitted)
 
