@@ -50,3 +50,72 @@ def test_too_few_scores_for_the_level_are_refused():
         conformal_threshold(np.arange(18.0), 0.05)
     with pytest.raises(ValueError, match=r"in \(0, 1\)"):
         conformal_threshold(np.arange(18.0), 0.0)
+
+
+def _draw(rng, n, classes=5, sharp=2.0):
+    """Inputs whose labels follow a known distribution, and a model's (imperfect) probabilities."""
+    logits = rng.normal(size=(n, classes)) * sharp
+    truth = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    labels = np.array([rng.choice(classes, p=t) for t in truth])
+    model = np.exp(logits * 0.6) / np.exp(logits * 0.6).sum(1, keepdims=True)  # under-confident
+    return model, labels
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "exact"),
+    [
+        ("lac", {}, True),
+        ("aps", {"randomized": True}, True),
+        ("aps", {}, False),
+        ("raps", {"penalty": 0.05, "k_reg": 1}, False),
+    ],
+)
+def test_prediction_sets_cover_the_true_class_with_probability_at_least_1_minus_alpha(method, options, exact):
+    """Split conformal: over many calibration/test draws the sets hold the true class at least
+    1 - alpha of the time (at most 1 - alpha + 1/(n+1) for continuous scores)."""
+    from hydra_ensembles.evaluation.conformal import fit_set_quantiles, prediction_sets
+
+    rng = np.random.default_rng(3)
+    n, alpha, coverage = 99, 0.1, []
+    for _ in range(300):
+        cal_p, cal_y = _draw(rng, n)
+        test_p, test_y = _draw(rng, 100)
+        extra = {}
+        if options.get("randomized"):
+            extra = {"uniform": rng.random(n)}
+        quantiles = fit_set_quantiles(cal_p, cal_y, alpha, method, **options, **extra)
+        if options.get("randomized"):
+            extra = {"uniform": rng.random(100)}
+        sets = prediction_sets(test_p, quantiles, method, **options, **extra)
+        coverage.append(sets[np.arange(100), test_y].mean())
+    mean, error = float(np.mean(coverage)), 3 * float(np.std(coverage)) / np.sqrt(len(coverage))
+    assert mean >= 1 - alpha - error
+    if exact:
+        assert mean <= 1 - alpha + 1 / (n + 1) + error
+
+
+def test_mondrian_sets_cover_every_class():
+    from hydra_ensembles.evaluation.conformal import fit_set_quantiles, prediction_sets
+
+    rng = np.random.default_rng(4)
+    alpha, hits = 0.1, {c: [] for c in range(5)}
+    for _ in range(200):
+        cal_p, cal_y = _draw(rng, 400)
+        test_p, test_y = _draw(rng, 200)
+        sets = prediction_sets(test_p, fit_set_quantiles(cal_p, cal_y, alpha, "lac", classwise=True), "lac")
+        for c in range(5):
+            hits[c].extend(sets[test_y == c, c].tolist())
+    for c in range(5):
+        assert np.mean(hits[c]) >= 1 - alpha - 3 * np.sqrt(alpha * (1 - alpha) / len(hits[c]))
+
+
+def test_set_scores_against_their_definitions():
+    from hydra_ensembles.evaluation.conformal import set_scores
+
+    p = np.array([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]])
+    assert np.allclose(set_scores(p, "lac"), 1 - p)
+    assert np.allclose(set_scores(p, "aps"), [[0.5, 0.8, 1.0], [1.0, 0.6, 0.9]])
+    raps = set_scores(p, "raps", penalty=0.1, k_reg=1)
+    assert np.allclose(raps, [[0.5, 0.9, 1.2], [1.2, 0.6, 1.0]])
+    randomized = set_scores(p, "aps", randomized=True, uniform=[0.5, 0.0])
+    assert np.allclose(randomized, [[0.25, 0.65, 0.9], [0.9, 0.0, 0.6]])

@@ -58,3 +58,75 @@ def conformal_p_values(calibration_scores: Any, scores: Any) -> np.ndarray:
     values = np.asarray(scores, dtype=np.float64)
     at_least = len(reference) - np.searchsorted(reference, values, side="left")  # #{s_i >= s}
     return (1.0 + at_least) / (len(reference) + 1.0)
+
+
+SET_METHODS = ("lac", "aps", "raps")
+"""Conformal prediction sets' non-conformity scores: LAC (1 - p_y), APS (the probability mass
+ranked at or above y) and RAPS (APS plus a penalty on ranks past ``k_reg``)."""
+
+
+def set_scores(
+    probs: Any,
+    method: str = "lac",
+    *,
+    randomized: bool = False,
+    penalty: float = 0.01,
+    k_reg: int = 1,
+    uniform: Any = None,
+) -> np.ndarray:
+    """The non-conformity score of every class for every input, (N, C), from calibrated class
+    probabilities (N, C): LAC ``1 - p_y``; APS the probability of the classes ranked above y plus
+    p_y (``randomized``: plus ``u * p_y`` instead, u uniform in [0, 1) per input, from
+    ``uniform``); RAPS APS plus ``penalty * max(0, rank(y) - k_reg)`` (ranks from 1).
+    (Angelopoulos et al., 2021; Romano et al., 2020.)"""
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"probabilities must be (inputs, classes), got {p.shape}")
+    if method not in SET_METHODS:
+        raise ValueError(f"unknown prediction-set method {method!r}; choose from {SET_METHODS}")
+    if method == "lac":
+        return 1.0 - p
+    order = np.argsort(-p, axis=1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, axis=1)
+    above = np.cumsum(sorted_p, axis=1) - sorted_p  # mass ranked strictly above
+    own = sorted_p if not randomized else sorted_p * np.asarray(uniform, dtype=np.float64).reshape(-1, 1)
+    scores_sorted = above + own
+    if method == "raps":
+        ranks = np.arange(1, p.shape[1] + 1)[None]
+        scores_sorted = scores_sorted + penalty * np.maximum(0, ranks - k_reg)
+    scores = np.empty_like(scores_sorted)
+    np.put_along_axis(scores, order, scores_sorted, axis=1)
+    return scores
+
+
+def set_quantile(scores: Any, alpha: float) -> float:
+    """The split-conformal quantile of calibration scores: their ceil((n + 1)(1 - alpha))-th
+    smallest, or infinity where there are too few of them (every class is then in every set)."""
+    values = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if not 0 < alpha < 1:
+        raise ValueError(f"the sets' level alpha must be in (0, 1), got {alpha}")
+    if len(values) == 0 or alpha < smallest_alpha(len(values)):
+        return math.inf
+    return conformal_threshold(values, alpha)
+
+
+def fit_set_quantiles(
+    probs: Any, labels: Any, alpha: float, method: str = "lac", classwise: bool = False, **options: Any
+) -> np.ndarray:
+    """The quantile(s) of the true classes' scores on labelled calibration data: one, or
+    (``classwise``, Mondrian) one per class from that class's examples alone, (C,)."""
+    p = np.asarray(probs, dtype=np.float64)
+    y = np.asarray(labels).astype(np.int64).reshape(-1)
+    if len(y) != len(p):
+        raise ValueError(f"{len(y)} labels for {len(p)} inputs")
+    true = set_scores(p, method, **options)[np.arange(len(y)), y]
+    if not classwise:
+        return np.full(p.shape[1], set_quantile(true, alpha))
+    return np.array([set_quantile(true[y == c], alpha) for c in range(p.shape[1])])
+
+
+def prediction_sets(probs: Any, quantiles: Any, method: str = "lac", **options: Any) -> np.ndarray:
+    """Which classes are in each input's set, (N, C) booleans: those whose score is at most the
+    quantile (of their class, for Mondrian sets)."""
+    scores = set_scores(probs, method, **options)
+    return scores <= np.asarray(quantiles, dtype=np.float64)[None]
