@@ -72,6 +72,9 @@ class BuildConfig:
     flag_score: str = "auto"
     keep: float = 0.95
     flag_method: str = "conformal"
+    sets: str = "lac"
+    """Conformal prediction sets saved with the calibration (``""``: none; `evaluation.conformal`)."""
+    set_alpha: float = 0.1
     precision: str = "auto"
 
 
@@ -243,6 +246,8 @@ def _calibrate(model, *, data, train, ood_validation, config: BuildConfig) -> Ca
         train_data=train_name,
         ood_validation=ood_validation,
         flag_method=config.flag_method,
+        set_method=config.sets,
+        set_alpha=config.set_alpha,
     )
 
 

@@ -146,7 +146,10 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 def spreadsheet_safe(value: Any) -> Any:
     """A text cell that a spreadsheet would run as a formula, prefixed with ``'`` (shown as text,
-    the quote hidden); numbers and every other value unchanged."""
+    the quote hidden); a list (a prediction set) as its items joined by ``|``; numbers and every
+    other value unchanged."""
+    if isinstance(value, list):
+        value = "|".join(map(str, value))
     return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 

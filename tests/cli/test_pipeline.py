@@ -245,6 +245,12 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     assert "## As served" in (report / "report.md").read_text()
     capsys.readouterr()
     assert [float(r["ood_score_mds"]) for r in rows] == pytest.approx([e["ood_score_mds"] for e in expected])
+    assert saved.set_method == "lac" and saved.set_alpha == 0.1 and saved.set_examples == 12  # half of 24
+    assert [r["prediction_set"].split("|") if r["prediction_set"] else [] for r in rows] == [
+        e["prediction_set"] for e in expected
+    ]
+    assert [int(r["set_size"]) for r in rows] == [e["set_size"] for e in expected]
+    assert [float(r["ood_p_value"]) for r in rows] == pytest.approx([e["ood_p_value"] for e in expected])
     spread = [float(r["ood_score_mds_spread"]) for r in rows]
     assert spread == pytest.approx([e["ood_score_mds_spread"] for e in expected]) and max(spread) > 0
 

@@ -119,3 +119,32 @@ def test_set_scores_against_their_definitions():
     assert np.allclose(raps, [[0.5, 0.9, 1.2], [1.2, 0.6, 1.0]])
     randomized = set_scores(p, "aps", randomized=True, uniform=[0.5, 0.0])
     assert np.allclose(randomized, [[0.25, 0.65, 0.9], [0.9, 0.0, 0.6]])
+
+
+def test_a_calibration_with_prediction_sets_keeps_the_temperature_and_the_sets_apart():
+    """The even validation inputs fit the temperature, the odd ones the sets' quantile at it; the
+    records name each input's set; the saved record round-trips."""
+    import json
+
+    from hydra_ensembles.evaluation import Calibration, Predictions, fit_temperature
+    from hydra_ensembles.evaluation.conformal import fit_set_quantiles
+
+    rng = np.random.default_rng(5)
+    probs, labels = _draw(rng, 200, classes=4)
+    preds = Predictions(np.log(probs)[None] * 2.0, labels)
+    calibration = Calibration.fit(preds, "msp", 0.9, set_method="aps", set_alpha=0.2)
+    even = Predictions(preds.member_logits[:, 0::2], labels[0::2])
+    assert calibration.temperature == pytest.approx(fit_temperature(even), rel=1e-12)
+    odd_probs = Predictions(preds.member_logits[:, 1::2], labels[1::2]).probs(calibration.temperature)
+    expected = fit_set_quantiles(odd_probs, labels[1::2], 0.2, "aps")
+    assert calibration.set_quantiles == pytest.approx(tuple(expected)) and calibration.set_examples == 100
+    records = calibration.records(preds, ["a", "b", "c", "d"])
+    assert all(len(r["prediction_set"]) == r["set_size"] for r in records)
+    members = calibration.sets(preds)
+    assert [r["prediction_set"] for r in records] == [
+        [n for n, m in zip("abcd", row, strict=True) if m] for row in members
+    ]
+    again = Calibration.from_dict(json.loads(json.dumps(calibration.to_dict())))
+    assert again == calibration and again.records(preds, ["a", "b", "c", "d"]) == records
+    few = Calibration.fit(Predictions(preds.member_logits[:, :10], labels[:10]), "msp", 0.5, set_method="lac")
+    assert few.set_quantiles == (np.inf,) * 4  # 5 inputs cannot set a 0.1-level quantile: every class

@@ -101,6 +101,8 @@ def _build_config(args: argparse.Namespace):
         flag_score=args.flag_score,
         keep=args.keep,
         flag_method=args.flag_method,
+        sets="" if args.sets == "none" else args.sets,
+        set_alpha=args.set_alpha,
         precision=args.precision,
     )
 

@@ -140,6 +140,8 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
         train_data=args.data if train is not None else "",
         ood_validation=ood,
         flag_method=args.flag_method,
+        set_method="" if args.sets == "none" else args.sets,
+        set_alpha=args.set_alpha,
     )
     print(f"calibration: {calibration.describe()}")
     return calibration

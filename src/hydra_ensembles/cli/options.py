@@ -133,6 +133,17 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
         f"{data}'s are flagged (in expectation); with quantile, the share of {data}'s inputs left unflagged",
     )
     p.add_argument(
+        "--sets",
+        choices=("lac", "aps", "raps", "none"),
+        default="lac",
+        help=f"conformal prediction sets saved with the calibration, fit on half of {data} (the other "
+        "half fits the temperature): each input's set holds its true class with probability >= "
+        "1 - --set-alpha (docs/ood.md)",
+    )
+    p.add_argument(
+        "--set-alpha", type=_fraction, default=0.1, help="the prediction sets' level (default 0.1)"
+    )
+    p.add_argument(
         "--flag-method",
         choices=("conformal", "quantile"),
         default="conformal",

@@ -36,7 +36,15 @@ from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
 from ..ood.features import ensemble_heads
 from ..precision import model_device, resolve_precision
 from ..surgery import CALIBRATION_KEY, STATISTICS_ATTRIBUTE, fingerprint
-from .conformal import FLAG_METHODS, conformal_p_values, conformal_threshold, smallest_alpha
+from .conformal import (
+    FLAG_METHODS,
+    SET_METHODS,
+    conformal_p_values,
+    conformal_threshold,
+    fit_set_quantiles,
+    prediction_sets,
+    smallest_alpha,
+)
 from .evaluate import OOD_SCORES, applicable_scores, ood_scores
 from .predict import Predictions, predict
 from .temperature import fit_temperature
@@ -68,6 +76,11 @@ class Calibration:
     statistics_data_sha256: str = ""
     flag_method: str = "quantile"
     calibration_scores: tuple[float, ...] = ()
+    set_method: str = ""
+    set_alpha: float = 0.1
+    set_classwise: bool = False
+    set_quantiles: tuple[float, ...] = ()
+    set_examples: int = 0
     statistics: FeatureStatistics | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +100,8 @@ class Calibration:
             )
         if self.statistics is not None and self.statistics.digest() != self.statistics_sha256:
             raise ValueError("the feature statistics are not the ones this calibration records")
+        if self.set_method and (self.set_method not in SET_METHODS or not self.set_quantiles):
+            raise ValueError(f"prediction sets need a method of {SET_METHODS} and their quantiles")
         if self.flag_method not in FLAG_METHODS:
             raise ValueError(f"unknown flag method {self.flag_method!r}; choose from {FLAG_METHODS}")
         if self.flag_method == "conformal":
@@ -102,6 +117,15 @@ class Calibration:
     def alpha(self) -> float:
         """The flag's level: the share of ID inputs it may flag (1 - ``keep``)."""
         return 1.0 - self.keep
+
+    def sets(self, predictions: Predictions) -> np.ndarray:
+        """Each input's conformal prediction set, (N, C) booleans, from its calibrated ensemble
+        probabilities: it holds the true class of an exchangeable ID input with probability at
+        least 1 - ``set_alpha`` (for every class, with ``set_classwise``)."""
+        if not self.set_method:
+            raise ValueError("this calibration has no prediction sets (fit it with set_method)")
+        quantiles = [math.inf if q is None else q for q in self.set_quantiles]
+        return prediction_sets(predictions.probs(self.temperature), quantiles, self.set_method)
 
     def p_values(self, scores: Any) -> np.ndarray:
         """The conformal p-value of each OOD score against the ID calibration scores (a conformal
@@ -126,14 +150,26 @@ class Calibration:
         statistics_data_sha256: str = "",
         ood_validation: Predictions | None = None,
         flag_method: str = "conformal",
+        set_method: str = "",
+        set_alpha: float = 0.1,
+        set_classwise: bool = False,
     ) -> Calibration:
         """Fit on labelled ID validation predictions: the temperature minimising their NLL, then the
         threshold of ``score`` (at that temperature; ``"auto"``: `choose_flag_score`, which
         may read ``ood_validation``): ``flag_method="conformal"`` flags at level 1 - ``keep`` with
         the (n + 1) correction (`evaluation.conformal`; the ID scores are kept for p-values),
         ``"quantile"`` at the scores' plain ``keep`` quantile. ``statistics``: the feature
-        statistics of the feature scores, fit on ``statistics_data``."""
-        temperature = float(fit_temperature(id_validation))
+        statistics of the feature scores, fit on ``statistics_data``. With ``set_method`` (``lac``,
+        ``aps``, ``raps``), conformal prediction sets at level ``set_alpha`` (``set_classwise``:
+        Mondrian, per class): the validation inputs are split by position, the even ones fitting
+        the temperature and the odd ones the sets' quantiles at it, so that the sets' guarantee
+        holds (`split_for_sets`)."""
+        sets_on = None
+        if set_method:
+            temperature_on, sets_on = split_for_sets(id_validation)
+            temperature = float(fit_temperature(temperature_on))
+        else:
+            temperature = float(fit_temperature(id_validation))
         if score == AUTO_SCORE:
             score = choose_flag_score(id_validation, statistics, ood_validation, temperature)
         kept: tuple[float, ...] = ()
@@ -153,9 +189,16 @@ class Calibration:
             threshold = flag_threshold(id_validation, score, keep, temperature, statistics)
         examples = len(id_validation.labels)
         digest = statistics.digest() if statistics is not None else ""
+        quantiles: tuple[float, ...] = ()
+        if sets_on is not None:
+            fitted = fit_set_quantiles(
+                sets_on.probs(temperature), sets_on.class_labels(), set_alpha, set_method, set_classwise
+            )
+            quantiles = tuple(float(q) for q in fitted)
         return cls(
             temperature, score, threshold, keep, data, data_sha256, examples, precision, model_sha256,
-            digest, statistics_data, statistics_data_sha256, flag_method, kept, statistics,
+            digest, statistics_data, statistics_data_sha256, flag_method, kept, set_method, set_alpha,
+            set_classwise, quantiles, 0 if sets_on is None else len(sets_on.labels), statistics,
         )  # fmt: skip
 
     def records(self, predictions: Predictions, classes: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -168,6 +211,11 @@ class Calibration:
             p_values = self.p_values([r[f"ood_score_{self.score}"] for r in records])
             for record, p_value in zip(records, p_values, strict=True):
                 record["ood_p_value"] = float(p_value)
+        if self.set_method:
+            names = list(classes) if classes else [str(c) for c in range(predictions.num_classes)]
+            for record, members in zip(records, self.sets(predictions), strict=True):
+                record["prediction_set"] = [names[c] for c in np.flatnonzero(members)]
+                record["set_size"] = int(members.sum())
         return records
 
     def describe(self) -> str:
@@ -197,6 +245,7 @@ class Calibration:
         its own SHA-256 (``record_sha256``): a record edited by hand is refused by `from_dict`."""
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "statistics"}
         record["calibration_scores"] = list(self.calibration_scores)  # as JSON holds it
+        record["set_quantiles"] = [q if math.isfinite(q) else None for q in self.set_quantiles]
         return {**record, RECORD_DIGEST: json_digest(record)}
 
     @classmethod
@@ -213,7 +262,8 @@ class Calibration:
             )
         fields = set(cls.__dataclass_fields__) - {"statistics"}
         optional = {"statistics_sha256", "statistics_data", "statistics_data_sha256"}  # older saves lack them
-        optional |= {"flag_method", "calibration_scores"}
+        optional |= {"flag_method", "calibration_scores", "set_method", "set_alpha", "set_classwise"}
+        optional |= {"set_quantiles", "set_examples"}
         if not fields - optional <= set(saved) <= fields:
             raise ValueError(
                 f"a saved calibration has the fields {sorted(fields)}; this one has {sorted(saved)}"
@@ -236,9 +286,34 @@ class Calibration:
                 },
                 flag_method=str(saved.get("flag_method", "quantile")),
                 calibration_scores=tuple(float(s) for s in saved.get("calibration_scores", ())),
+                set_method=str(saved.get("set_method", "")),
+                set_alpha=float(saved.get("set_alpha", 0.1)),
+                set_classwise=bool(saved.get("set_classwise", False)),
+                set_quantiles=tuple(
+                    math.inf if q is None else float(q) for q in saved.get("set_quantiles", ())
+                ),
+                set_examples=int(saved.get("set_examples", 0)),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a saved calibration is malformed: {exc}") from None
+
+
+def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions]:
+    """The validation predictions split by position: the even inputs (0, 2, ...) fit the
+    temperature, the odd ones calibrate the prediction sets at that temperature. Kept apart,
+    the sets' coverage guarantee does not depend on the temperature's fit."""
+    labels = id_validation.class_labels("prediction sets' labelled validation data")
+    features = id_validation.member_features
+
+    def part(start: int) -> Predictions:
+        rows = slice(start, None, 2)
+        return Predictions(
+            id_validation.member_logits[:, rows],
+            labels[rows],
+            None if features is None else features[:, rows],
+        )
+
+    return part(0), part(1)
 
 
 def fit_statistics(
@@ -318,6 +393,9 @@ def fit_calibration(
     ood_validation: Iterable[dict[str, Any]] | None = None,
     statistics: FeatureStatistics | None = None,
     flag_method: str = "conformal",
+    set_method: str = "",
+    set_alpha: float = 0.1,
+    set_classwise: bool = False,
 ) -> tuple[Calibration, Predictions]:
     """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
     included) fit on labelled ID validation batches, with the predictions it was fit on; nothing
@@ -355,6 +433,9 @@ def fit_calibration(
         statistics_data_sha256=train_sha256,
         ood_validation=ood,
         flag_method=flag_method,
+        set_method=set_method,
+        set_alpha=set_alpha,
+        set_classwise=set_classwise,
     )
     return calibration, predictions
 
@@ -372,6 +453,9 @@ def calibrate(
     train_data: str = "",
     ood_validation: Iterable[dict[str, Any]] | None = None,
     flag_method: str = "conformal",
+    set_method: str = "",
+    set_alpha: float = 0.1,
+    set_classwise: bool = False,
 ) -> Calibration:
     """Fit ``model``'s `Calibration` on labelled ID validation batches (`fit_calibration`, with
     the feature statistics where ``id_train`` is given), bind it to the model's weights and record
@@ -389,6 +473,9 @@ def calibrate(
         train_data=train_data,
         ood_validation=ood_validation,
         flag_method=flag_method,
+        set_method=set_method,
+        set_alpha=set_alpha,
+        set_classwise=set_classwise,
     )
     return record_calibration(model, fitted)
 
