@@ -223,3 +223,6 @@ def test_the_serving_pages_onnx_example_runs_as_written(saved, exported, tmp_pat
     )
     assert namespace["flagged"].tolist() == [r["flagged"] for r in records]
     assert namespace["usable"].all()
+    classes = namespace["side"]["classes"]
+    sets = [[c for c, member in zip(classes, row, strict=True) if member] for row in namespace["in_set"]]
+    assert sets == [r["prediction_set"] for r in records]
