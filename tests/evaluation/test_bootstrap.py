@@ -29,7 +29,18 @@ def _method(seed: int, sharp: float = 3.0, n: int = 80, shift: float = 0.0):
 def test_draws_are_the_metrics_of_the_resampled_items():
     preds = _method(1)
     draws = bootstrap_draws(preds.test, preds.ood, n_resamples=5, seed=3)
-    assert set(draws) == {"acc", "nll", "brier", "ece", "aece", "auroc", "fpr95", "aupr_in", "aupr_out"}
+    assert set(draws) == {
+        "acc",
+        "nll",
+        "brier",
+        "ece",
+        "aece",
+        "aurc",
+        "auroc",
+        "fpr95",
+        "aupr_in",
+        "aupr_out",
+    }
     k = 4
     test_index = M.resample_indices(80, 5, 3, "id-test")[k]
     probs, labels = preds.test.probs(), preds.test.labels

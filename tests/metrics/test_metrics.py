@@ -65,7 +65,20 @@ def test_adaptive_ece_equal_mass_bins_by_hand():
 def test_perfectly_calibrated_and_confident():
     probs = np.eye(3)[[0, 1, 2, 0]]
     got = M.classification(probs, [0, 1, 2, 0])
-    assert got == pytest.approx({"acc": 1.0, "nll": 0.0, "brier": 0.0, "ece": 0.0, "aece": 0.0}, abs=1e-9)
+    assert got == pytest.approx(
+        {"acc": 1.0, "nll": 0.0, "brier": 0.0, "ece": 0.0, "aece": 0.0, "aurc": 0.0}, abs=1e-9
+    )
+
+
+def test_aurc_is_the_mean_selective_risk_written_out():
+    """Answer the most confident first: the risk among the first k, averaged over k."""
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.45, 0.55]])
+    labels = [0, 1, 1, 0]  # wrong: the second and the fourth
+    # order by confidence 0.9, 0.8, 0.7, 0.55: errors 0, 1, 0, 1 -> risks 0, 1/2, 1/3, 2/4
+    assert M.aurc(probs, labels) == pytest.approx(np.mean([0, 1 / 2, 1 / 3, 2 / 4]))
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.55, 0.45]])  # all predict class 0
+    least_confident_wrong, most_confident_wrong = [0, 0, 0, 1], [1, 0, 0, 0]  # same accuracy
+    assert M.aurc(probs, least_confident_wrong) < M.aurc(probs, most_confident_wrong)
 
 
 @settings(max_examples=80, deadline=None)

@@ -21,7 +21,7 @@ from ..ood.detectors import FeatureStatistics
 from .evaluate import main_row, ood_scores
 from .predict import Predictions
 
-MAIN_METRICS = ("acc", "nll", "brier", "ece", "aece", "auroc", "fpr95", "aupr_in", "aupr_out")
+MAIN_METRICS = ("acc", "nll", "brier", "ece", "aece", "aurc", "auroc", "fpr95", "aupr_in", "aupr_out")
 OOD_METRICS = ("auroc", "fpr95", "aupr_in", "aupr_out")
 
 

@@ -115,6 +115,19 @@ def evaluate_method(
                 k: float(np.mean(ood_scores(p, chosen, temperature, stats) > served.threshold))
                 for k, p in flagged.items()
             }
+            if served.set_method:  # the prediction sets on the ID test: coverage and size
+                members, labels = served.sets(preds.test), preds.test.class_labels("ID test predictions")
+                covered = members[np.arange(len(labels)), labels]
+                row["sets"] = {
+                    "method": served.set_method,
+                    "alpha": served.set_alpha,
+                    "coverage": float(covered.mean()),
+                    "mean_size": float(members.sum(1).mean()),
+                    "class_coverage": [
+                        float(covered[labels == c].mean()) if (labels == c).any() else None
+                        for c in range(members.shape[1])
+                    ],
+                }
         elif preds.val is not None:
             chosen = choose_flag_score(preds.val, statistics, preds.ood_val, temperature)
             if preds.ood_val is not None:  # what it was chosen by (validation sets only)

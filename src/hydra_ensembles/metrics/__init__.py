@@ -5,7 +5,7 @@ OOD (OOD is the positive class, as in OpenOOD).
 """
 
 from .bootstrap import intervals, paired_difference, percentile_interval, resample_indices
-from .classification import accuracy, adaptive_ece, bootstrap_ci, brier, classification, ece, nll
+from .classification import accuracy, adaptive_ece, aurc, bootstrap_ci, brier, classification, ece, nll
 from .diversity import disagreement, diversity
 from .ood import (
     POSITIVE_CLASS,
@@ -24,6 +24,7 @@ __all__ = [
     "POSITIVE_CLASS",
     "accuracy",
     "adaptive_ece",
+    "aurc",
     "auroc",
     "bootstrap_ci",
     "brier",

@@ -65,14 +65,27 @@ def adaptive_ece(probs: Any, labels: Any, n_bins: int = 15) -> float:
     return _calibration_gap(confidence, correct, np.array_split(order, min(n_bins, len(order))))
 
 
+def aurc(probs: Any, labels: Any) -> float:
+    """Area under the risk-coverage curve of selective prediction (Geifman et al., 2019): inputs
+    answered in order of decreasing top-label confidence, the error rate among the first k
+    averaged over k = 1..N (lower is better; ties in confidence keep their order)."""
+    p = check_probs(probs)
+    y = check_labels(labels, *p.shape)
+    order = np.argsort(-p.max(-1), kind="stable")
+    errors = (p.argmax(-1) != y).astype(np.float64)[order]
+    return float(np.mean(np.cumsum(errors) / np.arange(1, len(errors) + 1)))
+
+
 def classification(probs: Any, labels: Any, n_bins: int = 15) -> dict[str, float]:
-    """acc, nll, brier, ece, aece of predicted probabilities (N, C) against integer labels (N,)."""
+    """acc, nll, brier, ece, aece and aurc (selective risk) of predicted probabilities (N, C)
+    against integer labels (N,)."""
     return {
         "acc": accuracy(probs, labels),
         "nll": nll(probs, labels),
         "brier": brier(probs, labels),
         "ece": ece(probs, labels, n_bins),
         "aece": adaptive_ece(probs, labels, n_bins),
+        "aurc": aurc(probs, labels),
     }
 
 

@@ -238,22 +238,29 @@ def score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def _served_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The share of each set the saved calibration's flag raises, for rows measured as saved."""
+    """The share of each set the saved calibration's flag raises, and its prediction sets'
+    coverage and size on the ID test, for rows measured as saved."""
     served = [(m, r) for m, r in results.items() if "flagged" in r]
     if not served:
         return []
     sets = list(served[0][1]["flagged"])
-    body = [
-        [m, r["flag_score"], *[f"{100 * r['flagged'].get(s, float('nan')):.1f}" for s in sets]]
-        for m, r in served
-    ]
+    body = []
+    for m, r in served:
+        row = [m, r["flag_score"], *[f"{100 * r['flagged'].get(s, float('nan')):.1f}" for s in sets]]
+        if "sets" in r:
+            coverage, floor = 100 * r["sets"]["coverage"], 100 * (1 - r["sets"]["alpha"])
+            row += [f"{coverage:.1f} (target >= {floor:.0f})", f"{r['sets']['mean_size']:.2f}"]
+        else:
+            row += ["–", "–"]
+        body.append(row)
     return [
-        "## As served: the share each saved flag raises (%)",
+        "## As served: the share each saved flag raises (%), and the prediction sets",
         "",
-        "The saved calibration (temperature, flag score, statistics and threshold) as `predict` and "
-        "the pipelines apply it. On ID data the share should be near 100% - keep.",
+        "The saved calibration (temperature, flag score, statistics, threshold and prediction sets) "
+        "as `predict` and the pipelines apply it. A conformal flag raises at most 1 - keep of ID "
+        "inputs in expectation; the sets hold the true ID class at least 1 - alpha of the time.",
         "",
-        markdown_table(["Method", "Flag score", *sets], body),
+        markdown_table(["Method", "Flag score", *sets, "Set coverage, ID test", "Mean set size"], body),
         "",
     ]
 
