@@ -17,6 +17,7 @@ from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
 from .bootstrap import add_intervals, bootstrap_draws
 from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, validation_aurocs
+from .conformal import fit_set_quantiles, prediction_sets
 from .evaluate import applicable_scores, evaluate_predictions, ood_scores
 from .predict import Predictions
 from .temperature import fit_temperature
@@ -77,6 +78,27 @@ def predict_method(
     if data.ood_val:
         ood_val = predict(model, data.ood_val, "OOD validation")
     return MethodPredictions(test, ood, shift, val, train, ood_val, heads, scaled=calibrate)
+
+
+SET_LEVELS = (0.1, 0.05)
+"""The levels at which the evaluation measures conformal prediction sets."""
+
+
+def conformal_set_metrics(val: Predictions, test: Predictions) -> dict[str, dict[str, dict[str, float]]]:
+    """Split-conformal prediction sets fit on ``val`` (ensemble probabilities at temperature 1,
+    fit on nothing else) and measured on the labelled ``test``: coverage and mean size per
+    method (LAC, APS) and level."""
+    labels, val_labels = test.class_labels("ID test predictions"), val.class_labels("validation predictions")
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for alpha in SET_LEVELS:
+        for method in ("lac", "aps"):
+            quantiles = fit_set_quantiles(val.probs(), val_labels, alpha, method)
+            members = prediction_sets(test.probs(), quantiles, method)
+            out.setdefault(str(alpha), {})[method] = {
+                "coverage": float(members[np.arange(len(labels)), labels].mean()),
+                "mean_size": float(members.sum(1).mean()),
+            }
+    return out
 
 
 def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
@@ -145,6 +167,8 @@ def evaluate_method(
             )
 
     add(name)
+    if preds.val is not None:  # conformal sets at temperature 1, calibrated on the validation data
+        rows[name]["conformal_sets"] = conformal_set_metrics(preds.val, preds.test)
     if saved is not None:
         add(f"{name} (as saved)", saved.temperature, served=saved)
     if preds.val is not None and preds.scaled:

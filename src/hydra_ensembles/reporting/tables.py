@@ -27,7 +27,7 @@ MAIN_COLUMNS = [
     ("aupr_in", "AUPR-In ↑", True),
     ("aupr_out", "AUPR-Out ↑", True),
 ]
-PERCENT = {"acc", "ece", "aece", "auroc", "fpr95", "aupr_in", "aupr_out"}
+PERCENT = {"acc", "ece", "aece", "aurc", "auroc", "fpr95", "aupr_in", "aupr_out"}
 
 
 def format_value(key: str, value: float | None) -> str:
@@ -153,6 +153,7 @@ def markdown_report(
     parts += _ood_sections(results, score)
     parts += score_sections(results)
     parts += _served_section(results)
+    parts += _sets_section(results)
     parts += _diversity_section(results)
     parts += _shift_sections(results)
     return "\n".join(parts)
@@ -235,6 +236,40 @@ def score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             "",
         ]
     return parts
+
+
+def _sets_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Conformal prediction sets on the ID test (fit on the validation data at temperature 1):
+    coverage and mean size per method and level, and the selective risk (AURC)."""
+    rows = [(m, r) for m, r in results.items() if "conformal_sets" in r]
+    if not rows:
+        return []
+    levels = list(rows[0][1]["conformal_sets"])
+    headers = ["Method", "AURC ↓"] + [
+        f"{kind} α={level} {what}" for level in levels for kind in ("LAC", "APS") for what in ("cov.", "size")
+    ]
+    body = [
+        [m, format_value("aurc", r["classification"].get("aurc"))]
+        + [
+            f"{100 * r['conformal_sets'][level][kind][key]:.1f}"
+            if key == "coverage"
+            else f"{r['conformal_sets'][level][kind][key]:.2f}"
+            for level in levels
+            for kind in ("lac", "aps")
+            for key in ("coverage", "mean_size")
+        ]
+        for m, r in rows
+    ]
+    return [
+        "## Conformal prediction sets and selective risk (ID test)",
+        "",
+        "Split conformal sets fit on the ID validation data at temperature 1 (nothing else fit on "
+        "it), coverage (target at least 1 - α) and mean size on the ID test; AURC: the area under "
+        "the risk-coverage curve of answering the most confident inputs first (%).",
+        "",
+        markdown_table(headers, body),
+        "",
+    ]
 
 
 def _served_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
