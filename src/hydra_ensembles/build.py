@@ -75,6 +75,7 @@ class BuildConfig:
     sets: str = "lac"
     """Conformal prediction sets saved with the calibration (``""``: none; `evaluation.conformal`)."""
     set_alpha: float = 0.1
+    set_classwise: bool = False
     precision: str = "auto"
 
 
@@ -248,6 +249,7 @@ def _calibrate(model, *, data, train, ood_validation, config: BuildConfig) -> Ca
         flag_method=config.flag_method,
         set_method=config.sets,
         set_alpha=config.set_alpha,
+        set_classwise=config.set_classwise,
     )
 
 

@@ -103,6 +103,7 @@ def _build_config(args: argparse.Namespace):
         flag_method=args.flag_method,
         sets="" if args.sets == "none" else args.sets,
         set_alpha=args.set_alpha,
+        set_classwise=args.set_classwise,
         precision=args.precision,
     )
 

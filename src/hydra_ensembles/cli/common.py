@@ -142,6 +142,7 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
         flag_method=args.flag_method,
         set_method="" if args.sets == "none" else args.sets,
         set_alpha=args.set_alpha,
+        set_classwise=args.set_classwise,
     )
     print(f"calibration: {calibration.describe()}")
     return calibration

@@ -144,6 +144,12 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
         "--set-alpha", type=_fraction, default=0.1, help="the prediction sets' level (default 0.1)"
     )
     p.add_argument(
+        "--set-classwise",
+        action="store_true",
+        help="class-conditional (Mondrian) sets: the coverage holds for every class, each class's "
+        "quantile fit on its own validation inputs",
+    )
+    p.add_argument(
         "--flag-method",
         choices=("conformal", "quantile"),
         default="conformal",
