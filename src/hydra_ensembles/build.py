@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,7 +144,7 @@ def build_hydra(
     member's fine-tuning, ``log`` with one line per step. ``make_member(m, head_set)`` replaces
     pruning and fine-tuning member m (a cache of trained members, such as the demo's, plugs in
     here; ``config.fine_tune`` is then not used)."""
-    say = log or (lambda line: None)
+    say = log or (_to_stderr if progress else (lambda line: None))  # each step said as it starts
     train, validation = _listed(train), _listed(validation)
     if config.fine_tune is not None and not train:
         raise ValueError("fine-tuning members needs labelled training batches (train)")
@@ -183,6 +184,10 @@ def build_hydra(
         say("calibrating the fused model" + (" (feature statistics on the training data)" if train else ""))
         built.calibration = calibrate_one(built.hydra)
     return built
+
+
+def _to_stderr(line: str) -> None:
+    print(f"build_hydra: {line}", file=sys.stderr, flush=True)
 
 
 def _fine_tune_members(

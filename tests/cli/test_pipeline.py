@@ -432,4 +432,7 @@ def test_the_length_a_model_was_fit_at_is_served_with_it(workspace, tmp_path, ca
     assert [s["ood_score_mds"] for s in served] == pytest.approx(scores, abs=tol)
     assert classify.preprocess(texts[0])["input_ids"].shape[1] == 8  # cut where it was fit
     longer = pipeline("hydra-text-classification", model=str(tuned), truncation=True, max_length=12)
-    assert longer.preprocess(texts[0], **longer._preprocess_params)["input_ids"].shape[1] == 12  # as asked
+    with pytest.warns(UserWarning, match="calibrated on texts of 8 tokens and is asked for 12"):
+        assert (
+            longer.preprocess(texts[0], **longer._preprocess_params)["input_ids"].shape[1] == 12
+        )  # as asked

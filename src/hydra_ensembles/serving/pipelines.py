@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any
 
 from transformers import (
@@ -118,9 +119,18 @@ class HydraTextClassificationPipeline(_UncertaintyRecords, TextClassificationPip
 
     def preprocess(self, inputs: Any, **tokenizer_kwargs: Any) -> Any:
         check_text_input(inputs)
+        model = getattr(self.model, "ensemble", self.model)
+        saved = saved_length(model)
+        asked = tokenizer_kwargs.get("max_length")
+        if saved is not None and asked is not None and asked != saved and not getattr(self, "_told", False):
+            self._told = True
+            warnings.warn(
+                f"the model was calibrated on texts of {saved} tokens and is asked for {asked}: its "
+                "temperature, statistics and threshold were fit at the saved length",
+                stacklevel=2,
+            )
         if "truncation" not in tokenizer_kwargs and "max_length" not in tokenizer_kwargs:
-            model = getattr(self.model, "ensemble", self.model)
-            limit = saved_length(model) or position_limit(self.tokenizer, model)
+            limit = saved or position_limit(self.tokenizer, model)
             if limit is not None:  # the length the model was fit at, else its positions
                 tokenizer_kwargs = {**tokenizer_kwargs, "truncation": True, "max_length": limit}
         return super().preprocess(inputs, **tokenizer_kwargs)
