@@ -374,3 +374,26 @@ def test_class_sorted_batches_are_mixed_when_training(monkeypatch, shuffle, mixe
     seen.clear()
     fine_tune(tiny_bert(layers=1, heads=2), sorted_batches, None, config, progress=False)
     assert seen == first  # seeded: the same batches again
+
+
+def test_a_fine_tune_records_its_optimizer_steps_since_the_pretrained_weights():
+    """3 batches per epoch, 2 epochs: 6 steps; fine-tuning that model again adds a stage; early
+    stopping counts the steps up to the epoch it restored."""
+    from hydra_ensembles.training import training_summary
+
+    model = tiny_bert(layers=1, heads=2)
+    fine_tune(model, _data(3), config=FineTuneConfig(epochs=2, precision="fp32"), progress=False)
+    record = model.config.hydra_training
+    assert record["optimizer_steps"] == 6 and record["stages"] == [6] and record["examples"] == 24
+    fine_tune(model, _data(2), config=FineTuneConfig(epochs=1, precision="fp32"), progress=False)
+    assert model.config.hydra_training["stages"] == [6, 2]
+    assert training_summary(model) == "8 optimizer steps (6 + 2)"
+    assert training_summary([model, tiny_bert(layers=1, heads=2)]) == "8 optimizer steps (6 + 2)"
+    other = tiny_bert(layers=1, heads=2)
+    fine_tune(other, _data(3), config=FineTuneConfig(epochs=1, precision="fp32"), progress=False)
+    assert training_summary([model, other]) == "3-8 optimizer steps per member"
+    stopped = tiny_bert(layers=1, heads=2, init_range=0.1)
+    config = FineTuneConfig(epochs=30, lr=1e-2, patience=2, precision="fp32", warmup=0.0)
+    result = fine_tune(stopped, _data(3), val=_data(2, seed=50), config=config, progress=False)
+    assert result.optimizer_steps == 3 * (result.best_epoch + 1) < 3 * len(result.history)
+    assert stopped.config.hydra_training["optimizer_steps"] == result.optimizer_steps

@@ -208,7 +208,6 @@ def _fine_tune_members(
         say(f"member {m + 1} of {len(members)}")
         folder = None if checkpoint_dir is None else Path(checkpoint_dir) / f"member-{m}"
         result = train_one(member, config=settings, checkpoint_dir=folder)
-        member.config.hydra_training_precision = config.precision  # saved with its config
         histories.append(result)
         if on_member is not None:
             on_member(m, member, result)

@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
+from transformers import PretrainedConfig
 
-from .adapters import get_adapter
+from .adapters import get_adapter, model_configs
 from .adapters.base import is_under
 from .batching import ExamplePool, checked_batches, member_stacked, model_inputs
 from .hashing import batches_digest, fingerprint, json_digest
@@ -96,6 +97,63 @@ class FineTuneResult:
     history: list[dict[str, float]] = field(default_factory=list)
     best_epoch: int | None = None
     stopped_early: bool = False
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken up to the weights returned (the best epoch where early stopping
+        restored it), skipped fp16 steps not counted."""
+        last = len(self.history) if self.best_epoch is None else self.best_epoch + 1
+        kept = self.history[:last]
+        return int(sum(r.get("steps", 0) - r.get("skipped_steps", 0) for r in kept))
+
+
+TRAINING_KEY = "hydra_training"
+"""The configuration key (saved in ``config.json``) recording how a model was fine-tuned."""
+
+
+def record_training(
+    model: nn.Module, result: FineTuneResult, config: FineTuneConfig, train: Sequence[dict]
+) -> None:
+    """Record in ``model.config`` how it was fine-tuned: optimizer steps since the pretrained
+    weights (``optimizer_steps``, this fine-tune's steps added to any the model already had, so a
+    member pruned from a fine-tuned base counts the base's too, each stage in ``stages``), the
+    epochs, learning rate, precision and training examples (of ``train``'s batches) of the last stage. Reports compare
+    methods by it (`training_summary`)."""
+    before = dict(getattr(model.config, TRAINING_KEY, None) or {})
+    stages = [int(n) for n in before.get("stages", [])] + [result.optimizer_steps]
+    setattr(
+        model.config,
+        TRAINING_KEY,
+        {
+            "optimizer_steps": sum(stages),
+            "stages": stages,
+            "epochs": len(result.history) if result.best_epoch is None else result.best_epoch + 1,
+            "lr": config.lr,
+            "precision": config.precision,
+            "examples": sum(len(b["labels"]) for b in train if "labels" in b),
+        },
+    )
+
+
+def training_records(models: Any) -> list[dict[str, Any]]:
+    """The `record_training` records of a model, of an ensemble's members or of a list of models
+    (those that have one)."""
+    records = [getattr(c, TRAINING_KEY, None) for c in model_configs(models)]
+    return [r for r in records if isinstance(r, dict) and "optimizer_steps" in r]
+
+
+def training_summary(models: Any) -> str | None:
+    """``"<n> optimizer steps (<stage> + <stage>)"`` for a model or the members of an ensemble
+    (per member, a range where they differ), or None where none records its training."""
+    records = training_records(models)
+    if not records:
+        return None
+    steps = sorted({int(r["optimizer_steps"]) for r in records})
+    if len(steps) > 1:
+        return f"{steps[0]}-{steps[-1]} optimizer steps per member"
+    stages = records[0].get("stages") or []
+    detail = f" ({' + '.join(str(int(n)) for n in stages)})" if len(stages) > 1 else ""
+    return f"{steps[0]} optimizer steps{detail}"
 
 
 def trainable_parameters(model: nn.Module, config: FineTuneConfig) -> list[str]:
@@ -170,6 +228,7 @@ def fine_tune(
     in their dtype: fp16 weights are refused (train fp32 weights with ``precision="fp16"``).
     In fp16 each epoch's record has its final ``loss_scale`` and, where they happened,
     ``fp16_overflow_retries`` (steps taken again at a halved scale) and ``skipped_steps``.
+    A Hugging Face model records how it was trained in its configuration (`record_training`).
     """
     config = config or FineTuneConfig()
     config.validate()
@@ -190,6 +249,8 @@ def fine_tune(
         for name, param in model.named_parameters():
             param.requires_grad_(flags[name])
     model.eval()
+    if isinstance(getattr(model, "config", None), PretrainedConfig):
+        record_training(model, run.result, config, train_batches)  # saved with its config
     return run.result
 
 
@@ -304,7 +365,7 @@ class _Run:
         result = self.result
         waited = 0 if result.best_epoch is None else len(result.history) - 1 - result.best_epoch
         for epoch in range(self.start_epoch, config.epochs):
-            record: dict[str, Any] = {"epoch": epoch}
+            record: dict[str, Any] = {"epoch": epoch, "steps": self.steps_per_epoch}
             record["train_loss"] = self._epoch(epoch, total, bar, record)
             if self.scaler is not None:
                 record["loss_scale"] = self.scaler.get_scale()

@@ -308,7 +308,7 @@ def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path,
     tuned = tmp_path / "tuned"
     args = ["finetune", str(w / "model"), *data, "--val-data", str(w / "train.csv"), "--epochs", "1"]
     assert main([*args, "--out", str(tuned), *common]) == 0
-    assert json.loads((tuned / "config.json").read_text())["hydra_training_precision"] == precision
+    assert json.loads((tuned / "config.json").read_text())["hydra_training"]["precision"] == precision
     assert saved_calibration(load_any(str(tuned))).precision == precision  # fit on --val-data
     assert f"computing in {precision} (requested" in capsys.readouterr().out
     taylor = tmp_path / "taylor.json"
@@ -327,7 +327,7 @@ def test_every_command_runs_in_low_precision_and_records_it(workspace, tmp_path,
     args = ["build", str(w / "model"), "--scores", str(circuit), "--members", "2", "--num-pruned", "2"]
     assert main([*args, "--fine-tune", *data, "--epochs", "1", "--out", str(built), *common]) == 0
     hydra = he.load_hydra(built / "hydra")
-    assert hydra.config.hydra_training_precision == precision
+    assert hydra.config.hydra_training["precision"] == precision
     capsys.readouterr()
     report = tmp_path / "report"
     args = ["eval", "--method", f"hydra={built / 'hydra'}", "--id-data", str(w / "train.csv")]

@@ -126,6 +126,23 @@ def test_eval_on_a_hugging_face_dataset_saved_to_disk(w, capsys):
         assert acc == pytest.approx(np.mean([n == y for n, y in zip(names, truth, strict=True)]))
 
 
+def test_eval_states_each_methods_training_and_warns_where_it_differs(w, tmp_path, capsys):
+    """One epoch against two on the same data: the report names both step counts, and says (and
+    warns) that the comparison mixes method and training; info prints the record too."""
+    tuned = {}
+    for epochs in ("1", "2"):
+        tuned[epochs] = tmp_path / f"tuned-{epochs}"
+        argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", epochs]
+        assert main([*argv, *COMMON, "--out", str(tuned[epochs])]) == 0
+    assert main(["info", str(tuned["2"])]) == 0
+    assert "fine-tuned: 6 optimizer steps since the pretrained weights" in capsys.readouterr().out
+    argv = ["eval", "--method", f"one={tuned['1']}", "--method", f"two={tuned['2']}"]
+    assert main([*argv, "--id-data", str(w / "train.csv"), "--out", str(tmp_path / "r"), *COMMON]) == 0
+    assert "warning: the methods were trained differently" in capsys.readouterr().err
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "one: 3 optimizer steps; two: 6 optimizer steps (differs" in report
+
+
 def test_hugging_face_images_and_unknown_hub_ids():
     from PIL import Image
 

@@ -68,6 +68,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         rows, _, row_draws = evaluate_method(name, preds[name], bootstrap=args.bootstrap, saved=saved)
         results.update(rows)
         draws.update(row_draws)
+    training = _training_line(methods)
     first = next(iter(methods))  # every other method's differences from the first, paired
     add_comparisons(results, draws, [(name, first) for name in results if name != first])
     add_score_comparisons(results, draws)
@@ -81,12 +82,33 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         "precision": f"{args.precision} ({args.precision_reason})",
         "rows": "NAME: temperature 1; NAME + TS: fit on --val-data; NAME (as saved): the calibration "
         "saved with the model, as predict and the pipelines serve it",
+        "training": training,
         "ECE": "15 equal-width bins of top-label confidence; aECE: 15 equal-mass bins (docs/metrics.md)",
     }
     reporting.write_results(mark_report_dir(out), results, meta=meta)
     reporting.method_plots(out / "plots", preds, list(preds), list(preds))
     print((out / "report.md").read_text())
     return 0
+
+
+def _training_line(methods: dict[str, list]) -> str:
+    """Each method's optimizer steps as its saved configuration records them, with a warning where
+    the methods' training differs (their differences then mix method and training)."""
+    import warnings
+
+    from ..training import training_records, training_summary
+
+    summaries = {name: training_summary(group) for name, group in methods.items()}
+    line = "; ".join(f"{name}: {summary or 'not recorded'}" for name, summary in summaries.items())
+    steps = {frozenset(int(r["optimizer_steps"]) for r in training_records(g)) for g in methods.values()}
+    if len(steps - {frozenset()}) > 1:
+        warnings.warn(
+            f"the methods were trained differently ({line}): their differences mix the method with "
+            "its training; compare methods trained for the same number of steps",
+            stacklevel=2,
+        )
+        line += " (differs: differences mix method and training)"
+    return line
 
 
 def _ood_option(item: str) -> tuple[str, str, str]:

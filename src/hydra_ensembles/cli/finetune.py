@@ -67,7 +67,6 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     _say_precision(args)
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
     _print_history(result, config, val)
-    model.config.hydra_training_precision = args.precision  # saved with its config
     _record_length(model, args)  # the length it was trained and calibrated at, saved with it
     if val is not None:
         _calibrate(model, val, args, args.val_data, train=train, ood=ood)

@@ -72,15 +72,19 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _print_calibration(model) -> None:
-    """The calibration saved with the model, where it has one (and the length it was fit at)."""
+    """The calibration saved with the model, where it has one, the length it was fit at and how
+    it was trained, where recorded."""
     from ..data.registry import saved_length
     from ..evaluation import saved_calibration
+    from ..training import training_summary
 
     calibration = saved_calibration(model)
     if calibration is not None:
         print(f"calibration: {calibration.describe()}")
     if (length := saved_length(model)) is not None:
         print(f"fit at {length} tokens per text (predict, eval and the pipelines cut texts to it)")
+    if (trained := training_summary(model)) is not None:
+        print(f"fine-tuned: {trained} since the pretrained weights")
 
 
 def _add_info_command(sub) -> None:
