@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from transformers import (
+    AutoTokenizer,
     BertConfig,
     BertForSequenceClassification,
     DistilBertConfig,
@@ -431,6 +432,27 @@ def test_the_length_a_model_was_fit_at_is_served_with_it(workspace, tmp_path, ca
         served = classify(texts, batch_size=4)
     assert [s["ood_score_mds"] for s in served] == pytest.approx(scores, abs=tol)
     assert classify.preprocess(texts[0])["input_ids"].shape[1] == 8  # cut where it was fit
+    onnx = tmp_path / "onnx"  # the ONNX graph, fed as docs/serving.md feeds it, serves the same
+    assert main(["export", str(tuned), "--format", "onnx", "--out", str(onnx)]) == 0
+    import onnxruntime
+
+    from hydra_ensembles.serving.onnx import TOLERANCE
+
+    saved = saved_calibration(load_any(str(tuned)))
+    side = json.loads((onnx / "calibration.json").read_text())
+    encoded = AutoTokenizer.from_pretrained(onnx)(texts, padding=True, truncation=True, return_tensors="np")
+    assert side["max_length"] == 8 and encoded["input_ids"].shape[1] == 8
+    session = onnxruntime.InferenceSession(str(onnx / "model.onnx"))
+    feed = {name: encoded[name].astype("int64") for name in side["inputs"]}
+    graph = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True))
+    graph_tol = tol + TOLERANCE * max(scores)  # what export accepts of a score (relative)
+    assert graph["ood_score"].tolist() == pytest.approx(scores, abs=graph_tol)
+    clear = [i for i, s in enumerate(scores) if abs(s - saved.threshold) > graph_tol]
+    flagged = graph["ood_score"] > side["calibration"]["threshold"]
+    assert [bool(flagged[i]) for i in clear] == [rows[i]["flagged"] for i in clear]
+    probs = torch.tensor([[r[f"p_{name}"] for name in side["classes"]] for r in rows])
+    p_tol = rounding_tolerance(precision, probs, layers=2, fp32=1e-5)
+    torch.testing.assert_close(torch.from_numpy(graph["logits"]).exp(), probs, atol=p_tol, rtol=0)
     longer = pipeline("hydra-text-classification", model=str(tuned), truncation=True, max_length=12)
     with pytest.warns(UserWarning, match="calibrated on texts of 8 tokens and is asked for 12"):
         assert (
