@@ -116,9 +116,9 @@ def record_training(
 ) -> None:
     """Record in ``model.config`` how it was fine-tuned: optimizer steps since the pretrained
     weights (``optimizer_steps``, this fine-tune's steps added to any the model already had, so a
-    member pruned from a fine-tuned base counts the base's too, each stage in ``stages``), the
-    epochs, learning rate, precision and training examples (of ``train``'s batches) of the last stage. Reports compare
-    methods by it (`training_summary`)."""
+    member pruned from a fine-tuned base counts the base's too, each stage in ``stages``), and the
+    epochs, learning rate, precision and training examples (``train``'s) of the last stage.
+    Reports compare methods by it (`training_summary`)."""
     before = dict(getattr(model.config, TRAINING_KEY, None) or {})
     stages = [int(n) for n in before.get("stages", [])] + [result.optimizer_steps]
     setattr(
