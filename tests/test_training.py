@@ -381,8 +381,10 @@ def test_a_fine_tune_records_its_optimizer_steps_since_the_pretrained_weights():
     stopping counts the steps up to the epoch it restored."""
     from hydra_ensembles.training import training_summary
 
-    model = tiny_bert(layers=1, heads=2)
-    fine_tune(model, _data(3), config=FineTuneConfig(epochs=2, precision="fp32"), progress=False)
+    model, seen = tiny_bert(layers=1, heads=2), []
+    config = FineTuneConfig(epochs=2, precision="fp32")
+    result = fine_tune(model, _data(3), config=config, progress=False, on_epoch=seen.append)
+    assert seen == result.history and [r["epoch"] for r in seen] == [0, 1]  # said as each ended
     record = model.config.hydra_training
     assert record["optimizer_steps"] == 6 and record["stages"] == [6] and record["examples"] == 24
     fine_tune(model, _data(2), config=FineTuneConfig(epochs=1, precision="fp32"), progress=False)

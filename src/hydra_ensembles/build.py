@@ -35,7 +35,7 @@ from .members import sample_members, save_member
 from .members.ensemble import DeepEnsemble, write_ensemble_index
 from .scoring import CircuitOrder, extract_circuit, taylor_scores
 from .surgery import prune
-from .training import FineTuneConfig, FineTuneResult, fine_tune
+from .training import FineTuneConfig, FineTuneResult, describe_epoch, fine_tune
 
 __all__ = [
     "Build",
@@ -207,7 +207,11 @@ def _fine_tune_members(
         )
         say(f"member {m + 1} of {len(members)}")
         folder = None if checkpoint_dir is None else Path(checkpoint_dir) / f"member-{m}"
-        result = train_one(member, config=settings, checkpoint_dir=folder)
+
+        def said(record: dict, m: int = m) -> None:
+            say(f"member {m + 1}: {describe_epoch(record)}")
+
+        result = train_one(member, config=settings, checkpoint_dir=folder, on_epoch=said)
         histories.append(result)
         if on_member is not None:
             on_member(m, member, result)

@@ -13,7 +13,7 @@ Checkpoints hold safetensors and JSON only (optimizer state included), written a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -135,6 +135,19 @@ def record_training(
     )
 
 
+def describe_epoch(record: dict[str, Any]) -> str:
+    """One line for a fine-tuning epoch's record: training loss, validation NLL and accuracy where
+    measured, fp16 steps taken again or skipped."""
+    line = f"epoch {record['epoch'] + 1}: train loss {record['train_loss']:.4f}"
+    if "val_nll" in record:
+        line += f", val NLL {record['val_nll']:.4f}, val accuracy {record['val_acc']:.4f}"
+    if record.get("fp16_overflow_retries"):
+        line += f", {record['fp16_overflow_retries']} fp16 steps taken again at a halved loss scale"
+    if record.get("skipped_steps"):
+        line += f", {record['skipped_steps']} steps SKIPPED (fp16 gradients overflowed)"
+    return line
+
+
 def training_records(models: Any) -> list[dict[str, Any]]:
     """The `record_training` records of a model, of an ensemble's members or of a list of models
     (those that have one)."""
@@ -218,8 +231,10 @@ def fine_tune(
     config: FineTuneConfig | None = None,
     checkpoint_dir: str | Path | None = None,
     progress: bool = True,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
 ) -> FineTuneResult:
     """Fine-tune ``model`` in place on labelled batches; returns the per-epoch history.
+    ``on_epoch(record)`` is called as each epoch ends (`describe_epoch` words it).
 
     With ``val``, each epoch ends with validation NLL/accuracy; with ``patience`` too, training
     stops after that many epochs without a better NLL and the best weights are restored. With
@@ -244,7 +259,7 @@ def fine_tune(
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     try:
         run = _Run.start(model, train_batches, val_batches, config, checkpoint_dir, progress)
-        run.train()
+        run.train(on_epoch)
     finally:
         for name, param in model.named_parameters():
             param.requires_grad_(flags[name])
@@ -353,8 +368,9 @@ class _Run:
                 run.scaler = torch.amp.GradScaler(accelerator.device.type, init_scale=scale)
         return run
 
-    def train(self) -> None:
-        """Every remaining epoch (with validation, early stopping and checkpoints)."""
+    def train(self, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Every remaining epoch (with validation, early stopping and checkpoints), each record
+        passed to ``on_epoch`` as the epoch ends."""
         config, total = self.config, self.config.epochs * self.steps_per_epoch
         bar = tqdm(
             total=total * self.per_step,
@@ -372,6 +388,8 @@ class _Run:
             if self.val_batches:
                 waited = 0 if self._validate(epoch, record) else waited + 1
             result.history.append(record)
+            if on_epoch is not None and self.accelerator.is_main_process:
+                on_epoch(record)
             if (bad := first_non_finite(self.unwrapped.named_parameters())) is not None:
                 raise TrainingDiverged(  # NaN/Inf weights predict NaN: never saved, never returned
                     f"fine-tuning diverged in epoch {epoch + 1}: the weights {bad} hold NaN or Inf; "

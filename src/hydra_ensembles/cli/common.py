@@ -68,22 +68,20 @@ def _record_length(model, args: argparse.Namespace) -> None:
         model.config.hydra_max_length = int(args.max_length)
 
 
+def _print_epoch(record: dict) -> None:
+    """Print a fine-tuning epoch's line as the epoch ends."""
+    from ..training import describe_epoch
+
+    print(f"  {describe_epoch(record)}", flush=True)
+
+
 def _print_history(result, config, val: list[dict] | None) -> None:
-    """One line per fine-tuning epoch (training loss; validation NLL/accuracy where measured),
-    which epoch was kept and why (``--patience``), and a warning where validation accuracy never
-    rose above the share of the validation set's largest class (a model stuck on one class)."""
+    """After fine-tuning (its epochs were printed as they ended, `_print_epoch`): which epoch was
+    kept and why (``--patience``), and a warning where validation accuracy never rose above the
+    share of the validation set's largest class (a model stuck on one class) or was still rising."""
     import warnings
 
     history = result.history
-    for record in history:
-        line = f"  epoch {record['epoch'] + 1}: train loss {record['train_loss']:.4f}"
-        if "val_nll" in record:
-            line += f", val NLL {record['val_nll']:.4f}, val accuracy {record['val_acc']:.4f}"
-        if record.get("fp16_overflow_retries"):
-            line += f", {record['fp16_overflow_retries']} fp16 steps taken again at a halved loss scale"
-        if record.get("skipped_steps"):
-            line += f", {record['skipped_steps']} steps SKIPPED (fp16 gradients overflowed)"
-        print(line)
     if config.patience is not None and result.best_epoch is not None:
         best = history[result.best_epoch]
         stopped = f"; stopped early after epoch {len(history)}" if result.stopped_early else ""

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import _calibrate, _data_batches, _load_model, _print_history, _record_length, _say_precision
+from .common import (
+    _calibrate,
+    _data_batches,
+    _load_model,
+    _print_epoch,
+    _print_history,
+    _record_length,
+    _say_precision,
+)
 from .options import (
     POSITIVE,
     PREPROCESSOR_HELP,
@@ -65,7 +73,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     )
     checkpoint = out.with_name(out.name + ".checkpoint")
     _say_precision(args)
-    result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint)
+    result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint, on_epoch=_print_epoch)
     _print_history(result, config, val)
     _record_length(model, args)  # the length it was trained and calibrated at, saved with it
     if val is not None:
