@@ -91,8 +91,9 @@ def load_preprocessor(path: str) -> Any:
     found = saved_preprocessor(path)
     if found is not None or (Path(path) / ENSEMBLE_CONFIG).is_file():
         return found
+    resolved = resolve_model_path(path)  # a changed checksummed folder is refused, not skipped
     try:
-        config = AutoConfig.from_pretrained(resolve_model_path(path))
+        config = AutoConfig.from_pretrained(resolved)
     except (OSError, ValueError):
         return None
     if config.model_type == MODEL_TYPE:  # a folder the library saved: its preprocessor is saved in it

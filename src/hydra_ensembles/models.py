@@ -97,8 +97,14 @@ def takes_images(model: nn.Module) -> bool:
 
 def resolve_model_path(name_or_path: str) -> str:
     """``"minilm-l6"`` -> the embedded copy; ``"dinov2-s"``/``"dinov2-s-<px>"`` -> DINOv2-S
-    converted from its offline ONNX graph (`pretrained`); anything else is a hub id or directory."""
+    converted from its offline ONNX graph (`pretrained`); anything else is a hub id or directory.
+    A directory the library wrote with a checksum record (``finetune``'s output) is refused in one
+    line where its files changed since (`serialization.check_folder_checksums`)."""
     from .pretrained import is_pretrained_name, pretrained_path
+    from .serialization import check_folder_checksums
+
+    if Path(name_or_path).is_dir():
+        check_folder_checksums(name_or_path)
 
     if name_or_path == DEFAULT_TEXT_MODEL:
         return str(default_model_path())

@@ -122,6 +122,72 @@ def check_companions(
             raise error(f"{companion} {state_of} (its checksum is in {config_name})")
 
 
+FOLDER_CHECKSUMS = "checksums.json"
+"""The SHA-256 of every file of a Hugging Face model folder the library writes (``finetune``'s
+output): weights, ``config.json`` (classes, calibration), tokenizer or image processor, feature
+statistics."""
+
+CHECKSUMS_FORMAT = "hydra-folder-checksums"
+
+_LOADER_SUFFIXES = (".json", ".txt", ".model", ".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
+"""Suffixes of the files Hugging Face loaders read from a model folder: one added to a checksummed
+folder (a ``tokenizer.json`` beside the recorded ``vocab.txt``) would change what is loaded."""
+
+_CHECKED: set[tuple] = set()
+"""Folder states (every file's name, size and modification time) already checked."""
+
+
+def write_folder_checksums(folder: str | os.PathLike) -> Path:
+    """Record the SHA-256 of every file in ``folder`` (hidden files excepted) in
+    ``checksums.json``, written last; `check_folder_checksums` refuses the folder once any
+    recorded file is changed or removed, or a file a loader reads is added."""
+    folder = Path(folder)
+    digests = {
+        p.name: sha256_file(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not p.name.startswith(".") and p.name != FOLDER_CHECKSUMS
+    }
+    record: dict[str, Any] = {"format": CHECKSUMS_FORMAT, "format_version": 1, "files_sha256": digests}
+    record["config_sha256"] = config_digest(record)
+    return atomic_write_json(folder / FOLDER_CHECKSUMS, record)
+
+
+def check_folder_checksums(folder: str | os.PathLike, error: type[ValueError] = ValueError) -> None:
+    """``error`` in one line where a folder with ``checksums.json`` no longer holds the files it
+    recorded (changed, removed, or a loader's file added); nothing for a folder without one (a
+    model the library did not write). Checked once per state of the record."""
+    file = Path(folder) / FOLDER_CHECKSUMS
+    if not file.is_file():
+        return
+    files = sorted(p for p in Path(folder).iterdir() if p.is_file())
+    key = (str(file.resolve()), *((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if key in _CHECKED:
+        return
+    try:
+        record = read_json(file, "checksum record")
+    except ValueError as exc:
+        raise error(str(exc)) from None
+    if not isinstance(record, dict) or record.get("format") != CHECKSUMS_FORMAT:
+        raise error(f"{file} is not a checksum record of this library")
+    if record.get("format_version") != 1 or config_digest(record) != record.get("config_sha256"):
+        raise error(f"{file} does not match its own checksum: it was modified after saving")
+    digests = record.get("files_sha256")
+    if not isinstance(digests, dict):
+        raise error(f"{file} lacks files_sha256")
+    check_companions(Path(folder), digests, FOLDER_CHECKSUMS, error)
+    added = [
+        p.name
+        for p in files
+        if p.suffix in _LOADER_SUFFIXES and p.name not in {*digests, FOLDER_CHECKSUMS} and p.name[0] != "."
+    ]
+    if added:
+        raise error(
+            f"{Path(folder) / added[0]} was added after saving (not in {FOLDER_CHECKSUMS}): a loader "
+            "would read it instead of the files the model was saved with"
+        )
+    _CHECKED.add(key)
+
+
 def first_non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     """The name of the first floating tensor holding NaN or Inf, or None."""
     for name, tensor in tensors:

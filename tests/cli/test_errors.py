@@ -25,6 +25,7 @@ from hydra_ensembles.evaluation import calibrate
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.serialization import write_folder_checksums
 
 TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
 
@@ -52,6 +53,8 @@ def w(tmp_path_factory):
     BertForSequenceClassification(BertConfig(**TINY, num_labels=1)).save_pretrained(root / "one-label")
     tokenizer.save_pretrained(root / "one-label")
     tokenizer.save_pretrained(root / "base")
+    cased = json.loads((root / "model" / "tokenizer_config.json").read_text())
+    (root / "model-cased-settings.json").write_text(json.dumps({**cased, "do_lower_case": False}))
     vit = ViTForImageClassification(
         ViTConfig(**TINY, image_size=8, patch_size=4, num_channels=1, num_labels=2)
     )
@@ -85,6 +88,17 @@ def w(tmp_path_factory):
         {**saved["hydra_calibration"], "temperature": 1.0, "model_sha256": "0" * 64}
     )
     (root / "other-weights-calibration" / "config.json").write_text(json.dumps(saved))
+
+    write_folder_checksums(root / "calibrated")  # as finetune writes its folder
+    for name in ("tuned-tokenizer-swapped", "tuned-classes-swapped", "tuned-file-added"):
+        shutil.copytree(root / "calibrated", root / name)
+    shutil.copy(
+        root / "model-cased-settings.json", root / "tuned-tokenizer-swapped" / "tokenizer_config.json"
+    )
+    hf = json.loads((root / "tuned-classes-swapped" / "config.json").read_text())
+    hf["id2label"] = {"0": "LABEL_1", "1": "LABEL_0"}
+    (root / "tuned-classes-swapped" / "config.json").write_text(json.dumps(hf))
+    (root / "tuned-file-added" / "added_tokens.json").write_text('{"goal": 0}')
 
     shutil.copytree(root / "model", root / "fewer-layers")
     (root / "fewer-layers" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
@@ -293,6 +307,24 @@ CASES = [
         lambda w: evaluate(w, method="hydra-tokenizer-edited"),
         "tokenizer.json was modified after saving",
         "report",
+    ),
+    (  # a folder finetune wrote, changed after saving
+        "finetuned-tokenizer-swapped",
+        lambda w: predict(w, model="tuned-tokenizer-swapped"),
+        "tokenizer_config.json was modified after saving",
+        "p.csv",
+    ),
+    (
+        "finetuned-classes-swapped",
+        lambda w: predict(w, model="tuned-classes-swapped"),
+        "config.json was mod",
+        "p.csv",
+    ),
+    (
+        "finetuned-loader-file-added",
+        lambda w: predict(w, model="tuned-file-added"),
+        "was added after",
+        "p.csv",
     ),
     ("broken-member-json", lambda w: evaluate(w, method="member-broken"), "not valid JSON", "report"),
     # a saved ensemble edited or mixed after saving

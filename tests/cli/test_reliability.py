@@ -59,6 +59,30 @@ def test_finetune_gives_a_named_trained_head_that_score_accepts(w, capsys):
     assert main(["score", str(tuned), *args, "--out", str(w / "s.json")]) == 0
 
 
+def test_a_finetuned_folder_changed_after_saving_is_refused_where_it_is_served(w, tmp_path):
+    """finetune records every file's checksum: the folder loads and serves as written; with its
+    tokenizer swapped for another, load_any, the tokenizer loader and the pipeline refuse it."""
+    import shutil
+
+    from transformers import pipeline
+
+    from hydra_ensembles.loading import load_preprocessor
+
+    tuned = tmp_path / "tuned"
+    argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "1"]
+    assert main([*argv, *COMMON, "--out", str(tuned)]) == 0
+    assert (tuned / "checksums.json").is_file()
+    served = pipeline("hydra-text-classification", model=str(tuned))(["goal match"])
+    assert served[0]["label"] in ("food", "money", "sport")
+    swapped = tmp_path / "swapped"
+    shutil.copytree(tuned, swapped)
+    settings = json.loads((swapped / "tokenizer_config.json").read_text())
+    (swapped / "tokenizer_config.json").write_text(json.dumps({**settings, "do_lower_case": False}))
+    for load in (load_any, load_preprocessor, lambda f: pipeline("hydra-text-classification", model=f)):
+        with pytest.raises(ValueError, match=r"tokenizer_config\.json was modified after saving"):
+            load(str(swapped))
+
+
 def test_a_random_head_is_accepted_only_when_asked_and_is_reproducible(w, capsys):
     args = ["--method", "taylor", "--heads-per-layer", "2", "--data", str(w / "train.csv"), *COMMON]
     base = str(w / "base")

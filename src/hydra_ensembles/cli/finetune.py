@@ -36,6 +36,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from ..loading import load_preprocessor
     from ..models import untrained_weights
     from ..ood.storage import write_statistics
+    from ..serialization import write_folder_checksums
     from ..training import FineTuneConfig, fine_tune
 
     out = check_output_dir(
@@ -84,6 +85,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         write_statistics(model, folder)  # the feature statistics its calibration names
         if preprocessor is not None:
             preprocessor.save_pretrained(folder)
+        write_folder_checksums(folder)  # last: loaders refuse the folder once a file changes
 
     atomic_dir(out, write, marker=True)
     if not args.keep_checkpoints:

@@ -39,6 +39,7 @@ from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
 from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics, recorded_digest
+from ..serialization import check_folder_checksums
 from ..surgery import STATISTICS_ATTRIBUTE
 from .modeling import HydraPreTrainedModel
 
@@ -52,6 +53,12 @@ class _UncertaintyRecords:
     """Postprocessing shared by both pipelines: one `per_example` record per input."""
 
     model: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        folder = getattr(self.model, "name_or_path", "") or ""
+        if not isinstance(self.model, HydraPreTrainedModel) and os.path.isdir(folder):
+            check_folder_checksums(folder)  # a folder finetune wrote, changed since: refused
 
     def _calibration(self) -> Calibration | None:
         if not hasattr(self, "_cached_calibration"):
