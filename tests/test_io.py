@@ -201,3 +201,53 @@ def test_csv_cells_a_spreadsheet_would_run_are_neutralised(tmp_path):
     assert {r["ood_score_energy"] for r in read} == {"-1.5"}  # numbers are not text cells
     atomic_write_records(tmp_path / "p.jsonl", rows)  # JSON Lines keep every value as it is
     assert [json.loads(line)["text"] for line in (tmp_path / "p.jsonl").read_text().splitlines()] == texts
+
+
+def _disk_full(target):
+    import errno
+    import os
+
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+
+
+def test_a_full_disk_is_one_line_naming_the_output_and_leaves_nothing_behind(tmp_path):
+    """A file, a folder and a checkpoint set whose write runs out of space: OutputError naming the
+    output (not a temporary), the old content kept, no temporary or half set left."""
+    from hydra_ensembles.io import OutputError, load_file_set, save_file_set
+
+    old = atomic_write_text(tmp_path / "out.txt", "old")
+    with pytest.raises(OutputError, match=r"cannot write .*out\.txt: no space left on the device"):
+        atomic_write(old, _disk_full)
+    assert old.read_text() == "old"
+    with pytest.raises(OutputError, match=r"cannot write .*folder: no space left"):
+        atomic_dir(tmp_path / "folder", _disk_full)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+    checkpoint = tmp_path / "ckpt"
+    save_file_set(checkpoint, {"a.txt": lambda t: t.write_text("1")}, {"n": 1})
+    with pytest.raises(OutputError, match="no space left"):  # the second file of the set fails
+        save_file_set(checkpoint, {"a.txt": lambda t: t.write_text("2"), "b.txt": _disk_full}, {"n": 2})
+    meta, files = load_file_set(checkpoint)
+    assert meta == {"n": 1} and files["a.txt"].read_text() == "1"
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["a.1.txt", "manifest.json"]
+
+
+def test_a_full_disk_during_finetune_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """The CLI's finetune out of space while saving its model: exit 2, one line, no output and no
+    temporary beside it (only the checkpoint a rerun resumes from)."""
+    import transformers.modeling_utils
+
+    from hydra_ensembles.cli import main
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48)
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "model")
+    he.models.load_tokenizer().save_pretrained(tmp_path / "model")
+    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(f"w{i} x,{'ab'[i % 2]}" for i in range(8)))
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", lambda *a, **k: _disk_full("x"))
+    argv = ["finetune", str(tmp_path / "model"), "--data", str(tmp_path / "train.csv"), "--epochs", "1"]
+    assert main([*argv, "--batch-size", "4", "--max-length", "8", "--out", str(tmp_path / "tuned")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("hydra-ens: error: cannot write") and "no space left on the device" in err[-1]
+    left = sorted(p.name for p in tmp_path.iterdir())  # the epochs' checkpoint stays: a rerun resumes
+    assert left == ["model", "train.csv", "tuned.checkpoint"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -76,8 +77,9 @@ def atomic_dir(path: str | os.PathLike, write: Callable[[Path], None], marker: b
             )
         write(tmp)
         os.chmod(tmp, 0o777 & ~_umask())
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        _raise_write_error(exc, path)
         raise
     old = None
     if path.exists() or path.is_symlink():
@@ -126,10 +128,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
         os.replace(tmp, path)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        if type(exc).__name__ == "SafetensorError":  # e.g. a full disk, in safetensors' own type
-            raise OutputError(f"cannot write {path}: {' '.join(str(exc).split())}") from exc
+        _raise_write_error(exc, path)
         raise
     return path
+
+
+def _raise_write_error(exc: BaseException, path: Path) -> None:
+    """OutputError in one line naming ``path`` (not the temporary) where a write failed for want
+    of space, or in safetensors' own error type (which a full disk also gives); the caller has
+    removed its temporaries, so nothing is left behind."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise OutputError(
+            f"cannot write {path}: no space left on the device ({exc.strerror}); nothing was written"
+        ) from exc
+    if type(exc).__name__ == "SafetensorError":
+        raise OutputError(f"cannot write {path}: {' '.join(str(exc).split())}; nothing was written") from exc
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -186,12 +199,22 @@ def save_file_set(
     previous = _read_manifest(manifest) if manifest.is_file() else {}
     generation = int(previous.get("generation", 0)) + 1
     written = {}
-    for name, write in files.items():
-        stem, dot, suffix = name.partition(".")
-        target = folder / f"{stem}.{generation}{dot}{suffix}"
-        atomic_write(target, write)
-        written[name] = {"file": target.name, "sha256": sha256_file(target)}
-    atomic_write_json(manifest, {**meta, "generation": generation, "files": written})
+    try:
+        for name, write in files.items():
+            stem, dot, suffix = name.partition(".")
+            target = folder / f"{stem}.{generation}{dot}{suffix}"
+            atomic_write(target, write)
+            written[name] = {"file": target.name, "sha256": sha256_file(target)}
+        atomic_write_json(manifest, {**meta, "generation": generation, "files": written})
+    except BaseException:  # unless the manifest naming the new set landed, its files go
+        try:
+            landed = _read_manifest(manifest).get("generation") == generation
+        except (OSError, ValueError):
+            landed = False
+        if not landed:
+            for entry in written.values():
+                (folder / entry["file"]).unlink(missing_ok=True)
+        raise
     _remove_other_generations(folder, {*files, *previous.get("files", {})}, written)
     return manifest
 

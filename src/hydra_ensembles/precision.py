@@ -169,7 +169,7 @@ def cpu_bf16_speedup() -> float:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {**(cached if isinstance(cached, dict) else {}), key: speedup})
-    except OSError:  # a read-only home: measured again by the next process, decided the same way
+    except (OSError, ValueError):  # a read-only or full home: measured again by the next process
         pass
     return speedup
 
