@@ -235,10 +235,9 @@ def test_a_full_disk_during_finetune_is_one_line_and_writes_nothing(tmp_path, mo
     """The CLI's finetune out of space while saving its model: exit 2, one line, no output and no
     temporary beside it (only the checkpoint a rerun resumes from)."""
     import transformers.modeling_utils
+    from transformers import BertConfig, BertForSequenceClassification
 
     from hydra_ensembles.cli import main
-
-    from transformers import BertConfig, BertForSequenceClassification
 
     config = BertConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48)
     BertForSequenceClassification(config).save_pretrained(tmp_path / "model")

@@ -81,8 +81,16 @@ def atomic_dir(path: str | os.PathLike, write: Callable[[Path], None], marker: b
         shutil.rmtree(tmp, ignore_errors=True)
         _raise_write_error(exc, path)
         raise
+    return replace_dir(path, tmp)
+
+
+def replace_dir(path: Path, new: Path) -> Path:
+    """Rename the complete folder ``new`` to ``path``: ``path`` is the old folder or the new one,
+    never a mix; the old one is deleted only once the new one is in place, and where it cannot be
+    moved (a mount point) nothing is deleted: OutputError says where the new result is."""
     old = None
     if path.exists() or path.is_symlink():
+        prefix = f"{_temp_prefix(path)}{os.getpid()}."
         old = Path(tempfile.mkdtemp(prefix=prefix, suffix=".old.tmp", dir=path.parent))
         try:
             os.replace(path, old / path.name)
@@ -90,9 +98,9 @@ def atomic_dir(path: str | os.PathLike, write: Callable[[Path], None], marker: b
             shutil.rmtree(old, ignore_errors=True)
             raise OutputError(
                 f"cannot replace {path} ({exc.strerror or exc}); it is unchanged and the new result is "
-                f"in {tmp}: move it into place yourself"
+                f"in {new}: move it into place yourself"
             ) from None
-    os.replace(tmp, path)
+    os.replace(new, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return path
@@ -355,6 +363,24 @@ def check_output_dir(
             "choose another --out or pass --overwrite"
         )
     return path
+
+
+def overwrite_staging(path: Path, finished: str, owned: tuple[str, ...]) -> Path:
+    """Where a resumable command that writes the folder ``path`` step by step (``build``) writes:
+    ``path`` itself, unless it holds a finished result (``finished``) that ``--overwrite``
+    replaces; then ``.NAME.overwrite`` beside it, which a killed rerun resumes from and
+    `replace_dir` moves into place at the end, so ``path`` holds the old result or the new one,
+    never a mix. A finished folder holding entries other than ``owned`` (the user's own files,
+    which replacing it would delete) is refused."""
+    if not (path / finished).exists():
+        return path
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in owned)
+    if foreign:
+        raise OutputError(
+            f"{path} holds files hydra-ens did not write ({', '.join(foreign[:3])}), which replacing it "
+            "would delete: choose another --out (--overwrite replaces only what this command wrote)"
+        )
+    return path.parent / f".{path.name}.overwrite"
 
 
 REPORT_MARKER = ".hydra-ens-report"

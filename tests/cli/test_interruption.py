@@ -121,6 +121,42 @@ def test_build_fine_tune_killed_mid_epoch_then_resumed_gives_the_same_model(w):
         assert torch.allclose(tensor, again[name], atol=1e-6), name
 
 
+def test_build_overwrite_killed_keeps_the_old_result_whole_and_resumes(w, tmp_path, capsys):
+    """build --overwrite of a finished output, killed mid-member: the output is still the old
+    result (byte for byte) and never a mix; the rerun resumes beside it and replaces it whole.
+    A finished output holding a file of the user's is not replaced."""
+    if not (w / "straight.json").is_file():
+        assert main(score_args(w, "straight.json", "straight-ck.json")) == 0
+    old = tmp_path / "built"
+    assert main(build_args(w, str(old))) == 0
+    before = {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    again = [*build_args(w, str(old)), "--overwrite", "--lr", "2e-3"]
+    killed = child(
+        f"""
+        steps = []
+        original = torch.optim.AdamW.step
+        def step_then_die(self, *args, **kwargs):
+            steps.append(1)
+            if len(steps) == 3 * 8 + 3:  # member 0 saved, member 1 in its first epoch
+                {KILL}
+            return original(self, *args, **kwargs)
+        torch.optim.AdamW.step = step_then_die
+        main({again!r})
+        """
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+    assert (tmp_path / ".built.overwrite" / "members" / "member-0").is_dir()
+    assert main(again) == 0
+    assert not (tmp_path / ".built.overwrite").exists()
+    new = load_file(old / "hydra" / "model.safetensors")
+    assert any(not torch.equal(t, load_file(w / "built-straight" / "hydra" / "model.safetensors")[n])
+               for n, t in new.items())  # fmt: skip
+    (old / "notes.txt").write_text("mine")
+    assert main(again) == 2
+    assert "notes.txt" in capsys.readouterr().err and (old / "notes.txt").read_text() == "mine"
+
+
 def test_save_pretrained_killed_midway_never_loads_and_is_cleaned_by_the_next_save(w):
     model = load_any(str(w / "model"))
     hydra = he.fuse(model, [he.HeadSet({0: [0, 1]}), he.HeadSet({1: [1, 3]})])

@@ -18,6 +18,11 @@ from .options import (
     _training_options,
 )
 
+FINISHED = "hydra/hydra_config.json"
+"""What a finished build's output holds."""
+OWNED = ("checkpoints", "members", "hydra")
+"""What build writes in its output folder (and resumes from)."""
+
 
 def _cmd_build(args: argparse.Namespace) -> int:
     import dataclasses
@@ -25,16 +30,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     from ..build import build_hydra, save_with_preprocessor
     from ..data.labels import check_trainable
-    from ..io import check_output_dir
+    from ..io import check_output_dir, overwrite_staging, replace_dir
     from ..loading import load_preprocessor
     from ..scoring.files import read_ranking
 
-    out = check_output_dir(
-        args.out,
-        finished="hydra/hydra_config.json",
-        resumable=("checkpoints", "members", "hydra"),
-        overwrite=args.overwrite,
-    )
+    target = check_output_dir(args.out, finished=FINISHED, resumable=OWNED, overwrite=args.overwrite)
+    out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
     if args.fine_tune and not args.data:
         raise ValueError("--fine-tune needs --data (labelled training data)")
     if args.ood_data and not args.val_data:
@@ -78,7 +79,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     built.save_pretrained(out, preprocessor, members_saved=True)  # the fused model's config last
     if not args.keep_checkpoints:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    print(f"saved the fused model to {out / 'hydra'}")
+    if out != target:  # an overwrite, built beside the old result: now it replaces it whole
+        replace_dir(target, out)
+    print(f"saved the fused model to {target / 'hydra'}")
     return 0
 
 
