@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from .options import _overwrite_option
+from ..serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
+from .options import _data_options, _fraction, _overwrite_option
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -15,10 +16,29 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from ..serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
 
     check_output_dir(args.out, finished=ONNX_NAME, overwrite=args.overwrite, replaced=True)
+    if (args.val_data or args.ood_data) and not args.quantize:
+        raise ValueError("--val-data and --ood-data calibrate a quantized graph: give --quantize int8")
+    if args.quantize and not args.val_data:
+        raise ValueError("--quantize refits the calibration on the quantized graph: give --val-data")
     preprocessor = load_preprocessor(args.preprocessor) if args.preprocessor else None
-    out = export_onnx(args.model, args.out, preprocessor=preprocessor, opset=args.opset)
+    val = ood = None
+    if args.quantize:
+        val, ood = _validation(args, preprocessor)
+    out = export_onnx(
+        args.model,
+        args.out,
+        preprocessor=preprocessor,
+        opset=args.opset,
+        quantize=args.quantize,
+        validation=val,
+        ood_validation=ood,
+        validation_name=args.val_data or "",
+        min_agreement=args.min_agreement,
+    )
     sidecar = json.loads((out / SIDECAR_NAME).read_text())
     calibration = sidecar["calibration"]
+    if args.quantize:
+        _print_parity(sidecar["quantization"]["parity"])
     print(
         f"exported {sidecar['members']} member(s) to {out / ONNX_NAME}: inputs {sidecar['inputs']}, "
         f"outputs logits and logits_per_member; onnxruntime matches PyTorch within "
@@ -31,6 +51,42 @@ def _cmd_export(args: argparse.Namespace) -> int:
             f"{out / SIDECAR_NAME}: classes, temperature {calibration['temperature']:.3f}, OOD flag threshold"
         )
     return 0
+
+
+def _validation(args: argparse.Namespace, preprocessor) -> tuple[list, list | None]:
+    """The labelled ID validation batches (and unlabelled OOD validation batches) a quantized
+    graph is calibrated and compared on, read through the model's preprocessor."""
+    from ..loading import load_any
+    from ..loading import load_preprocessor as saved
+    from .common import _data_batches
+
+    model = load_any(args.model)
+    preprocessor = preprocessor or saved(args.model)
+    val = _data_batches(args.val_data, args, preprocessor, model=model)[1]
+    ood = (
+        _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
+        if args.ood_data
+        else None
+    )
+    return list(val), None if ood is None else list(ood)
+
+
+def _print_parity(parity: dict) -> None:
+    """What quantization changed, in a few lines."""
+    print(
+        f"int8 graph on {parity['examples']} validation inputs: top-1 agreement with float32 "
+        f"{parity['agreement']:.2%}; NLL {parity['nll_fp32']:.4f} (float32) -> {parity['nll_quantized']:.4f} "
+        f"-> {parity['nll_refit']:.4f} (calibration refit); ECE {100 * parity['ece_fp32']:.2f}% -> "
+        f"{100 * parity['ece_quantized']:.2f}% -> {100 * parity['ece_refit']:.2f}%"
+    )
+    if parity.get("flag_rate_fp32") is not None:
+        print(
+            f"ID flag rate: {parity['flag_rate_fp32']:.2%} (float32) -> {parity['flag_rate_quantized']:.2%} "
+            f"at the float32 threshold -> {parity['flag_rate_refit']:.2%} at the refit one"
+        )
+    if parity.get("ood_auroc_fp32") is not None:
+        before, after = parity["ood_auroc_fp32"], parity["ood_auroc_quantized"]
+        print(f"flag score AUROC against --ood-data: {before:.4f} (float32), {after:.4f} (int8)")
 
 
 def _add_export_command(sub) -> None:
@@ -52,5 +108,25 @@ def _add_export_command(sub) -> None:
     export.add_argument(
         "--preprocessor", help="where the tokenizer or image processor is, if not saved in MODEL"
     )
+    export.add_argument(
+        "--quantize",
+        choices=QUANTIZATIONS,
+        help="int8: int8 weights (per output channel) for the matrix products, activations "
+        "quantized at run time; the calibration is fit again on the quantized graph's outputs for "
+        "--val-data, and calibration.json records what changed (docs/serving.md)",
+    )
+    export.add_argument("--val-data", help="labelled ID validation data (with --quantize)")
+    export.add_argument(
+        "--ood-data",
+        help="unlabelled OOD validation data (with --quantize): the flag score's AUROC, before and after",
+    )
+    export.add_argument(
+        "--min-agreement",
+        type=_fraction,
+        default=MIN_AGREEMENT,
+        help="least share of --val-data inputs whose predicted class the quantized graph keeps; "
+        "below it nothing is written",
+    )
     _overwrite_option(export)
+    _data_options(export, precision=False)
     export.set_defaults(func=_cmd_export)

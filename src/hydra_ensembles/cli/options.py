@@ -158,9 +158,11 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
     )
 
 
-def _data_options(p: argparse.ArgumentParser) -> None:
-    """Options of every command that reads data: precision, columns, batch size, length."""
-    precision_option(p)
+def _data_options(p: argparse.ArgumentParser, precision: bool = True) -> None:
+    """Options of every command that reads data: precision (where it computes in PyTorch),
+    columns, batch size, length."""
+    if precision:
+        precision_option(p)
     p.add_argument(
         "--text-column",
         help="text column (default: text; for a Hugging Face dataset, text or its only string column)",

@@ -43,12 +43,13 @@ from .conformal import (
     conformal_threshold,
     fit_set_quantiles,
     prediction_sets,
+    quantile_threshold,
     smallest_alpha,
 )
 from .evaluate import OOD_SCORES, applicable_scores, ood_scores
 from .predict import Predictions, predict
 from .temperature import fit_temperature
-from .uncertainty import flag_threshold, per_example
+from .uncertainty import per_example
 
 RECORD_DIGEST = "record_sha256"
 """The key of a saved calibration record's own SHA-256."""
@@ -153,6 +154,7 @@ class Calibration:
         set_method: str = "",
         set_alpha: float = 0.1,
         set_classwise: bool = False,
+        id_scores: Any = None,
     ) -> Calibration:
         """Fit on labelled ID validation predictions: the temperature minimising their NLL, then the
         threshold of ``score`` (at that temperature; ``"auto"``: `choose_flag_score`, which
@@ -163,7 +165,11 @@ class Calibration:
         ``aps``, ``raps``), conformal prediction sets at level ``set_alpha`` (``set_classwise``:
         Mondrian, per class): the validation inputs are split by position, the even ones fitting
         the temperature and the odd ones the sets' quantiles at it, so that the sets' guarantee
-        holds (`split_for_sets`)."""
+        holds (`split_for_sets`). ``id_scores``: the values of ``score`` on ``id_validation``
+        where they were computed elsewhere (an exported graph's ``ood_score``: its features are
+        not in ``id_validation``); the flag is then fit on them."""
+        if id_scores is not None and score == AUTO_SCORE:
+            raise ValueError("id_scores are the values of one named score: name it, not 'auto'")
         sets_on = None
         if set_method:
             temperature_on, sets_on = split_for_sets(id_validation)
@@ -182,11 +188,15 @@ class Calibration:
                 stacklevel=2,
             )
             flag_method = "quantile"
+        if id_scores is None:
+            id_scores = ood_scores(id_validation, score, temperature, statistics)
+        elif np.shape(id_scores) != (n,):
+            raise ValueError(f"id_scores must hold one score per ID validation input, {n} of them")
         if flag_method == "conformal":
-            kept = tuple(float(s) for s in ood_scores(id_validation, score, temperature, statistics))
+            kept = tuple(float(s) for s in id_scores)
             threshold = conformal_threshold(kept, 1 - keep)
         else:
-            threshold = flag_threshold(id_validation, score, keep, temperature, statistics)
+            threshold = quantile_threshold(id_scores, keep)
         examples = len(id_validation.labels)
         digest = statistics.digest() if statistics is not None else ""
         quantiles: tuple[float, ...] = ()

@@ -52,6 +52,12 @@ def conformal_threshold(scores: Any, alpha: float) -> float:
     return float(values[k - 1])
 
 
+def quantile_threshold(scores: Any, keep: float) -> float:
+    """The plain ``keep`` quantile of ``scores`` (no finite-sample correction): the
+    ``flag_method="quantile"`` threshold, below which a share ``keep`` of them fall."""
+    return float(np.quantile(np.asarray(scores, dtype=np.float64).reshape(-1), keep))
+
+
 def conformal_p_values(calibration_scores: Any, scores: Any) -> np.ndarray:
     """The conformal p-value of each of ``scores`` against the ID ``calibration_scores``."""
     reference = np.sort(np.asarray(calibration_scores, dtype=np.float64).reshape(-1))

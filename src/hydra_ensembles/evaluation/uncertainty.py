@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import metrics as M
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
+from .conformal import quantile_threshold
 from .evaluate import member_feature_scores, ood_scores
 from .predict import Predictions
 
@@ -85,4 +86,4 @@ def flag_threshold(
     usual 95%-TPR operating point when ``keep`` = 0.95). Never fit this on OOD test data."""
     if not 0 < keep <= 1:
         raise ValueError(f"keep must be in (0, 1], got {keep}")
-    return float(np.quantile(ood_scores(id_validation, score, temperature, statistics), keep))
+    return quantile_threshold(ood_scores(id_validation, score, temperature, statistics), keep)

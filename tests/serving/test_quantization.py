@@ -1,0 +1,137 @@
+"""Quantized ONNX export: an int8 graph whose calibration is fit again on its own outputs, with a
+parity report; refused where its predictions drift from the float32 graph's."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from scipy.special import log_softmax, logsumexp
+
+from hydra_ensembles import metrics as M
+from hydra_ensembles.cli import main
+from hydra_ensembles.evaluation import Predictions, saved_calibration
+from hydra_ensembles.evaluation.calibration import Calibration
+from hydra_ensembles.hashing import batches_digest
+from hydra_ensembles.loading import load_any
+from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.serving import onnx as export_module
+from hydra_ensembles.serving.onnx import ExportError, export_onnx
+
+from .conftest import validation
+
+
+def _outputs(folder, batch) -> dict[str, np.ndarray]:
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"))
+    feed = {name: batch[name].numpy() for name in ("input_ids", "token_type_ids", "attention_mask")}
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True))
+
+
+@pytest.fixture(scope="module")
+def quantized(saved, tmp_path_factory):
+    root = tmp_path_factory.mktemp("quantized")
+    val = validation(load_tokenizer())
+    return export_onnx(
+        saved["calibrated"],
+        root / "q",
+        quantize="int8",
+        validation=val,
+        validation_name="val",
+        min_agreement=0.5,
+    ), val
+
+
+def test_the_int8_graph_is_calibrated_on_its_own_outputs(saved, quantized):
+    """The sidecar's calibration is Calibration.fit, with the saved settings, on the int8 graph's
+    members' logits (recomputed here), and the graph's `logits` carry that refit temperature."""
+    folder, val = quantized
+    graph = onnx.load(folder / "model.onnx")
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= {n.op_type for n in graph.graph.node}
+    side = json.loads((folder / "calibration.json").read_text())
+    outputs = _outputs(folder, val[0])
+    labels = val[0]["labels"].numpy()
+    original = saved_calibration(load_any(str(saved["calibrated"])))
+    expected = Calibration.fit(
+        Predictions(outputs["logits_per_member"].transpose(1, 0, 2), labels),
+        original.score,
+        original.keep,
+        data="val",
+        data_sha256=batches_digest(val),
+        precision="int8",
+        model_sha256=original.model_sha256,
+        flag_method=original.flag_method,
+        set_method=original.set_method,
+        set_alpha=original.set_alpha,
+    )
+    assert Calibration.from_dict(side["calibration"]) == expected
+    assert Calibration.from_dict(side["quantization"]["calibration_fp32"]) == original
+    per_member = outputs["logits_per_member"].astype(np.float64) / expected.temperature
+    members = per_member.shape[1]
+    mixture = logsumexp(log_softmax(per_member, axis=-1), axis=1) - np.log(members)
+    np.testing.assert_allclose(outputs["logits"], mixture, atol=1e-5)
+
+
+def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, quantized, tmp_path):
+    folder, val = quantized
+    parity = json.loads((folder / "calibration.json").read_text())["quantization"]["parity"]
+    reference = _outputs(export_onnx(saved["calibrated"], tmp_path / "fp32"), val[0])
+    int8 = _outputs(folder, val[0])
+    labels = val[0]["labels"].numpy()
+    original = saved_calibration(load_any(str(saved["calibrated"])))
+    p_ref = Predictions(reference["logits_per_member"].transpose(1, 0, 2)).probs(original.temperature)
+    p_int8 = Predictions(int8["logits_per_member"].transpose(1, 0, 2)).probs(original.temperature)
+    assert parity["examples"] == len(labels)
+    assert parity["agreement"] == pytest.approx(float(np.mean(p_ref.argmax(-1) == p_int8.argmax(-1))))
+    assert parity["nll_fp32"] == pytest.approx(M.nll(p_ref, labels), rel=1e-6)
+    assert parity["ece_quantized"] == pytest.approx(M.ece(p_int8, labels), rel=1e-6)
+    msp = 1 - p_ref.max(-1)
+    assert parity["flag_rate_fp32"] == pytest.approx(float(np.mean(msp > original.threshold)))
+
+
+def test_the_int8_graph_keeps_the_nan_contract_for_rows_pytorch_refuses(quantized):
+    folder, val = quantized
+    batch = {k: v.clone() for k, v in val[0].items()}
+    batch["attention_mask"][0] = 0
+    batch["input_ids"][1, 0] = 30522  # past the vocabulary
+    outputs = _outputs(folder, batch)
+    assert np.isnan(outputs["logits"][:2]).all() and np.isfinite(outputs["logits"][2:]).all()
+
+
+def test_an_int8_graph_that_changes_predictions_is_refused_and_nothing_written(saved, tmp_path, monkeypatch):
+    val = validation(load_tokenizer())
+    real = export_module.parity
+
+    def drifted(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), agreement=0.9)
+
+    monkeypatch.setattr(export_module, "parity", drifted)
+    with pytest.raises(ExportError, match=r"another class than the float32 graph for 10\.0%"):
+        export_onnx(saved["calibrated"], tmp_path / "q", quantize="int8", validation=val, min_agreement=0.95)
+    assert not (tmp_path / "q").exists()
+    with pytest.raises(ExportError, match="labelled ID validation"):
+        export_onnx(saved["calibrated"], tmp_path / "q", quantize="int8")
+
+
+def test_the_cli_quantizes_with_validation_data_and_says_what_changed(saved, tmp_path, capsys):
+    rows = [
+        f"{word} {i},{label}" for i in range(20) for word, label in (("goal", "sport"), ("bank", "money"))
+    ]
+    (tmp_path / "val.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    argv = ["export", str(saved["calibrated"]), "--format", "onnx", "--out", str(tmp_path / "q")]
+    assert main([*argv, "--quantize", "int8"]) == 2
+    assert "give --val-data" in capsys.readouterr().err and not (tmp_path / "q").exists()
+    assert main([*argv, "--val-data", str(tmp_path / "val.csv")]) == 2
+    assert "give --quantize int8" in capsys.readouterr().err
+    assert (
+        main([*argv, "--quantize", "int8", "--val-data", str(tmp_path / "val.csv"), "--min-agreement", "0.5"])
+        == 0
+    )
+    assert "int8 graph on 40 validation inputs: top-1 agreement with float32" in capsys.readouterr().out
+    side = json.loads((tmp_path / "q" / "calibration.json").read_text())
+    assert (
+        side["quantization"]["validation"].endswith("val.csv") and side["calibration"]["precision"] == "int8"
+    )
