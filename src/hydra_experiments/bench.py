@@ -163,9 +163,10 @@ def _dtype_table(
     """One dtype's table: parameters, multiply-adds per input, latency per batch size (and its
     ratio to Single's), peak memory at the largest batch."""
     one = setting.inputs(1)
-    macs = {name: multiply_adds(partial(f, one)) for name, f in methods.items() if name != ORT}
-    if ORT in methods:  # the same graph; torch's counter does not see onnxruntime
-        macs[ORT] = macs["Hydra (fused)"]
+    macs = {name: multiply_adds(partial(f, one)) for name, f in methods.items() if ORT not in name}
+    for name in methods:  # the same graph; torch's counter does not see onnxruntime
+        if ORT in name:
+            macs[name] = macs[name.partition(ORT)[0]]
     table: dict[str, Any] = {
         name: {"params": params[name], "gmacs_per_input": macs[name] / 1e9, "latency": {}} for name in methods
     }
@@ -178,7 +179,7 @@ def _dtype_table(
             table[name]["latency"][str(batch)] = cost
         if batch == max(batch_sizes):
             for name, f in methods.items():
-                if name != ORT:
+                if ORT not in name:  # onnxruntime allocates outside torch
                     table[name]["peak_memory_mb"] = peak_memory(partial(f, x)) / 2**20
     single = table["Single"]["latency"]
     for row in table.values():
@@ -237,26 +238,35 @@ def _build_methods(
         "BatchEnsemble": count_parameters(batch),
     }
     if onnx:
-        methods[ORT] = _onnxruntime_method(hydra, list(example or {}))
-        params[ORT] = params["Hydra (fused)"]
+        names = list(example or {})
+        for name, source in (("Single", single), ("Hydra (fused)", hydra)):
+            fp32, int8 = _onnxruntime_methods(source, names)
+            methods[f"{name} onnxruntime"], methods[f"{name} onnxruntime int8"] = fp32, int8
+            params[f"{name} onnxruntime"] = params[f"{name} onnxruntime int8"] = params[name]
     return methods, params
 
 
-ORT = "Hydra (fused) onnxruntime"
+ORT = " onnxruntime"
+"""What the names of the methods run by onnxruntime end in (after the PyTorch method's name)."""
 
 
-def _onnxruntime_method(hydra: torch.nn.Module, input_names: list[str]) -> Callable[[dict], Any]:
-    """The fused model exported (and checked against PyTorch) and loaded into onnxruntime."""
+def _onnxruntime_methods(model: torch.nn.Module, input_names: list[str]) -> tuple[Callable, Callable]:
+    """``model`` exported (and checked against PyTorch) and loaded into onnxruntime, as float32
+    and with int8 weights (`serving.quantization.quantize_int8`, as ``export --quantize int8``)."""
     import tempfile
 
     import onnxruntime
 
     from hydra_ensembles.serving.onnx import ONNX_NAME, export_onnx
+    from hydra_ensembles.serving.quantization import quantize_int8
 
     with tempfile.TemporaryDirectory() as folder:
-        out = export_onnx(hydra, Path(folder) / "onnx", input_names=input_names)
-        session = onnxruntime.InferenceSession(str(out / ONNX_NAME), providers=["CPUExecutionProvider"])
-    return lambda x: session.run(None, {k: v.numpy() for k, v in x.items()})
+        graph = (export_onnx(model, Path(folder) / "onnx", input_names=input_names) / ONNX_NAME).read_bytes()
+    runners = []
+    for weights in (graph, quantize_int8(graph)):
+        session = onnxruntime.InferenceSession(weights, providers=["CPUExecutionProvider"])
+        runners.append(lambda x, session=session: session.run(None, {k: v.numpy() for k, v in x.items()}))
+    return runners[0], runners[1]
 
 
 def check_targets(results: dict[str, Any]) -> list[str]:

@@ -100,6 +100,9 @@ def test_bench_command(tmp_path, capsys):
     assert "peak_memory_mb" not in onnx
     assert "Hydra (fused) onnxruntime" not in timed["dtypes"]["bfloat16"]
     assert "| Hydra (fused) onnxruntime |" in (tmp_path / "b" / "bench.md").read_text()
+    for name in ("Single onnxruntime", "Single onnxruntime int8", "Hydra (fused) onnxruntime int8"):
+        row, source = timed["dtypes"]["float32"][name], timed["dtypes"]["float32"][name.split(" onnx")[0]]
+        assert row["latency"]["2"]["median_ms"] > 0 and row["gmacs_per_input"] == source["gmacs_per_input"]
     capsys.readouterr()
 
 

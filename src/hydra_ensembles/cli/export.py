@@ -43,6 +43,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         f"exported {sidecar['members']} member(s) to {out / ONNX_NAME}: inputs {sidecar['inputs']}, "
         f"outputs logits and logits_per_member; onnxruntime matches PyTorch within "
         f"{sidecar['max_difference_from_pytorch']:.2g}"
+        + (" (the float32 graph it was quantized from)" if args.quantize else "")
     )
     if calibration is None:
         print("the model has no saved calibration: temperature 1 and no OOD flag threshold", file=sys.stderr)
