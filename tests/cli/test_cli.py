@@ -91,3 +91,26 @@ def test_help_states_every_default():
                 continue
             text = formatter._expand_help(action) if action.help else ""
             assert "default" in text, (name, action.option_strings, default)
+
+
+def test_a_bug_in_the_library_is_an_internal_error_not_bad_input(local_model, monkeypatch, capsys):
+    """A TypeError raised inside the library ends in exit 1 with one line saying it is internal
+    (HYDRA_DEBUG=1 lets the traceback through); a refusal of the input stays exit 2."""
+    from hydra_ensembles import loading
+
+    def broken(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(loading, "load_any", broken)
+    assert main(["info", str(local_model)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith("hydra-ens: internal error: TypeError: unsupported operand") and "HYDRA_DEBUG=1" in err
+    )
+    assert len(err.splitlines()) == 1
+    monkeypatch.setenv("HYDRA_DEBUG", "1")
+    with pytest.raises(TypeError, match="unsupported operand"):
+        main(["info", str(local_model)])
+    monkeypatch.delenv("HYDRA_DEBUG")
+    monkeypatch.undo()
+    assert main(["info", "/nonexistent/model"]) == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..errors import UnsupportedModelError
 from .base import ArchitectureAdapter, AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention
 from .bert import BertAdapter
 from .clip import ClipTextAdapter, ClipVisionAdapter
@@ -67,10 +68,6 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     ModernBertAdapter,
     DecoderAdapter,
 ]
-
-
-class UnsupportedModelError(TypeError):
-    """The model's architecture has no adapter."""
 
 
 def register_adapter(adapter: type[ArchitectureAdapter]) -> type[ArchitectureAdapter]:

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
+from ..errors import UnsupportedModelError
+
 Part = Literal["attention", "mlp", "norm", "head", "embeddings"]
 
 
@@ -113,7 +115,7 @@ class ArchitectureAdapter(ABC):
                 continue
             if isinstance(found, nn.ModuleList):
                 return path
-        raise TypeError(
+        raise UnsupportedModelError(
             f"{type(model).__name__}: no layer list at any of {list(self.layer_lists)} "
             f"under {self.prefix or 'the model'}; is this transformers version supported?"
         )

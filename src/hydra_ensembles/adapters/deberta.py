@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..errors import UnsupportedModelError
 from ..layers import FusedDisentangledAttention
 from .base import ZeroHeadAttention, slice_linear
 from .bert import BertAdapter
@@ -53,7 +54,7 @@ class DebertaV2Adapter(BertAdapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         if getattr(self.encoder_config(model), "conv_kernel_size", 0):
-            raise TypeError(
+            raise UnsupportedModelError(
                 "DeBERTa-v2 with a convolution after the first layer (conv_kernel_size > 0, as in "
                 "deberta-v2-xlarge) is not supported"
             )

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 
 from ..data import MissingDataError
+from ..errors import UnsupportedModelError
 from ..models import MissingModelError
 from .analyze import _add_analyze_command
 from .bench import _add_bench_command
@@ -189,6 +191,10 @@ def _locked_outputs(args: argparse.Namespace) -> contextlib.ExitStack:
     return stack
 
 
+DEBUG_VARIABLE = "HYDRA_DEBUG"
+"""Set to 1, an internal error shows its traceback."""
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         _guard_outputs(args)
@@ -206,13 +212,22 @@ def _run(args: argparse.Namespace) -> int:
     except (MissingDataError, MissingModelError) as exc:
         print(f"hydra-ens: {exc}", file=sys.stderr)
         return 3
-    except (ValueError, TypeError) as exc:  # typed errors of bad input (ModelNotFoundError, ...)
+    except (ValueError, UnsupportedModelError) as exc:  # refusals of the input (ModelNotFoundError, ...)
         print(f"hydra-ens: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file that cannot be read or written
         where = f" {exc.filename}" if exc.filename else ""
         print(f"hydra-ens: error:{where} {exc.strerror or exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a bug (or a resource limit), never called bad input
+        if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+            raise
+        print(
+            f"hydra-ens: internal error: {type(exc).__name__}: {_one_line(exc)} ({DEBUG_VARIABLE}=1 shows "
+            "the traceback; unless it is a resource limit such as memory, it is a bug: please report it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _one_line(exc: BaseException | Warning | str) -> str:

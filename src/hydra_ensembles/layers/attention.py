@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UnsupportedModelError
 from .grouped import grouped_matmul
 
 
@@ -83,7 +84,9 @@ class FusedMultiHeadAttention(nn.Module):
         heads each member keeps, ``bias_stride`` (see the module docstring): for families with a
         per-head score bias; ``settings``: a subclass's own."""
         if any(type(lin) is not nn.Linear for group in projections for lin in group):
-            raise TypeError("fusion needs plain nn.Linear projections (not e.g. BatchEnsemble layers)")
+            raise UnsupportedModelError(
+                "fusion needs plain nn.Linear projections (not e.g. BatchEnsemble layers)"
+            )
         ref = projections[0][3].weight
         counts = [q.out_features // head_dim for q, _, _, _ in projections]
         fused = cls(
