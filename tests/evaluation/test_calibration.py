@@ -57,6 +57,23 @@ def test_fit_is_the_temperature_then_the_threshold_at_it():
     assert "ood_p_value" not in plain.records(preds)[0]
 
 
+def test_a_flag_fit_on_scores_computed_elsewhere_is_the_flag_fit_on_the_same_scores():
+    """``id_scores`` (an exported graph's): the same calibration as scoring the predictions here,
+    for both flag methods; scores that do not fit the inputs, or with ``auto``, are refused."""
+    rng = np.random.default_rng(1)
+    preds = Predictions(rng.normal(size=(2, 60, 3)) * 2, rng.integers(0, 3, 60))
+    for method in ("conformal", "quantile"):
+        own = Calibration.fit(preds, "energy", keep=0.9, flag_method=method)
+        scores = ood_scores(preds, "energy", own.temperature)
+        assert Calibration.fit(preds, "energy", keep=0.9, flag_method=method, id_scores=scores) == own
+    shifted = Calibration.fit(preds, "energy", keep=0.9, flag_method="quantile", id_scores=scores + 1.0)
+    assert shifted.threshold == pytest.approx(own.threshold + 1.0)
+    with pytest.raises(ValueError, match="one score per ID validation input, 60"):
+        Calibration.fit(preds, "energy", id_scores=scores[:10])
+    with pytest.raises(ValueError, match="not 'auto'"):
+        Calibration.fit(preds, "auto", id_scores=scores)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
