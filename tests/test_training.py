@@ -399,3 +399,12 @@ def test_a_fine_tune_records_its_optimizer_steps_since_the_pretrained_weights():
     result = fine_tune(stopped, _data(3), val=_data(2, seed=50), config=config, progress=False)
     assert result.optimizer_steps == 3 * (result.best_epoch + 1) < 3 * len(result.history)
     assert stopped.config.hydra_training["optimizer_steps"] == result.optimizer_steps
+
+
+def test_auto_epochs_give_small_data_enough_optimizer_steps():
+    from hydra_ensembles.training import auto_epochs
+
+    assert auto_epochs(10) == 10  # 300 texts in batches of 32: 100 steps, not 30
+    assert auto_epochs(34) == 3 and auto_epochs(1000) == 3  # larger data: the usual 3
+    assert auto_epochs(1) == 20  # at most 20
+    assert auto_epochs(10, batches_per_step=2) == 20

@@ -59,7 +59,7 @@ def test_finetune_gives_a_named_trained_head_that_score_accepts(w, capsys):
     assert main(["score", str(tuned), *args, "--out", str(w / "s.json")]) == 0
 
 
-def test_a_finetuned_folder_changed_after_saving_is_refused_where_it_is_served(w, tmp_path):
+def test_a_finetuned_folder_changed_after_saving_is_refused_where_it_is_served(w, tmp_path, capsys):
     """finetune records every file's checksum: the folder loads and serves as written; with its
     tokenizer swapped for another, load_any, the tokenizer loader and the pipeline refuse it."""
     import shutil
@@ -70,7 +70,8 @@ def test_a_finetuned_folder_changed_after_saving_is_refused_where_it_is_served(w
 
     tuned = tmp_path / "tuned"
     argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "1"]
-    assert main([*argv, *COMMON, "--out", str(tuned)]) == 0
+    assert main([*argv[:-2], *COMMON, "--out", str(tuned)]) == 0  # --epochs auto
+    assert "--epochs auto: 20 epochs of 3 optimizer steps" in capsys.readouterr().out  # 24 texts
     assert (tuned / "checksums.json").is_file()
     served = pipeline("hydra-text-classification", model=str(tuned))(["goal match"])
     assert served[0]["label"] in ("food", "money", "sport")

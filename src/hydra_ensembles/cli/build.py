@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import _data_batches, _load_model, _print_history, _record_length, _say_precision
+from .common import (
+    _data_batches,
+    _load_model,
+    _print_history,
+    _record_length,
+    _resolve_epochs,
+    _say_precision,
+)
 from .options import (
     COUNT,
     POSITIVE,
@@ -54,7 +61,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     ood = None
     if args.ood_data:
         ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
-    config = _build_config(args)
+    config = _build_config(args, train)
     tuning = config.fine_tune
 
     def trained(m: int, member, result) -> None:  # each member saved as soon as it is trained
@@ -85,14 +92,16 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_config(args: argparse.Namespace):
-    """The build's settings from the command line."""
+def _build_config(args: argparse.Namespace, train: list[dict] | None):
+    """The build's settings from the command line (``train``: the training batches, which
+    ``--epochs auto`` is resolved for)."""
     from ..build import BuildConfig
     from ..training import FineTuneConfig
 
     tuning = None
     if args.fine_tune:
-        tuning = FineTuneConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, patience=args.patience)
+        epochs = _resolve_epochs(args, train)
+        tuning = FineTuneConfig(epochs=epochs, lr=args.lr, seed=args.seed, patience=args.patience)
     return BuildConfig(
         num_members=args.members,
         num_pruned=args.num_pruned,

@@ -68,6 +68,18 @@ def _record_length(model, args: argparse.Namespace) -> None:
         model.config.hydra_max_length = int(args.max_length)
 
 
+def _resolve_epochs(args: argparse.Namespace, train: list[dict]) -> int:
+    """``--epochs``, with ``auto`` resolved for ``train``'s batches (`training.auto_epochs`) and
+    said."""
+    from ..training import auto_epochs
+
+    if args.epochs != "auto":
+        return int(args.epochs)
+    epochs = auto_epochs(len(train))
+    print(f"--epochs auto: {epochs} epochs of {len(train)} optimizer steps (batches of {args.batch_size})")
+    return epochs
+
+
 def _print_epoch(record: dict) -> None:
     """Print a fine-tuning epoch's line as the epoch ends."""
     from ..training import describe_epoch

@@ -12,6 +12,7 @@ from .common import (
     _print_epoch,
     _print_history,
     _record_length,
+    _resolve_epochs,
     _say_precision,
 )
 from .options import (
@@ -65,7 +66,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
     name_classes(model, dataset.classes)
     config = FineTuneConfig(
-        epochs=args.epochs,
+        epochs=_resolve_epochs(args, train),
         lr=args.lr,
         seed=args.seed,
         patience=args.patience,

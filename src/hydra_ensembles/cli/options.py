@@ -99,9 +99,20 @@ def _report_overwrite_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _epochs(text: str) -> int | str:
+    """``auto`` or a positive number of epochs."""
+    return "auto" if text == "auto" else POSITIVE(text)
+
+
 def _training_options(p: argparse.ArgumentParser) -> None:
     """Epochs, learning rate and early stopping of fine-tuning (`training.FineTuneConfig`)."""
-    p.add_argument("--epochs", type=POSITIVE, default=3)
+    p.add_argument(
+        "--epochs",
+        type=_epochs,
+        default="auto",
+        help="epochs of fine-tuning; auto: 3, or on small data as many as give at least 100 "
+        "optimizer steps (at most 20)",
+    )
     p.add_argument("--lr", type=_positive_float, default=5e-5)
     p.add_argument(
         "--patience", type=POSITIVE, help="stop after this many epochs without a better --val-data NLL"
