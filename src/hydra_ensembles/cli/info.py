@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..models import DEFAULT_TEXT_MODEL
 from .options import _num_labels_option
@@ -28,6 +29,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         for family in supported_families():
             print(f"  {family}")
         return 0
+    if _is_export(args.model):
+        return _describe_export(Path(args.model))
     model = load_any(args.model, args.num_labels)  # a HF classifier, a saved member or Hydra model
     if isinstance(model, DeepEnsemble):  # a saved ensemble of members: each member described
         print(f"model: {args.model} (an ensemble of {model.num_members} saved members)")
@@ -68,6 +71,41 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"key/value heads per layer (grouped-query attention): {kv}")
     _print_calibration(model)
     print(f"parameters: {count_parameters(model):,}")
+    return 0
+
+
+def _is_export(path: str) -> bool:
+    from ..serving.onnx import ONNX_NAME, SIDECAR_NAME
+
+    return (Path(path) / ONNX_NAME).is_file() and (Path(path) / SIDECAR_NAME).is_file()
+
+
+def _describe_export(folder: Path) -> int:
+    """An ONNX export (`hydra-ens export`): its graph, classes, inputs and outputs, calibration
+    and, for a quantized graph, what quantization changed."""
+    from ..evaluation.calibration import Calibration
+    from ..io import read_json
+    from ..serving.onnx import ONNX_NAME, SIDECAR_NAME
+
+    side = read_json(folder / SIDECAR_NAME, "export sidecar")
+    if not isinstance(side, dict) or side.get("format") != "hydra-ensembles/onnx":
+        raise ValueError(f"{folder / SIDECAR_NAME} is not the sidecar of a hydra-ens ONNX export")
+    quantization = side.get("quantization")
+    kind = "int8 weights" if quantization else "float32"
+    members, family = side["members"], side["base_model_type"]
+    print(f"ONNX export: {folder / ONNX_NAME} ({kind}), {members} member(s) of {family}")
+    print(f"classes: {', '.join(side['classes'])}")
+    print(f"inputs: {', '.join(side['inputs'])}; outputs: {', '.join(side['outputs'])}")
+    if side.get("calibration") is not None:
+        print(f"calibration: {Calibration.from_dict(side['calibration']).describe()}")
+    if side.get("max_length") is not None:
+        print(f"fit at {side['max_length']} tokens per text (the saved tokenizer cuts to it)")
+    if quantization:
+        parity = quantization["parity"]
+        print(
+            f"quantized: {quantization['weights']}; on {parity['examples']} validation inputs top-1 "
+            f"agreement {parity['agreement']:.2%}, NLL {parity['nll_fp32']:.4f} -> {parity['nll_refit']:.4f}"
+        )
     return 0
 
 

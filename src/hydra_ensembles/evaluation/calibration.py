@@ -235,10 +235,12 @@ class Calibration:
         )
         statistics = ""
         if self.statistics_sha256:
-            examples = self.statistics.settings["examples"] if self.statistics is not None else "?"
+            examples = (
+                f"{self.statistics.settings['examples']} inputs, " if self.statistics is not None else ""
+            )
             statistics = (
-                f"; feature statistics fit on {self.statistics_data or 'ID training data'} ({examples} "
-                f"inputs, sha256 {self.statistics_data_sha256[:12]})"
+                f"; feature statistics fit on {self.statistics_data or 'ID training data'} ({examples}"
+                f"sha256 {self.statistics_data_sha256[:12]})"
             )
         level = (
             f"conformal, level {self.alpha:.3g}: at most {self.alpha:.1%} of ID inputs flagged"
