@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
-from .options import _data_options, _fraction, _overwrite_option
+from .options import PREPROCESSOR_HELP, _data_options, _fraction, _overwrite_option
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -98,17 +98,16 @@ def _add_export_command(sub) -> None:
             "Write MODEL as one ONNX graph (every member and the aggregation; dynamic batch and "
             "sequence axes) to --out/model.onnx, with calibration.json (classes, temperature, OOD "
             "score and threshold) and the preprocessor beside it. The graph is run by onnxruntime "
-            "and compared with PyTorch before it is kept (at most 1e-4 apart)."
+            "and compared with PyTorch before it is kept (at most 1e-4 apart). With --quantize int8 "
+            "the graph written has int8 weights, its calibration fit again on its own outputs for "
+            "--val-data, with a parity report."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     export.add_argument("model", help="a folder saved by hydra-ens build, fuse, finetune or the Python API")
     export.add_argument("--format", choices=["onnx"], default="onnx", help="the export format")
     export.add_argument("--out", required=True, help="output directory (replaced as a whole)")
     export.add_argument("--opset", type=int, default=18, help="ONNX opset version")
-    export.add_argument(
-        "--preprocessor", help="where the tokenizer or image processor is, if not saved in MODEL"
-    )
+    export.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     export.add_argument(
         "--quantize",
         choices=QUANTIZATIONS,
