@@ -99,9 +99,8 @@ AUTO_EPOCHS_RANGE = (3, 20)
 
 def auto_epochs(batches: int, batches_per_step: int = 1) -> int:
     """Epochs for a training set of ``batches`` batches: 3, or on small data as many as give at
-    least 100 optimizer steps (at most 20). Three epochs of 300 texts in batches of 32 are 30 steps,
-    after which a MiniLM classifier was still far from converged (validation accuracy 0.61, 0.81,
-    0.85; NLL 1.03 of a 1.39 start) where ten epochs reached 0.96 (docs/cli.md)."""
+    least 100 optimizer steps (at most 20): three epochs of 300 texts in batches of 32 (30 steps)
+    left a MiniLM classifier far from converged (measurements in docs/cli.md)."""
     per_epoch = max(1, batches // max(1, batches_per_step))
     low, high = AUTO_EPOCHS_RANGE
     return min(high, max(low, math.ceil(AUTO_EPOCHS_STEPS / per_epoch)))
