@@ -33,7 +33,13 @@ class HydraConfig(PretrainedConfig):
     model_type = MODEL_TYPE
 
     def __init__(self, saved_format: str = "fused", base_model_type: str | None = None, **kwargs: Any):
-        super().__init__(**kwargs)
+        try:
+            super().__init__(**kwargs)
+        except (AttributeError, TypeError) as exc:  # e.g. class names that are no mapping
+            raise ValueError(
+                f"a malformed {HF_CONFIG_NAME} of a hydra-ens folder ({exc}); it only routes the Auto "
+                "classes, so saving the model again restores it"
+            ) from None
         if saved_format not in SAVED_FORMATS:
             raise ValueError(f"saved_format must be one of {SAVED_FORMATS}, got {saved_format!r}")
         self.saved_format = saved_format

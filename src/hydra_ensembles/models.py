@@ -151,8 +151,11 @@ def load_classifier(
             f"no model at {name_or_path!r}: give a model directory (with config.json), a saved member "
             f"or Hydra model, a hub id in the local cache, or {DEFAULT_TEXT_MODEL}"
         ) from exc
+    check_attention_implementation(config, name_or_path)
     vision = config.model_type in VISION_MODEL_TYPES
     auto = AutoModelForImageClassification if vision else AutoModelForSequenceClassification
+    if Path(path).is_dir():
+        check_parameter_count(auto, config, Path(path), name_or_path)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a freshly initialised head is expected, not news
     if num_labels is not None:
@@ -179,6 +182,52 @@ def load_classifier(
 
         read_statistics(model, path)
     return model
+
+
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+"""The attention implementations a loaded configuration may name: Transformers' own, none of which
+loads code from the hub (a ``kernels-community/...`` name would)."""
+
+
+def check_attention_implementation(config: Any, source: str) -> None:
+    """Refuse a configuration naming an attention implementation that loads code (a hub kernel)."""
+    for key in ("_attn_implementation_internal", "_attn_implementation", "attn_implementation"):
+        value = getattr(config, key, None) if not isinstance(config, dict) else config.get(key)
+        if value is not None and (not isinstance(value, str) or value not in ATTENTION_IMPLEMENTATIONS):
+            raise ValueError(
+                f"{source}: config.json asks for the attention implementation {value!r}, which would "
+                f"load code; this library loads {', '.join(ATTENTION_IMPLEMENTATIONS)} only"
+            )
+
+
+def check_parameter_count(auto: Any, config: Any, folder: Path, source: str) -> None:
+    """Refuse a config.json that describes far more parameters than the folder's safetensors hold
+    (a model that size would be allocated, perhaps beyond the machine's memory, before its weights
+    were found not to fit): counted on the meta device, nothing allocated."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return
+    stored = 0
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is no mapping)
+                    shape = f.get_slice(key).get_shape()
+                    stored += int(torch.Size(shape).numel())
+        except Exception:  # a damaged file: from_pretrained reports it in its own words
+            return
+    try:
+        with torch.device("meta"):
+            described = sum(p.numel() for p in auto.from_config(config).parameters())
+    except Exception:  # a config the class refuses: from_pretrained says why
+        return
+    if described > 2 * stored + 10_000_000:
+        raise ValueError(
+            f"{source}: config.json describes {described:,} parameters but the weights hold {stored:,}: "
+            "config.json and the weights do not belong together"
+        )
 
 
 def _check_loaded(model: nn.Module, info: dict, config: Any, source: str, num_labels: int | None) -> None:

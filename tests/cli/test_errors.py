@@ -100,6 +100,13 @@ def w(tmp_path_factory):
     (root / "tuned-classes-swapped" / "config.json").write_text(json.dumps(hf))
     (root / "tuned-file-added" / "added_tokens.json").write_text('{"goal": 0}')
 
+    for name, change in (
+        ("huge-config", {"intermediate_size": 10**12}),  # would allocate 96 TB before loading
+        ("hub-kernel-config", {"attn_implementation": "kernels-community/flash-attn"}),  # hub code
+    ):
+        shutil.copytree(root / "model", root / name)
+        (root / name / "config.json").write_text(json.dumps({**config, **change}))
+
     shutil.copytree(root / "model", root / "fewer-layers")
     (root / "fewer-layers" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
     shutil.copytree(root / "model", root / "wider")
@@ -324,6 +331,13 @@ CASES = [
         "finetuned-loader-file-added",
         lambda w: predict(w, model="tuned-file-added"),
         "was added after",
+        "p.csv",
+    ),
+    ("config-of-huge-sizes", lambda w: predict(w, model="huge-config"), "config.json describes", "p.csv"),
+    (
+        "config-naming-a-hub-kernel",
+        lambda w: predict(w, model="hub-kernel-config"),
+        "would load code",
         "p.csv",
     ),
     ("broken-member-json", lambda w: evaluate(w, method="member-broken"), "not valid JSON", "report"),

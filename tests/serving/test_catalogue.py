@@ -66,3 +66,19 @@ def test_the_image_pipeline_refuses_what_is_no_image(tmp_path, value):
     served = pipeline("hydra-image-classification", model=str(folder))
     with pytest.raises(ValueError, match="takes images"):
         served(value)
+
+
+def test_a_garbled_config_json_of_a_saved_folder_is_one_clear_error(saved, tmp_path):
+    """config.json only routes the Auto classes to the library's loader: garbled, it is refused
+    with a ValueError that says so (not an AttributeError from deep inside transformers)."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForSequenceClassification
+
+    folder = tmp_path / "garbled"
+    shutil.copytree(saved["calibrated"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "id2label": "junk"}))
+    with pytest.raises(ValueError, match=r"malformed config\.json of a hydra-ens folder"):
+        AutoModelForSequenceClassification.from_pretrained(folder)

@@ -214,7 +214,8 @@ def model_batches(
         if preprocessor is None:
             raise ValueError(
                 "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
-                "where the command takes it (a saved Hydra model keeps none)"
+                "where the command takes it (build and finetune save the tokenizer with the model; a "
+                "model saved from Python keeps one only where it was saved beside it)"
             )
         check_max_length(max_length, preprocessor, model)
         align_padding(preprocessor, model)
