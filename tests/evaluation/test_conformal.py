@@ -271,3 +271,37 @@ def test_on_a_real_models_scores_mondrian_coverage_follows_its_law_in_every_clas
     k = math.ceil((per_class + 1) * (1 - alpha))
     pooled = [_law_fits(np.array(v), 60, k, per_class) for v in counts.values()]
     assert stats.combine_pvalues(pooled).pvalue > 1e-3 and min(pooled) > 1e-4
+
+
+def test_evaluation_reports_sets_for_scaled_rows_and_the_flags_id_false_alarm_rate():
+    """evaluate_method: the + TS row's sets are fit at a temperature from the even validation
+    inputs and quantiles from the odd ones; each row's ID false-flag rate is its conformal flag
+    (threshold on the validation scores) applied to the ID test, written out here."""
+    from hydra_ensembles.evaluation import Predictions
+    from hydra_ensembles.evaluation.calibration import split_for_sets
+    from hydra_ensembles.evaluation.conformal import fit_set_quantiles, prediction_sets
+    from hydra_ensembles.evaluation.evaluate import ood_scores
+    from hydra_ensembles.evaluation.run import MethodPredictions, evaluate_method
+    from hydra_ensembles.evaluation.temperature import fit_temperature
+
+    rng = np.random.default_rng(5)
+
+    def preds(n):
+        labels = rng.integers(0, 4, n)
+        logits = rng.normal(size=(2, n, 4)) + 2.5 * np.eye(4)[labels][None]
+        return Predictions(logits * 2, labels)
+
+    val, test = preds(120), preds(300)
+    rows = evaluate_method("m", MethodPredictions(test=test, ood={}, shift={}, val=val))[0]
+    temperature_on, sets_on = split_for_sets(val)
+    t = float(fit_temperature(temperature_on))
+    quantiles = fit_set_quantiles(sets_on.probs(t), sets_on.labels, 0.1, "lac")
+    members = prediction_sets(test.probs(t), quantiles, "lac")
+    expected = members[np.arange(300), test.labels].mean()
+    assert rows["m + TS"]["conformal_sets"]["0.1"]["lac"]["coverage"] == pytest.approx(expected)
+    flag = rows["m"]["flag_rate"]
+    threshold = conformal_threshold(ood_scores(val, rows["m"]["flag_score"], 1.0), 0.05)
+    assert flag["id_test_rate"] == pytest.approx(
+        np.mean(ood_scores(test, rows["m"]["flag_score"], 1.0) > threshold)
+    )
+    assert flag["alpha"] == 0.05 and flag["id_test_inputs"] == 300

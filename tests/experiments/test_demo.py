@@ -48,7 +48,7 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
         "## OOD average AUROC ↑ by score",
         "## Each row's flag score against MSP",
         "## Feature scores member by member",
-        "## Conformal prediction sets and selective risk",
+        "## Conformal prediction sets, the flag's false alarms and selective risk",
         "## Diversity",
         "under shift",
         "## Cost",

@@ -16,8 +16,8 @@ from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
 from .bootstrap import add_intervals, bootstrap_draws
-from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, validation_aurocs
-from .conformal import fit_set_quantiles, prediction_sets
+from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, split_for_sets, validation_aurocs
+from .conformal import conformal_threshold, fit_set_quantiles, prediction_sets, smallest_alpha
 from .evaluate import applicable_scores, evaluate_predictions, ood_scores
 from .predict import Predictions
 from .temperature import fit_temperature
@@ -84,21 +84,48 @@ SET_LEVELS = (0.1, 0.05)
 """The levels at which the evaluation measures conformal prediction sets."""
 
 
-def conformal_set_metrics(val: Predictions, test: Predictions) -> dict[str, dict[str, dict[str, float]]]:
-    """Split-conformal prediction sets fit on ``val`` (ensemble probabilities at temperature 1,
-    fit on nothing else) and measured on the labelled ``test``: coverage and mean size per
-    method (LAC, APS) and level."""
-    labels, val_labels = test.class_labels("ID test predictions"), val.class_labels("validation predictions")
+def conformal_set_metrics(
+    val: Predictions, test: Predictions, scaled: bool = False
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Split-conformal prediction sets fit on ``val`` and measured on the labelled ``test``:
+    coverage and mean size per method (LAC, APS) and level. The ensemble probabilities are at
+    temperature 1 (fit on nothing), or with ``scaled`` at a temperature fit on the even-numbered
+    validation inputs, the sets then fit on the odd-numbered ones (`split_for_sets`: what a saved
+    calibration with sets does, so the guarantee holds)."""
+    temperature, fit_on = 1.0, val
+    if scaled:
+        temperature_on, fit_on = split_for_sets(val)
+        temperature = float(fit_temperature(temperature_on))
+    labels, fit_labels = (
+        test.class_labels("ID test predictions"),
+        fit_on.class_labels("validation predictions"),
+    )
     out: dict[str, dict[str, dict[str, float]]] = {}
     for alpha in SET_LEVELS:
         for method in ("lac", "aps"):
-            quantiles = fit_set_quantiles(val.probs(), val_labels, alpha, method)
-            members = prediction_sets(test.probs(), quantiles, method)
+            quantiles = fit_set_quantiles(fit_on.probs(temperature), fit_labels, alpha, method)
+            members = prediction_sets(test.probs(temperature), quantiles, method)
             out.setdefault(str(alpha), {})[method] = {
                 "coverage": float(members[np.arange(len(labels)), labels].mean()),
                 "mean_size": float(members.sum(1).mean()),
             }
     return out
+
+
+FLAG_LEVEL = 0.05
+"""The level of the conformal flag whose ID test false-flag rate every evaluated row reports."""
+
+
+def id_false_flag_rate(
+    val: Predictions, test: Predictions, score: str, temperature: Any, statistics: Any
+) -> dict[str, float]:
+    """The conformal flag on ``score`` fit on the ID validation inputs at level `FLAG_LEVEL` (as
+    ``calibrate`` fits it), and the share of ID test inputs it flags: at most the level in
+    expectation, up to the ID test's sampling error (and the small reuse of the validation data
+    that also chose the score)."""
+    threshold = conformal_threshold(ood_scores(val, score, temperature, statistics), FLAG_LEVEL)
+    rate = float(np.mean(ood_scores(test, score, temperature, statistics) > threshold))
+    return {"alpha": FLAG_LEVEL, "id_test_rate": rate, "id_test_inputs": int(test.member_logits.shape[1])}
 
 
 def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
@@ -159,6 +186,8 @@ def evaluate_method(
         else:  # the rule without validation data
             chosen = DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in scores else "msp"
         row["flag_score"] = chosen
+        if served is None and preds.val is not None and smallest_alpha(len(preds.val.labels)) <= FLAG_LEVEL:
+            row["flag_rate"] = id_false_flag_rate(preds.val, preds.test, chosen, temperature, stats)
         rows[row_name] = row
         if bootstrap:
             usable = applicable_scores(preds.test, stats)
@@ -175,6 +204,7 @@ def evaluate_method(
         shared = float(fit_temperature(preds.val))
         temperatures[f"{name} + TS"] = shared
         add(f"{name} + TS", shared)
+        rows[f"{name} + TS"]["conformal_sets"] = conformal_set_metrics(preds.val, preds.test, scaled=True)
         if preds.val.num_members > 1:
             per_member = fit_temperature(preds.val, per_member=True)
             temperatures[f"{name} + TS per member"] = per_member.tolist()

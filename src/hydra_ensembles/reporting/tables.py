@@ -239,17 +239,23 @@ def score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def _sets_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Conformal prediction sets on the ID test (fit on the validation data at temperature 1):
-    coverage and mean size per method and level, and the selective risk (AURC)."""
+    """Conformal prediction sets on the ID test (fit on the validation data): coverage and mean
+    size per method and level, the selective risk (AURC), and the ID test share the row's
+    conformal flag raises."""
     rows = [(m, r) for m, r in results.items() if "conformal_sets" in r]
     if not rows:
         return []
     levels = list(rows[0][1]["conformal_sets"])
-    headers = ["Method", "AURC ↓"] + [
+    flag_level = next((r["flag_rate"]["alpha"] for _, r in rows if "flag_rate" in r), None)
+    headers = ["Method", "AURC ↓", f"ID flagged, α={flag_level}"] + [
         f"{kind} α={level} {what}" for level in levels for kind in ("LAC", "APS") for what in ("cov.", "size")
     ]
     body = [
-        [m, format_value("aurc", r["classification"].get("aurc"))]
+        [
+            m,
+            format_value("aurc", r["classification"].get("aurc")),
+            f"{100 * r['flag_rate']['id_test_rate']:.1f} ({r['flag_score']})" if "flag_rate" in r else "–",
+        ]
         + [
             f"{100 * r['conformal_sets'][level][kind][key]:.1f}"
             if key == "coverage"
@@ -261,11 +267,14 @@ def _sets_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
         for m, r in rows
     ]
     return [
-        "## Conformal prediction sets and selective risk (ID test)",
+        "## Conformal prediction sets, the flag's false alarms and selective risk (ID test)",
         "",
-        "Split conformal sets fit on the ID validation data at temperature 1 (nothing else fit on "
-        "it), coverage (target at least 1 - α) and mean size on the ID test; AURC: the area under "
-        "the risk-coverage curve of answering the most confident inputs first (%).",
+        "Split conformal sets fit on the ID validation data (plain rows at temperature 1; + TS rows "
+        "at a temperature fit on the even-numbered validation inputs, the sets on the odd-numbered "
+        "ones), coverage (target at least 1 - α) and mean size on the ID test. ID flagged: the "
+        "share of ID test inputs the row's conformal flag (its flag score, threshold fit on the ID "
+        "validation data) raises, at most α in expectation. AURC: the area under the risk-coverage "
+        "curve of answering the most confident inputs first (%).",
         "",
         markdown_table(headers, body),
         "",
