@@ -686,6 +686,12 @@ CLOBBERING = [
         "lies inside",
         "hydra",
     ),
+    (  # every input option is guarded, the training data and OOD validation data of eval too
+        "eval-report-over-its-training-data",
+        lambda w: evaluate(w, "--train-data", str(w / "sub"), out="sub"),
+        "is the input",
+        "sub",
+    ),
     (
         "out-contains-the-data",
         lambda w: predict(w, data="sub/data.csv", out="sub"),

@@ -145,6 +145,8 @@ INPUT_OPTIONS = (
     "val_data",
     "ood_data",
     "id_data",
+    "train_data",
+    "ood_val",
     "scores",
     "heads",
     "preprocessor",
