@@ -66,8 +66,8 @@ def main() -> None:
                         model,
                         run.bench.circuit_id,
                         run.bench.circuit_ood,
-                        "avg",
-                        budget,
+                        objective="avg",
+                        budget=budget,
                         precision=run.compute.name,
                         progress=False,
                     )

@@ -12,7 +12,7 @@ from transformers import AutoModelForSequenceClassification
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.loading import load_any
-from hydra_ensembles.scoring import CircuitOrder
+from hydra_ensembles.scoring import CircuitConfig, CircuitOrder
 from hydra_ensembles.training import FineTuneConfig, fine_tune
 
 from .factories import labelled, text_inputs, tiny_bert
@@ -45,6 +45,12 @@ def test_with_ood_validation_heads_are_ranked_by_a_circuit():
     config = he.BuildConfig(num_members=2, num_pruned=2, budget=3, precision="fp32")
     built = he.build_hydra(model, validation=val, ood_validation=ood, config=config, progress=False)
     assert isinstance(built.ranking, CircuitOrder) and len(built.ranking.removed) == 3
+    # every extraction setting passes through whole (budget and precision are the build's)
+    settings = CircuitConfig(objective="acc", method="reference", budget=99, precision="bf16")
+    config = dataclasses.replace(config, circuit=settings)
+    built = he.build_hydra(model, validation=val, ood_validation=ood, config=config, progress=False)
+    expected = he.extract_circuit(model, val, ood, settings, budget=3, precision="fp32", progress=False)
+    assert built.ranking == expected and built.ranking.objective == "acc"
 
 
 def test_fine_tuned_members_equal_fine_tuning_by_hand_and_save_for_serving(tmp_path):

@@ -20,7 +20,7 @@ from .fusion import (
 from .heads import HeadSet, HeadSetError
 from .members import AutoMember, MemberLoadError, load_member, member_overlap, sample_members, save_member
 from .outputs import EnsembleOutput
-from .scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
+from .scoring import CircuitConfig, CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
 from .surgery import HeadAblation, ablate, kept_heads, prune
 
 
@@ -37,6 +37,7 @@ __all__ = [
     "AutoMember",
     "Build",
     "BuildConfig",
+    "CircuitConfig",
     "CircuitOrder",
     "EnsembleOutput",
     "FusionError",

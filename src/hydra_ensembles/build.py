@@ -33,7 +33,7 @@ from .fusion.model import HydraModel
 from .heads import HeadSet
 from .members import sample_members, save_member
 from .members.ensemble import DeepEnsemble, write_ensemble_index
-from .scoring import CircuitOrder, extract_circuit, taylor_scores
+from .scoring import CircuitConfig, CircuitOrder, extract_circuit, taylor_scores
 from .surgery import prune
 from .training import FineTuneConfig, FineTuneResult, describe_epoch, fine_tune
 
@@ -78,6 +78,10 @@ class BuildConfig:
     set_alpha: float = 0.1
     set_classwise: bool = False
     precision: str = "auto"
+    circuit: CircuitConfig | None = None
+    """The circuit extraction's other settings (objective, method, cache, ...) where heads are
+    ranked by circuit extraction; its budget and precision are the build's (``budget``,
+    ``precision``)."""
 
 
 @dataclass
@@ -234,9 +238,10 @@ def _rank(model, validation, ood_validation, config: BuildConfig, progress: bool
     if not budget:
         raise ValueError("circuit extraction needs a budget: give budget, pool_size or num_pruned")
     say(f"ranking heads by circuit extraction (budget {budget}) on ID and OOD validation data")
-    return extract_circuit(
-        model, validation, list(ood_validation), budget=budget, progress=progress, precision=config.precision
+    settings = dataclasses.replace(
+        config.circuit or CircuitConfig(), budget=budget, precision=config.precision
     )
+    return extract_circuit(model, validation, list(ood_validation), settings, progress=progress)
 
 
 def _calibrate(model, *, data, train, ood_validation, config: BuildConfig) -> Calibration:

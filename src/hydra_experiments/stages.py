@@ -15,7 +15,13 @@ from hydra_ensembles.cost import count_parameters
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.members.ensemble import DeepEnsemble, has_dropout
 from hydra_ensembles.precision import resolve_precision
-from hydra_ensembles.scoring import CircuitOrder, extract_circuit, taylor_head_set, taylor_scores
+from hydra_ensembles.scoring import (
+    CircuitConfig,
+    CircuitOrder,
+    extract_circuit,
+    taylor_head_set,
+    taylor_scores,
+)
 from hydra_ensembles.scoring.taylor import DECIDING_PRECISION
 from hydra_ensembles.surgery import prune
 from hydra_ensembles.training import FineTuneConfig, fine_tune
@@ -217,10 +223,8 @@ def rank_model(
             model,
             run.bench.circuit_id,
             run.bench.circuit_ood,
-            "avg",
-            config.circuit_budget,
+            CircuitConfig(objective="avg", budget=config.circuit_budget, precision=compute),
             checkpoint=checkpoint,
-            precision=compute,
         ).to_dict(),
     )
     return Rankings(torch.tensor(scores), HeadSet.from_dict(single), CircuitOrder.from_dict(order))

@@ -28,8 +28,12 @@ def _model(**kwargs):
 def test_fast_equals_reference_bert(objective):
     model = _model()
     id_val, ood_val = _text_data()
-    ref = extract_circuit(model, id_val, ood_val, objective, budget=9, method="reference", progress=False)
-    fast = extract_circuit(model, id_val, ood_val, objective, budget=9, method="fast", progress=False)
+    ref = extract_circuit(
+        model, id_val, ood_val, objective=objective, budget=9, method="reference", progress=False
+    )
+    fast = extract_circuit(
+        model, id_val, ood_val, objective=objective, budget=9, method="fast", progress=False
+    )
     assert fast.removed == ref.removed
     assert fast.scores == pytest.approx(ref.scores)
     assert len(set(fast.removed)) == 9
@@ -120,7 +124,9 @@ def test_greedy_matches_brute_force_with_structural_pruning(precision):
     fp32 (low precisions score again in fp32 whatever rounding could have reordered)."""
     model = _model(seed=3)
     id_val, ood_val = _text_data()
-    order = extract_circuit(model, id_val, ood_val, "avg", budget=2, progress=False, precision=precision)
+    order = extract_circuit(
+        model, id_val, ood_val, objective="avg", budget=2, progress=False, precision=precision
+    )
     removed: list[tuple[int, int]] = []
     for step in range(2):
         options = {}
@@ -145,7 +151,7 @@ def test_a_destructive_head_is_removed_first():
         id_val = [{**x, "labels": model(**x).logits.argmax(-1)} for x in inputs]
     with torch.no_grad():  # by construction: head 2 of layer 1 now swamps the residual stream
         model.bert.encoder.layer[1].attention.output.dense.weight[:, 6:9] *= 1e4
-    order = extract_circuit(model, id_val, None, "acc", budget=1, progress=False)
+    order = extract_circuit(model, id_val, None, objective="acc", budget=1, progress=False)
     assert order.removed == [(1, 2)]
     assert order.scores[0] == 1.0 > order.base_score
 
@@ -153,7 +159,7 @@ def test_a_destructive_head_is_removed_first():
 def test_head_set_for_any_budget_and_json_round_trip(tmp_path):
     model = _model()
     id_val, ood_val = _text_data()
-    order = extract_circuit(model, id_val, ood_val, "ood", budget=4, progress=False)
+    order = extract_circuit(model, id_val, ood_val, objective="ood", budget=4, progress=False)
     assert order.head_set(0) == he.HeadSet.full([4, 4, 4])
     assert order.head_set(4).num_kept([4, 4, 4]) == 8
     path = order.save(tmp_path / "order.json")
@@ -171,7 +177,7 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, 
     id_val, ood_val = _text_data()
     args = (model, id_val, ood_val)
     kwargs = {"budget": 5, "progress": False, "precision": precision, "checkpoint": tmp_path / "circuit.json"}
-    full = extract_circuit(*args, "avg", budget=5, progress=False, precision=precision)
+    full = extract_circuit(*args, objective="avg", budget=5, progress=False, precision=precision)
     checkpoint = tmp_path / "circuit.json"
     calls = {"n": 0}
     original = circuit_module._evaluate_fast
@@ -184,21 +190,21 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(circuit_module, "_evaluate_fast", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        extract_circuit(*args, "avg", **kwargs)
+        extract_circuit(*args, objective="avg", **kwargs)
     assert 1 <= len(json.loads(checkpoint.read_text())["order"]["removed"]) <= 2
     monkeypatch.setattr(circuit_module, "_evaluate_fast", original)
-    resumed = extract_circuit(*args, "avg", **kwargs)
+    resumed = extract_circuit(*args, objective="avg", **kwargs)
     assert resumed == full
     with pytest.raises(CircuitError, match="another extraction"):
-        extract_circuit(*args, "acc", **kwargs)
+        extract_circuit(*args, objective="acc", **kwargs)
 
 
 def test_lazy_mode_with_a_full_shortlist_is_exact_and_records_its_settings():
     model = _model()
     id_val, ood_val = _text_data()
-    exact = extract_circuit(model, id_val, ood_val, "avg", budget=8, progress=False)
+    exact = extract_circuit(model, id_val, ood_val, objective="avg", budget=8, progress=False)
     lazy = extract_circuit(
-        model, id_val, ood_val, "avg", budget=8, method="lazy", shortlist=12, progress=False
+        model, id_val, ood_val, objective="avg", budget=8, method="lazy", shortlist=12, progress=False
     )
     assert lazy.removed == exact.removed and lazy.scores == pytest.approx(exact.scores)
     assert exact.approximation is None
@@ -239,7 +245,9 @@ def test_lazy_mode_evaluates_only_its_shortlist_and_resumes_identically(tmp_path
     resumed = extract_circuit(model, id_val, ood_val, checkpoint=checkpoint, progress=False, **kwargs)
     assert resumed == full
     with pytest.raises(CircuitError, match="another extraction"):  # exact runs never reuse lazy state
-        extract_circuit(model, id_val, ood_val, "avg", budget=6, checkpoint=checkpoint, progress=False)
+        extract_circuit(
+            model, id_val, ood_val, objective="avg", budget=6, checkpoint=checkpoint, progress=False
+        )
 
 
 @pytest.mark.filterwarnings("ignore:fp16 requested")
@@ -251,7 +259,7 @@ def test_low_precision_gives_the_fp32_order(precision, seed, monkeypatch):
     model = _model(seed=seed)
     id_val, ood_val = _text_data()
     kwargs = {"budget": 9, "progress": False}
-    exact = extract_circuit(model, id_val, ood_val, "avg", precision="fp32", **kwargs)
+    exact = extract_circuit(model, id_val, ood_val, objective="avg", precision="fp32", **kwargs)
     rescorers = []
     original = circuit_module._ExactRescoring
 
@@ -261,18 +269,18 @@ def test_low_precision_gives_the_fp32_order(precision, seed, monkeypatch):
             rescorers.append(self)
 
     monkeypatch.setattr(circuit_module, "_ExactRescoring", Spy)
-    low = extract_circuit(model, id_val, ood_val, "avg", precision=precision, **kwargs)
+    low = extract_circuit(model, id_val, ood_val, objective="avg", precision=precision, **kwargs)
     assert low.removed == exact.removed and low.scores == exact.scores
     assert low.base_score == exact.base_score
     (rescorer,) = rescorers
     assert rescorer.error > 0 and rescorer.rescored > 0  # rounding was seen, and fp32 decided
     assert rescorer.model.training is False and model.training is False
     reference = extract_circuit(
-        model, id_val, ood_val, "acc", precision=precision, method="reference", **kwargs
+        model, id_val, ood_val, objective="acc", precision=precision, method="reference", **kwargs
     )
     assert (
         reference.removed
-        == extract_circuit(model, id_val, ood_val, "acc", precision="fp32", **kwargs).removed
+        == extract_circuit(model, id_val, ood_val, objective="acc", precision="fp32", **kwargs).removed
     )
 
 
@@ -346,7 +354,7 @@ torch.set_num_threads(1)
 model = tiny_bert(layers=3, heads=4, head_dim=3, init_range=0.3)
 id_val = [labelled(text_inputs(batch=6, tokens=9, seed=s), seed=s) for s in range(3)]
 ood_val = [text_inputs(batch=5, tokens=7, seed=10 + s) for s in range(2)]
-order = extract_circuit(model, id_val, ood_val, "avg", budget=5, progress=False)
+order = extract_circuit(model, id_val, ood_val, objective="avg", budget=5, progress=False)
 json.dump(order.to_dict(), open({out!r} + str(rank), "w"))
 dist.destroy_process_group()
 """
@@ -362,7 +370,7 @@ def test_two_process_extraction_matches_one_process(tmp_path):
     script.write_text(WORKER.format(root=root, store=store, out=out))
     procs = [subprocess.Popen([sys.executable, str(script), str(r)]) for r in range(2)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
-    single = extract_circuit(_model(), *_text_data(), "avg", budget=5, progress=False)
+    single = extract_circuit(_model(), *_text_data(), objective="avg", budget=5, progress=False)
     for rank in range(2):
         with open(out + str(rank)) as handle:
             assert he.CircuitOrder.from_dict(json.load(handle)) == single

@@ -46,20 +46,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
             if args.ood_data
             else None
         )
-        order = extract_circuit(
-            model,
-            data,
-            ood,
-            objective=args.objective,
-            budget=args.budget,
-            min_heads_per_layer=args.min_heads_per_layer,
-            checkpoint=args.checkpoint,
-            method="lazy" if args.lazy else "fast",
-            shortlist=args.lazy or 8,
-            refresh_every=args.refresh_every,
-            cache_gb=args.cache_gb,
-            precision=args.precision,
-        )
+        order = extract_circuit(model, data, ood, _circuit_config(args), checkpoint=args.checkpoint)
         out = {"method": "circuit", **order.to_dict()}
     out.update(precision=args.precision, precision_reason=args.precision_reason)
     atomic_write_json(args.out, out)
@@ -116,3 +103,19 @@ def _add_score_command(sub) -> None:
     score.add_argument("--out", required=True, help="output JSON file")
     _data_options(score)
     score.set_defaults(func=_cmd_score)
+
+
+def _circuit_config(args: argparse.Namespace):
+    """The circuit extraction's settings from the command line (`scoring.CircuitConfig`)."""
+    from ..scoring import CircuitConfig
+
+    return CircuitConfig(
+        objective=args.objective,
+        budget=args.budget,
+        min_heads_per_layer=args.min_heads_per_layer,
+        method="lazy" if args.lazy else "fast",
+        shortlist=args.lazy or 8,
+        refresh_every=args.refresh_every,
+        cache_gb=args.cache_gb,
+        precision=args.precision,
+    )

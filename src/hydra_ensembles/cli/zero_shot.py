@@ -23,7 +23,7 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     from ..loading import load_preprocessor
     from ..members import member_overlap, sample_members
     from ..models import load_image_processor, takes_images
-    from ..scoring import CircuitOrder, extract_circuit
+    from ..scoring import CircuitConfig, CircuitOrder, extract_circuit
     from ..surgery import heads_per_layer
     from ..zeroshot import fuse_dual_encoder, load_dual_encoder
 
@@ -49,15 +49,8 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     if (out / "circuit.json").is_file():
         order = CircuitOrder.load(out / "circuit.json")
     else:
-        order = extract_circuit(
-            dual,
-            id_val,
-            ood_val,
-            args.objective,
-            args.pool_size,
-            checkpoint=out / "circuit-checkpoint.json",
-            precision=args.precision,
-        )
+        settings = CircuitConfig(objective=args.objective, budget=args.pool_size, precision=args.precision)
+        order = extract_circuit(dual, id_val, ood_val, settings, checkpoint=out / "circuit-checkpoint.json")
         atomic_write_json(out / "circuit.json", order.to_dict())
     heads = sample_members(
         order, args.members, num_pruned=args.num_pruned, pool_size=args.pool_size, seed=args.seed

@@ -32,6 +32,7 @@ resumes from its checkpoint file and ends with the same result.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -250,22 +251,40 @@ def _dist() -> tuple[int, int]:
     return 0, 1
 
 
+@dataclass(frozen=True)
+class CircuitConfig:
+    """Every setting of a circuit extraction (`extract_circuit`), which `build.BuildConfig` and
+    the command line pass through whole.
+
+    ``objective``: what a removal keeps (``acc``, ``ood`` or their average ``avg``); ``budget``:
+    heads to remove; ``min_heads_per_layer``: heads every layer keeps; ``method``: ``fast``
+    (exact, with the suffix cache), ``reference`` (exact, plain) or ``lazy`` (approximate: only
+    ``shortlist`` candidates per step between full evaluations every ``refresh_every`` steps);
+    ``candidate_chunk``: candidates evaluated per stacked pass; ``cache_gb``: the memory of the
+    fast path's cross-step reuse (0 turns it off; results are the same either way);
+    ``precision`` and ``rescore``: see `extract_circuit`."""
+
+    objective: Objective = "avg"
+    budget: int = 24
+    min_heads_per_layer: int = 0
+    method: Literal["fast", "reference", "lazy"] = "fast"
+    candidate_chunk: int = 16
+    shortlist: int = 8
+    refresh_every: int = 8
+    cache_gb: float = 2.0
+    precision: str = "auto"
+    rescore: bool = True
+
+
 def extract_circuit(
     model: nn.Module,
     id_val: Iterable[dict[str, Any]],
     ood_val: Iterable[dict[str, Any]] | None = None,
-    objective: Objective = "avg",
-    budget: int = 24,
-    min_heads_per_layer: int = 0,
-    method: Literal["fast", "reference", "lazy"] = "fast",
+    config: CircuitConfig | None = None,
+    *,
     checkpoint: str | Path | None = None,
-    candidate_chunk: int = 16,
     progress: bool = True,
-    shortlist: int = 8,
-    refresh_every: int = 8,
-    cache_gb: float = 2.0,
-    precision: str = "auto",
-    rescore: bool = True,
+    **settings: Any,
 ) -> CircuitOrder:
     """Greedy circuit extraction: remove ``budget`` heads, one per step, best-S first.
 
@@ -283,14 +302,24 @@ def extract_circuit(
     (`_ExactRescoring`). fp32 gives the same order on every path (fast, reference).
     ``rescore=False`` skips that: the low-precision order, faster, but near-ties are decided by
     the machine's rounding (`benchmarks/circuit_speed.py --precisions` measures both).
+    ``config`` (`CircuitConfig`) holds the settings; keyword ``settings`` replace single fields
+    of it (``extract_circuit(model, val, ood, budget=12)``).
     """
-    lazy = _lazy_settings(objective, method, shortlist, refresh_every)
+    if config is not None and not isinstance(config, CircuitConfig):
+        raise TypeError(f"config must be a CircuitConfig (settings by keyword), got {config!r:.40}")
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(CircuitConfig)})
+    if unknown:
+        raise TypeError(f"extract_circuit has no setting {unknown[0]!r}")
+    config = dataclasses.replace(config or CircuitConfig(), **settings)
+    objective, budget, min_heads_per_layer = config.objective, config.budget, config.min_heads_per_layer
+    method, candidate_chunk, cache_gb = config.method, config.candidate_chunk, config.cache_gb
+    lazy = _lazy_settings(objective, method, config.shortlist, config.refresh_every)
     adapter = get_adapter(model)
     heads_per_layer = adapter.original_heads_per_layer(model)
     id_batches, ood_batches = _checked_inputs(model, heads_per_layer, id_val, ood_val, objective)
     _check_budget(heads_per_layer, budget, min_heads_per_layer)
-    compute = resolve_precision(precision, model_device(model))
-    rescore = rescore and compute.reduced
+    compute = resolve_precision(config.precision, model_device(model))
+    rescore = config.rescore and compute.reduced
     exact_model = in_precision(model, Precision("fp32", "exact re-scoring")) if rescore else None
     model = in_precision(model, compute)
     name = f"{compute.name}, fp32 re-scoring" if rescore else compute.name
