@@ -89,3 +89,26 @@ def test_bad_requests_are_refused_before_any_work():
         )
     with pytest.raises(ValueError, match="ID validation"):
         he.build_hydra(model, config=he.BuildConfig(num_pruned=2))
+
+
+def test_every_step_is_said_as_it_starts():
+    """build_hydra's log: ranking, sampling, each member's fine-tuning (with what is left after
+    the first) and each of its epochs, fusion, calibration; nothing runs silently."""
+    model, val, train = tiny_bert(), _batches(2, seed=40), _batches(2, seed=50)
+    lines: list[str] = []
+    config = he.BuildConfig(num_members=2, num_pruned=2, fine_tune=FineTuneConfig(epochs=2), precision="fp32")
+    he.build_hydra(model, train, val, config=config, log=lines.append, progress=False)
+    expected = [
+        "ranking heads by Taylor importance",
+        "sampling 2 members' head sets",
+        "fine-tuning member 1 of 2",
+        "member 1: epoch 1: train loss",
+        "member 1: epoch 2: train loss",
+        "fine-tuning member 2 of 2 (about",
+        "member 2: epoch 2: train loss",
+        "fusing 2 members into one model",
+        "calibrating the members' ensemble",
+        "calibrating the fused model (feature statistics on the training data)",
+    ]
+    found = iter(lines)  # in this order
+    assert all(any(line.startswith(e) for line in found) for e in expected), lines

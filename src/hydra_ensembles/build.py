@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,7 @@ def build_hydra(
         raise ValueError("fine-tuning members needs labelled training batches (train)")
     if ranking is None:
         ranking = _rank(model, validation, ood_validation, config, progress, say)
+    say(f"sampling {config.num_members} members' head sets from the ranking")
     head_sets = sample_members(
         ranking,
         config.num_members,
@@ -173,6 +175,7 @@ def build_hydra(
         if config.fine_tune is not None:
             train_one = functools.partial(fine_tune, train=train, val=validation, progress=progress)
             histories = _fine_tune_members(members, train_one, config, checkpoint_dir, on_member, say)
+    say(f"fusing {len(members)} members into one model")
     built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking, histories)
     if validation:
         calibrate_one = functools.partial(
@@ -204,12 +207,14 @@ def _fine_tune_members(
 ) -> list[FineTuneResult]:
     """Fine-tune each member in turn (member m with seed ``seed + m``, checkpoints under
     ``checkpoint_dir/member-<m>``), calling ``on_member`` after each."""
-    histories = []
+    histories, started = [], time.monotonic()
     for m, member in enumerate(members):
         settings = dataclasses.replace(
             config.fine_tune, seed=config.fine_tune.seed + m, precision=config.precision
         )
-        say(f"member {m + 1} of {len(members)}")
+        per_member = (time.monotonic() - started) / m if m else None
+        left = f" (about {per_member * (len(members) - m):.0f} s left)" if per_member else ""
+        say(f"fine-tuning member {m + 1} of {len(members)}{left}")
         folder = None if checkpoint_dir is None else Path(checkpoint_dir) / f"member-{m}"
 
         def said(record: dict, m: int = m) -> None:
