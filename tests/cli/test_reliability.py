@@ -71,7 +71,9 @@ def test_a_finetuned_folder_changed_after_saving_is_refused_where_it_is_served(w
     tuned = tmp_path / "tuned"
     argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "1"]
     assert main([*argv[:-2], *COMMON, "--out", str(tuned)]) == 0  # --epochs auto
-    assert "--epochs auto: 20 epochs of 3 optimizer steps" in capsys.readouterr().out  # 24 texts
+    said = capsys.readouterr()
+    assert "--epochs auto: 20 epochs of 3 optimizer steps" in said.out  # 24 texts
+    assert said.err.count("initialised randomly") == 1  # the new head, said once
     assert (tuned / "checksums.json").is_file()
     served = pipeline("hydra-text-classification", model=str(tuned))(["goal match"])
     assert served[0]["label"] in ("food", "money", "sport")

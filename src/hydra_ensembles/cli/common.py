@@ -10,9 +10,10 @@ DEFAULT_MAX_LENGTH = 128
 """Tokens per text where neither ``--max-length`` nor the model says."""
 
 
-def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = None):
+def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = None, quiet: bool = False):
     """A model for a command that predicts with its head: refused where the head was initialised
-    randomly (a base model) unless ``--allow-random-head`` says that is intended."""
+    randomly (a base model) unless ``--allow-random-head`` says that is intended (and said,
+    unless ``quiet``: a first look before the model is loaded again with the head it gets)."""
     from ..loading import load_any
     from ..models import untrained_weights
 
@@ -30,12 +31,20 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
             f"fine-tune it first (hydra-ens finetune {path} --data TRAIN --out DIR), or pass "
             "--allow-random-head where a random head is what you want"
         )
-    if untrained:
+    if not quiet:
+        _say_random_head(path, model)
+    return model
+
+
+def _say_random_head(path: str, model) -> None:
+    """Warn, once per command, that ``model``'s head was initialised randomly, where it was."""
+    from ..models import untrained_weights
+
+    if untrained := untrained_weights(model):
         print(
             f"hydra-ens: warning: {path}: {', '.join(untrained)} initialised randomly (seeded)",
             file=sys.stderr,
         )
-    return model
 
 
 def _data_batches(

@@ -14,6 +14,7 @@ from .common import (
     _record_length,
     _resolve_epochs,
     _say_precision,
+    _say_random_head,
 )
 from .options import (
     POSITIVE,
@@ -55,9 +56,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     if not classes:
         raise ValueError(f"{args.data} has no labels; fine-tuning needs labelled data")
     check_trainable(dataset.labels, dataset.classes, args.data)
-    model = _load_model(args.model, args, num_labels=args.num_labels)
+    model = _load_model(args.model, args, num_labels=args.num_labels, quiet=True)
     if untrained_weights(model) and args.num_labels is None and model.config.num_labels != classes:
-        model = _load_model(args.model, args, num_labels=classes)  # a fresh head for the data
+        model = _load_model(args.model, args, num_labels=classes, quiet=True)  # a fresh head for the data
+    _say_random_head(args.model, model)
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
