@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import PretrainedConfig
 
 from .adapters import get_adapter, model_configs
@@ -32,6 +31,7 @@ from .hashing import batches_digest, fingerprint, json_digest
 from .io import MANIFEST, load_file_set, save_file_set
 from .outputs import EnsembleOutput, ensemble_log_probs
 from .precision import check_precision, resolve_precision
+from .progress import progress_bar
 from .serialization import check_finite, first_non_finite
 from .surgery import forget_calibration
 
@@ -386,11 +386,11 @@ class _Run:
         """Every remaining epoch (with validation, early stopping and checkpoints), each record
         passed to ``on_epoch`` as the epoch ends."""
         config, total = self.config, self.config.epochs * self.steps_per_epoch
-        bar = tqdm(
+        bar = progress_bar(
             total=total * self.per_step,
             initial=self.start_epoch * self.steps_per_epoch * self.per_step,
             desc="fine-tune",
-            disable=not self.progress or not self.accelerator.is_main_process or None,
+            enabled=self.progress and self.accelerator.is_main_process,
         )
         result = self.result
         waited = 0 if result.best_epoch is None else len(result.history) - 1 - result.best_epoch

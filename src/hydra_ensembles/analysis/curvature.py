@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..batching import checked_batches, model_inputs
 from ..heads import HeadSet
+from ..progress import progress_bar
 from ..surgery import ablate, kept_heads
 
 Batches = Sequence[dict[str, Any]]
@@ -174,7 +174,7 @@ def hutchinson_diagonal(
         raise ValueError(f"probes must be at least 2 (the standard error needs two), got {probes}")
     generator = torch.Generator().manual_seed(seed)
     samples = []
-    for _ in tqdm(range(probes), desc="hutchinson", leave=False, disable=not progress or None):
+    for _ in progress_bar(range(probes), desc="hutchinson", leave=False, enabled=progress):
         z = rademacher(params, generator)
         (hz,) = hessian_vector_products(model, batches, params, [z])
         samples.append([a * b for a, b in zip(z, hz, strict=True)])
@@ -237,7 +237,7 @@ def proposition1(
     params = list(attention_parameters(model).values())
     original = get_adapter(model).original_heads_per_layer(model)
     deltas, supports, counts = _perturbations(model, heads)
-    bar = tqdm(total=2 + 2 * len(heads) + probes + 1, desc="proposition 1", disable=not progress or None)
+    bar = progress_bar(total=2 + 2 * len(heads) + probes + 1, desc="proposition 1", enabled=progress)
 
     def step(fn: Callable[[], Any]) -> Any:
         out = fn()

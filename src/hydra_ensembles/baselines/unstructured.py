@@ -47,12 +47,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import prune as torch_prune
-from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..analysis.curvature import Differentiable
 from ..batching import batch_rows, checked_batches, model_inputs
+from ..progress import progress_bar
 from ..serialization import check_finite
 
 Method = Literal["oba", "wanda"]
@@ -110,7 +110,7 @@ def taylor_terms(
     totals = {p: torch.zeros((2, *w.shape), dtype=torch.float64, device=w.device) for p, w in weights.items()}
     examples = sum(batch_rows(b) for b in batches)
     with Differentiable(scored, list(weights.values())):  # eval (no dropout), math attention
-        for batch in tqdm(batches, desc="oba", leave=False, disable=not progress or None):
+        for batch in progress_bar(batches, desc="oba", leave=False, enabled=progress):
             for p, (g, hv) in _gradient_and_hvp(scored, batch, weights, d, examples).items():
                 totals[p][0] += g
                 totals[p][1] += hv

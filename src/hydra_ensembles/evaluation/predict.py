@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..batching import check_padding, model_inputs
 from ..members.ensemble import as_ensemble
 from ..precision import Precision, in_precision, model_device, resolve_precision
+from ..progress import progress_bar
 
 
 @dataclass
@@ -134,7 +134,7 @@ def predict(
     features: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     with compute.autocast(device):
-        for batch in tqdm(batches, desc=desc, leave=False, disable=not progress or None):
+        for batch in progress_bar(batches, desc=desc, leave=False, enabled=progress):
             if "labels" in batch:
                 labels.append(batch["labels"].cpu().numpy())
             output = ensemble(**model_inputs(batch))

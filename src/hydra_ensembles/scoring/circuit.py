@@ -45,7 +45,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..adapters import ArchitectureAdapter, DualEncoderAdapter, get_adapter
 from ..batching import checked_batches, model_inputs
@@ -54,6 +53,7 @@ from ..heads import HeadSet
 from ..io import atomic_write_json, read_json
 from ..metrics import auroc
 from ..precision import Precision, in_precision, model_device, resolve_precision
+from ..progress import progress_bar
 from ..serialization import check_finite
 from ..surgery import HeadAblation, kept_heads
 from .forward import (
@@ -439,10 +439,10 @@ class _Extraction:
             order.base_score = objective_value(self.objective, logits[0], id_labels, logits[1])
         if self.exact is not None:
             self.exact.error = error
-        bar = tqdm(  # counts candidate evaluations, what a step's time is proportional to
+        bar = progress_bar(  # counts candidate evaluations, what a step's time is proportional to
             desc=f"circuit ({self.objective}, {budget} heads)",
             unit="candidate",
-            disable=not progress or rank != 0 or None,
+            enabled=progress and rank == 0,
         )
         while len(order.removed) < budget:
             candidates, since_refresh = self._candidates(known, since_refresh)

@@ -14,12 +14,12 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..batching import checked_batches, model_inputs
 from ..heads import HeadSet, HeadSetError
 from ..precision import model_device, resolve_precision
+from ..progress import progress_bar
 from ..serialization import check_finite
 from ..surgery import kept_heads, prune
 
@@ -53,7 +53,7 @@ def taylor_scores(
         for w in weights:
             w.requires_grad_(True)
         model.eval()  # no dropout: scores are deterministic
-        for batch in tqdm(batches, desc="taylor", leave=False, disable=not progress or None):
+        for batch in progress_bar(batches, desc="taylor", leave=False, enabled=progress):
             labels = batch["labels"]
             with compute.autocast(device):
                 logits = model(**model_inputs(batch)).logits
@@ -128,7 +128,7 @@ def taylor_head_set(
         raise ValueError(f"scope must be 'layer' or 'global', got {scope!r}")
     kept: dict[int, list[int]] = {}
     current = model
-    for layer in tqdm(range(len(original)), desc="taylor (prune -> recompute)", disable=not progress or None):
+    for layer in progress_bar(range(len(original)), desc="taylor (prune -> recompute)", enabled=progress):
         scores = taylor_scores(current, batches, precision=DECIDING_PRECISION)[layer]
         ranked = sorted(range(original[layer]), key=lambda h: (-scores[h].item(), h))
         kept[layer] = sorted(ranked[: keep[layer]])

@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .._version import __version__
 from ..adapters import get_adapter
 from ..fusion import HydraModel, fuse
 from ..heads import HeadSet
 from ..outputs import EnsembleOutput
+from ..progress import progress_bar
 from ..serialization import read_saved, write_saved
 from ..surgery import forget_calibration, kept_heads, prune
 from .model import DualEncoderClassifier, DualEncoderConfig
@@ -176,7 +176,7 @@ def fuse_dual_encoder(
     hydra = fuse(model.input_tower.model, [p[0] for p in parts], shared_trunk=shared_trunk)
     classes = [
         member_class_embeddings(model, label)
-        for _, label in tqdm(parts, desc="class embeddings", leave=False, disable=not progress or None)
+        for _, label in progress_bar(parts, desc="class embeddings", leave=False, enabled=progress)
     ]
     resolved = [HeadSet(dict(enumerate(hs.resolve(original)))) for hs in head_sets]
     # its own config, so that a calibration fit for it is its alone
