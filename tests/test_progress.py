@@ -20,6 +20,7 @@ def test_outside_a_terminal_a_bar_waits_then_updates_every_half_minute(monkeypat
     monkeypatch.setattr(tqdm.std, "time", lambda: now[0])  # tqdm's clock, advanced by hand
     bar = progress.progress_bar(total=3, desc="long step", file=log)
     bar.update(1)
+    bar.set_postfix(loss="0.5")  # an explicit refresh waits for the delay too
     assert log.getvalue() == ""  # not yet: 0 s
     now[0] = 31.0
     bar.update(1)

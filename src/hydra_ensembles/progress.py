@@ -15,9 +15,20 @@ from tqdm.auto import tqdm
 QUIET_DELAY = 30.0
 
 
+class _LoggedBar(tqdm):
+    """A bar for a log: an explicit refresh (a new total, a postfix) waits for the delay too."""
+
+    def refresh(self, *args: Any, **kwargs: Any) -> Any:
+        delay = getattr(self, "delay", 0)  # a disabled bar has no settings
+        if delay and not self.disable and self._time() - self.start_t < delay:
+            return None
+        return super().refresh(*args, **kwargs)
+
+
 def progress_bar(iterable: Any = None, *, enabled: bool = True, **kwargs: Any) -> tqdm:
     """A tqdm bar over ``iterable`` (or of ``total=`` steps), off where not ``enabled``."""
-    if not sys.stderr.isatty():
-        kwargs.setdefault("mininterval", QUIET_DELAY)
-        kwargs.setdefault("delay", QUIET_DELAY)
-    return tqdm(iterable, disable=not enabled, **kwargs)
+    if sys.stderr.isatty():
+        return tqdm(iterable, disable=not enabled, **kwargs)
+    kwargs.setdefault("mininterval", QUIET_DELAY)
+    kwargs.setdefault("delay", QUIET_DELAY)
+    return _LoggedBar(iterable, disable=not enabled, **kwargs)
