@@ -13,6 +13,7 @@ Checkpoints hold safetensors and JSON only (optimizer state included), written a
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -403,7 +404,8 @@ class _Run:
                 waited = 0 if self._validate(epoch, record) else waited + 1
             result.history.append(record)
             if on_epoch is not None and self.accelerator.is_main_process:
-                on_epoch(record)
+                with bar.external_write_mode(file=sys.stderr):  # the epoch's line apart from the bar
+                    on_epoch(record)
             if (bad := first_non_finite(self.unwrapped.named_parameters())) is not None:
                 raise TrainingDiverged(  # NaN/Inf weights predict NaN: never saved, never returned
                     f"fine-tuning diverged in epoch {epoch + 1}: the weights {bad} hold NaN or Inf; "
