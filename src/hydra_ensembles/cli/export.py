@@ -34,6 +34,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         ood_validation=ood,
         validation_name=args.val_data or "",
         min_agreement=args.min_agreement,
+        log=lambda line: print(f"export: {line}", file=sys.stderr, flush=True),
     )
     sidecar = json.loads((out / SIDECAR_NAME).read_text())
     calibration = sidecar["calibration"]

@@ -24,7 +24,7 @@ import copy
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,7 @@ def export_onnx(
     ood_validation: Sequence[dict[str, Any]] | None = None,
     validation_name: str = "",
     min_agreement: float = MIN_AGREEMENT,
+    log: Callable[[str], None] | None = None,
 ) -> Path:
     """Write ``model.onnx``, ``calibration.json`` and the preprocessor into the folder ``out``
     (replaced as a whole, atomically) and return it.
@@ -121,7 +122,8 @@ def export_onnx(
     ``validation_name``), and ``calibration.json`` records what quantization changed (``parity``,
     with ``ood_validation``'s batches: the flag score's AUROC too). Refused (`ExportError`, nothing
     written) where its top-1 predictions agree with the float32 graph's on fewer than
-    ``min_agreement`` of the validation inputs.
+    ``min_agreement`` of the validation inputs. ``log`` is called with one line as each step
+    starts.
     """
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ExportError(f"unknown quantization {quantize!r}; choose from {QUANTIZATIONS}")
@@ -155,14 +157,18 @@ def export_onnx(
         h.chunk_rows = None
     quantized = None
     try:
+        say = log or (lambda line: None)
+        say("exporting the graph (torch.export, then the ONNX exporter)")
         graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
         program = _export(graph, example, names, vision, opset)
+        if check:
+            say("running the graph in onnxruntime against PyTorch on several input shapes")
         difference = _check(program, graph, config, names, vision) if check else None
         model_bytes = program.model_proto.SerializeToString()
         if quantize is not None:
             quantized = _quantized(
                 model_bytes, wrapped, config, names, vision, opset, example,
-                validation, ood_validation, validation_name, min_agreement,
+                validation, ood_validation, validation_name, min_agreement, say,
             )  # fmt: skip
             model_bytes = quantized["model"]
     finally:
@@ -204,6 +210,7 @@ def _quantized(
     ood_validation: Sequence[dict[str, Any]] | None,
     validation_name: str,
     min_agreement: float,
+    say: Callable[[str], None],
 ) -> dict[str, Any]:
     """The int8 graph of the float32 graph ``model_bytes``, its calibration fit again on its own
     outputs for ``validation`` and the parity report; the graph is exported again with the refit
@@ -216,7 +223,9 @@ def _quantized(
     session = partial(onnxruntime.InferenceSession, providers=["CPUExecutionProvider"])
     validation = list(validation)
     labels = np.concatenate([b["labels"].reshape(-1).numpy() for b in validation]).astype(np.int64)
+    say("quantizing the graph's weights to int8")
     int8 = quantize_int8(model_bytes)
+    say(f"running the float32 and int8 graphs on {len(labels)} validation inputs")
     reference, outputs = (run_graph(session(m), validation, names) for m in (model_bytes, int8))
     calibration = wrapped.calibration
     refitted = None
@@ -237,6 +246,7 @@ def _quantized(
             "written; a lower --min-agreement accepts it"
         )
     if refitted is not None and refitted.temperature != calibration.temperature:
+        say("exporting and quantizing again with the refit temperature (part of the graph)")
         wrapped.calibration = refitted  # the temperature is part of the graph
         try:
             graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
