@@ -32,6 +32,7 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
         out_dir=tmp_path / "report",
         cache_dir=tmp_path / "cache",
         bench_repeats=1,
+        bootstrap=20,  # the intervals' code path; their width is not what this test checks
         trunk_study=True,
         batch_ensemble=True,
         wanda=True,
