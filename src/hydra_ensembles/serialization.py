@@ -49,12 +49,15 @@ def companion_digests(path: Path, config_name: str) -> dict[str, str]:
     leftovers of interrupted writes excluded; so is the Hugging Face ``config.json``, which only
     routes the Auto classes to the library's loader, is written after the model and is never
     read by it)."""
+    return file_digests(path, exclude=(WEIGHTS_NAME, config_name, HF_CONFIG_NAME))
+
+
+def file_digests(folder: Path, exclude: Collection[str] = ()) -> dict[str, str]:
+    """SHA-256 of every file in ``folder`` by name, hidden files and ``exclude`` left out."""
     return {
         p.name: sha256_file(p)
-        for p in sorted(path.iterdir())
-        if p.is_file()
-        and p.name not in (WEIGHTS_NAME, config_name, HF_CONFIG_NAME)
-        and not p.name.startswith(".")
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name not in exclude and not p.name.startswith(".")
     }
 
 
@@ -142,11 +145,7 @@ def write_folder_checksums(folder: str | os.PathLike) -> Path:
     ``checksums.json``, written last; `check_folder_checksums` refuses the folder once any
     recorded file is changed or removed, or a file a loader reads is added."""
     folder = Path(folder)
-    digests = {
-        p.name: sha256_file(p)
-        for p in sorted(folder.iterdir())
-        if p.is_file() and not p.name.startswith(".") and p.name != FOLDER_CHECKSUMS
-    }
+    digests = file_digests(folder, exclude=(FOLDER_CHECKSUMS,))
     record: dict[str, Any] = {"format": CHECKSUMS_FORMAT, "format_version": 1, "files_sha256": digests}
     record["config_sha256"] = config_digest(record)
     return atomic_write_json(folder / FOLDER_CHECKSUMS, record)

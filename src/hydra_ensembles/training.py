@@ -114,11 +114,15 @@ class FineTuneResult:
     stopped_early: bool = False
 
     @property
+    def epochs_kept(self) -> int:
+        """The epochs that made the weights returned (up to the best where early stopping
+        restored it)."""
+        return len(self.history) if self.best_epoch is None else self.best_epoch + 1
+
+    @property
     def optimizer_steps(self) -> int:
-        """Optimizer steps taken up to the weights returned (the best epoch where early stopping
-        restored it), skipped fp16 steps not counted."""
-        last = len(self.history) if self.best_epoch is None else self.best_epoch + 1
-        kept = self.history[:last]
+        """Optimizer steps taken up to the weights returned, skipped fp16 steps not counted."""
+        kept = self.history[: self.epochs_kept]
         return int(sum(r.get("steps", 0) - r.get("skipped_steps", 0) for r in kept))
 
 
@@ -142,7 +146,7 @@ def record_training(
         {
             "optimizer_steps": sum(stages),
             "stages": stages,
-            "epochs": len(result.history) if result.best_epoch is None else result.best_epoch + 1,
+            "epochs": result.epochs_kept,
             "lr": config.lr,
             "precision": config.precision,
             "examples": sum(len(b["labels"]) for b in train if "labels" in b),

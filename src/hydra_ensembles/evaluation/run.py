@@ -105,11 +105,21 @@ def conformal_set_metrics(
         for method in ("lac", "aps"):
             quantiles = fit_set_quantiles(fit_on.probs(temperature), fit_labels, alpha, method)
             members = prediction_sets(test.probs(temperature), quantiles, method)
-            out.setdefault(str(alpha), {})[method] = {
-                "coverage": float(members[np.arange(len(labels)), labels].mean()),
-                "mean_size": float(members.sum(1).mean()),
-            }
+            out.setdefault(str(alpha), {})[method] = set_summary(members, labels)
     return out
+
+
+def set_summary(members: np.ndarray, labels: np.ndarray, per_class: bool = False) -> dict[str, Any]:
+    """Prediction sets ((N, C) booleans) on labelled inputs: their coverage and mean size, and
+    with ``per_class`` each class's coverage (None for a class without inputs)."""
+    covered = members[np.arange(len(labels)), labels]
+    summary: dict[str, Any] = {"coverage": float(covered.mean()), "mean_size": float(members.sum(1).mean())}
+    if per_class:
+        summary["class_coverage"] = [
+            float(covered[labels == c].mean()) if (labels == c).any() else None
+            for c in range(members.shape[1])
+        ]
+    return summary
 
 
 FLAG_LEVEL = 0.05
@@ -166,16 +176,10 @@ def evaluate_method(
             }
             if served.set_method:  # the prediction sets on the ID test: coverage and size
                 members, labels = served.sets(preds.test), preds.test.class_labels("ID test predictions")
-                covered = members[np.arange(len(labels)), labels]
                 row["sets"] = {
                     "method": served.set_method,
                     "alpha": served.set_alpha,
-                    "coverage": float(covered.mean()),
-                    "mean_size": float(members.sum(1).mean()),
-                    "class_coverage": [
-                        float(covered[labels == c].mean()) if (labels == c).any() else None
-                        for c in range(members.shape[1])
-                    ],
+                    **set_summary(members, labels, per_class=True),
                 }
         elif preds.val is not None:
             chosen = choose_flag_score(preds.val, statistics, preds.ood_val, temperature)
