@@ -13,6 +13,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite computes in fp32 on every kind of CPU (AMX, AVX-512 BF16, AVX2-only alike), so its
 # numbers and its time do not depend on the machine; tests of the precision decision unset this.
 os.environ.setdefault("HYDRA_PRECISION", "fp32")
+# Fine-tuning trains where Accelerate finds an accelerator and leaves the model there; the suite
+# compares with computations on the CPU, so it trains on the CPU also where a GPU is present
+# (tests/fusion/test_cuda.py holds the GPU checks).
+os.environ.setdefault("ACCELERATE_USE_CPU", "true")
 # Under pytest-xdist each worker takes its share of the cores (one per worker on two cores).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))

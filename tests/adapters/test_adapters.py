@@ -78,6 +78,21 @@ def test_unsupported_architecture_names_the_supported_families():
         get_adapter(torch.nn.Linear(2, 2))
 
 
+def test_a_module_layout_of_another_transformers_release_is_refused_naming_it():
+    """DINOv2 before transformers 5.18 kept ``attention.attention.query``: a layer without the
+    projections the adapter names is one line naming the release, not an AttributeError later."""
+    import transformers
+
+    model = tiny_vit(layers=2, heads=4, head_dim=3)
+    get_adapter(model)
+    for layer in get_adapter(model).layers(model):
+        layer.attention.query = layer.attention.q_proj
+        del layer.attention.q_proj
+    message = rf"no 'attention.q_proj'.*transformers {transformers.__version__}.*>= 5\.18"
+    with pytest.raises(UnsupportedModelError, match=message):
+        get_adapter(model)
+
+
 def test_first_token_only_keeps_the_logits_and_shrinks_the_last_layer():
     model = tiny_bert(layers=3, heads=4, head_dim=3, init_range=0.3).eval()
     inputs = text_inputs(batch=5, tokens=9, seed=2)

@@ -127,5 +127,7 @@ def test_run_bench_on_cuda():
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
     heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
-    results = run_bench(model, heads, make, (1, 2), repeats=1, progress=print, device="cuda")
+    results = run_bench(
+        model, heads, make, (1, 2), ("float32", "bfloat16"), repeats=1, progress=print, device="cuda"
+    )
     assert results["device"] == "cuda" and "hydra_bf16_vs_single_fp32" in results

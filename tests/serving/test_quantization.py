@@ -135,3 +135,14 @@ def test_the_cli_quantizes_with_validation_data_and_says_what_changed(saved, tmp
     assert (
         side["quantization"]["validation"].endswith("val.csv") and side["calibration"]["precision"] == "int8"
     )
+
+
+def test_onnxruntime_releases_whose_quantizer_mixes_up_gemm_weights_are_refused(monkeypatch):
+    """Before 1.32, onnxruntime's quantizer renamed the Gemm weights it transposes without looking
+    at the names already taken (it failed on these graphs): refused with one line naming both
+    releases, before anything runs."""
+    from hydra_ensembles.serving.quantization import quantize_int8
+
+    monkeypatch.setattr(onnxruntime, "__version__", "1.30.0")
+    with pytest.raises(ValueError, match=r"needs onnxruntime >= 1\.32 \(installed: 1\.30\.0\)"):
+        quantize_int8(b"not read")

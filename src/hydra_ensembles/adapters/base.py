@@ -76,6 +76,20 @@ class ZeroHeadAttention(nn.Module):
         return empty, None
 
 
+MIN_TRANSFORMERS = "5.18"
+"""The oldest transformers release whose module layouts every adapter describes (DINOv2's
+attention took ViT's ``q_proj``/``k_proj``/``v_proj``/``o_proj`` layout in 5.18)."""
+
+
+def _has_all(module: nn.Module, paths: Sequence[str]) -> bool:
+    try:
+        for path in paths:
+            module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
 class ArchitectureAdapter(ABC):
     """Where attention lives in one model family (transformers 5.x module layout)."""
 
@@ -100,6 +114,7 @@ class ArchitectureAdapter(ABC):
         towers = [t for t in self.towers if isinstance(getattr(model, t, None), nn.Module)]
         self.prefix = f"{towers[0]}." if towers else _base_prefix(model)
         self.layers_path = self._find_layers(model)
+        self._check_layout(model)
 
     def encoder_config(self, model: nn.Module):
         """The configuration of the transformer the adapter works on (a composite model's
@@ -118,6 +133,26 @@ class ArchitectureAdapter(ABC):
         raise UnsupportedModelError(
             f"{type(model).__name__}: no layer list at any of {list(self.layer_lists)} "
             f"under {self.prefix or 'the model'}; is this transformers version supported?"
+        )
+
+    def _check_layout(self, model: nn.Module) -> None:
+        """Refuse a model whose layers lack the attention projections this adapter names (the
+        module layout of a transformers release this family's code does not describe)."""
+        paths = getattr(self, "projection_paths", ())
+        layers = self.layers(model)
+        if not paths or not layers or any(_has_all(layer, paths) for layer in layers):
+            return
+        modules = (m for layer in layers for m in layer.modules())
+        if any(type(m).__module__.startswith("hydra_ensembles.") for m in modules):
+            return  # attention this library swapped in (fused, or every head pruned)
+        import transformers
+
+        missing = next(p for p in paths if not _has_all(layers[0], (p,)))
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: its layers have no {missing!r}, where hydra-ensembles finds "
+            f"{self.family} attention; this module layout comes from transformers "
+            f"{transformers.__version__}, and the {self.family} support needs the layout of "
+            f"transformers >= {MIN_TRANSFORMERS}"
         )
 
     # ----------------------------------------------------------------- discovery

@@ -32,6 +32,9 @@ from ..ood.detectors import FEATURE_SCORES
 
 QUANTIZATIONS = ("int8",)
 MIN_AGREEMENT = 0.99
+MIN_ONNXRUNTIME = (1, 32)
+"""Older releases' quantizer names the transposed weights of the Gemm nodes it rewrites without
+checking for names already in the graph, and fails (or could mix weights up) on these graphs."""
 """The default least share of ID validation inputs whose predicted class the quantized graph
 must keep."""
 
@@ -67,8 +70,15 @@ def quantize_int8(model_bytes: bytes) -> bytes:
     """The graph ``model_bytes`` with int8 weights (per output channel) for its float32 matrix
     products and activations quantized at run time; products in other types (the float64 feature
     scores) are kept as they are."""
+    import onnxruntime
     from onnxruntime.quantization import QuantType, quantize_dynamic
+    from packaging.version import Version
 
+    if Version(onnxruntime.__version__).release[:2] < MIN_ONNXRUNTIME:
+        raise ValueError(
+            f"int8 quantization needs onnxruntime >= {'.'.join(map(str, MIN_ONNXRUNTIME))} "
+            f"(installed: {onnxruntime.__version__}): pip install -U onnxruntime"
+        )
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # notes on the float64 products it leaves alone
