@@ -258,7 +258,9 @@ def fine_tune(
     With ``val``, each epoch ends with validation NLL/accuracy; with ``patience`` too, training
     stops after that many epochs without a better NLL and the best weights are restored. With
     ``checkpoint_dir``, each epoch is saved and a rerun resumes after the last finished epoch.
-    The parameters' ``requires_grad`` flags are the caller's again when it returns. Weights stay
+    The parameters' ``requires_grad`` flags are the caller's again when it returns. Training runs
+    where Accelerate finds an accelerator (a GPU, unless ``ACCELERATE_USE_CPU`` is set); the model
+    is returned on the device it came on, as every other step expects. Weights stay
     in their dtype: fp16 weights are refused (train fp32 weights with ``precision="fp16"``).
     In fp16 each epoch's record has its final ``loss_scale`` and, where they happened,
     ``fp16_overflow_retries`` (steps taken again at a halved scale) and ``skipped_steps``.
@@ -276,10 +278,12 @@ def fine_tune(
     train_batches, val_batches = _checked_batches(model, train, val, config)
     forget_calibration(model)  # fit for the weights before training
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    device = next(model.parameters()).device
     try:
         run = _Run.start(model, train_batches, val_batches, config, checkpoint_dir, progress)
         run.train(on_epoch)
     finally:
+        model.to(device)
         for name, param in model.named_parameters():
             param.requires_grad_(flags[name])
     model.eval()
@@ -355,6 +359,9 @@ class _Run:
         # Autocast is applied per step rather than through Accelerate's process-wide
         # mixed-precision setting, so members with different settings can train in one process.
         accelerator = Accelerator()
+        # prepare() places a model only the first time it sees it: one fine-tuned before (and
+        # returned to the caller's device) is placed here
+        model.to(accelerator.device)
         model, optimizer = accelerator.prepare(model, optimizer)
         precision = resolve_precision(config.precision, accelerator.device)
         scaler = None

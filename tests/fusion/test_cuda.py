@@ -62,3 +62,39 @@ def test_prediction_under_autocast_on_cuda(precision):
     tol = rounding_tolerance(precision, torch.as_tensor(exact.member_logits), layers=2, fp32=TOL)
     assert np.abs(out.member_logits - exact.member_logits).max() <= tol
     assert np.abs(out.probs() - exact.probs()).max() <= tol
+
+
+_TRAIN_ON_THE_GPU = """
+import json, torch
+from hydra_ensembles.training import FineTuneConfig, fine_tune
+from tests.factories import FAMILIES, labelled
+factory, inputs = FAMILIES["bert"]
+model = factory(layers=2, heads=4, head_dim=3)
+before = {n: p.detach().clone() for n, p in model.named_parameters()}
+data = [labelled(inputs(batch=4, seed=s), seed=s) for s in range(3)]
+during = []
+for epochs in (2, 1):  # a model fine-tuned before is placed on the GPU again
+    fine_tune(model, data, data[:1], FineTuneConfig(epochs=epochs, lr=1e-2, warmup=0.0), progress=False,
+              on_epoch=lambda record: during.append(next(model.parameters()).device.type))
+after = {next(model.parameters()).device.type}
+changed = sum(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+print(json.dumps({"during": during, "after": sorted(after), "changed": changed}))
+"""
+
+
+def test_fine_tuning_trains_on_the_gpu_and_returns_the_model_where_it_was():
+    """Accelerate trains on the GPU, a second time too; the model comes back on the CPU it came
+    from, so what follows (fusion, calibration, saving) meets no tensor on another device."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-c", _TRAIN_ON_THE_GPU]
+    out = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=True)
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    assert record["during"] == ["cuda", "cuda", "cuda"]
+    assert record["after"] == ["cpu"] and record["changed"] > 0
