@@ -19,9 +19,18 @@ from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..batching import batch_rows, repeat_call
 from ..layers.batch_ensemble import BatchEnsembleLinear
+from .registry import MemberTransform, register_member_transform
 
 BATCH_ENSEMBLE_KEY = "hydra_batch_ensemble_members"
 """Config attribute recording the number of BatchEnsemble members (saved with the model)."""
+BATCH_ENSEMBLE = register_member_transform(
+    MemberTransform(
+        "BatchEnsemble",
+        BATCH_ENSEMBLE_KEY,
+        rebuild=lambda model, members: batch_ensemble(model, int(members), init_std=0.0),
+        describe=lambda members: f"BatchEnsemble of {members} members (rank-1 factors on every linear layer)",
+    )
+)
 
 
 def batch_ensemble(model: nn.Module, num_members: int = 3, init_std: float = 0.5, seed: int = 0) -> nn.Module:
@@ -49,7 +58,7 @@ def batch_ensemble(model: nn.Module, num_members: int = 3, init_std: float = 0.5
 
 def batch_ensemble_members(model: nn.Module) -> int:
     """M for a model made by `batch_ensemble`, 1 for any other model."""
-    return int(getattr(getattr(model, "config", None), BATCH_ENSEMBLE_KEY, None) or 1)
+    return BATCH_ENSEMBLE.stacked_members(model)
 
 
 class _StackInputs:

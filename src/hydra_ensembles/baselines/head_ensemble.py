@@ -22,9 +22,18 @@ from torch import nn
 from ..adapters import get_adapter
 from ..batching import batch_rows, model_inputs
 from ..training import FineTuneConfig, FineTuneResult, fine_tune
+from .registry import MemberTransform, register_member_transform
 
 HEAD_ENSEMBLE_KEY = "hydra_head_ensemble_members"
 """Config attribute recording the number of task heads (saved with the model)."""
+HEAD_ENSEMBLE = register_member_transform(
+    MemberTransform(
+        "Deep Ensemble (D)",
+        HEAD_ENSEMBLE_KEY,
+        rebuild=lambda model, members: head_ensemble(model, int(members)),
+        describe=lambda members: f"Deep Ensemble (D): one backbone, {members} task heads",
+    )
+)
 
 
 class MemberHeads(nn.Module):
@@ -99,7 +108,7 @@ def initialise_like(model: nn.Module, module: nn.Module) -> None:
 
 def head_ensemble_members(model: nn.Module) -> int:
     """M for a model made by `head_ensemble`, 1 for any other model."""
-    return int(getattr(getattr(model, "config", None), HEAD_ENSEMBLE_KEY, None) or 1)
+    return HEAD_ENSEMBLE.stacked_members(model)
 
 
 def train_head_ensemble(

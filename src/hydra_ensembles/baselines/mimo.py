@@ -35,9 +35,18 @@ from ..batching import StackMemberLogits
 from ..models import takes_images
 from ..training import FineTuneConfig, FineTuneResult, fine_tune
 from .head_ensemble import initialise_like
+from .registry import MemberTransform, register_member_transform
 
 MIMO_KEY = "hydra_mimo_members"
 """Config attribute recording the number of MIMO members (saved with the model)."""
+MIMO = register_member_transform(
+    MemberTransform(
+        "MIMO",
+        MIMO_KEY,
+        rebuild=lambda model, members: install_mimo(model, int(members)),
+        describe=lambda members: f"MIMO: {members} inputs mixed into one pass, {members} task heads",
+    )
+)
 
 
 class MimoTextInputs(nn.Module):
@@ -94,7 +103,7 @@ def install_mimo(model: nn.Module, num_members: int) -> nn.Module:
 
 def mimo_members(model: nn.Module) -> int:
     """M for a model made by `mimo`, 1 for any other model."""
-    return int(getattr(getattr(model, "config", None), MIMO_KEY, None) or 1)
+    return MIMO.stacked_members(model)
 
 
 def mimo_batches(

@@ -31,9 +31,20 @@ from ..adapters.base import is_under
 from ..batching import StackMemberLogits
 from ..layers.packed import PackedLayerNorm, PackedLinear
 from .head_ensemble import initialise_like
+from .registry import MemberTransform, register_member_transform
 
 PACKED_KEY = "hydra_packed_ensemble"
 """Config attribute recording ``{"members", "alpha", "gamma"}`` (saved with the model)."""
+PACKED = register_member_transform(
+    MemberTransform(
+        "Packed-Ensemble",
+        PACKED_KEY,
+        rebuild=lambda model, p: pack_layers(model, int(p["members"]), int(p["alpha"]), int(p["gamma"])),
+        describe="Packed-Ensemble: {members} members, alpha {alpha}, gamma {gamma}".format_map,
+        members=lambda packing: int(packing["members"]),
+        before_pruning=True,  # the saved configuration holds the packed widths already
+    )
+)
 
 WIDTH_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "bert": ("hidden_size", "num_attention_heads", ("intermediate_size",)),
@@ -107,8 +118,7 @@ def pack_layers(model: nn.Module, num_members: int, alpha: int, gamma: int) -> n
 
 def packed_members(model: nn.Module) -> int:
     """M for a model made by `packed_ensemble`, 1 for any other model."""
-    packing = getattr(getattr(model, "config", None), PACKED_KEY, None)
-    return int(packing["members"]) if packing else 1
+    return PACKED.stacked_members(model)
 
 
 def packed_member(model: nn.Module, member: int) -> nn.Module:

@@ -13,9 +13,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from ..adapters import get_adapter
-    from ..baselines import batch_ensemble_members, head_ensemble_members
-    from ..baselines.mimo import mimo_members
-    from ..baselines.packed import PACKED_KEY
+    from ..baselines.registry import MEMBER_TRANSFORMS
     from ..cost import count_parameters
     from ..fusion import HydraModel
     from ..loading import load_any
@@ -56,14 +54,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     original = adapter.original_heads_per_layer(model)
     kept = kept_heads(model).resolve(original)
     print(f"model: {args.model} ({type(model).__name__}, family {adapter.family})")
-    if (members := batch_ensemble_members(model)) > 1:
-        print(f"BatchEnsemble of {members} members (rank-1 factors on every linear layer)")
-    if (members := head_ensemble_members(model)) > 1:
-        print(f"Deep Ensemble (D): one backbone, {members} task heads")
-    if packing := getattr(model.config, PACKED_KEY, None):
-        print("Packed-Ensemble: {members} members, alpha {alpha}, gamma {gamma}".format(**packing))
-    if (members := mimo_members(model)) > 1:
-        print(f"MIMO: {members} inputs mixed into one pass, {members} task heads")
+    for transform in MEMBER_TRANSFORMS.values():
+        if transform.stacked_members(model) > 1:
+            print(transform.describe(transform.record(model)))
     print(f"layers: {len(original)}; heads per layer: {[len(k) for k in kept]} of {original}")
     blocks = [adapter.attention_block(model, layer) for layer in range(len(original))]
     if any(b.kv_index is not None and len(set(b.kv_index)) < b.num_heads for b in blocks):

@@ -20,10 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..baselines.batch_ensemble import batch_ensemble_members
-from ..baselines.head_ensemble import head_ensemble_members
-from ..baselines.mimo import mimo_members
-from ..baselines.packed import packed_members
+from ..baselines.registry import stacked_members
 from ..batching import batch_rows, member_stacked
 from ..configuration import write_hf_config
 from ..hashing import config_digest
@@ -245,13 +242,6 @@ def _tap(model: nn.Module, num_members: int = 1) -> FeatureTap | None:
         return FeatureTap(model, num_members)
     except (FeatureError, TypeError):  # TypeError: a family without an adapter
         return None
-
-
-def stacked_members(model: nn.Module) -> int:
-    """M for a model that answers with member-stacked logits (BatchEnsemble, an ensemble of task
-    heads, a Packed-Ensemble, a MIMO model), 1 for any other model."""
-    counts = (batch_ensemble_members, head_ensemble_members, packed_members, mimo_members)
-    return max(count(model) for count in counts)
 
 
 Ensemble = nn.Module

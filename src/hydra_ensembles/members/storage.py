@@ -8,16 +8,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..baselines.batch_ensemble import BATCH_ENSEMBLE_KEY, batch_ensemble
-from ..baselines.head_ensemble import HEAD_ENSEMBLE_KEY, head_ensemble
-from ..baselines.mimo import MIMO_KEY, install_mimo
-from ..baselines.packed import PACKED_KEY, pack_layers
+from ..baselines.registry import MEMBER_TRANSFORMS, rebuild_transforms
 from ..configuration import write_hf_config
 from ..heads import HeadSet
 from ..models import build_model
 from ..ood.storage import read_statistics, write_statistics
 from ..serialization import WEIGHTS_NAME, read_saved, write_saved
-from ..surgery import CALIBRATION_KEY, FINGERPRINT_KEY, KEPT_HEADS_KEY, kept_heads, prune
+from ..surgery import CALIBRATION_KEY, FINGERPRINT_KEY, KEPT_HEADS_KEY, prune
 
 CONFIG_NAME = "member_config.json"
 FORMAT = "hydra-ensembles/member"
@@ -93,25 +90,15 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     config = dict(meta["config"])
     heads = config.pop(KEPT_HEADS_KEY, None)
     base_print = config.pop(FINGERPRINT_KEY, None)
-    members = config.pop(BATCH_ENSEMBLE_KEY, None)
-    heads_members = config.pop(HEAD_ENSEMBLE_KEY, None)
-    packing = config.pop(PACKED_KEY, None)
-    mimo_inputs = config.pop(MIMO_KEY, None)
     calibration = config.pop(CALIBRATION_KEY, None)  # restored once the weights are in place
+    records = {key: config.pop(key, None) for key in MEMBER_TRANSFORMS}  # the baselines' transforms
     model = build_model(meta["model_class"], config, meta.get("attn_implementation"))
-    if packing:  # the config holds the packed widths already; the layers are swapped here
-        model = pack_layers(model, int(packing["members"]), int(packing["alpha"]), int(packing["gamma"]))
+    model = rebuild_transforms(model, records, before_pruning=True)
     if heads is not None:
         model = prune(model, HeadSet.from_dict(heads))
         setattr(model.config, FINGERPRINT_KEY, base_print)
-    if members:  # the architecture of a BatchEnsemble; its weights come from the file
-        model = batch_ensemble(model, int(members), init_std=0.0)
-    if heads_members:  # likewise for an ensemble of task heads
-        model = head_ensemble(model, int(heads_members))
-    if mimo_inputs:  # and for MIMO's input layer and heads
-        model = install_mimo(model, int(mimo_inputs))
+    model = rebuild_transforms(model, records, before_pruning=False)  # weights from the file
     dtype = next(iter(state.values())).dtype
     model.to(dtype).load_state_dict(state, strict=True)
-    assert kept_heads(model) is not None
     setattr(model.config, CALIBRATION_KEY, calibration)
     return model.eval().to(torch.device("cpu"))
