@@ -27,7 +27,7 @@ from ..surgery import (
     kept_heads,
     slice_projections,
 )
-from .model import FusionPolicy, HydraModel, member_bias_stride
+from .model import FusionPolicy, HydraModel, layout_entry, member_bias_stride
 
 
 class FusionError(ValueError):
@@ -267,12 +267,13 @@ def _combine_position_tables(
                 _combine_module(fused_model, members, path, "merge", layout, as_unit=False)
             continue
         peers = [[m.get_submodule(path) for m in members] for path in paths]
-        fused_model.set_submodule(table, MemberTable.from_embeddings(peers[0]).train(fused_model.training))
-        layout.append({"path": table, "kind": "member_table"})
+        member_table = MemberTable.from_embeddings(peers[0]).train(fused_model.training)
+        fused_model.set_submodule(table, member_table)
+        layout.append(layout_entry(table, member_table))
         if norm:
             grouped = GroupedLayerNorm.from_layer_norms(peers[1]).train(fused_model.training)
             fused_model.set_submodule(norm, grouped)
-            layout.append({"path": norm, "kind": "grouped_layer_norm"})
+            layout.append(layout_entry(norm, grouped))
     return handled
 
 
@@ -312,19 +313,18 @@ def _combine_module(
                 mean = torch.stack([n[name].float() for n in named]).mean(0)
                 param.copy_(mean.to(param.dtype))
         return False
-    kind, grouped = _grouped(peers, as_unit, bias_table)
-    grouped.train(target.training)
+    grouped = _grouped(peers, as_unit, bias_table).train(target.training)
     fused_model.set_submodule(path, grouped)
-    layout.append({"path": path, "kind": kind})
+    layout.append(layout_entry(path, grouped))
     return True
 
 
-def _grouped(peers: list[nn.Module], as_unit: bool, bias_table: bool = False) -> tuple[str, nn.Module]:
+def _grouped(peers: list[nn.Module], as_unit: bool, bias_table: bool = False) -> nn.Module:
     first = peers[0]
     if bias_table:
-        return "member_head_bias", MemberHeadBias.from_embeddings(peers)
+        return MemberHeadBias.from_embeddings(peers)
     if not as_unit and type(first) is nn.Linear:
-        return "grouped_linear", GroupedLinear.from_linears(peers)
+        return GroupedLinear.from_linears(peers)
     if not as_unit and type(first) is nn.LayerNorm and first.elementwise_affine:
-        return "grouped_layer_norm", GroupedLayerNorm.from_layer_norms(peers)
-    return "per_member", PerMemberModule([copy.deepcopy(p) for p in peers])
+        return GroupedLayerNorm.from_layer_norms(peers)
+    return PerMemberModule([copy.deepcopy(p) for p in peers])

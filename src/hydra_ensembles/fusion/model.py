@@ -333,10 +333,21 @@ def save_hydra(hydra: HydraModel, path: str | os.PathLike) -> Path:
     return hydra.save_pretrained(path)
 
 
+_GROUPED = (GroupedLinear, GroupedLayerNorm, PerMemberModule, MemberHeadBias, MemberTable)
+LAYOUT_MODULES: dict[str, Any] = {cls.layout_kind: cls for cls in _GROUPED}
+"""The member-grouped modules a saved model's ``layout`` names, by their ``layout_kind``; each
+rebuilds itself empty (``empty_like``) for the weights to fill."""
+
+
+def layout_entry(path: str, module: nn.Module) -> dict[str, str]:
+    """The ``layout`` record of the grouped ``module`` that fusion put at ``path``."""
+    return {"path": path, "kind": type(module).layout_kind}
+
+
 def member_bias_stride(layout: Sequence[dict[str, Any]], original_heads: Sequence[int]) -> int:
     """Channels per member of the attention-score biases when members keep their own bias tables
     (`MemberHeadBias` in ``layout``), else 0 (one shared table)."""
-    return max(original_heads) if any(e["kind"] == "member_head_bias" for e in layout) else 0
+    return max(original_heads) if any(e["kind"] == MemberHeadBias.layout_kind for e in layout) else 0
 
 
 def _install_empty_fused(
@@ -356,18 +367,7 @@ def _install_empty_fused(
 
 
 def _empty_grouped(model: nn.Module, entry: dict[str, Any], num_members: int) -> nn.Module:
-    module = model.get_submodule(entry["path"])
-    kind = entry["kind"]
-    if kind == "grouped_linear":
-        return GroupedLinear(num_members, module.in_features, module.out_features, module.bias is not None)
-    if kind == "grouped_layer_norm":
-        return GroupedLayerNorm(
-            num_members, module.normalized_shape[0], module.eps, bias=module.bias is not None
-        )
-    if kind == "per_member":
-        return PerMemberModule.empty_like(module, num_members)
-    if kind == "member_head_bias":
-        return MemberHeadBias(num_members, *module.weight.shape)
-    if kind == "member_table":
-        return MemberTable(num_members, *module.weight.shape)
-    raise HydraLoadError(f"unknown layout kind {kind!r} at {entry['path']!r}")
+    grouped = LAYOUT_MODULES.get(entry["kind"])
+    if grouped is None:
+        raise HydraLoadError(f"unknown layout kind {entry['kind']!r} at {entry['path']!r}")
+    return grouped.empty_like(model.get_submodule(entry["path"]), num_members)

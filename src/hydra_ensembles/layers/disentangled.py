@@ -15,6 +15,7 @@ largest member, exact as there); members whose position tables differ (fine-tune
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -27,6 +28,8 @@ class MemberTable(nn.Module):
     """M copies of a table every layer reads whole through ``.weight`` (DeBERTa's relative
     position embeddings), stacked (M, rows, width): member m's copy is ``weight[m]``."""
 
+    layout_kind: ClassVar[str] = "member_table"
+
     def __init__(self, num_members: int, rows: int, width: int, device=None, dtype=None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(num_members, rows, width, device=device, dtype=dtype))
@@ -38,6 +41,10 @@ class MemberTable(nn.Module):
         with torch.no_grad():
             table.weight.copy_(torch.stack([t.weight for t in tables]))
         return table
+
+    @classmethod
+    def empty_like(cls, module: nn.Embedding, num_members: int) -> MemberTable:
+        return cls(num_members, *module.weight.shape)
 
     def extra_repr(self) -> str:
         return (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +64,9 @@ def _fill_stacked(layer: nn.Module, sources: Sequence[nn.Module]) -> nn.Module:
 class GroupedLinear(nn.Module):
     """M independent linear layers, each applied to its member's rows (`grouped_matmul`)."""
 
+    layout_kind: ClassVar[str] = "grouped_linear"
+    """How a saved Hydra model's layout names it (`fusion.model.LAYOUT_MODULES`)."""
+
     def __init__(
         self,
         num_members: int,
@@ -91,6 +95,11 @@ class GroupedLinear(nn.Module):
         )
         return _fill_stacked(layer, linears)
 
+    @classmethod
+    def empty_like(cls, module: nn.Linear, num_members: int) -> GroupedLinear:
+        """M layers shaped like ``module``, weights unset (a saved model fills them)."""
+        return cls(num_members, module.in_features, module.out_features, module.bias is not None)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = grouped_matmul(_split_members(x, self.num_members), self.weight, self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -104,6 +113,8 @@ class GroupedLinear(nn.Module):
 
 class GroupedLayerNorm(nn.Module):
     """M LayerNorms over the last dimension: shared normalisation, per-member affine."""
+
+    layout_kind: ClassVar[str] = "grouped_layer_norm"
 
     def __init__(
         self,
@@ -135,6 +146,10 @@ class GroupedLayerNorm(nn.Module):
         )
         return _fill_stacked(layer, norms)
 
+    @classmethod
+    def empty_like(cls, module: nn.LayerNorm, num_members: int) -> GroupedLayerNorm:
+        return cls(num_members, module.normalized_shape[0], module.eps, bias=module.bias is not None)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         normed = _split_members(F.layer_norm(x, (self.normalized_shape,), eps=self.eps), self.num_members)
         if self.bias is None:
@@ -149,6 +164,8 @@ class MemberHeadBias(nn.Module):
     """M tables of per-head attention-score biases (MPNet's relative position buckets x heads),
     looked up together: channel ``m * H + h`` of the output is member m's head h. The fused
     attention reads each member's channels (`FusedMultiHeadAttention`'s ``bias_stride``)."""
+
+    layout_kind: ClassVar[str] = "member_head_bias"
 
     def __init__(self, num_members: int, num_buckets: int, num_heads: int, device=None, dtype=None) -> None:
         super().__init__()
@@ -165,6 +182,10 @@ class MemberHeadBias(nn.Module):
             layer.weight.copy_(torch.stack([t.weight for t in tables]))
         return layer
 
+    @classmethod
+    def empty_like(cls, module: nn.Embedding, num_members: int) -> MemberHeadBias:
+        return cls(num_members, *module.weight.shape)
+
     def forward(self, index: torch.Tensor) -> torch.Tensor:
         table = self.weight.transpose(0, 1).reshape(self.num_buckets, -1)  # (buckets, M * H)
         return F.embedding(index, table)
@@ -180,6 +201,8 @@ class PerMemberModule(nn.Module):
     arguments are passed to every copy unchanged. Outputs (tensors or tuples of tensors) are
     concatenated back along the first dimension.
     """
+
+    layout_kind: ClassVar[str] = "per_member"
 
     def __init__(self, modules: Sequence[nn.Module]) -> None:
         super().__init__()
