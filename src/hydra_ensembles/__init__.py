@@ -9,6 +9,7 @@ from ._version import __version__
 from .adapters import UnsupportedModelError, get_adapter, register_adapter
 from .build import Build, BuildConfig, build_hydra
 from .configuration import after_import, on_first_config, register_config
+from .errors import InputError
 from .fusion import (
     FusionError,
     FusionPolicy,
@@ -47,6 +48,7 @@ __all__ = [
     "HeadSetError",
     "HydraLoadError",
     "HydraModel",
+    "InputError",
     "MemberLoadError",
     "UnsupportedModelError",
     "__version__",

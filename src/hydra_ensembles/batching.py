@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from .errors import InputError
+
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     """A batch without its ``labels``."""
@@ -81,7 +83,7 @@ class ExamplePool:
         self.sizes = [batch_rows(b) for b in batches]
         keys = list(batches[0])
         if any(list(b) != keys for b in batches):
-            raise ValueError(
+            raise InputError(
                 "the batches hold different keys: they cannot be dealt anew (use shuffle='batches')"
             )
         self.tensors: dict[str, torch.Tensor] = {}
@@ -91,10 +93,10 @@ class ExamplePool:
                 isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == n
                 for t, n in zip(parts, self.sizes, strict=True)
             ):
-                raise ValueError(f"{key!r} is not one row per example: the batches cannot be dealt anew")
+                raise InputError(f"{key!r} is not one row per example: the batches cannot be dealt anew")
             if len({tuple(t.shape[1:]) for t in parts}) > 1:
                 if any(t.dim() != 2 for t in parts):
-                    raise ValueError(f"{key!r} differs in shape between batches: they cannot be dealt anew")
+                    raise InputError(f"{key!r} differs in shape between batches: they cannot be dealt anew")
                 width = max(t.shape[1] for t in parts)
                 value = pad_id if key == "input_ids" else 0
                 parts = [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in parts]
@@ -176,7 +178,7 @@ def member_stacked(logits: torch.Tensor, batch: int) -> torch.Tensor:
     """Logits (k*B, C) of a model that answers for k members at once (a BatchEnsemble) as
     (k, B, C); ordinary logits (B, C) as (1, B, C)."""
     if logits.shape[0] % batch:
-        raise ValueError(f"{logits.shape[0]} rows of logits for a batch of {batch}")
+        raise InputError(f"{logits.shape[0]} rows of logits for a batch of {batch}")
     return logits.reshape(logits.shape[0] // batch, batch, *logits.shape[1:])
 
 

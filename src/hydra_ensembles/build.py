@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import InputError
 from .evaluation.calibration import Calibration, calibrate
 from .fusion import fuse
 from .fusion.model import HydraModel
@@ -152,7 +153,7 @@ def build_hydra(
     say = log or (_to_stderr if progress else (lambda line: None))  # each step said as it starts
     train, validation = _listed(train), _listed(validation)
     if config.fine_tune is not None and not train:
-        raise ValueError("fine-tuning members needs labelled training batches (train)")
+        raise InputError("fine-tuning members needs labelled training batches (train)")
     if ranking is None:
         ranking = _rank(model, validation, ood_validation, config, progress, say)
     say(f"sampling {config.num_members} members' head sets from the ranking")
@@ -234,14 +235,14 @@ def _listed(batches: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | 
 def _rank(model, validation, ood_validation, config: BuildConfig, progress: bool, say) -> Ranking:
     """Circuit extraction with OOD validation data, Taylor importance without."""
     if not validation:
-        raise ValueError("ranking heads needs labelled ID validation batches (validation), or give ranking")
+        raise InputError("ranking heads needs labelled ID validation batches (validation), or give ranking")
     if ood_validation is None:
         say("ranking heads by Taylor importance on the ID validation data")
         return taylor_scores(model, validation, progress=progress, precision=config.precision)
     pruned = config.num_pruned or 0
     budget = config.budget or config.pool_size or 2 * pruned
     if not budget:
-        raise ValueError("circuit extraction needs a budget: give budget, pool_size or num_pruned")
+        raise InputError("circuit extraction needs a budget: give budget, pool_size or num_pruned")
     say(f"ranking heads by circuit extraction (budget {budget}) on ID and OOD validation data")
     settings = dataclasses.replace(
         config.circuit or CircuitConfig(), budget=budget, precision=config.precision

@@ -19,6 +19,7 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from .errors import InputError
 from .io import atomic_write_json
 
 HF_CONFIG_NAME = "config.json"
@@ -36,12 +37,12 @@ class HydraConfig(PretrainedConfig):
         try:
             super().__init__(**kwargs)
         except (AttributeError, TypeError) as exc:  # e.g. class names that are no mapping
-            raise ValueError(
+            raise InputError(
                 f"a malformed {HF_CONFIG_NAME} of a hydra-ens folder ({exc}); it only routes the Auto "
                 "classes, so saving the model again restores it"
             ) from None
         if saved_format not in SAVED_FORMATS:
-            raise ValueError(f"saved_format must be one of {SAVED_FORMATS}, got {saved_format!r}")
+            raise InputError(f"saved_format must be one of {SAVED_FORMATS}, got {saved_format!r}")
         self.saved_format = saved_format
         self.base_model_type = base_model_type
         _first_use()

@@ -13,8 +13,10 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .errors import InputError
 
-class HeadSetError(ValueError):
+
+class HeadSetError(InputError):
     """A head set is malformed or does not fit a model."""
 
 

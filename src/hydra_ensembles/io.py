@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import InputError
 from .hashing import sha256_file
 
 
-class OutputError(ValueError):
+class OutputError(InputError):
     """An output path cannot be written (a file in the way, no permission, or existing results)."""
 
 
@@ -246,7 +247,7 @@ MANIFEST = "manifest.json"
 def _read_manifest(manifest: Path) -> dict[str, Any]:
     data = read_json(manifest, "manifest")
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
-        raise ValueError(f"{manifest} is not a manifest of saved files")
+        raise InputError(f"{manifest} is not a manifest of saved files")
     return data
 
 
@@ -264,9 +265,9 @@ def load_file_set(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
     for name, entry in data["files"].items():
         path = folder / str(entry.get("file", ""))
         if not path.is_file() or path.parent != folder:
-            raise ValueError(f"{path} named by {manifest} is missing")
+            raise InputError(f"{path} named by {manifest} is missing")
         if sha256_file(path) != entry.get("sha256"):
-            raise ValueError(f"{path} differs from what was saved (SHA-256 mismatch)")
+            raise InputError(f"{path} differs from what was saved (SHA-256 mismatch)")
         paths[name] = path
     _remove_other_generations(folder, set(paths), data["files"])
     meta = {k: v for k, v in data.items() if k not in ("files", "generation")}
@@ -285,13 +286,13 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"{what} {path} does not exist") from None
+        raise InputError(f"{what} {path} does not exist") from None
     except IsADirectoryError:
-        raise ValueError(f"{what} {path} is a directory, not a file") from None
+        raise InputError(f"{what} {path} is a directory, not a file") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{what} {path} is not UTF-8 text") from None
+        raise InputError(f"{what} {path} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{what} {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise InputError(f"{what} {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
 
 
 def _probe_writable(folder: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from .errors import InputError
 from .fusion.model import CONFIG_NAME as HYDRA_CONFIG
 from .fusion.model import HydraModel
 from .members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
@@ -32,7 +33,7 @@ def load_saved(path: str | os.PathLike) -> tuple[nn.Module, str]:
         return load_member(folder), "member"
     if (folder / ENSEMBLE_CONFIG).is_file():
         return DeepEnsemble.from_pretrained(folder), "ensemble"
-    raise ValueError(
+    raise InputError(
         f"{folder} holds no {HYDRA_CONFIG}, {MEMBER_CONFIG} or {ENSEMBLE_CONFIG}: not a classifier "
         "saved by hydra-ensembles (or the save did not finish)"
     )

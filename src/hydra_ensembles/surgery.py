@@ -16,6 +16,7 @@ from torch import nn
 
 from .adapters import AttentionBlock, get_adapter
 from .adapters.base import slice_linear
+from .errors import InputError
 from .hashing import fingerprint
 from .heads import HeadSet, HeadSetError
 
@@ -139,7 +140,7 @@ class HeadAblation:
         if mask is None:
             mask = torch.ones(len(original), width)
         if tuple(mask.shape) != (len(original), width):
-            raise ValueError(f"mask must have shape {(len(original), width)}, got {tuple(mask.shape)}")
+            raise InputError(f"mask must have shape {(len(original), width)}, got {tuple(mask.shape)}")
         self.mask = mask
         self._handles = []
         for layer, kept in enumerate(current):

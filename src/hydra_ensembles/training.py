@@ -28,6 +28,7 @@ from transformers import PretrainedConfig
 from .adapters import get_adapter, model_configs
 from .adapters.base import is_under
 from .batching import ExamplePool, checked_batches, member_stacked, model_inputs
+from .errors import InputError
 from .hashing import batches_digest, fingerprint, json_digest
 from .io import MANIFEST, load_file_set, save_file_set
 from .outputs import EnsembleOutput, ensemble_log_probs
@@ -81,15 +82,15 @@ class FineTuneConfig:
     def validate(self) -> None:
         unknown = sorted(set(self.trainable or ()) - set(PARTS))
         if unknown:
-            raise ValueError(f"unknown trainable parts {unknown}; choose from {PARTS}")
+            raise InputError(f"unknown trainable parts {unknown}; choose from {PARTS}")
         if self.epochs < 1 or self.lr <= 0:
-            raise ValueError("epochs must be >= 1 and lr > 0")
+            raise InputError("epochs must be >= 1 and lr > 0")
         if self.shuffle not in ("examples", "batches"):
-            raise ValueError(f"shuffle must be 'examples' or 'batches', got {self.shuffle!r}")
+            raise InputError(f"shuffle must be 'examples' or 'batches', got {self.shuffle!r}")
         if self.optimizer not in ("adamw", "sgd") or self.schedule not in ("cosine", "linear"):
-            raise ValueError("optimizer must be adamw|sgd and schedule cosine|linear")
+            raise InputError("optimizer must be adamw|sgd and schedule cosine|linear")
         if not 0 <= self.warmup < 1 or not 0 <= self.label_smoothing < 1:
-            raise ValueError("warmup and label_smoothing must be in [0, 1)")
+            raise InputError("warmup and label_smoothing must be in [0, 1)")
         check_precision(self.precision)
 
 
@@ -269,7 +270,7 @@ def fine_tune(
     config = config or FineTuneConfig()
     config.validate()
     if any(p.dtype == torch.float16 for p in model.parameters()):
-        raise ValueError(
+        raise InputError(
             "fine_tune needs float32 weights (fp16 weights cannot be updated by a loss-scaled optimizer): "
             "load the model in float32 (torch_dtype=torch.float32, or model.float()) and pass "
             "FineTuneConfig(precision='fp16') to train in fp16 with float32 master weights"
@@ -299,7 +300,7 @@ def _checked_batches(model: nn.Module, train, val, config: FineTuneConfig) -> tu
     val_batches = list(val) if val is not None else []
     val_batches = checked_batches(val_batches, "val", num_labels, model=model) if val_batches else []
     if config.patience is not None and not val_batches:
-        raise ValueError("early stopping (patience) needs validation data")
+        raise InputError("early stopping (patience) needs validation data")
     return train_batches, val_batches
 
 
@@ -314,7 +315,7 @@ def _optimizer(model: nn.Module, config: FineTuneConfig) -> tuple[torch.optim.Op
             param.requires_grad_(name in names)
     params = [p for n, p in model.named_parameters() if n in names]
     if not params:
-        raise ValueError(f"nothing to train: no parameters in parts {config.trainable}")
+        raise InputError(f"nothing to train: no parameters in parts {config.trainable}")
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -371,12 +372,12 @@ class _Run:
         # be split evenly is skipped for that epoch (every process must take part in a step).
         per_step = config.batches_per_step or accelerator.num_processes
         if per_step % accelerator.num_processes:
-            raise ValueError(
+            raise InputError(
                 f"batches_per_step={per_step} must be a multiple of the {accelerator.num_processes} processes"
             )
         steps_per_epoch = len(train_batches) // per_step
         if steps_per_epoch == 0:
-            raise ValueError(f"{len(train_batches)} training batches cannot fill one step of {per_step}")
+            raise InputError(f"{len(train_batches)} training batches cannot fill one step of {per_step}")
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         unwrapped = accelerator.unwrap_model(model)
         inputs = _inputs_digest(unwrapped, train_batches, val_batches) if ckpt else ""
@@ -600,11 +601,11 @@ def has_checkpoint(ckpt: Path) -> bool:
     return (ckpt / MANIFEST).is_file() or (ckpt / "state.json").is_file()
 
 
-class TrainingDiverged(ValueError):
+class TrainingDiverged(InputError):
     """Fine-tuning produced a non-finite loss or weights (too high a learning rate, bad data)."""
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A fine-tuning checkpoint cannot resume this run (another run's, or damaged)."""
 
 

@@ -32,6 +32,7 @@ import torch
 from hydra_ensembles import reporting
 from hydra_ensembles.analysis import STUDIES, proposition1
 from hydra_ensembles.analysis.representations import centroid_distances, head_vectors, pca_2d
+from hydra_ensembles.errors import InputError
 from hydra_ensembles.evaluation import (
     EvalData,
     add_comparisons,
@@ -80,11 +81,11 @@ class AnalysisConfig:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.studies) - set(STUDIES))
         if unknown or not self.studies:
-            raise ValueError(f"unknown studies {unknown}; choose from {', '.join(STUDIES)}")
+            raise InputError(f"unknown studies {unknown}; choose from {', '.join(STUDIES)}")
         if self.max_members < 2:
-            raise ValueError(f"max_members must be at least 2, got {self.max_members}")
+            raise InputError(f"max_members must be at least 2, got {self.max_members}")
         if self.items < 2:
-            raise ValueError(f"items must be at least 2, got {self.items}")
+            raise InputError(f"items must be at least 2, got {self.items}")
 
 
 def run_analysis(config: AnalysisConfig, cache: Cache | None = None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from hydra_ensembles.baselines.batch_ensemble import batch_ensemble
 from hydra_ensembles.cost import count_parameters, interleaved_latency, measure, multiply_adds, synchronizer
+from hydra_ensembles.errors import InputError
 from hydra_ensembles.fusion import fuse
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.models import VISION_MODEL_TYPES
@@ -79,7 +80,7 @@ def random_inputs(config: Any, tokens: int, seed: int) -> Callable[[int], dict[s
             return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
         positions = getattr(config, "max_position_embeddings", None)
         if isinstance(positions, int) and tokens > positions:
-            raise ValueError(f"--tokens {tokens} exceeds the model's {positions} positions")
+            raise InputError(f"--tokens {tokens} exceeds the model's {positions} positions")
         low = min(1000, config.vocab_size // 2)
         ids = torch.randint(low, config.vocab_size, (batch, tokens), generator=generator)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -115,7 +116,7 @@ def run_bench(
         auto = resolve_precision("auto", device)
         dtypes = ["float32"] + ([auto.dtype_name] if auto.reduced else [])
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda requested, but torch sees no CUDA GPU")
+        raise InputError("device cuda requested, but torch sees no CUDA GPU")
     results: dict[str, Any] = {"batch_sizes": list(batch_sizes), "dtypes": {}, "device": str(device)}
     setting = _Setting(partial(_inputs_on, make_inputs, device), repeats, synchronizer(device), progress)
     built: dict[str, dict[str, Callable[[dict], Any]]] = {}

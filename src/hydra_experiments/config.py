@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hydra_ensembles.errors import InputError
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.members import sample_members
 from hydra_ensembles.models import (
@@ -282,7 +283,7 @@ class DemoConfig:
         24 of its 288 heads pruned per member, fp32 evaluation.
         """
         if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; choose from {list(TASKS)}")
+            raise InputError(f"unknown task {task!r}; choose from {list(TASKS)}")
         scratch = task == "image" and overrides.get("model", DEFAULT_IMAGE_MODEL) in SMALL_VITS
         default, larger = PRESETS["image-scratch" if scratch else task]
         return cls(**{**default, **(larger if full else {}), **overrides}, full=full)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from hydra_ensembles import reporting
+from hydra_ensembles.errors import InputError
 from hydra_ensembles.evaluation import (
     main_row,
 )
@@ -48,7 +49,7 @@ def run_seeds(config: DemoConfig, seeds: list[int]) -> dict[str, Any]:
     metrics as mean ± std over the seeds (``out_dir/seeds.md`` and ``seeds.json``): the seeds
     vary the data sample, every model's training seed and the members' heads."""
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds needs at least two distinct seeds, got {seeds}")
+        raise InputError(f"--seeds needs at least two distinct seeds, got {seeds}")
     out = Path(config.out_dir)
     per_seed = {s: run_demo(replace(config, seed=s, out_dir=out / f"seed-{s}"))["results"] for s in seeds}
     summary = seed_summary(per_seed)

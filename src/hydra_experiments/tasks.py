@@ -39,6 +39,7 @@ from hydra_ensembles.data import (
     split_indices,
     stable_sample,
 )
+from hydra_ensembles.errors import InputError
 from hydra_ensembles.evaluation.shift import shifted_sets
 
 NEAR_CLASSES = ("ankle boot", "bag")
@@ -156,5 +157,5 @@ def load_task(name: str, **limits) -> Task:
     """``"text"`` or ``"image"``."""
     loaders = {"text": load_text_task, "image": load_image_task}
     if name not in loaders:
-        raise ValueError(f"unknown task {name!r}; choose from {sorted(loaders)}")
+        raise InputError(f"unknown task {name!r}; choose from {sorted(loaders)}")
     return loaders[name](**limits)

@@ -114,3 +114,25 @@ def test_a_bug_in_the_library_is_an_internal_error_not_bad_input(local_model, mo
     monkeypatch.delenv("HYDRA_DEBUG")
     monkeypatch.undo()
     assert main(["info", "/nonexistent/model"]) == 2
+
+
+def test_a_plain_value_error_from_a_computation_is_internal_and_a_refusal_is_input(
+    local_model, monkeypatch, capsys
+):
+    """Only the library's refusals (`InputError` and its subclasses) are bad input, exit 2; a
+    plain ValueError raised inside a computation (numpy's, torch's) is a bug, exit 1."""
+    from hydra_ensembles import InputError, loading
+
+    def shapes(*args, **kwargs):
+        raise ValueError("operands could not be broadcast together with shapes (3,) (4,)")
+
+    monkeypatch.setattr(loading, "load_any", shapes)
+    assert main(["info", str(local_model)]) == 1
+    assert capsys.readouterr().err.startswith("hydra-ens: internal error: ValueError: operands")
+
+    def refusal(*args, **kwargs):
+        raise InputError("the model folder holds no weights")
+
+    monkeypatch.setattr(loading, "load_any", refusal)
+    assert main(["info", str(local_model)]) == 2
+    assert capsys.readouterr().err.strip() == "hydra-ens: error: the model folder holds no weights"

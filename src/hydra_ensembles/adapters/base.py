@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
-from ..errors import UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 
 Part = Literal["attention", "mlp", "norm", "head", "embeddings"]
 
@@ -406,7 +406,7 @@ class WholeAttentionAdapter(ArchitectureAdapter):
             return
         attention = block.get_submodule(self._attention_name)
         if isinstance(attention, ZeroHeadAttention):
-            raise ValueError(f"layer {layer} keeps no heads; heads cannot be added back")
+            raise InputError(f"layer {layer} keeps no heads; heads cannot be added back")
         for name, module in projections.items():
             setattr(attention, name, module)
         setattr(attention, self.heads_attribute, num_heads)

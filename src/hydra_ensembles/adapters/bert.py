@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..errors import InputError
 from .base import ArchitectureAdapter, ZeroHeadAttention
 
 
@@ -62,7 +63,7 @@ class BertAdapter(ArchitectureAdapter):
             attention.self = ZeroHeadAttention({"query": query, "key": key, "value": value})
             return
         if isinstance(attention.self, ZeroHeadAttention):
-            raise ValueError(f"layer {layer} keeps no heads; heads cannot be added back")
+            raise InputError(f"layer {layer} keeps no heads; heads cannot be added back")
         core = attention.self
         core.query, core.key, core.value = query, key, value
         core.num_attention_heads = num_heads

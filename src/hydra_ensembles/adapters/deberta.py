@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 from ..layers import FusedDisentangledAttention
 from .base import ZeroHeadAttention, slice_linear
 from .bert import BertAdapter
@@ -67,9 +67,9 @@ class DebertaV2Adapter(BertAdapter):
             attention.self = ZeroHeadAttention({"query_proj": query, "key_proj": key, "value_proj": value})
             return
         if isinstance(core, ZeroHeadAttention):
-            raise ValueError(f"layer {layer} keeps no heads; heads cannot be added back")
+            raise InputError(f"layer {layer} keeps no heads; heads cannot be added back")
         if heads is None or len(heads) != num_heads:
-            raise ValueError(f"DeBERTa layer {layer}: name the {num_heads} original heads kept (heads=...)")
+            raise InputError(f"DeBERTa layer {layer}: name the {num_heads} original heads kept (heads=...)")
         held = _held(core)
         rows = _rows([held.index(h) for h in heads], core.attention_head_size)
         for name in POSITION_PROJECTIONS.values():

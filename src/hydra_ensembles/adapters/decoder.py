@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..errors import InputError
 from ..layers.grouped import GroupedLinear, PerMemberModule
 from ..layers.indexed_kv import IndexedKVAttention
 from .base import AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention
@@ -56,7 +57,7 @@ class DecoderAdapter(WholeAttentionAdapter):
         index = getattr(attention, "kv_index", None)
         if isinstance(index, torch.Tensor):
             if index.shape[0] != 1:
-                raise ValueError(f"layer {layer} holds {index.shape[0]} fused members, not one model's heads")
+                raise InputError(f"layer {layer} holds {index.shape[0]} fused members, not one model's heads")
             return replace(block, kv_index=tuple(index[0].tolist()))
         group = block.num_heads // max(1, block.key.out_features // block.head_dim)
         return replace(block, kv_index=tuple(h // max(1, group) for h in range(block.num_heads)))
@@ -70,9 +71,9 @@ class DecoderAdapter(WholeAttentionAdapter):
             block.set_submodule(self._attention_name, ZeroHeadAttention({**projections, **others}, "o_proj"))
             return
         if isinstance(attention, ZeroHeadAttention):
-            raise ValueError(f"layer {layer} keeps no heads; heads cannot be added back")
+            raise InputError(f"layer {layer} keeps no heads; heads cannot be added back")
         if heads is None or len(heads) != num_heads:
-            raise ValueError(f"layer {layer}: name the {num_heads} original query heads kept (heads=...)")
+            raise InputError(f"layer {layer}: name the {num_heads} original query heads kept (heads=...)")
         kept, index = kv_heads(heads, self.group_size(model))
         pruned = IndexedKVAttention(attention, projections, torch.tensor([index]), [num_heads], [len(kept)])
         block.set_submodule(self._attention_name, pruned)
@@ -143,4 +144,4 @@ class DecoderAdapter(WholeAttentionAdapter):
             attention = self._attention(candidate, layer)
             if not isinstance(attention, ZeroHeadAttention):
                 return attention
-        raise ValueError(f"layer {layer}: no member keeps a head, there is no attention to copy")
+        raise InputError(f"layer {layer}: no member keeps a head, there is no attention to copy")

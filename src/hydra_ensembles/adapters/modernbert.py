@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import InputError
 from ..layers import FusedQKVAttention, GroupedLinear
 from .base import AttentionBlock, WholeAttentionAdapter, ZeroHeadAttention, slice_linear
 
@@ -62,7 +63,7 @@ class ModernBertAdapter(WholeAttentionAdapter):
             block.attn = ZeroHeadAttention({"Wqkv": packed, "Wo": output}, output_name="Wo")
             return
         if isinstance(block.attn, ZeroHeadAttention):
-            raise ValueError(f"layer {layer} keeps no heads; heads cannot be added back")
+            raise InputError(f"layer {layer} keeps no heads; heads cannot be added back")
         block.attn.Wqkv, block.attn.Wo = packed, output
 
     def fused_attention(self, model, layer, projections, heads, bias_stride=0, sources=()) -> nn.Module:

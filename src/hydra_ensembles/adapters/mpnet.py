@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..errors import InputError
 from .base import WholeAttentionAdapter
 
 
@@ -61,7 +62,7 @@ class MPNetAdapter(WholeAttentionAdapter):
         if num_heads == 0:
             return
         if heads is None or len(heads) != num_heads:
-            raise ValueError(f"MPNet layer {layer}: name the {num_heads} original heads kept (heads=...)")
+            raise InputError(f"MPNet layer {layer}: name the {num_heads} original heads kept (heads=...)")
         block = self.layers(model)[layer]
         core = block.get_submodule(self._attention_name)
         core.all_head_size = num_heads * core.attention_head_size

@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..adapters import get_adapter
 from ..batching import checked_batches, model_inputs
+from ..errors import InputError
 from ..heads import HeadSet
 from ..progress import progress_bar
 from ..surgery import ablate, kept_heads
@@ -171,7 +172,7 @@ def hutchinson_diagonal(
     """Hutchinson's estimate of the Hessian diagonal, ``mean_k z_k * (H z_k)`` over ``probes``
     Rademacher vectors, and each entry's standard error (std over probes / sqrt(probes))."""
     if probes < 2:
-        raise ValueError(f"probes must be at least 2 (the standard error needs two), got {probes}")
+        raise InputError(f"probes must be at least 2 (the standard error needs two), got {probes}")
     generator = torch.Generator().manual_seed(seed)
     samples = []
     for _ in progress_bar(range(probes), desc="hutchinson", leave=False, enabled=progress):
@@ -230,7 +231,7 @@ def proposition1(
     if isinstance(heads, HeadSet):
         return proposition1(model, clean, noisy, {"": heads}, probes, seed, progress)[""]
     if probes < 2:
-        raise ValueError(f"probes must be at least 2 (the standard error needs two), got {probes}")
+        raise InputError(f"probes must be at least 2 (the standard error needs two), got {probes}")
     num_labels = int(model.config.num_labels)
     clean = checked_batches(clean, "clean", num_labels, model=model)
     noisy = checked_batches(noisy, "noisy", num_labels, model=model)
@@ -291,7 +292,7 @@ def _perturbations(
     counts = {name: int(sum(int(s.sum()) for s in support)) for name, support in supports.items()}
     for name, count in counts.items():
         if count == 0:
-            raise ValueError(
+            raise InputError(
                 f"the head set {name!r} removes no head: there is no pruning perturbation to study"
             )
     return deltas, supports, counts

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..batching import model_inputs
+from ..errors import InputError
 from ..surgery import kept_heads
 
 
@@ -40,7 +41,7 @@ def head_vectors(model: nn.Module, batches: Iterable[dict[str, Any]], layer: int
     layer = layer % layers
     heads = kept_heads(model).resolve(adapter.original_heads_per_layer(model))[layer]
     if not heads:
-        raise ValueError(f"layer {layer} keeps no heads: there is nothing to represent")
+        raise InputError(f"layer {layer} keeps no heads: there is nothing to represent")
     block = adapter.attention_block(model, layer)
     collected: list[torch.Tensor] = []
 
@@ -59,7 +60,7 @@ def head_vectors(model: nn.Module, batches: Iterable[dict[str, Any]], layer: int
         handle.remove()
         model.train(was_training)
     if not collected:
-        raise ValueError("no batches given")
+        raise InputError("no batches given")
     return HeadVectors(layer, tuple(heads), torch.cat(collected).numpy())
 
 
@@ -74,12 +75,12 @@ def centroid_distances(id_vectors: np.ndarray, ood_vectors: np.ndarray) -> list[
     from sklearn.covariance import LedoitWolf
 
     if id_vectors.ndim != 3 or ood_vectors.ndim != 3 or id_vectors.shape[1:] != ood_vectors.shape[1:]:
-        raise ValueError(
+        raise InputError(
             "expected (N, heads, d_k) arrays of the same heads, "
             f"got {id_vectors.shape} and {ood_vectors.shape}"
         )
     if len(id_vectors) < 2 or len(ood_vectors) < 1:
-        raise ValueError("need at least 2 ID inputs (a covariance) and 1 OOD input")
+        raise InputError("need at least 2 ID inputs (a covariance) and 1 OOD input")
     rows = []
     for h in range(id_vectors.shape[1]):
         ident, ood = id_vectors[:, h].astype(np.float64), ood_vectors[:, h].astype(np.float64)

@@ -18,6 +18,7 @@ from torch import nn
 from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..batching import batch_rows, repeat_call
+from ..errors import InputError
 from ..layers.batch_ensemble import BatchEnsembleLinear
 from .registry import MemberTransform, register_member_transform
 
@@ -39,9 +40,9 @@ def batch_ensemble(model: nn.Module, num_members: int = 3, init_std: float = 0.5
     ``init_std``: spread of the rank-1 factors around 1 (diversity at the start of fine-tuning).
     """
     if num_members < 1:
-        raise ValueError(f"a BatchEnsemble needs at least one member, got {num_members}")
+        raise InputError(f"a BatchEnsemble needs at least one member, got {num_members}")
     if batch_ensemble_members(model) > 1:
-        raise ValueError("the model is a BatchEnsemble already")
+        raise InputError("the model is a BatchEnsemble already")
     adapter = get_adapter(model)
     converted = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(seed)

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..batching import batch_rows, model_inputs
+from ..errors import InputError
 from ..training import FineTuneConfig, FineTuneResult, fine_tune
 from .registry import MemberTransform, register_member_transform
 
@@ -72,12 +73,12 @@ def head_ensemble(model: nn.Module, num_members: int = 3, seed: int = 0) -> nn.M
     """A copy of ``model`` with ``num_members`` task heads, head m initialised as the model family
     initialises a new head, from seed ``seed + m``; ``model`` is not modified."""
     if num_members < 1:
-        raise ValueError(f"an ensemble needs at least one member, got {num_members}")
+        raise InputError(f"an ensemble needs at least one member, got {num_members}")
     if head_ensemble_members(model) > 1:
-        raise ValueError("the model has an ensemble of heads already")
+        raise InputError("the model has an ensemble of heads already")
     names = get_adapter(model).task_head_modules(model)
     if not names:
-        raise ValueError(f"{type(model).__name__} has no task head to ensemble")
+        raise InputError(f"{type(model).__name__} has no task head to ensemble")
     converted = copy.deepcopy(model)
     installed = []
     for name in names:
@@ -129,7 +130,7 @@ def train_head_ensemble(
     """
     heads = [module for module in model.modules() if isinstance(module, MemberHeads)]
     if not heads:
-        raise ValueError("the model has no MemberHeads: make it with head_ensemble first")
+        raise InputError("the model has no MemberHeads: make it with head_ensemble first")
     if len(heads) == 1:
         head_only = _CachedHeadInputs(heads[0], model.config)
         return fine_tune(
@@ -167,7 +168,7 @@ class _CachedHeadInputs(nn.Module):
 
         def keep(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             if len(args) != 1 or kwargs:
-                raise ValueError("cached head training needs a head that reads one tensor")
+                raise InputError("cached head training needs a head that reads one tensor")
             seen.append(args[0].detach())
 
         was_training = model.training

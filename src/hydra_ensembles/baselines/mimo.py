@@ -32,6 +32,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..batching import StackMemberLogits
+from ..errors import InputError
 from ..models import takes_images
 from ..training import FineTuneConfig, FineTuneResult, fine_tune
 from .head_ensemble import initialise_like
@@ -64,9 +65,9 @@ class MimoTextInputs(nn.Module):
 def mimo(model: nn.Module, num_members: int = 3, seed: int = 0) -> nn.Module:
     """A MIMO copy of ``model`` (see the module docstring); ``model`` is not modified."""
     if num_members < 1:
-        raise ValueError(f"MIMO needs at least one member, got {num_members}")
+        raise InputError(f"MIMO needs at least one member, got {num_members}")
     if mimo_members(model) > 1:
-        raise ValueError("the model is a MIMO model already")
+        raise InputError("the model is a MIMO model already")
     converted = copy.deepcopy(model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -118,7 +119,7 @@ def mimo_batches(
     (probability ``rho``) where all members read member 0's item. Inputs become (B*r, M, ...)
     and labels (B*r, M)."""
     if not 0 <= rho <= 1 or batch_repeat < 1:
-        raise ValueError(f"rho must be in [0, 1] and batch_repeat >= 1, got {rho} and {batch_repeat}")
+        raise InputError(f"rho must be in [0, 1] and batch_repeat >= 1, got {rho} and {batch_repeat}")
     generator = torch.Generator().manual_seed(seed)
     mixed = []
     for batch in batches:
@@ -153,7 +154,7 @@ def train_mimo(
     all epochs."""
     members = mimo_members(model)
     if members == 1:
-        raise ValueError("not a MIMO model: make one with mimo first")
+        raise InputError("not a MIMO model: make one with mimo first")
     train = list(train)
     mixed = [
         batch
@@ -197,7 +198,7 @@ def _widen_patch_projection(model: nn.Module, num_members: int) -> None:
     embeddings = model.get_submodule(get_adapter(model).embeddings_path)
     convs = [(p, m) for p, m in embeddings.named_modules() if isinstance(m, nn.Conv2d)]
     if len(convs) != 1:
-        raise ValueError(f"MIMO needs one patch projection in the embeddings, found {len(convs)}")
+        raise InputError(f"MIMO needs one patch projection in the embeddings, found {len(convs)}")
     path, conv = convs[0]
     wide = nn.Conv2d(num_members * conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                      conv.padding, bias=conv.bias is not None)  # fmt: skip
@@ -219,5 +220,5 @@ def _final_linear(head: nn.Module, labels: int) -> tuple[str, nn.Linear]:
         (p, m) for p, m in head.named_modules() if isinstance(m, nn.Linear) and m.out_features == labels
     ]
     if len(finals) != 1:
-        raise ValueError(f"cannot find the task head's output layer in {type(head).__name__}")
+        raise InputError(f"cannot find the task head's output layer in {type(head).__name__}")
     return finals[0]

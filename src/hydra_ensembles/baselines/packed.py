@@ -29,6 +29,7 @@ from torch import nn
 from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..batching import StackMemberLogits
+from ..errors import InputError
 from ..layers.packed import PackedLayerNorm, PackedLinear
 from .head_ensemble import initialise_like
 from .registry import MemberTransform, register_member_transform
@@ -70,11 +71,11 @@ def packed_ensemble(
     """A Packed-Ensemble of ``model``'s architecture (see the module docstring); ``model`` is not
     modified. ``from_base`` needs ``alpha == num_members`` and ``gamma == 1``."""
     if num_members < 1 or alpha < 1 or gamma < 1:
-        raise ValueError(f"members, alpha and gamma must be positive, got {num_members}, {alpha}, {gamma}")
+        raise InputError(f"members, alpha and gamma must be positive, got {num_members}, {alpha}, {gamma}")
     if packed_members(model) > 1:
-        raise ValueError("the model is a Packed-Ensemble already")
+        raise InputError("the model is a Packed-Ensemble already")
     if from_base and (alpha != num_members or gamma != 1):
-        raise ValueError(
+        raise InputError(
             f"from_base needs members as wide as the base model (alpha == M and gamma == 1), "
             f"got M={num_members}, alpha={alpha}, gamma={gamma}"
         )
@@ -126,9 +127,9 @@ def packed_member(model: nn.Module, member: int) -> nn.Module:
     ``alpha*d/M``; with ``gamma`` > 1 its linear weights are zero off their gamma blocks)."""
     members = packed_members(model)
     if members == 1:
-        raise ValueError("not a Packed-Ensemble: make one with packed_ensemble first")
+        raise InputError("not a Packed-Ensemble: make one with packed_ensemble first")
     if not 0 <= member < members:
-        raise ValueError(f"member {member} out of range: the ensemble has {members}")
+        raise InputError(f"member {member} out of range: the ensemble has {members}")
     config = copy.deepcopy(model.config)
     delattr(config, PACKED_KEY)
     for name in _width_fields(config):
@@ -152,7 +153,7 @@ def _width_fields(config) -> tuple[str, ...]:
     """All the fields of `WIDTH_FIELDS` for ``config``'s family, hidden size first."""
     fields = WIDTH_FIELDS.get(getattr(config, "model_type", ""))
     if fields is None:
-        raise ValueError(
+        raise InputError(
             f"Packed-Ensembles support the families {sorted(WIDTH_FIELDS)}, "
             f"not {getattr(config, 'model_type', type(config).__name__)!r}"
         )
@@ -164,13 +165,13 @@ def _check_divisible(config, members: int, gamma: int) -> None:
     """Every member's block must hold whole heads, and every layer split into M*gamma groups."""
     hidden, heads, *others = (getattr(config, f) for f in _width_fields(config))
     if heads % members:
-        raise ValueError(f"{heads} heads cannot be shared by {members} members (alpha*H % M != 0)")
+        raise InputError(f"{heads} heads cannot be shared by {members} members (alpha*H % M != 0)")
     widths = [hidden, *others]
     if getattr(config, "model_type", "") == "dinov2":
         widths.append(int(hidden * config.mlp_ratio))
     for width in widths:
         if width % (members * gamma):
-            raise ValueError(f"width {width} cannot be split into M*gamma = {members * gamma} groups")
+            raise InputError(f"width {width} cannot be split into M*gamma = {members * gamma} groups")
 
 
 def _split(tensor: torch.Tensor, member_shape: torch.Size, members: int) -> list[torch.Tensor]:
@@ -180,7 +181,7 @@ def _split(tensor: torch.Tensor, member_shape: torch.Size, members: int) -> list
     if not scaled:
         return [tensor] * members
     if len(scaled) > 1 or tensor.shape[scaled[0]] != members * member_shape[scaled[0]]:
-        raise ValueError(f"cannot split a {tuple(tensor.shape)} tensor into members of {tuple(member_shape)}")
+        raise InputError(f"cannot split a {tuple(tensor.shape)} tensor into members of {tuple(member_shape)}")
     return list(tensor.chunk(members, dim=scaled[0]))
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import InputError
+
 __all__ = [
     "MEMBER_TRANSFORMS",
     "MemberTransform",
@@ -63,7 +65,7 @@ def register_member_transform(transform: MemberTransform) -> MemberTransform:
     """Add ``transform`` to `MEMBER_TRANSFORMS`; refuses a key another transform records."""
     existing = MEMBER_TRANSFORMS.get(transform.key)
     if existing is not None and existing.name != transform.name:
-        raise ValueError(f"the configuration key {transform.key!r} is recorded by {existing.name} already")
+        raise InputError(f"the configuration key {transform.key!r} is recorded by {existing.name} already")
     MEMBER_TRANSFORMS[transform.key] = transform
     return transform
 

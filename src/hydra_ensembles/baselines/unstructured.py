@@ -52,6 +52,7 @@ from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..analysis.curvature import Differentiable
 from ..batching import batch_rows, checked_batches, model_inputs
+from ..errors import InputError
 from ..progress import progress_bar
 from ..serialization import check_finite
 
@@ -72,7 +73,7 @@ def prunable_linears(model: nn.Module) -> dict[str, nn.Linear]:
 
 def _check_sparsity(sparsity: float) -> None:
     if not 0 <= sparsity < 1:
-        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+        raise InputError(f"sparsity must be in [0, 1), got {sparsity}")
 
 
 # --- OBA ----------------------------------------------------------------------------------------
@@ -99,13 +100,13 @@ def taylor_terms(
     moves by 0). The model's parameters, ``requires_grad`` flags and mode are left as they were."""
     batches = checked_batches(calib, "calib", int(model.config.num_labels), model=model)
     if any(torch_prune.is_pruned(m) for m in prunable_linears(model).values()):
-        raise ValueError("the model has pruning masks installed: fold them in with make_permanent first")
+        raise InputError("the model has pruning masks installed: fold them in with make_permanent first")
     scored = _float32(model)
     check_finite(scored.named_parameters(), "the model to score")
     weights = {path: linear.weight for path, linear in prunable_linears(scored).items()}
     unknown = set(direction) - set(weights)
     if unknown:
-        raise ValueError(f"not prunable linears of this model: {sorted(unknown)[:3]}")
+        raise InputError(f"not prunable linears of this model: {sorted(unknown)[:3]}")
     d = {p: _normal(direction[p]).to(w.device, torch.float32) for p, w in weights.items() if p in direction}
     totals = {p: torch.zeros((2, *w.shape), dtype=torch.float64, device=w.device) for p, w in weights.items()}
     examples = sum(batch_rows(b) for b in batches)
@@ -136,7 +137,7 @@ def _gradient_and_hvp(
     logits = model(**model_inputs(batch)).logits.float()
     loss = F.cross_entropy(logits, batch["labels"].to(logits.device), reduction="sum") / examples
     if not torch.isfinite(loss):
-        raise ValueError("the loss on the calibration data is NaN or Inf: OBA scores would be meaningless")
+        raise InputError("the loss on the calibration data is NaN or Inf: OBA scores would be meaningless")
     grads = dict(zip(weights, torch.autograd.grad(loss, params, create_graph=True), strict=True))
     hvps: tuple[torch.Tensor | None, ...] = (None,) * len(params)
     if direction:
@@ -269,7 +270,7 @@ def unstructured_prune(
 ) -> nn.Module:
     """A copy of ``model`` with ``method``'s masks installed (pruned weights stay zero in training)."""
     if method not in MASKERS:
-        raise ValueError(f"unknown unstructured method {method!r}: choose from {sorted(MASKERS)}")
+        raise InputError(f"unknown unstructured method {method!r}: choose from {sorted(MASKERS)}")
     pruned = copy.deepcopy(model)
     for path, mask in MASKERS[method](pruned, list(calib), sparsity).items():
         module = pruned.get_submodule(path)
@@ -291,5 +292,5 @@ def matched_sparsity(base: nn.Module, pruned: nn.Module) -> float:
     removed = sum(p.numel() for p in base.parameters()) - sum(p.numel() for p in pruned.parameters())
     total = sum(m.weight.numel() for m in prunable_linears(base).values())
     if removed < 0 or total == 0:
-        raise ValueError("the pruned model must have no more parameters than the base")
+        raise InputError("the pruned model must have no more parameters than the base")
     return removed / total

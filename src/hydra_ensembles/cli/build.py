@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import InputError
 from .common import (
     _data_batches,
     _load_model,
@@ -44,9 +45,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     target = check_output_dir(args.out, finished=FINISHED, resumable=OWNED, overwrite=args.overwrite)
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
     if args.fine_tune and not args.data:
-        raise ValueError("--fine-tune needs --data (labelled training data)")
+        raise InputError("--fine-tune needs --data (labelled training data)")
     if args.ood_data and not args.val_data:
-        raise ValueError("--ood-data chooses the flag score of the calibration: it needs --val-data")
+        raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
     model = _load_model(args.model, args)
     ranking = read_ranking(args.scores, model)
     preprocessor = load_preprocessor(args.preprocessor or args.model)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import InputError
+
 DEFAULT_MAX_LENGTH = 128
 """Tokens per text where neither ``--max-length`` nor the model says."""
 
@@ -20,13 +22,13 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
     model = load_any(path, num_labels or getattr(args, "num_labels", None))
     classes = getattr(getattr(model, "config", None), "num_labels", None)
     if isinstance(classes, int) and classes < 2:
-        raise ValueError(
+        raise InputError(
             f"{path} classifies into {classes} class: a classifier needs at least two (its probability "
             "would always be 1; a regression head is no classifier)"
         )
     untrained = untrained_weights(model)
     if untrained and not getattr(args, "allow_random_head", False):
-        raise ValueError(
+        raise InputError(
             f"{path} has no trained classifier head ({', '.join(untrained[:2])} would be random): "
             f"fine-tune it first (hydra-ens finetune {path} --data TRAIN --out DIR), or pass "
             "--allow-random-head where a random head is what you want"
@@ -176,7 +178,7 @@ def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
 
     paths = [p for p in spec.split(",") if p]
     if not paths:
-        raise ValueError(f"no model path in {spec!r}")
+        raise InputError(f"no model path in {spec!r}")
     models = [_load_model(p, args) for p in paths]
     if len(models) > 1:  # checked before any work: the members of an explicit ensemble are models
         from ..members.ensemble import DeepEnsemble
@@ -186,7 +188,7 @@ def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
     found = [(p, pre) for p, pre in found if pre is not None]
     for path, pre in found[1:]:
         if preprocessing_signature(pre) != preprocessing_signature(found[0][1]):
-            raise ValueError(
+            raise InputError(
                 f"{found[0][0]} and {path} were saved with different tokenizers or image processors: "
                 "an ensemble's members must read the same inputs"
             )

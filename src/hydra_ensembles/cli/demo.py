@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import InputError
 from ..models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL
 from .options import precision_option
 
@@ -34,7 +35,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         overrides["out_dir"] = Path(args.out)
     config = DemoConfig.preset(args.task, full=args.full, **overrides)
     if args.seeds and args.task == "zero-shot":
-        raise ValueError("--seeds runs the supervised demos (text, image)")
+        raise InputError("--seeds runs the supervised demos (text, image)")
     with output_lock(config.out_dir):  # its default folder too: one demo writes it at a time
         if args.seeds:
             from hydra_experiments import run_seeds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import InputError
 from .common import _data_batches, _load_methods, _say_precision
 from .options import (
     POSITIVE,
@@ -32,12 +33,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     items = [item.partition("=") for item in args.method]
     bad = [f"{n}{sep}{paths}" for n, sep, paths in items if not (n and sep and paths)]
     if bad:
-        raise ValueError(f"--method wants NAME=PATH[,PATH...], got {bad[0]!r}")
+        raise InputError(f"--method wants NAME=PATH[,PATH...], got {bad[0]!r}")
     oods_named = [_ood_option(item) for item in args.ood or []]
     for option, names in (("--method", [n for n, _, _ in items]), ("--ood", [n for n, _, _ in oods_named])):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            raise ValueError(f"{option} names {repeated[0]!r} twice: give every {option} its own name")
+            raise InputError(f"{option} names {repeated[0]!r} twice: give every {option} its own name")
     methods: dict[str, list] = {}
     preprocessors: dict[str, object] = {}
     for name, _, paths in items:
@@ -116,7 +117,7 @@ def _ood_option(item: str) -> tuple[str, str, str]:
     name, _, rest = item.partition("=")
     spec, _, kind = rest.rpartition(":")
     if kind not in ("near", "far") or not spec or not name:
-        raise ValueError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
+        raise InputError(f"--ood wants NAME=SPEC:near|far, got {item!r}")
     return name, spec, kind
 
 

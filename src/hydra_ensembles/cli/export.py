@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..errors import InputError
 from ..serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _overwrite_option
 
@@ -17,9 +18,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     check_output_dir(args.out, finished=ONNX_NAME, overwrite=args.overwrite, replaced=True)
     if (args.val_data or args.ood_data) and not args.quantize:
-        raise ValueError("--val-data and --ood-data calibrate a quantized graph: give --quantize int8")
+        raise InputError("--val-data and --ood-data calibrate a quantized graph: give --quantize int8")
     if args.quantize and not args.val_data:
-        raise ValueError("--quantize refits the calibration on the quantized graph: give --val-data")
+        raise InputError("--quantize refits the calibration on the quantized graph: give --val-data")
     preprocessor = load_preprocessor(args.preprocessor) if args.preprocessor else None
     val = ood = None
     if args.quantize:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import InputError
 from .common import (
     _calibrate,
     _data_batches,
@@ -45,16 +46,16 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         args.out, finished="config.json", resumable=(), overwrite=args.overwrite, replaced=True
     )
     if args.ood_data and not args.val_data:
-        raise ValueError("--ood-data chooses the flag score of the calibration: it needs --val-data")
+        raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
     if args.val_data and args.flag_score == "mutual_information":
-        raise ValueError(
+        raise InputError(
             "--flag-score mutual_information measures members' disagreement: a single fine-tuned "
             "model has none to calibrate; choose msp, max_logit, energy or entropy"
         )
     dataset = load_spec(args.data, args.text_column, args.label_column)
     classes = len(dataset.classes)
     if not classes:
-        raise ValueError(f"{args.data} has no labels; fine-tuning needs labelled data")
+        raise InputError(f"{args.data} has no labels; fine-tuning needs labelled data")
     check_trainable(dataset.labels, dataset.classes, args.data)
     model = _load_model(args.model, args, num_labels=args.num_labels, quiet=True)
     if untrained_weights(model) and args.num_labels is None and model.config.num_labels != classes:

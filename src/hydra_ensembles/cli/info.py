@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import InputError
 from ..models import DEFAULT_TEXT_MODEL
 from .options import _num_labels_option
 
@@ -82,7 +83,7 @@ def _describe_export(folder: Path) -> int:
 
     side = read_json(folder / SIDECAR_NAME, "export sidecar")
     if not isinstance(side, dict) or side.get("format") != "hydra-ensembles/onnx":
-        raise ValueError(f"{folder / SIDECAR_NAME} is not the sidecar of a hydra-ens ONNX export")
+        raise InputError(f"{folder / SIDECAR_NAME} is not the sidecar of a hydra-ens ONNX export")
     quantization = side.get("quantization")
     kind = "int8 weights" if quantization else "float32"
     members, family = side["members"], side["base_model_type"]

@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..data import MissingDataError
-from ..errors import UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 from ..models import MissingModelError
 from .analyze import _add_analyze_command
 from .bench import _add_bench_command
@@ -214,7 +214,7 @@ def _run(args: argparse.Namespace) -> int:
     except (MissingDataError, MissingModelError) as exc:
         print(f"hydra-ens: {exc}", file=sys.stderr)
         return 3
-    except (ValueError, UnsupportedModelError) as exc:  # refusals of the input (ModelNotFoundError, ...)
+    except (InputError, UnsupportedModelError) as exc:  # refusals of the input (ModelNotFoundError, ...)
         print(f"hydra-ens: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file that cannot be read or written

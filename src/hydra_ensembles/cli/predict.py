@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import InputError
 from ..evaluation.evaluate import OOD_SCORES
 from ..ood.detectors import FEATURE_SCORES
 from .common import _data_batches, _load_methods, _say_precision
@@ -23,7 +24,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, (".csv", ".jsonl"))
     plot = check_output_file(args.plot, (".png",)) if args.plot else None
     if plot is not None and not args.val_data:
-        raise ValueError("--plot draws the data's OOD scores against --val-data's: give --val-data")
+        raise InputError("--plot draws the data's OOD scores against --val-data's: give --val-data")
     models, preprocessor = _load_methods(args.model, args)
     if args.preprocessor:
         preprocessor = load_preprocessor(args.preprocessor)
@@ -37,7 +38,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     calibration, val = _calibration(args, model, len(models), val_batches)
     flag_score = calibration.score if calibration is not None else args.flag_score or "msp"
     if calibration is None and flag_score in FEATURE_SCORES:
-        raise ValueError(
+        raise InputError(
             f"--flag-score {flag_score} reads the feature statistics of a calibration: give --val-data "
             "for a model saved with them (build or finetune with --data and --val-data)"
         )
@@ -77,7 +78,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
         calibration.score,
         calibration.keep,
     ):
-        raise ValueError(
+        raise InputError(
             f"{args.model}'s saved calibration flags on {calibration.score} keeping {calibration.keep:.0%} "
             "of ID validation: pass --val-data to fit another with --flag-score/--keep"
         )

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import InputError
 from .text import MissingDataError
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -40,13 +41,13 @@ class ImageDataset:
 
     def __post_init__(self) -> None:
         if self.images.ndim != 4 or len(self.images) != len(self.labels) or len(self.ids) != len(self.labels):
-            raise ValueError(
+            raise InputError(
                 f"images must be (N, C, H, W) with one label and id each, got {self.images.shape}, "
                 f"{len(self.labels)} labels and {len(self.ids)} ids"
             )
         if not np.isfinite(self.images).all():
             bad = np.flatnonzero(~np.isfinite(self.images.reshape(len(self.images), -1)).all(1))
-            raise ValueError(f"{len(bad)} images hold NaN or Inf pixels (first: {self.ids[bad[0]]})")
+            raise InputError(f"{len(bad)} images hold NaN or Inf pixels (first: {self.ids[bad[0]]})")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -97,7 +98,7 @@ def _read_idx(path: Path) -> np.ndarray:
     _, dtype, ndim = struct.unpack(">HBB", data[:4])
     shape = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
     if dtype != 0x08:
-        raise ValueError(f"{path}: unsupported idx dtype {dtype:#x}")
+        raise InputError(f"{path}: unsupported idx dtype {dtype:#x}")
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
@@ -105,7 +106,7 @@ def load_fashion_mnist(split: str = "train", root: Path = FASHION_MNIST_DIR) -> 
     """Fashion-MNIST from Debian's ``dataset-fashion-mnist`` (idx .gz files); ids ``split/index``."""
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise InputError(f"split must be 'train' or 'test', got {split!r}")
     images_file = root / f"{prefix}-images-idx3-ubyte.gz"
     labels_file = root / f"{prefix}-labels-idx1-ubyte.gz"
     if not images_file.is_file():
@@ -126,21 +127,21 @@ def load_npz(path: str | Path) -> ImageDataset:
     try:
         with np.load(path, allow_pickle=False) as data:
             if "x" not in data or "y" not in data:
-                raise ValueError(f"{path} must hold arrays 'x' and 'y'")
+                raise InputError(f"{path} must hold arrays 'x' and 'y'")
             x, y = data["x"], data["y"]
             classes = [str(c) for c in data["classes"]] if "classes" in data else None
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         reason = " ".join(str(exc).split()) or "empty"
-        raise ValueError(f"{path} is not a readable .npz file ({reason})") from None
+        raise InputError(f"{path} is not a readable .npz file ({reason})") from None
     if x.ndim == 3:
         x = x[:, None]
     if x.ndim != 4 or y.ndim != 1 or len(x) != len(y):
-        raise ValueError(
+        raise InputError(
             f"{path}: x must be (N, H, W) or (N, C, H, W) and y (N,), got {x.shape} and {y.shape}"
         )
     labels, ids_classes = parse_labels(y.tolist(), str(path), "y")
     if classes is not None and max(labels) >= len(classes):
-        raise ValueError(f"{path}: class id {max(labels)} in y has no name among its {len(classes)} classes")
+        raise InputError(f"{path}: class id {max(labels)} in y has no name among its {len(classes)} classes")
     return ImageDataset(
         unit_pixels(x, str(path)), labels, [f"{Path(path).name}/{i}" for i in range(len(labels))],
         classes or ids_classes,
@@ -155,12 +156,12 @@ def unit_pixels(x: np.ndarray, source: str) -> np.ndarray:
     if np.issubdtype(x.dtype, np.floating):
         finite = x[np.isfinite(x)]
         if finite.size and (finite.min() < 0 or finite.max() > 1):
-            raise ValueError(
+            raise InputError(
                 f"{source}: float pixels must lie in [0, 1], found {finite.min():g} to {finite.max():g}: "
                 "divide 0-255 values by 255, or save them as uint8"
             )
         return x.astype(np.float32)
-    raise ValueError(f"{source}: pixels are {x.dtype}; save them as uint8 (0-255) or float in [0, 1]")
+    raise InputError(f"{source}: pixels are {x.dtype}; save them as uint8 (0-255) or float in [0, 1]")
 
 
 def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool = False) -> ImageDataset:
@@ -170,12 +171,12 @@ def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool
     root = Path(path)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not classes:
-        raise ValueError(f"{root} has no class sub-folders")
+        raise InputError(f"{root} has no class sub-folders")
     images, labels, ids = [], [], []
     for label, name in enumerate(classes):
         nested = sorted(p.name for p in (root / name).iterdir() if p.is_dir())
         if nested:  # its images would be left out without a word
-            raise ValueError(
+            raise InputError(
                 f"{root / name} holds folders ({', '.join(nested[:3])}): an image folder is "
                 "<class>/<image>, one level; move their images up or into their own class folders"
             )
@@ -186,11 +187,11 @@ def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool
                 with Image.open(file) as image:
                     images.append(pil_array(image, grayscale, size))
             except (OSError, Image.DecompressionBombError) as exc:  # not an image Pillow reads safely
-                raise ValueError(f"{file} is not a readable image ({' '.join(str(exc).split())})") from None
+                raise InputError(f"{file} is not a readable image ({' '.join(str(exc).split())})") from None
             labels.append(label)
             ids.append(f"{name}/{file.name}")
     if not images:
-        raise ValueError(f"{root} has class sub-folders but no images")
+        raise InputError(f"{root} has class sub-folders but no images")
     return ImageDataset(stack_images(images, str(root)), labels, ids, classes)
 
 
@@ -220,7 +221,7 @@ def _deep_pixels(image: Any) -> np.ndarray:
     high = float(array.max()) if array.size else 0.0
     if image.mode == "I" and (array.min() < 0 or high > 65535):
         name = getattr(image, "filename", "") or "an image"
-        raise ValueError(f"{name}: 32-bit pixel values beyond 0-65535")
+        raise InputError(f"{name}: 32-bit pixel values beyond 0-65535")
     depth = 65535.0 if image.mode.startswith("I;16") or high > 255 else 255.0
     return array / depth
 
@@ -229,7 +230,7 @@ def stack_images(images: list[np.ndarray], source: str) -> np.ndarray:
     """(N, C, H, W) from equally sized (C, H, W) arrays; a clear error where sizes differ."""
     shapes = {a.shape for a in images}
     if len(shapes) != 1:
-        raise ValueError(f"images in {source} differ in size {sorted(shapes)[:3]}: resize them to one size")
+        raise InputError(f"images in {source} differ in size {sorted(shapes)[:3]}: resize them to one size")
     return np.stack(images)
 
 

@@ -20,6 +20,8 @@ from typing import TypeVar
 
 from torch import nn
 
+from ..errors import InputError
+
 _GENERIC = re.compile(r"LABEL_\d+")
 _WHOLE_NUMBER = re.compile(r"[+-]?\d+(\.0*)?")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
@@ -42,7 +44,7 @@ def _label(value: object) -> int | str | None:
     if value is None:
         return None
     if isinstance(value, bool):  # before numbers: True is an int, and never meant as class 1
-        raise ValueError(f"{value!r} (a boolean) is not a class id or a class name: write 0/1 or names")
+        raise InputError(f"{value!r} (a boolean) is not a class id or a class name: write 0/1 or names")
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
@@ -50,7 +52,7 @@ def _label(value: object) -> int | str | None:
         if math.isnan(number):
             return None
         if not math.isfinite(number) or number != int(number):
-            raise ValueError(f"{value!r} is not a class id (a whole number) or a class name")
+            raise InputError(f"{value!r} is not a class id (a whole number) or a class name")
         return int(number)
     if isinstance(value, str):
         text = value.strip()
@@ -59,9 +61,9 @@ def _label(value: object) -> int | str | None:
         if _WHOLE_NUMBER.fullmatch(text):
             return int(float(text)) if "." in text else int(text)
         if _NUMBER.fullmatch(text):
-            raise ValueError(f"{value!r} is not a class id (a whole number) or a class name")
+            raise InputError(f"{value!r} is not a class id (a whole number) or a class name")
         return text
-    raise ValueError(f"{value!r} ({type(value).__name__}) is not a class id or a class name")
+    raise InputError(f"{value!r} ({type(value).__name__}) is not a class id or a class name")
 
 
 def parse_labels(values: Sequence, source: str, column: str) -> tuple[list[int], list[str]]:
@@ -80,25 +82,25 @@ def parse_labels(values: Sequence, source: str, column: str) -> tuple[list[int],
         try:
             label = _label(value)
         except ValueError as exc:
-            raise ValueError(f"{source}: row {row}: the {column!r} {exc}") from None
+            raise InputError(f"{source}: row {row}: the {column!r} {exc}") from None
         if label is None:
             missing.append(row)
         labels.append(label)
     if missing:
-        raise ValueError(f"{source}: {len(missing)} rows have no {column!r} (first: row {missing[0]})")
+        raise InputError(f"{source}: {len(missing)} rows have no {column!r} (first: row {missing[0]})")
     ids = [i for i, label in enumerate(labels) if isinstance(label, int)]
     if ids and len(ids) < len(labels):
         name = next(i for i, label in enumerate(labels) if isinstance(label, str))
-        raise ValueError(
+        raise InputError(
             f"{source}: the {column!r} column mixes class ids (row {ids[0] + 1}: {labels[ids[0]]}) and "
             f"class names (row {name + 1}: {labels[name]!r}): use one kind for every row"
         )
     if ids:
         low, high = min(labels), max(labels)
         if low < 0:
-            raise ValueError(f"{source}: integer labels are class ids and must be >= 0, found {low}")
+            raise InputError(f"{source}: integer labels are class ids and must be >= 0, found {low}")
         if high > MAX_CLASS_ID:
-            raise ValueError(
+            raise InputError(
                 f"{source}: class id {high} in {column!r} is implausible (ids number the classes "
                 f"0..K-1, at most {MAX_CLASS_ID}): is it the right column?"
             )
@@ -113,7 +115,7 @@ def check_trainable(labels: Sequence[int], classes: Sequence[str], source: str) 
     present = sorted(set(labels))
     if len(present) < 2:
         only = classes[present[0]] if present and present[0] < len(classes) else "?"
-        raise ValueError(
+        raise InputError(
             f"{source}: every label is {only!r}: training needs examples of at least two classes"
         )
 
@@ -129,7 +131,7 @@ def model_class_names(model: nn.Module | Sequence[nn.Module]) -> list[str] | Non
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         named = [n for n in (model_class_names(m) for m in model) if n is not None]
         if any(n != named[0] for n in named):
-            raise ValueError(f"the models name different classes: {named}")
+            raise InputError(f"the models name different classes: {named}")
         return named[0] if named else None
     id2label = getattr(model.config, "id2label", None) or {}
     names = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
@@ -143,7 +145,7 @@ def num_model_labels(model: nn.Module | Sequence[nn.Module]) -> int:
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         counts = {num_model_labels(m) for m in model}
         if len(counts) != 1:
-            raise ValueError(f"the ensemble's models have different numbers of classes: {sorted(counts)}")
+            raise InputError(f"the ensemble's models have different numbers of classes: {sorted(counts)}")
         return counts.pop()
     return int(model.config.num_labels)
 
@@ -164,11 +166,11 @@ def align_labels(dataset: D, model_names: list[str] | None, num_labels: int, sou
         ids = [int(n) for n in names]
     elif model_names is not None:
         unknown = [n for n in names if n not in model_names]
-        raise ValueError(f"{source}: classes {unknown} are not classes of the model {model_names}")
+        raise InputError(f"{source}: classes {unknown} are not classes of the model {model_names}")
     elif len(names) == num_labels:  # the model names none: sorted names <-> ids, as when training
         ids = list(range(num_labels))
     else:
-        raise ValueError(
+        raise InputError(
             f"{source} names {len(names)} classes {names}, but the model's {num_labels} classes have no "
             "names, so which id each name means is unknown: give labels as class ids 0.."
             f"{num_labels - 1}, or use a model that names its classes (hydra-ens finetune records them)"
@@ -176,7 +178,7 @@ def align_labels(dataset: D, model_names: list[str] | None, num_labels: int, sou
     used = sorted({ids[y] for y in dataset.labels})
     outside = [i for i in used if not 0 <= i < num_labels]
     if outside:
-        raise ValueError(f"{source}: class ids {outside} are outside the model's {num_labels} classes")
+        raise InputError(f"{source}: class ids {outside} are outside the model's {num_labels} classes")
     classes = model_names or (
         [str(i) for i in range(num_labels)] if all(is_class_id(n) for n in names) else names
     )

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from .hf import ARROW_SUFFIXES, is_saved_dataset, load_hf
 from .images import (
     ImageDataset,
@@ -66,7 +67,7 @@ def load_spec(
         return load_hf(folder, split, text_column, label_column, labelled)
     name, _, part = spec.partition(":")
     if name in BUILTIN and Path(spec).exists():
-        raise ValueError(
+        raise InputError(
             f"{spec!r} names both a built-in dataset and a path here: write ./{spec} for the path "
             "(or run from another folder for the built-in data)"
         )
@@ -75,7 +76,7 @@ def load_spec(
         if name == "bbc-tech":
             return tech
         if (part or "test") not in parts:
-            raise ValueError(f"bbc-news has parts {sorted(parts)}, not {part!r}")
+            raise InputError(f"bbc-news has parts {sorted(parts)}, not {part!r}")
         return parts[part or "test"]
     if name == "drug-reviews":
         return load_drug_reviews()
@@ -93,12 +94,12 @@ def load_spec(
     if path.is_dir():
         return load_image_folder(path)
     if path.suffix in (".npz", ".csv", ".tsv", ".jsonl", ".json") and not path.is_file():
-        raise ValueError(f"data file {spec!r} does not exist")
+        raise InputError(f"data file {spec!r} does not exist")
     if path.suffix == ".npz":
         return load_npz(path)
     if path.suffix in (".csv", ".tsv", ".jsonl", ".json"):
         return load_text_table(path, text_column or "text", (label_column or "label") if labelled else None)
-    raise ValueError(
+    raise InputError(
         f"unknown data {spec!r}: use one of {list(BUILTIN)}, a .csv/.tsv/.jsonl/.npz/.parquet file, an "
         "image folder, a Hugging Face save_to_disk folder, or hf:ID[@CONFIG][:SPLIT]"
     )
@@ -116,7 +117,7 @@ def to_batches(
     if isinstance(dataset, ImageDataset):
         return image_batches(dataset, batch_size, processor=preprocessor)
     if preprocessor is None:
-        raise ValueError("text data needs the model's tokenizer")
+        raise InputError("text data needs the model's tokenizer")
     return batches(dataset, preprocessor, batch_size, max_length)
 
 
@@ -138,7 +139,7 @@ def saved_length(models) -> int | None:
 
     lengths = {getattr(c, "hydra_max_length", None) for c in model_configs(models)} - {None}
     if len(lengths) > 1:
-        raise ValueError(
+        raise InputError(
             f"the models were fit at different token lengths {sorted(lengths)}: give --max-length"
         )
     return int(lengths.pop()) if lengths else None
@@ -149,7 +150,7 @@ def check_max_length(max_length: int, tokenizer: Any, models: Any) -> None:
     inputs would index past the position embeddings)."""
     limit = position_limit(tokenizer, models)
     if limit is not None and max_length > limit:
-        raise ValueError(f"--max-length {max_length} exceeds the model's {limit} positions")
+        raise InputError(f"--max-length {max_length} exceeds the model's {limit} positions")
 
 
 def align_padding(tokenizer: Any, models: Any) -> None:
@@ -165,17 +166,17 @@ def align_padding(tokenizer: Any, models: Any) -> None:
         return
     named = {c.pad_token_id for c in decoders if c.pad_token_id is not None}
     if len(named) > 1:
-        raise ValueError(f"the models pad with different token ids {sorted(named)}")
+        raise InputError(f"the models pad with different token ids {sorted(named)}")
     if tokenizer.pad_token_id is None:
         pad = named.pop() if named else tokenizer.eos_token_id
         if pad is None:
-            raise ValueError(
+            raise InputError(
                 "the tokenizer has no padding or end-of-sequence token, and the model names no "
                 "pad_token_id: its last-token pooling cannot find the end of a padded input"
             )
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(int(pad))
     elif named and named != {tokenizer.pad_token_id}:
-        raise ValueError(
+        raise InputError(
             f"the tokenizer pads with token id {tokenizer.pad_token_id} but the model's "
             f"config.pad_token_id is {named.pop()}: its last-token pooling would read padding "
             "(use the tokenizer the model was trained with)"
@@ -202,17 +203,17 @@ def model_batches(
     from .labels import align_labels, model_class_names, num_model_labels
 
     if labelled and not dataset.classes:
-        raise ValueError(f"{name} has no labels; this option needs labelled data")
+        raise InputError(f"{name} has no labels; this option needs labelled data")
     first = model[0] if isinstance(model, list) else model
     vision, images = takes_images(first), isinstance(dataset, ImageDataset)
     if vision != images:
         kind = "images" if images else "texts"
-        raise ValueError(f"{name} holds {kind}, but the model takes {'images' if vision else 'text'}")
+        raise InputError(f"{name} holds {kind}, but the model takes {'images' if vision else 'text'}")
     if labelled:
         dataset = align_labels(dataset, model_class_names(model), num_model_labels(model), name)
     if not images:
         if preprocessor is None:
-            raise ValueError(
+            raise InputError(
                 "text data needs a tokenizer and none was found with the model; pass --tokenizer MODEL "
                 "where the command takes it (build and finetune save the tokenizer with the model; a "
                 "model saved from Python keeps one only where it was saved beside it)"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 
+from ..errors import InputError
+
 
 def stable_unit(key: str, salt: str = "") -> float:
     """A number in [0, 1) fixed by ``key`` (and ``salt``): SHA-256 based, platform independent."""
@@ -20,7 +22,7 @@ def split_of(key: str, fractions: Mapping[str, float], salt: str = "") -> str:
     """The split ``key`` belongs to; ``fractions`` (name -> share) must sum to 1."""
     total = sum(fractions.values())
     if abs(total - 1.0) > 1e-9 or any(v < 0 for v in fractions.values()):
-        raise ValueError(f"split fractions must be non-negative and sum to 1, got {dict(fractions)}")
+        raise InputError(f"split fractions must be non-negative and sum to 1, got {dict(fractions)}")
     u, edge = stable_unit(key, salt), 0.0
     for name, share in fractions.items():
         edge += share

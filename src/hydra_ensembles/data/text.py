@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InputError
 from .labels import align_labels, parse_labels
 
 
@@ -58,7 +59,7 @@ def load_bbc_news(topics: Sequence[str] | None = None) -> TextDataset:
     topics = list(topics) if topics is not None else available
     unknown = sorted(set(topics) - set(available))
     if unknown:
-        raise ValueError(f"unknown BBC News topics {unknown}; available: {available}")
+        raise InputError(f"unknown BBC News topics {unknown}; available: {available}")
     texts, labels, ids = [], [], []
     for label, topic in enumerate(topics):
         for file in sorted((root / topic).glob("*.txt")):
@@ -152,20 +153,20 @@ def load_text_table(
                         try:
                             rows.append(json.loads(line))
                         except json.JSONDecodeError as exc:
-                            raise ValueError(f"{path}, line {number}: not JSON ({exc.msg})") from None
+                            raise InputError(f"{path}, line {number}: not JSON ({exc.msg})") from None
                 if any(not isinstance(r, dict) for r in rows):
-                    raise ValueError(f"{path}: every line must be a JSON object")
+                    raise InputError(f"{path}: every line must be a JSON object")
             else:
                 rows = _table_rows(csv.reader(handle, delimiter="\t" if path.suffix == ".tsv" else ","), path)
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
+        raise InputError(f"{path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     except csv.Error as exc:
-        raise ValueError(f"{path}: malformed {path.suffix[1:].upper()} ({exc})") from None
+        raise InputError(f"{path}: malformed {path.suffix[1:].upper()} ({exc})") from None
     if not rows:
-        raise ValueError(f"{path} holds no rows")
+        raise InputError(f"{path} holds no rows")
     missing = [c for c in (text_column, label_column) if c and c not in rows[0]]
     if missing:
-        raise ValueError(f"{path} has no column(s) {missing}; columns: {sorted(rows[0])}")
+        raise InputError(f"{path} has no column(s) {missing}; columns: {sorted(rows[0])}")
     texts = checked_texts([r.get(text_column) for r in rows], str(path), text_column)
     ids = [f"{path.name}/{i}" for i in range(len(rows))]
     if not label_column:
@@ -183,13 +184,13 @@ def _table_rows(reader, path: Path) -> list[dict]:
         return []
     if len(set(header)) < len(header):
         repeated = sorted({c for c in header if header.count(c) > 1})
-        raise ValueError(f"{path}: the header names column(s) {repeated} twice")
+        raise InputError(f"{path}: the header names column(s) {repeated} twice")
     rows = []
     for fields in reader:
         if not fields:  # a blank line
             continue
         if len(fields) != len(header):
-            raise ValueError(
+            raise InputError(
                 f"{path}, line {reader.line_num}: {len(fields)} fields where the header has "
                 f"{len(header)}: quote texts that contain the delimiter"
             )
@@ -201,12 +202,12 @@ def check_text_input(value: Any) -> None:
     """Refuse, in one line, what a served text classifier cannot read: anything but a text that
     is not blank (None, numbers, lists, dicts and empty texts)."""
     if not isinstance(value, str):
-        raise ValueError(
+        raise InputError(
             f"a text classifier takes texts (str), got {type(value).__name__}: pass each input as a "
             "non-empty string"
         )
     if not value.strip():
-        raise ValueError("an empty text has nothing to classify: pass a non-empty string")
+        raise InputError("an empty text has nothing to classify: pass a non-empty string")
 
 
 def checked_texts(values: Sequence, source: str, column: str) -> list[str]:
@@ -214,14 +215,14 @@ def checked_texts(values: Sequence, source: str, column: str) -> list[str]:
     is missing or empty, or is an object, a list or a boolean (which no model reads as text)."""
     for row, value in enumerate(values, 1):
         if isinstance(value, (dict, list, tuple, bool)):
-            raise ValueError(
+            raise InputError(
                 f"{source}: row {row}: the {column!r} is a {type(value).__name__}, not a text: "
                 "flatten it into a string first"
             )
     texts = ["" if v is None else str(v) for v in values]
     empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
     if empty:
-        raise ValueError(f"{source}: {len(empty)} rows have an empty {column!r} (first: row {empty[0]})")
+        raise InputError(f"{source}: {len(empty)} rows have an empty {column!r} (first: row {empty[0]})")
     return texts
 
 

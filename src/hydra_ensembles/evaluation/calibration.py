@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics as M
+from ..errors import InputError
 from ..hashing import batches_digest, json_digest
 from ..members.ensemble import as_ensemble
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
@@ -86,33 +87,33 @@ class Calibration:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"calibration temperature must be positive and finite, got {self.temperature}")
+            raise InputError(f"calibration temperature must be positive and finite, got {self.temperature}")
         if self.score not in OOD_SCORES:
-            raise ValueError(f"unknown OOD score {self.score!r}; choose from {OOD_SCORES}")
+            raise InputError(f"unknown OOD score {self.score!r}; choose from {OOD_SCORES}")
         if not math.isfinite(self.threshold):
-            raise ValueError(f"calibration threshold must be finite, got {self.threshold}")
+            raise InputError(f"calibration threshold must be finite, got {self.threshold}")
         if not 0 < self.keep <= 1:
-            raise ValueError(f"keep must be in (0, 1], got {self.keep}")
+            raise InputError(f"keep must be in (0, 1], got {self.keep}")
         if self.examples < 1:
-            raise ValueError(f"a calibration is fit on at least one input, got {self.examples}")
+            raise InputError(f"a calibration is fit on at least one input, got {self.examples}")
         if self.score in FEATURE_SCORES and not self.statistics_sha256:
-            raise ValueError(
+            raise InputError(
                 f"the flag score {self.score!r} needs feature statistics; the calibration has none"
             )
         if self.statistics is not None and self.statistics.digest() != self.statistics_sha256:
-            raise ValueError("the feature statistics are not the ones this calibration records")
+            raise InputError("the feature statistics are not the ones this calibration records")
         if self.set_method and (self.set_method not in SET_METHODS or not self.set_quantiles):
-            raise ValueError(f"prediction sets need a method of {SET_METHODS} and their quantiles")
+            raise InputError(f"prediction sets need a method of {SET_METHODS} and their quantiles")
         if self.flag_method not in FLAG_METHODS:
-            raise ValueError(f"unknown flag method {self.flag_method!r}; choose from {FLAG_METHODS}")
+            raise InputError(f"unknown flag method {self.flag_method!r}; choose from {FLAG_METHODS}")
         if self.flag_method == "conformal":
             object.__setattr__(self, "calibration_scores", tuple(sorted(map(float, self.calibration_scores))))
             if not self.calibration_scores:
-                raise ValueError(
+                raise InputError(
                     "a conformal flag keeps the ID calibration scores; this calibration has none"
                 )
             if conformal_threshold(self.calibration_scores, 1 - self.keep) != self.threshold:
-                raise ValueError("the conformal flag's threshold does not follow from its calibration scores")
+                raise InputError("the conformal flag's threshold does not follow from its calibration scores")
 
     @property
     def alpha(self) -> float:
@@ -124,7 +125,7 @@ class Calibration:
         probabilities: it holds the true class of an exchangeable ID input with probability at
         least 1 - ``set_alpha`` (for every class, with ``set_classwise``)."""
         if not self.set_method:
-            raise ValueError("this calibration has no prediction sets (fit it with set_method)")
+            raise InputError("this calibration has no prediction sets (fit it with set_method)")
         quantiles = [math.inf if q is None else q for q in self.set_quantiles]
         return prediction_sets(predictions.probs(self.temperature), quantiles, self.set_method)
 
@@ -132,7 +133,7 @@ class Calibration:
         """The conformal p-value of each OOD score against the ID calibration scores (a conformal
         flag only): an input is flagged exactly where its p-value is <= `alpha`."""
         if self.flag_method != "conformal":
-            raise ValueError("p-values need a conformal flag (its calibration scores)")
+            raise InputError("p-values need a conformal flag (its calibration scores)")
         return conformal_p_values(self.calibration_scores, scores)
 
     @classmethod
@@ -169,7 +170,7 @@ class Calibration:
         where they were computed elsewhere (an exported graph's ``ood_score``: its features are
         not in ``id_validation``); the flag is then fit on them."""
         if id_scores is not None and score == AUTO_SCORE:
-            raise ValueError("id_scores are the values of one named score: name it, not 'auto'")
+            raise InputError("id_scores are the values of one named score: name it, not 'auto'")
         sets_on = None
         if set_method:
             temperature_on, sets_on = split_for_sets(id_validation)
@@ -191,7 +192,7 @@ class Calibration:
         if id_scores is None:
             id_scores = ood_scores(id_validation, score, temperature, statistics)
         elif np.shape(id_scores) != (n,):
-            raise ValueError(f"id_scores must hold one score per ID validation input, {n} of them")
+            raise InputError(f"id_scores must hold one score per ID validation input, {n} of them")
         if flag_method == "conformal":
             kept = tuple(float(s) for s in id_scores)
             threshold = conformal_threshold(kept, 1 - keep)
@@ -264,11 +265,11 @@ class Calibration:
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; ValueError naming what is wrong or missing."""
         if not isinstance(saved, dict):
-            raise ValueError(f"a saved calibration is a JSON object, got {type(saved).__name__}")
+            raise InputError(f"a saved calibration is a JSON object, got {type(saved).__name__}")
         saved = dict(saved)
         digest = saved.pop(RECORD_DIGEST, None)  # older saves lack it
         if digest is not None and digest != json_digest(saved):
-            raise ValueError(
+            raise InputError(
                 "a saved calibration does not match its own checksum: its temperature, score, threshold "
                 "or data were edited after it was fit (fit it again with --val-data)"
             )
@@ -277,7 +278,7 @@ class Calibration:
         optional |= {"flag_method", "calibration_scores", "set_method", "set_alpha", "set_classwise"}
         optional |= {"set_quantiles", "set_examples"}
         if not fields - optional <= set(saved) <= fields:
-            raise ValueError(
+            raise InputError(
                 f"a saved calibration has the fields {sorted(fields)}; this one has {sorted(saved)}"
             )
         try:
@@ -307,7 +308,7 @@ class Calibration:
                 set_examples=int(saved.get("set_examples", 0)),
             )
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"a saved calibration is malformed: {exc}") from None
+            raise InputError(f"a saved calibration is malformed: {exc}") from None
 
 
 def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions]:
@@ -341,10 +342,10 @@ def fit_statistics(
     map of one feature vector per member."""
     batches = list(id_train)
     if not batches or not all("labels" in batch for batch in batches):
-        raise ValueError("feature statistics need labelled ID training batches (every batch with labels)")
+        raise InputError("feature statistics need labelled ID training batches (every batch with labels)")
     train = predict(model, batches, "feature statistics", progress=progress, precision=precision)
     if train.member_features is None:
-        raise ValueError(
+        raise InputError(
             f"{type(model).__name__}'s logits are not one affine map of one feature vector per member: "
             "it has no features for the feature scores"
         )
@@ -418,11 +419,11 @@ def fit_calibration(
     ``statistics`` fit earlier (a saved calibration's) serve the feature scores."""
     batches = list(id_validation)
     if not batches or not all("labels" in batch for batch in batches):
-        raise ValueError("calibration needs labelled ID validation batches (every batch with labels)")
+        raise InputError("calibration needs labelled ID validation batches (every batch with labels)")
     if score not in (*OOD_SCORES, AUTO_SCORE):
-        raise ValueError(f"unknown OOD score {score!r}; choose from {(AUTO_SCORE, *OOD_SCORES)}")
+        raise InputError(f"unknown OOD score {score!r}; choose from {(AUTO_SCORE, *OOD_SCORES)}")
     if score in FEATURE_SCORES and id_train is None and statistics is None:
-        raise ValueError(f"the flag score {score!r} reads feature statistics: give the ID training data")
+        raise InputError(f"the flag score {score!r} reads feature statistics: give the ID training data")
     compute = resolve_precision(precision, model_device(model))
     train_sha256 = ""
     if id_train is not None:
@@ -509,7 +510,7 @@ def saved_calibration(model: Any) -> Calibration | None:
         return None
     calibration = Calibration.from_dict(saved)
     if calibration.model_sha256 != fingerprint(model):
-        raise ValueError(
+        raise InputError(
             "the calibration recorded in the model's configuration was fit on other weights (the model "
             "was trained, pruned or cast since): fit it again (evaluation.calibrate, or --val-data)"
         )
@@ -517,5 +518,5 @@ def saved_calibration(model: Any) -> Calibration | None:
     if not calibration.statistics_sha256:
         return calibration
     if statistics is None:
-        raise ValueError("the model's calibration names feature statistics, but the model holds none")
+        raise InputError("the model's calibration names feature statistics, but the model holds none")
     return dataclasses.replace(calibration, statistics=statistics)

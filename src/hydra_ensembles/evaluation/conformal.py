@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InputError
+
 FLAG_METHODS = ("conformal", "quantile")
 """How a flag threshold is set from ID calibration scores: with the (n + 1) correction
 (conformal, the default), or as their plain ``keep`` quantile."""
@@ -40,12 +42,12 @@ def conformal_threshold(scores: Any, alpha: float) -> float:
     values = np.sort(np.asarray(scores, dtype=np.float64).reshape(-1))
     n = len(values)
     if not 0 < alpha < 1:
-        raise ValueError(f"the flag's level alpha must be in (0, 1), got {alpha}")
+        raise InputError(f"the flag's level alpha must be in (0, 1), got {alpha}")
     if n == 0 or not np.isfinite(values).all():
-        raise ValueError("a conformal threshold needs finite calibration scores")
+        raise InputError("a conformal threshold needs finite calibration scores")
     k = math.ceil((n + 1) * (1 - alpha) - 1e-12)  # guard against 0.95 * 20 = 18.999...
     if k > n:
-        raise ValueError(
+        raise InputError(
             f"{n} calibration inputs cannot flag at level {alpha:g} (the smallest level is "
             f"1/(n+1) = {smallest_alpha(n):.3g}): give more ID validation data or a larger level"
         )
@@ -87,9 +89,9 @@ def set_scores(
     (Angelopoulos et al., 2021; Romano et al., 2020.)"""
     p = np.asarray(probs, dtype=np.float64)
     if p.ndim != 2:
-        raise ValueError(f"probabilities must be (inputs, classes), got {p.shape}")
+        raise InputError(f"probabilities must be (inputs, classes), got {p.shape}")
     if method not in SET_METHODS:
-        raise ValueError(f"unknown prediction-set method {method!r}; choose from {SET_METHODS}")
+        raise InputError(f"unknown prediction-set method {method!r}; choose from {SET_METHODS}")
     if method == "lac":
         return 1.0 - p
     order = np.argsort(-p, axis=1, kind="stable")
@@ -110,7 +112,7 @@ def set_quantile(scores: Any, alpha: float) -> float:
     smallest, or infinity where there are too few of them (every class is then in every set)."""
     values = np.asarray(scores, dtype=np.float64).reshape(-1)
     if not 0 < alpha < 1:
-        raise ValueError(f"the sets' level alpha must be in (0, 1), got {alpha}")
+        raise InputError(f"the sets' level alpha must be in (0, 1), got {alpha}")
     if len(values) == 0 or alpha < smallest_alpha(len(values)):
         return math.inf
     return conformal_threshold(values, alpha)
@@ -124,7 +126,7 @@ def fit_set_quantiles(
     p = np.asarray(probs, dtype=np.float64)
     y = np.asarray(labels).astype(np.int64).reshape(-1)
     if len(y) != len(p):
-        raise ValueError(f"{len(y)} labels for {len(p)} inputs")
+        raise InputError(f"{len(y)} labels for {len(p)} inputs")
     true = set_scores(p, method, **options)[np.arange(len(y)), y]
     if not classwise:
         return np.full(p.shape[1], set_quantile(true, alpha))

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .. import metrics as M
+from ..errors import InputError
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
 from .predict import Predictions
 
@@ -37,14 +38,14 @@ def ood_scores(
         return M.entropy_score(predictions.probs(temperature))
     if score == "mutual_information":
         if predictions.num_members < 2:
-            raise ValueError("mutual information measures members' disagreement: it needs an ensemble")
+            raise InputError("mutual information measures members' disagreement: it needs an ensemble")
         return M.mutual_information_score(predictions.member_probs(temperature))
     mean_logits = predictions.member_logits.mean(0)
     if score == "max_logit":
         return M.max_logit_score(mean_logits)
     if score == "energy":
         return M.energy_score(mean_logits)
-    raise ValueError(f"unknown OOD score {score!r}; choose from {OOD_SCORES}")
+    raise InputError(f"unknown OOD score {score!r}; choose from {OOD_SCORES}")
 
 
 def member_feature_scores(
@@ -54,12 +55,12 @@ def member_feature_scores(
     logits at temperature 1); ValueError where the predictions have no features or no statistics
     were fit."""
     if statistics is None or score not in statistics.scores:
-        raise ValueError(
+        raise InputError(
             f"the OOD score {score!r} reads feature statistics fit on ID training data: "
             + ("none were given" if statistics is None else f"these compute {statistics.scores}")
         )
     if predictions.member_features is None:
-        raise ValueError(f"the OOD score {score!r} reads the members' features; these predictions have none")
+        raise InputError(f"the OOD score {score!r} reads the members' features; these predictions have none")
     scores = statistics.member_scores(score, predictions.member_features, predictions.member_logits)
     return scores.numpy()
 
@@ -95,7 +96,7 @@ def evaluate_predictions(
     others += [(f"shift {name}@{severity}", p) for (name, severity), p in (shift or {}).items()]
     for what, preds in others:
         if (preds.num_members, preds.num_classes) != (id_test.num_members, id_test.num_classes):
-            raise ValueError(
+            raise InputError(
                 f"{what}: predictions of {preds.num_members} members over {preds.num_classes} classes, "
                 f"the ID test's of {id_test.num_members} over {id_test.num_classes}: not one model's"
             )
@@ -114,7 +115,7 @@ def evaluate_predictions(
         per_set: dict[str, Any] = {}
         for name, (kind, preds) in ood.items():
             if kind not in ("near", "far"):
-                raise ValueError(f"OOD set {name!r}: kind must be 'near' or 'far', got {kind!r}")
+                raise InputError(f"OOD set {name!r}: kind must be 'near' or 'far', got {kind!r}")
             per_set[name] = {"kind": kind, "scores": {}}
             for score, id_s in id_scores.items():
                 per_set[name]["scores"][score] = M.ood(

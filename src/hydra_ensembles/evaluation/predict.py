@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..batching import check_padding, model_inputs
+from ..errors import InputError
 from ..members.ensemble import as_ensemble
 from ..precision import Precision, in_precision, model_device, resolve_precision
 from ..progress import progress_bar
@@ -28,39 +29,39 @@ class Predictions:
     def __post_init__(self) -> None:
         logits = np.asarray(self.member_logits)
         if logits.ndim != 3 or 0 in logits.shape:
-            raise ValueError(
+            raise InputError(
                 f"member logits must be (members, inputs, classes), none empty; got {logits.shape}"
             )
         if logits.shape[2] < 2:
-            raise ValueError(
+            raise InputError(
                 f"a classifier needs at least two classes; this one gives {logits.shape[2]} logit per "
                 "input, whose probability is always 1 (confidence 1, entropy 0, never flagged)"
             )
         if self.member_features is not None:
             features = np.asarray(self.member_features)
             if features.ndim != 3 or features.shape[:2] != logits.shape[:2]:
-                raise ValueError(
+                raise InputError(
                     f"member features must be (members, inputs, width) for logits {logits.shape}; "
                     f"got {features.shape}"
                 )
         if self.labels is not None:
             labels = np.asarray(self.labels)
             if labels.shape != (logits.shape[1],):
-                raise ValueError(
+                raise InputError(
                     f"{labels.shape[0] if labels.ndim else 0} labels for {logits.shape[1]} inputs"
                 )
             if not np.issubdtype(labels.dtype, np.integer):
-                raise ValueError(f"labels must be integer class ids, got {labels.dtype}")
+                raise InputError(f"labels must be integer class ids, got {labels.dtype}")
 
     def class_labels(self, what: str = "predictions") -> np.ndarray:
         """The labels, checked to be classes of these predictions (OOD data may carry labels of
         other classes, so this is checked where labels are used as classes); ValueError naming
         ``what`` where they are missing or out of range."""
         if self.labels is None:
-            raise ValueError(f"{what} need labels")
+            raise InputError(f"{what} need labels")
         labels = np.asarray(self.labels)
         if labels.size and (labels.min() < 0 or labels.max() >= self.num_classes):
-            raise ValueError(f"labels of {what} out of range: there are {self.num_classes} classes")
+            raise InputError(f"labels of {what} out of range: there are {self.num_classes} classes")
         return labels
 
     @property
@@ -74,10 +75,10 @@ class Predictions:
     def member_probs(self, temperature: float | np.ndarray = 1.0) -> np.ndarray:
         t = np.asarray(temperature, dtype=np.float64)
         if not (np.isfinite(t).all() and (t > 0).all()):
-            raise ValueError(f"temperatures must be positive and finite, got {temperature}")
+            raise InputError(f"temperatures must be positive and finite, got {temperature}")
         if t.ndim:
             if t.size != self.num_members:
-                raise ValueError(f"{t.size} temperatures for {self.num_members} members")
+                raise InputError(f"{t.size} temperatures for {self.num_members} members")
             t = t.reshape(-1, 1, 1)
         x = self.member_logits / t
         x = x - x.max(-1, keepdims=True)
@@ -117,10 +118,10 @@ def predict(
     """
     batches = list(batches)
     if not batches:
-        raise ValueError(f"{desc}: no batches to predict")
+        raise InputError(f"{desc}: no batches to predict")
     labelled = ["labels" in batch for batch in batches]
     if any(labelled) and not all(labelled):
-        raise ValueError(
+        raise InputError(
             f"{desc}: {labelled.count(True)} batches have labels and {labelled.count(False)} do not: "
             "give labels for every batch or for none"
         )

@@ -16,13 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from ..data import ImageDataset, TextDataset, stable_sample, stable_unit
+from ..errors import InputError
 
 SEVERITIES = (1, 2, 3, 4, 5)
 
 
 def _check(severity: int) -> int:
     if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity}")
+        raise InputError(f"severity must be one of {SEVERITIES}, got {severity}")
     return severity - 1
 
 
@@ -78,7 +79,7 @@ IMAGE_CORRUPTIONS: dict[str, Callable] = {
 def corrupt_images(data: ImageDataset, name: str, severity: int, seed: int = 0) -> ImageDataset:
     """``data`` with corruption ``name`` at ``severity`` (same noise for the same seed)."""
     if name not in IMAGE_CORRUPTIONS:
-        raise ValueError(f"unknown image corruption {name!r}; choose from {sorted(IMAGE_CORRUPTIONS)}")
+        raise InputError(f"unknown image corruption {name!r}; choose from {sorted(IMAGE_CORRUPTIONS)}")
     rng = np.random.default_rng([seed, severity, sorted(IMAGE_CORRUPTIONS).index(name)])
     images = IMAGE_CORRUPTIONS[name](data.images.astype(np.float64), severity, rng).astype(np.float32)
     return ImageDataset(images, list(data.labels), list(data.ids), data.classes)
@@ -141,7 +142,7 @@ TEXT_CORRUPTIONS: dict[str, Callable] = {f.__name__: f for f in (char_typos, wor
 def corrupt_texts(data: TextDataset, name: str, severity: int, seed: int = 0) -> TextDataset:
     """``data`` with text corruption ``name`` at ``severity``; each text seeded by its id."""
     if name not in TEXT_CORRUPTIONS:
-        raise ValueError(f"unknown text corruption {name!r}; choose from {sorted(TEXT_CORRUPTIONS)}")
+        raise InputError(f"unknown text corruption {name!r}; choose from {sorted(TEXT_CORRUPTIONS)}")
     fn = TEXT_CORRUPTIONS[name]
     texts = [
         fn(text, severity, random.Random(stable_unit(item, f"{name}:{severity}:{seed}")))

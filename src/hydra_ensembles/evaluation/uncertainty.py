@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics as M
+from ..errors import InputError
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
 from .conformal import quantile_threshold
 from .evaluate import member_feature_scores, ood_scores
@@ -40,7 +41,7 @@ def per_example(
     num_classes = probs.shape[1]
     names = list(classes) if classes else [str(c) for c in range(num_classes)]
     if len(names) != num_classes:
-        raise ValueError(f"{len(names)} class names for a model with {num_classes} classes")
+        raise InputError(f"{len(names)} class names for a model with {num_classes} classes")
     predicted = probs.argmax(-1)
     agreeing = (member_probs.argmax(-1) == predicted[None]).mean(0)
     entropy = M.entropy_score(probs)
@@ -85,5 +86,5 @@ def flag_threshold(
     """The ``score`` value at or below which a share ``keep`` of ID validation inputs fall (the
     usual 95%-TPR operating point when ``keep`` = 0.95). Never fit this on OOD test data."""
     if not 0 < keep <= 1:
-        raise ValueError(f"keep must be in (0, 1], got {keep}")
+        raise InputError(f"keep must be in (0, 1], got {keep}")
     return quantile_threshold(ood_scores(id_validation, score, temperature, statistics), keep)

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..adapters import ArchitectureAdapter, get_adapter
 from ..adapters.base import is_under
+from ..errors import InputError
 from ..heads import HeadSet
 from ..layers import (
     GroupedLayerNorm,
@@ -30,7 +31,7 @@ from ..surgery import (
 from .model import FusionPolicy, HydraModel, layout_entry, member_bias_stride
 
 
-class FusionError(ValueError):
+class FusionError(InputError):
     """Members cannot be fused (different bases, architectures, or none at all)."""
 
 

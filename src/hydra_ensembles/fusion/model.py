@@ -17,6 +17,7 @@ from .._version import __version__
 from ..adapters import ArchitectureAdapter, get_adapter
 from ..batching import batch_rows, first_copy_call, repeat_call, repeat_rows, slice_rows
 from ..configuration import write_hf_config
+from ..errors import InputError
 from ..heads import HeadSet
 from ..layers import (
     FusedMultiHeadAttention,
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 
-class HydraLoadError(ValueError):
+class HydraLoadError(InputError):
     """A saved Hydra model is missing, incomplete, tampered with, or from an unknown format."""
 
 
@@ -84,7 +85,7 @@ class FusionPolicy:
         values = {"mlp": mlp, "norm": norms, "head": head, "embeddings": embeddings}
         for name, value in values.items():
             if value is not None and value not in MODES:
-                raise ValueError(f"{name} must be one of {MODES}, got {value!r}")
+                raise InputError(f"{name} must be one of {MODES}, got {value!r}")
         if mlp == "exact":
             return cls(**{k: v or "exact" for k, v in values.items()})
         return cls(**{k: v for k, v in values.items() if v is not None})
@@ -186,7 +187,7 @@ class HydraModel(nn.Module):
                 f"accepted: {sorted(self._accepted)}"
             )
         if not any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in inputs.values()):
-            raise ValueError(f"no tensor inputs given; accepted: {sorted(self._accepted)}")
+            raise InputError(f"no tensor inputs given; accepted: {sorted(self._accepted)}")
         return batch_rows(inputs)
 
     def stack_inputs(self, inputs: dict[str, Any], batch: int) -> dict[str, Any]:
@@ -260,7 +261,7 @@ class HydraModel(nn.Module):
         features = members.pop("member_features", None)
         if member_logits is None:
             if labels is not None:
-                raise ValueError("labels were given but the model produces no logits")
+                raise InputError("labels were given but the model produces no logits")
             return EnsembleOutput(members=members)
         return EnsembleOutput.from_member_logits(
             member_logits, labels, features, logits=member_logits, **members

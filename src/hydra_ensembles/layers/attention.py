@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 from .grouped import grouped_matmul
 
 
@@ -47,7 +47,7 @@ class FusedMultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         if not heads_per_member:
-            raise ValueError("FusedMultiHeadAttention needs at least one member")
+            raise InputError("FusedMultiHeadAttention needs at least one member")
         self.hidden_size, self.head_dim, self.dropout = hidden_size, head_dim, dropout
         self.heads_per_member = tuple(int(h) for h in heads_per_member)
         self.num_members = len(self.heads_per_member)
@@ -62,7 +62,7 @@ class FusedMultiHeadAttention(nn.Module):
         if heads is None:  # a bare module: member m keeps original heads 0 .. h_m - 1
             heads = [range(h) for h in self.heads_per_member]
         if [len(h) for h in heads] != list(self.heads_per_member):
-            raise ValueError(f"heads {heads} do not match heads_per_member {list(self.heads_per_member)}")
+            raise InputError(f"heads {heads} do not match heads_per_member {list(self.heads_per_member)}")
         index = torch.zeros(m, self.max_heads, dtype=torch.long, device=device)
         for member, kept in enumerate(heads):
             index[member, : len(kept)] = torch.tensor(list(kept), dtype=torch.long) + member * bias_stride
@@ -134,7 +134,7 @@ class FusedMultiHeadAttention(nn.Module):
         rows, tokens, hidden = hidden_states.shape
         m, h, dh = self.num_members, self.max_heads, self.head_dim
         if rows % m:
-            raise ValueError(f"a member-stacked batch needs a multiple of {m} rows, got {rows}")
+            raise InputError(f"a member-stacked batch needs a multiple of {m} rows, got {rows}")
         if h == 0:  # no member keeps a head here: attention adds only each member's W_O bias
             bias = self.o_bias.to(hidden_states.dtype).view(m, 1, hidden)
             return bias.expand(m, rows // m * tokens, hidden).reshape(rows, tokens, hidden), None
@@ -159,7 +159,7 @@ class FusedMultiHeadAttention(nn.Module):
         """(rows, H_max, T, T): each member's rows get its kept heads' channels of the bias."""
         m = self.num_members
         if position_bias.shape[0] not in (1, rows):
-            raise ValueError(f"position_bias has {position_bias.shape[0]} rows for {rows} hidden-state rows")
+            raise InputError(f"position_bias has {position_bias.shape[0]} rows for {rows} hidden-state rows")
         bias = position_bias.expand(rows, *position_bias.shape[1:]).unflatten(0, (m, rows // m))
         index = self.head_index.to(bias.device)[:, None, :, None, None].expand(
             -1, rows // m, -1, *bias.shape[-2:]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import InputError
+
 
 class BatchEnsembleLinear(nn.Module):
     """A linear layer shared by M members, each with its own rank-1 fast weights and bias."""
@@ -44,7 +46,7 @@ class BatchEnsembleLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] % self.num_members:
-            raise ValueError(
+            raise InputError(
                 f"a member-stacked batch needs a multiple of {self.num_members} rows, got {x.shape[0]}"
             )
         rows = x.reshape(self.num_members, -1, self.in_features)

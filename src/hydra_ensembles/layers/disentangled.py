@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..errors import InputError
 from .attention import FusedMultiHeadAttention
 from .grouped import grouped_matmul
 
@@ -116,11 +117,11 @@ class FusedDisentangledAttention(FusedMultiHeadAttention):
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
         if query_states is not None:
-            raise ValueError("fused disentangled attention takes no separate query_states")
+            raise InputError("fused disentangled attention takes no separate query_states")
         rows, tokens, hidden = hidden_states.shape
         m, h, dh = self.num_members, self.max_heads, self.head_dim
         if rows % m:
-            raise ValueError(f"a member-stacked batch needs a multiple of {m} rows, got {rows}")
+            raise InputError(f"a member-stacked batch needs a multiple of {m} rows, got {rows}")
         if h == 0:
             bias = self.o_bias.to(hidden_states.dtype).view(m, 1, hidden)
             return bias.expand(m, rows // m * tokens, hidden).reshape(rows, tokens, hidden), None
@@ -145,7 +146,7 @@ class FusedDisentangledAttention(FusedMultiHeadAttention):
         table = self.pos_dropout(rel_embeddings)
         table = (table if table.dim() == 3 else table[None])[:, : 2 * self.span]
         if table.shape[0] not in (1, m):
-            raise ValueError(f"{table.shape[0]} relative position tables for {m} members")
+            raise InputError(f"{table.shape[0]} relative position tables for {m} members")
         table = table.expand(m, -1, -1)
         index = _relative_index(relative_pos, q.device)  # (1 or rows, 1, T, T)
         index = index.unflatten(0, (m, -1)) if index.shape[0] == rows else index[None]
@@ -180,11 +181,11 @@ def _relative_index(relative_pos: torch.Tensor | None, device: torch.device) -> 
     """DeBERTa's relative positions (query - key, log-bucketed as the encoder made them) as
     (batch or 1, 1, T, T)."""
     if relative_pos is None:
-        raise ValueError("disentangled attention needs the encoder's relative_pos")
+        raise InputError("disentangled attention needs the encoder's relative_pos")
     if relative_pos.dim() == 2:
         relative_pos = relative_pos[None, None]
     elif relative_pos.dim() == 3:
         relative_pos = relative_pos[:, None]
     elif relative_pos.dim() != 4:
-        raise ValueError(f"relative positions must have 2, 3 or 4 dimensions, got {relative_pos.dim()}")
+        raise InputError(f"relative positions must have 2, 3 or 4 dimensions, got {relative_pos.dim()}")
     return relative_pos.to(device=device, dtype=torch.long)

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
+
 
 def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x[m] @ weight[m].T + bias[m]`` for every member m: (M, N, in) -> (M, N, out).
@@ -48,7 +50,7 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 def _split_members(x: torch.Tensor, num_members: int) -> torch.Tensor:
     """(M*B, ..., D) -> (M, B*..., D)."""
     if x.shape[0] % num_members:
-        raise ValueError(f"a member-stacked batch needs a multiple of {num_members} rows, got {x.shape[0]}")
+        raise InputError(f"a member-stacked batch needs a multiple of {num_members} rows, got {x.shape[0]}")
     return x.reshape(num_members, -1, x.shape[-1])
 
 
@@ -135,7 +137,7 @@ class GroupedLayerNorm(nn.Module):
     def from_layer_norms(cls, norms: Sequence[nn.LayerNorm]) -> GroupedLayerNorm:
         first = norms[0]
         if len(first.normalized_shape) != 1 or not first.elementwise_affine:
-            raise ValueError("GroupedLayerNorm supports affine LayerNorms over one dimension")
+            raise InputError("GroupedLayerNorm supports affine LayerNorms over one dimension")
         layer = cls(
             len(norms),
             first.normalized_shape[0],
@@ -226,7 +228,7 @@ class PerMemberModule(nn.Module):
         num = len(self.members)
         batch = _stacked_rows(args, kwargs)
         if batch is None or batch % num:
-            raise ValueError(f"PerMemberModule needs a tensor input with a multiple of {num} rows")
+            raise InputError(f"PerMemberModule needs a tensor input with a multiple of {num} rows")
         chunk = batch // num
 
         def part(value, m):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
 from .grouped import grouped_matmul
 
 
@@ -39,9 +40,9 @@ class PackedLinear(nn.Module):
     ) -> None:
         super().__init__()
         if groups < 1 or chunks < 1:
-            raise ValueError(f"groups and chunks must be positive, got {groups} and {chunks}")
+            raise InputError(f"groups and chunks must be positive, got {groups} and {chunks}")
         if in_features % (groups * chunks) or out_features % groups:
-            raise ValueError(
+            raise InputError(
                 f"PackedLinear({in_features}, {out_features}) cannot be split into {groups} groups"
                 + (f" of {chunks} chunks" if chunks > 1 else "")
             )
@@ -117,7 +118,7 @@ class PackedLayerNorm(nn.Module):
     ):
         super().__init__()
         if num_channels % groups:
-            raise ValueError(f"{num_channels} channels cannot be split into {groups} groups")
+            raise InputError(f"{num_channels} channels cannot be split into {groups} groups")
         factory = {"device": device, "dtype": dtype}
         self.num_channels, self.groups, self.eps = num_channels, groups, eps
         self.weight = nn.Parameter(torch.ones(num_channels, **factory))
@@ -126,7 +127,7 @@ class PackedLayerNorm(nn.Module):
     @classmethod
     def from_layer_norm(cls, norm: nn.LayerNorm, groups: int) -> PackedLayerNorm:
         if len(norm.normalized_shape) != 1 or not norm.elementwise_affine:
-            raise ValueError("PackedLayerNorm replaces affine LayerNorms over one dimension")
+            raise InputError("PackedLayerNorm replaces affine LayerNorms over one dimension")
         layer = cls(norm.normalized_shape[0], groups, norm.eps, norm.bias is not None,
                     norm.weight.device, norm.weight.dtype)  # fmt: skip
         with torch.no_grad():

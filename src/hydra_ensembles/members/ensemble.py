@@ -23,6 +23,7 @@ from torch import nn
 from ..baselines.registry import stacked_members
 from ..batching import batch_rows, member_stacked
 from ..configuration import write_hf_config
+from ..errors import InputError
 from ..hashing import config_digest
 from ..io import atomic_write_json, read_json
 from ..ood.detectors import STATISTICS_NAME
@@ -46,10 +47,10 @@ class DeepEnsemble(nn.Module):
     def __init__(self, models: Sequence[nn.Module]) -> None:
         super().__init__()
         if not models:
-            raise ValueError("an ensemble needs at least one model")
+            raise InputError("an ensemble needs at least one model")
         nested = [type(m).__name__ for m in models if hasattr(m, "num_members") or stacked_members(m) > 1]
         if nested:
-            raise ValueError(
+            raise InputError(
                 f"an explicit ensemble takes single models, and {nested[0]} answers for several members "
                 "already: predict it on its own, or list its members"
             )
@@ -189,9 +190,9 @@ class MCDropout(nn.Module):
     def __init__(self, model: nn.Module, samples: int) -> None:
         super().__init__()
         if samples < 1:
-            raise ValueError(f"MC dropout needs at least one sample, got {samples}")
+            raise InputError(f"MC dropout needs at least one sample, got {samples}")
         if not has_dropout(model):
-            raise ValueError(
+            raise InputError(
                 f"MC dropout needs dropout, but this {type(model).__name__} has none with p > 0: "
                 "its samples would all be the same model"
             )
@@ -230,7 +231,7 @@ class StackedMembers(nn.Module):
         with tap if tap is not None else contextlib.nullcontext():
             logits = member_stacked(self.model(**inputs).logits, batch_rows(inputs))
         if logits.shape[0] != self._members:
-            raise ValueError(f"the model answered for {logits.shape[0]} members, not {self._members}")
+            raise InputError(f"the model answered for {logits.shape[0]} members, not {self._members}")
         features = None if tap is None else tap.features(inputs, logits.shape[1])
         return EnsembleOutput.from_member_logits(logits, labels, features)
 
@@ -256,11 +257,11 @@ def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> 
     as an ensemble of one, or, with ``mc_samples``, as `MCDropout`."""
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         if mc_samples:
-            raise ValueError("MC dropout samples one model, not a list of models")
+            raise InputError("MC dropout samples one model, not a list of models")
         return DeepEnsemble(list(model))
     if hasattr(model, "num_members"):
         if mc_samples:
-            raise ValueError(f"MC dropout samples a plain model, not a {type(model).__name__}")
+            raise InputError(f"MC dropout samples a plain model, not a {type(model).__name__}")
         return model
     if mc_samples:
         return MCDropout(model, mc_samples)

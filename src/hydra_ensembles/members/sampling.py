@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..errors import InputError
 from ..heads import HeadSet, HeadSetError
 from ..scoring.circuit import CircuitOrder
 
@@ -32,7 +33,7 @@ def least_useful_first(
         return list(ranking.removed) + rest, heads  # unranked heads after the removed ones, in index order
     scores = torch.as_tensor(np.asarray(ranking, dtype=np.float64))
     if scores.dim() != 2:
-        raise ValueError(f"scores must be (layers, heads), got shape {tuple(scores.shape)}")
+        raise InputError(f"scores must be (layers, heads), got shape {tuple(scores.shape)}")
     heads = [int((~torch.isnan(row)).sum()) for row in scores]
     entries = [(scores[lay, h].item(), lay, h) for lay, n in enumerate(heads) for h in range(n)]
     return [(lay, h) for _, lay, h in sorted(entries)], heads
@@ -58,9 +59,9 @@ def sample_members(
     can run those layers once as a shared trunk (diversity only in the later layers).
     """
     if num_members < 1:
-        raise ValueError(f"num_members must be >= 1, got {num_members}")
+        raise InputError(f"num_members must be >= 1, got {num_members}")
     if (heads_per_layer is None) == (num_pruned is None):
-        raise ValueError("give exactly one of heads_per_layer or num_pruned")
+        raise InputError("give exactly one of heads_per_layer or num_pruned")
     order, heads = least_useful_first(ranking)
     # a circuit ranks only the heads it removed; the rest of ``order`` is index order
     ranked = order[: len(ranking.removed)] if isinstance(ranking, CircuitOrder) else order
@@ -125,7 +126,7 @@ def _removed_in_total(
 def _share_trunk(members: list[HeadSet], heads: list[int], shared_layers: int) -> list[HeadSet]:
     """Every member with member 0's heads in the first ``shared_layers`` layers."""
     if not 0 <= shared_layers <= len(heads):
-        raise ValueError(f"shared_layers must be in [0, {len(heads)}], got {shared_layers}")
+        raise InputError(f"shared_layers must be in [0, {len(heads)}], got {shared_layers}")
     first = members[0].resolve(heads)
     return [
         HeadSet(

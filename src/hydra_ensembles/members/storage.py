@@ -10,6 +10,7 @@ from torch import nn
 
 from ..baselines.registry import MEMBER_TRANSFORMS, rebuild_transforms
 from ..configuration import write_hf_config
+from ..errors import InputError
 from ..heads import HeadSet
 from ..models import build_model
 from ..ood.storage import read_statistics, write_statistics
@@ -23,7 +24,7 @@ FORMAT_VERSION = 2
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "AutoMember", "MemberLoadError", "load_member", "save_member"]
 
 
-class MemberLoadError(ValueError):
+class MemberLoadError(InputError):
     """A directory is not a complete, unmodified saved member."""
 
 

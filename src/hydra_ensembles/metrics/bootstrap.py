@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..errors import InputError
 from ._checks import check_count, check_fraction
 
 
@@ -28,7 +29,7 @@ def resample_indices(size: int, n_resamples: int, seed: int = 0, salt: str = "")
 def percentile_interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """The central ``level`` percentile interval of bootstrap draws (NaN draws are ignored)."""
     if check_fraction(level, "level") == 1:
-        raise ValueError("level must lie in (0, 1), got 1")
+        raise InputError("level must lie in (0, 1), got 1")
     tail = (1 - level) / 2 * 100
     return float(np.nanpercentile(draws, tail)), float(np.nanpercentile(draws, 100 - tail))
 
@@ -40,7 +41,7 @@ def paired_difference(
     bootstrap p-value of "no difference": twice the share of draws on the far side of 0."""
     differences = np.asarray(draws_a, dtype=np.float64) - np.asarray(draws_b, dtype=np.float64)
     if differences.shape != np.shape(draws_a) or differences.ndim != 1:
-        raise ValueError("paired draws must be two 1-D arrays of the same resamples")
+        raise InputError("paired draws must be two 1-D arrays of the same resamples")
     low, high = percentile_interval(differences, level)
     finite = differences[np.isfinite(differences)]
     p_value = (

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import InputError
+
 FEATURE_SCORES = ("mds", "rmds", "mds++", "knn", "vim")
 KNN_K = 50
 """Neighbours of the kNN score (OpenOOD's setting; capped at the bank's size)."""
@@ -130,18 +132,18 @@ class FeatureStatistics:
         per member). ValueError where features are not finite or labels out of range."""
         unknown = sorted(set(scores) - set(FEATURE_SCORES))
         if unknown or not scores:
-            raise ValueError(f"unknown feature scores {unknown}; choose from {FEATURE_SCORES}")
+            raise InputError(f"unknown feature scores {unknown}; choose from {FEATURE_SCORES}")
         feats = np.asarray(torch.as_tensor(member_features).double().cpu(), dtype=np.float64)
         y = np.asarray(labels).astype(np.int64).reshape(-1)
         if feats.ndim != 3 or feats.shape[1] != len(y) or len(y) < 2:
-            raise ValueError(
+            raise InputError(
                 f"feature statistics need (members, N >= 2, width) features and N labels, got "
                 f"{feats.shape} and {len(y)}"
             )
         if not np.isfinite(feats).all():
-            raise ValueError("the training features hold NaN or Inf: the model diverged or overflowed")
+            raise InputError("the training features hold NaN or Inf: the model diverged or overflowed")
         if y.min() < 0 or y.max() >= num_classes:
-            raise ValueError(f"training labels out of range for {num_classes} classes")
+            raise InputError(f"training labels out of range for {num_classes} classes")
         missing = sorted(set(range(num_classes)) - set(y.tolist()))
         if missing:
             warnings.warn(
@@ -181,10 +183,10 @@ class FeatureStatistics:
         """Each member's ``score`` (M, N), float64, from features ``(M, N, D)`` (and, for ViM,
         the members' logits ``(M, N, C)`` at temperature 1)."""
         if score not in self.scores:
-            raise ValueError(f"unknown feature score {score!r}; these statistics compute {self.scores}")
+            raise InputError(f"unknown feature score {score!r}; these statistics compute {self.scores}")
         f = torch.as_tensor(member_features).to(torch.float64)
         if f.dim() != 3 or f.shape[0] != self.num_members or f.shape[2] != self.settings["width"]:
-            raise ValueError(
+            raise InputError(
                 f"features of shape {tuple(f.shape)} for statistics of {self.num_members} members of "
                 f"width {self.settings['width']}"
             )
@@ -201,7 +203,7 @@ class FeatureStatistics:
             kth = similarity.topk(int(self.settings["knn_k"]), dim=-1).values[..., -1]
             return (2 - 2 * kth).clamp_min(0).sqrt()
         if member_logits is None:
-            raise ValueError("ViM reads the members' logits as well as their features")
+            raise InputError("ViM reads the members' logits as well as their features")
         logits = torch.as_tensor(member_logits).to(device=f.device, dtype=torch.float64)
         residual = torch.linalg.vector_norm((f - t["vim.origin"].unsqueeze(1)) @ t["vim.basis"], dim=-1)
         return t["vim.alpha"].unsqueeze(1) * residual - torch.logsumexp(logits, -1)
@@ -243,12 +245,12 @@ class FeatureStatistics:
                 settings = json.loads((handle.metadata() or {}).get("settings", "null"))
                 tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
         except (SafetensorError, OSError, ValueError) as exc:
-            raise ValueError(f"cannot read the OOD statistics {path}: {exc}") from None
+            raise InputError(f"cannot read the OOD statistics {path}: {exc}") from None
         if not isinstance(settings, dict) or settings.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} file")
+            raise InputError(f"{path} is not a {FORMAT} file")
         loaded = cls(tensors, settings)
         if digest is not None and loaded.digest() != digest:
-            raise ValueError(
+            raise InputError(
                 f"{path} is not the OOD statistics the model's calibration was fit with (its digest "
                 "differs): it was modified or comes from another model"
             )
@@ -319,7 +321,7 @@ def check_scores(names: Sequence[str], statistics: FeatureStatistics | None) -> 
     """ValueError naming a feature score among ``names`` that ``statistics`` cannot compute."""
     for name in names:
         if name in FEATURE_SCORES and (statistics is None or name not in statistics.scores):
-            raise ValueError(
+            raise InputError(
                 f"the OOD score {name!r} reads feature statistics fit on ID training data, and "
                 + ("none were fit" if statistics is None else "these have none for it")
             )

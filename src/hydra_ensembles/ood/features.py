@@ -23,6 +23,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..adapters.base import is_under
+from ..errors import InputError
 from ..layers import BatchEnsembleLinear, GroupedLinear, PackedLinear
 
 __all__ = ["FeatureError", "FeatureTap", "ensemble_heads", "logits_layers", "member_heads"]
@@ -30,7 +31,7 @@ __all__ = ["FeatureError", "FeatureTap", "ensemble_heads", "logits_layers", "mem
 _AFFINE = (nn.Linear, GroupedLinear, BatchEnsembleLinear, PackedLinear)
 
 
-class FeatureError(ValueError):
+class FeatureError(InputError):
     """A model whose logits are not one affine map of one feature vector per member."""
 
 

@@ -48,6 +48,7 @@ from torch import nn
 
 from ..adapters import ArchitectureAdapter, DualEncoderAdapter, get_adapter
 from ..batching import checked_batches, model_inputs
+from ..errors import InputError
 from ..hashing import batches_digest, fingerprint, json_digest
 from ..heads import HeadSet
 from ..io import atomic_write_json, read_json
@@ -71,7 +72,7 @@ Head = tuple[int, int]
 UNKNOWN = (math.inf, math.inf)  # lazy mode: never-scored candidates are evaluated first
 
 
-class CircuitError(ValueError):
+class CircuitError(InputError):
     """Bad arguments to circuit extraction."""
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..adapters import get_adapter
+from ..errors import InputError
 from ..io import read_json
 from .circuit import CircuitOrder
 
@@ -21,7 +22,7 @@ def read_ranking(path: str | os.PathLike, model: nn.Module) -> torch.Tensor | Ci
     data = read_json(path, "scores file")
     method = data.get("method") if isinstance(data, dict) else None
     if method not in ("taylor", "circuit"):
-        raise ValueError(f"{path} is not a file written by hydra-ens score")
+        raise InputError(f"{path} is not a file written by hydra-ens score")
     heads = list(get_adapter(model).original_heads_per_layer(model))
     try:
         ranking = (
@@ -31,7 +32,7 @@ def read_ranking(path: str | os.PathLike, model: nn.Module) -> torch.Tensor | Ci
         )
         ranked_heads = least_useful_first(ranking)[1]  # heads per layer the ranking covers
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path} is damaged or does not fit {type(model).__name__}: {exc}") from None
+        raise InputError(f"{path} is damaged or does not fit {type(model).__name__}: {exc}") from None
     if ranked_heads != heads:
-        raise ValueError(f"{path} ranks a model with heads per layer {ranked_heads}; this one has {heads}")
+        raise InputError(f"{path} ranks a model with heads per layer {ranked_heads}; this one has {heads}")
     return ranking

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..adapters import ArchitectureAdapter, DualEncoderAdapter
 from ..batching import batch_rows, repeat_rows
+from ..errors import InputError
 
 
 class LayerCapture(NamedTuple):
@@ -167,7 +168,7 @@ def run_from_layer(
     ``layer`` runs, the other tower's embeddings are reused."""
     if isinstance(adapter, DualEncoderAdapter):
         if embeddings is None:
-            raise ValueError("running a dual encoder from a layer needs the captured embeddings")
+            raise InputError("running a dual encoder from a layer needs the captured embeddings")
         return _dual_from_layer(model, adapter, layer, hidden, inputs, embeddings)
     times = hidden.shape[0] // batch_rows(inputs)
     with starting_at_layer(model, adapter, layer, hidden):

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..batching import checked_batches, model_inputs
+from ..errors import InputError
 from ..heads import HeadSet, HeadSetError
 from ..precision import model_device, resolve_precision
 from ..progress import progress_bar
@@ -59,7 +60,7 @@ def taylor_scores(
                 logits = model(**model_inputs(batch)).logits
             loss = F.cross_entropy(logits.float(), labels.to(logits.device)) / len(batches)
             if not torch.isfinite(loss):
-                raise ValueError(
+                raise InputError(
                     "the loss on the calibration data is NaN or Inf (non-finite inputs, or a model "
                     "with non-finite weights): Taylor scores would be meaningless"
                 )
@@ -125,7 +126,7 @@ def taylor_head_set(
         )
         return HeadSet.without(((layer, h) for _, layer, h in flat[sum(keep) :]), original)
     if scope != "layer":
-        raise ValueError(f"scope must be 'layer' or 'global', got {scope!r}")
+        raise InputError(f"scope must be 'layer' or 'global', got {scope!r}")
     kept: dict[int, list[int]] = {}
     current = model
     for layer in progress_bar(range(len(original)), desc="taylor (prune -> recompute)", enabled=progress):

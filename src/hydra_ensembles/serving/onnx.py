@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..data.registry import saved_length
+from ..errors import InputError
 from ..fusion.model import HydraModel
 from ..io import atomic_dir, atomic_write_json, check_output_dir
 from ..loading import load_any, saved_preprocessor
@@ -51,7 +52,7 @@ TOLERANCE = 1e-4
 __all__ = ["ONNX_NAME", "OUTPUT_NAMES", "SIDECAR_NAME", "ExportError", "export_onnx"]
 
 
-class ExportError(ValueError):
+class ExportError(InputError):
     """The exported graph cannot be written, or does not compute what the model computes."""
 
 

@@ -34,6 +34,7 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from ..batching import check_padding
 from ..data.registry import position_limit, saved_length
 from ..data.text import check_text_input
+from ..errors import InputError
 from ..evaluation.calibration import Calibration, saved_calibration
 from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
@@ -166,7 +167,7 @@ def _check_image_input(value: Any) -> None:
             return
     elif value is not None and not isinstance(value, str):
         return
-    raise ValueError(
+    raise InputError(
         f"{IMAGE_TASK} takes images (a PIL image, an array, or a path or URL of one), got {value!r:.60}"
     )
 

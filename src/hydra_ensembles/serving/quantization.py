@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import metrics as M
 from ..batching import model_inputs
+from ..errors import InputError
 from ..evaluation.calibration import Calibration
 from ..evaluation.predict import Predictions
 from ..ood.detectors import FEATURE_SCORES
@@ -75,7 +76,7 @@ def quantize_int8(model_bytes: bytes) -> bytes:
     from packaging.version import Version
 
     if Version(onnxruntime.__version__).release[:2] < MIN_ONNXRUNTIME:
-        raise ValueError(
+        raise InputError(
             f"int8 quantization needs onnxruntime >= {'.'.join(map(str, MIN_ONNXRUNTIME))} "
             f"(installed: {onnxruntime.__version__}): pip install -U onnxruntime"
         )

@@ -20,6 +20,7 @@ from torch import nn
 
 from .._version import __version__
 from ..adapters import get_adapter
+from ..errors import InputError
 from ..fusion import HydraModel, fuse
 from ..heads import HeadSet
 from ..outputs import EnsembleOutput
@@ -35,7 +36,7 @@ FORMAT_VERSION = 1
 INPUT_TOWER_DIR = "input_tower"
 
 
-class ZeroShotLoadError(ValueError):
+class ZeroShotLoadError(InputError):
     """A saved zero-shot Hydra model is missing, incomplete, tampered with or unknown."""
 
 
@@ -52,7 +53,7 @@ class ZeroShotHydra(nn.Module):
         super().__init__()
         if class_embeddings.dim() != 3 or class_embeddings.shape[0] != input_hydra.num_members:
             shape = tuple(class_embeddings.shape)
-            raise ValueError(f"class embeddings must be (M={input_hydra.num_members}, C, D), got {shape}")
+            raise InputError(f"class embeddings must be (M={input_hydra.num_members}, C, D), got {shape}")
         self.input_hydra = input_hydra
         self.register_buffer("class_embeddings", class_embeddings)
         self.config = config
@@ -168,10 +169,10 @@ def fuse_dual_encoder(
         raise TypeError(f"fuse_dual_encoder needs a DualEncoderClassifier, got {type(model).__name__}")
     head_sets = list(head_sets)
     if not head_sets:
-        raise ValueError("cannot fuse zero members (M = 0); give at least one head set")
+        raise InputError("cannot fuse zero members (M = 0); give at least one head set")
     original = get_adapter(model).original_heads_per_layer(model)
     if kept_heads(model).resolve(original) != HeadSet.full(original).resolve(original):
-        raise ValueError("fuse_dual_encoder needs an unpruned dual encoder")
+        raise InputError("fuse_dual_encoder needs an unpruned dual encoder")
     parts = [split_head_set(model, hs) for hs in head_sets]
     hydra = fuse(model.input_tower.model, [p[0] for p in parts], shared_trunk=shared_trunk)
     classes = [

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
+from ..errors import InputError
 from ..hashing import state_signature
 from .towers import EncoderTower, cosine_logits, normalize
 
@@ -48,9 +49,9 @@ def check_template(template: str) -> None:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:
         reason = f"template {template!r} is malformed ({exc})"
-        raise ValueError(f"{reason}: write braces as {{{{ and }}}}") from None
+        raise InputError(f"{reason}: write braces as {{{{ and }}}}") from None
     if fields != [""]:
-        raise ValueError(
+        raise InputError(
             f"template {template!r} must hold exactly one '{{}}' for the class name and no other field, "
             f"found {['{' + f + '}' for f in fields] or 'none'}"
         )
@@ -71,19 +72,19 @@ class DualEncoderConfig:
 
     def __post_init__(self) -> None:
         if len(self.classes) < 2:
-            raise ValueError(f"a zero-shot classifier needs at least two class names, got {self.classes}")
+            raise InputError(f"a zero-shot classifier needs at least two class names, got {self.classes}")
         if any(not str(c).strip() for c in self.classes):
-            raise ValueError(f"class names must not be empty (a trailing comma?), got {self.classes}")
+            raise InputError(f"class names must not be empty (a trailing comma?), got {self.classes}")
         if len(set(self.classes)) != len(self.classes):
-            raise ValueError(f"class names must be distinct, got {self.classes}")
+            raise InputError(f"class names must be distinct, got {self.classes}")
         if not self.templates:
-            raise ValueError("give at least one template")
+            raise InputError("give at least one template")
         for template in self.templates:
             check_template(template)
         if self.heads not in ("both", "input"):
-            raise ValueError(f"heads must be 'both' or 'input', got {self.heads!r}")
+            raise InputError(f"heads must be 'both' or 'input', got {self.heads!r}")
         if not self.logit_scale > 0:
-            raise ValueError(f"logit_scale must be positive, got {self.logit_scale}")
+            raise InputError(f"logit_scale must be positive, got {self.logit_scale}")
 
     @property
     def num_labels(self) -> int:
@@ -122,7 +123,7 @@ class DualEncoderClassifier(nn.Module):
         rows = {int(v.shape[0]) for v in prompt_inputs.values() if isinstance(v, torch.Tensor)}
         expected = config.num_labels * len(config.templates)
         if rows != {expected}:
-            raise ValueError(
+            raise InputError(
                 f"prompt inputs must have {expected} rows ({config.num_labels} classes x "
                 f"{len(config.templates)} templates), got {sorted(rows)}"
             )
@@ -253,7 +254,7 @@ def from_clip(
     vision, text = vision.to(dtype).eval(), text.to(dtype).eval()
     if prompt_inputs is None:
         if tokenizer is None:
-            raise ValueError("from_clip needs a tokenizer or prompt_inputs")
+            raise InputError("from_clip needs a tokenizer or prompt_inputs")
         prompt_inputs = tokenize_prompts(tokenizer, config)
     towers = EncoderTower(vision, "image_embeds"), EncoderTower(text, "text_embeds")
     return DualEncoderClassifier(*towers, dict(prompt_inputs), config).eval()
@@ -286,7 +287,7 @@ def from_siglip(
     vision, text = vision.to(dtype).eval(), text.to(dtype).eval()
     if prompt_inputs is None:
         if tokenizer is None:
-            raise ValueError("from_siglip needs a tokenizer or prompt_inputs")
+            raise InputError("from_siglip needs a tokenizer or prompt_inputs")
         length = siglip.config.text_config.max_position_embeddings
         prompt_inputs = tokenize_prompts(tokenizer, config, max_length=length, padding="max_length")
     towers = EncoderTower(vision, "image_pooler"), EncoderTower(text, "text_pooler")
@@ -314,14 +315,14 @@ def load_dual_encoder(
         from transformers import CLIPModel
 
         if logit_scale is not None:
-            raise ValueError("a CLIP model brings its own learned logit scale; do not give one")
+            raise InputError("a CLIP model brings its own learned logit scale; do not give one")
         clip = CLIPModel.from_pretrained(path).eval()
         return from_clip(clip, classes, templates or ("A photo of a {}.",), tokenizer=tokenizer, heads=heads)
     if config.model_type in ("siglip", "siglip2"):
         from transformers import Siglip2Model, SiglipModel
 
         if logit_scale is not None:
-            raise ValueError("a SigLIP model brings its own learned logit scale and bias; do not give one")
+            raise InputError("a SigLIP model brings its own learned logit scale and bias; do not give one")
         siglip = (SiglipModel if config.model_type == "siglip" else Siglip2Model).from_pretrained(path).eval()
         templates = templates or ("This is a photo of {}.",)
         return from_siglip(siglip, classes, templates, tokenizer=tokenizer, heads=heads)

@@ -14,6 +14,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ..errors import InputError
+
 Pooling = Literal["mean", "cls", "image_embeds", "text_embeds", "image_pooler", "text_pooler"]
 POOLINGS = ("mean", "cls", "image_embeds", "text_embeds", "image_pooler", "text_pooler")
 
@@ -29,7 +31,7 @@ def pool(outputs: Any, inputs: dict[str, Any], pooling: str) -> torch.Tensor:
     if pooling == "cls":
         return hidden[..., 0, :]
     if pooling != "mean":
-        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        raise InputError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     mask = inputs.get("attention_mask")
     if mask is None:
         return hidden.mean(-2)
@@ -44,7 +46,7 @@ class EncoderTower(nn.Module):
     def __init__(self, model: nn.Module, pooling: str) -> None:
         super().__init__()
         if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+            raise InputError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         self.model = model
         self.pooling = pooling
 
