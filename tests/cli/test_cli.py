@@ -74,6 +74,19 @@ def test_info_on_a_saved_hydra_model_and_member(tmp_path, capsys):
     assert "BatchEnsemble of 3 members" in capsys.readouterr().out
 
 
+def test_every_command_is_one_record_whose_parser_runs_it():
+    """`COMMANDS` holds one record per subcommand; the parser of each routes to that record."""
+    import argparse
+
+    from hydra_ensembles.cli import build_parser
+    from hydra_ensembles.cli.main import COMMANDS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert [c.name for c in COMMANDS] == list(sub.choices)
+    for command in COMMANDS:
+        assert sub.choices[command.name].get_default("record") is command
+
+
 def test_help_states_every_default():
     """Every option with a default says it in ``--help`` (a user must not have to read code)."""
     import argparse

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .command import Command
 from .options import COUNT, _resamples, precision_option
 
 
@@ -31,7 +32,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_analyze_command(sub) -> None:
+def _add_analyze_command(sub) -> argparse.ArgumentParser:
     from ..analysis import STUDIES
 
     analyze = sub.add_parser(
@@ -54,4 +55,13 @@ def _add_analyze_command(sub) -> None:
         "--bootstrap", type=_resamples, default=200, help="bootstrap resamples for intervals"
     )
     precision_option(analyze)
-    analyze.set_defaults(func=_cmd_analyze)
+    return analyze
+
+
+COMMAND = Command(
+    "analyze",
+    add_parser=_add_analyze_command,
+    run=_cmd_analyze,
+    locks_outputs=False,
+    reports_precision=True,
+)

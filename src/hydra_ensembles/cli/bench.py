@@ -6,6 +6,7 @@ import argparse
 import os
 
 from ..models import DEFAULT_TEXT_MODEL
+from .command import Command
 from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_option
 
 
@@ -93,7 +94,7 @@ def _device(text: str) -> str:
     return text
 
 
-def _add_bench_command(sub) -> None:
+def _add_bench_command(sub) -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="latency, parameters, multiply-adds and memory of every method")
     bench.add_argument("model", nargs="?", default=DEFAULT_TEXT_MODEL)
     bench.add_argument("--members", type=POSITIVE, default=3)
@@ -133,4 +134,12 @@ def _add_bench_command(sub) -> None:
         action="store_true",
         help="also time the fused model exported to ONNX and run by onnxruntime (float32, CPU)",
     )
-    bench.set_defaults(func=_cmd_bench)
+    return bench
+
+
+COMMAND = Command(
+    "bench",
+    add_parser=_add_bench_command,
+    run=_cmd_bench,
+    reports_precision=True,
+)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..errors import InputError
+from .command import Command
 from .common import (
     _data_batches,
     _load_model,
@@ -136,7 +137,7 @@ def _describe(built, model) -> None:
             print(f"the {what}: calibration: {calibration.describe()}")
 
 
-def _add_build_command(sub) -> None:
+def _add_build_command(sub) -> argparse.ArgumentParser:
     build = sub.add_parser(
         "build", help="members from a ranking -> optional fine-tuning -> fused Hydra model"
     )
@@ -177,4 +178,12 @@ def _add_build_command(sub) -> None:
     _random_head_option(build)
     _overwrite_option(build)
     _data_options(build)
-    build.set_defaults(func=_cmd_build)
+    return build
+
+
+COMMAND = Command(
+    "build",
+    add_parser=_add_build_command,
+    run=_cmd_build,
+    resume="rerun the same command to resume (finished members and epochs are kept)",
+)

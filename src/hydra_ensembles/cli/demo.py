@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL
+from .command import Command
 from .options import precision_option
 
 
@@ -61,7 +62,7 @@ OPT_IN = {
 """The demo's opt-in rows (each an extra method, off by default to keep the default run short)."""
 
 
-def _add_demo_command(sub) -> None:
+def _add_demo_command(sub) -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="the paper's experiment on an embedded benchmark (text: MiniLM-L6 on BBC News; "
@@ -99,4 +100,13 @@ def _add_demo_command(sub) -> None:
     for flag, help_text in OPT_IN.items():
         demo.add_argument(flag, action="store_true", help=help_text)
     precision_option(demo)
-    demo.set_defaults(func=_cmd_demo)
+    return demo
+
+
+COMMAND = Command(
+    "demo",
+    add_parser=_add_demo_command,
+    run=_cmd_demo,
+    locks_outputs=False,
+    reports_precision=True,
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import InputError
+from .command import Command
 from .common import _data_batches, _load_methods, _say_precision
 from .options import (
     POSITIVE,
@@ -153,7 +154,7 @@ def _eval_data(args: argparse.Namespace, preprocessor, models: list, oods_named:
     return EvalData(id_test, oods, shift, val, train, ood_val)
 
 
-def _add_eval_command(sub) -> None:
+def _add_eval_command(sub) -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="evaluate methods on ID, OOD (near/far) data; write a report")
     evaluate.add_argument(
         "--method",
@@ -196,4 +197,17 @@ def _add_eval_command(sub) -> None:
     evaluate.add_argument("--out", required=True, help="report folder")
     _report_overwrite_option(evaluate)
     _data_options(evaluate)
-    evaluate.set_defaults(func=_cmd_eval)
+    return evaluate
+
+
+def _method_paths(args: argparse.Namespace) -> list[str]:
+    """The paths in ``--method NAME=PATH[,PATH...]``."""
+    return [path for item in args.method or [] for path in item.partition("=")[2].split(",")]
+
+
+COMMAND = Command(
+    "eval",
+    add_parser=_add_eval_command,
+    run=_cmd_eval,
+    extra_inputs=_method_paths,
+)

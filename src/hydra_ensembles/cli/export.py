@@ -8,6 +8,7 @@ import sys
 
 from ..errors import InputError
 from ..serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
+from .command import Command
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _overwrite_option
 
 
@@ -92,7 +93,7 @@ def _print_parity(parity: dict) -> None:
         print(f"flag score AUROC against --ood-data: {before:.4f} (float32), {after:.4f} (int8)")
 
 
-def _add_export_command(sub) -> None:
+def _add_export_command(sub) -> argparse.ArgumentParser:
     export = sub.add_parser(
         "export",
         help="export a saved Hydra model, member or ensemble as one ONNX graph with its calibration",
@@ -131,4 +132,11 @@ def _add_export_command(sub) -> None:
     )
     _overwrite_option(export)
     _data_options(export, precision=False)
-    export.set_defaults(func=_cmd_export)
+    return export
+
+
+COMMAND = Command(
+    "export",
+    add_parser=_add_export_command,
+    run=_cmd_export,
+)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import InputError
+from .command import Command
 from .common import (
     _calibrate,
     _data_batches,
@@ -98,7 +99,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_finetune_command(sub) -> None:
+def _add_finetune_command(sub) -> argparse.ArgumentParser:
     tune = sub.add_parser(
         "finetune",
         help="fine-tune a classifier (e.g. a base model's new head) on labelled data; save it with its "
@@ -125,4 +126,13 @@ def _add_finetune_command(sub) -> None:
     _calibration_options(tune, "--val-data")
     _overwrite_option(tune)
     _data_options(tune)
-    tune.set_defaults(func=_cmd_finetune, allow_random_head=True)
+    tune.set_defaults(allow_random_head=True)
+    return tune
+
+
+COMMAND = Command(
+    "finetune",
+    add_parser=_add_finetune_command,
+    run=_cmd_finetune,
+    resume="rerun the same command to resume from the last finished epoch",
+)

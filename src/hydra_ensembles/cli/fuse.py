@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .command import Command
 from .common import _load_model
 from .options import _num_labels_option, _overwrite_option, _random_head_option
 
@@ -23,7 +24,7 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_fuse_command(sub) -> None:
+def _add_fuse_command(sub) -> argparse.ArgumentParser:
     fuse = sub.add_parser("fuse", help="fuse untrained members given as head-set JSON files")
     fuse.add_argument("model", help="HF id, local directory or minilm-l6")
     fuse.add_argument(
@@ -36,4 +37,11 @@ def _add_fuse_command(sub) -> None:
     fuse.add_argument("--out", required=True, help="output directory")
     _random_head_option(fuse)
     _overwrite_option(fuse)
-    fuse.set_defaults(func=_cmd_fuse)
+    return fuse
+
+
+COMMAND = Command(
+    "fuse",
+    add_parser=_add_fuse_command,
+    run=_cmd_fuse,
+)

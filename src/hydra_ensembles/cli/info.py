@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..models import DEFAULT_TEXT_MODEL
+from .command import Command
 from .options import _num_labels_option
 
 
@@ -119,11 +120,18 @@ def _print_calibration(model) -> None:
         print(f"fine-tuned: {trained} since the pretrained weights")
 
 
-def _add_info_command(sub) -> None:
+def _add_info_command(sub) -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show a model's family, layers and heads")
     info.add_argument(
         "model", nargs="?", default=DEFAULT_TEXT_MODEL, help="HF id, local directory or minilm-l6"
     )
     info.add_argument("--families", action="store_true", help="list the supported model families and exit")
     _num_labels_option(info)
-    info.set_defaults(func=_cmd_info)
+    return info
+
+
+COMMAND = Command(
+    "info",
+    add_parser=_add_info_command,
+    run=_cmd_info,
+)

@@ -11,18 +11,27 @@ import sys
 from ..data import MissingDataError
 from ..errors import InputError, UnsupportedModelError
 from ..models import MissingModelError
-from .analyze import _add_analyze_command
-from .bench import _add_bench_command
-from .build import _add_build_command
-from .demo import _add_demo_command
-from .evaluate import _add_eval_command
-from .export import _add_export_command
-from .finetune import _add_finetune_command
-from .fuse import _add_fuse_command
-from .info import _add_info_command
-from .predict import _add_predict_command
-from .score import _add_score_command
-from .zero_shot import _add_zero_shot_command
+from . import analyze, bench, build, demo, evaluate, export, finetune, fuse, info, predict, score, zero_shot
+from .command import Command
+
+COMMANDS: tuple[Command, ...] = tuple(
+    module.COMMAND
+    for module in (
+        info,
+        fuse,
+        score,
+        build,
+        finetune,
+        evaluate,
+        predict,
+        bench,
+        export,
+        zero_shot,
+        demo,
+        analyze,
+    )
+)
+"""Every subcommand, in the order ``hydra-ens --help`` lists them."""
 
 
 class _DefaultsShown(argparse.HelpFormatter):
@@ -62,26 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hydra Ensembles: prune attention heads M ways, fuse the members into one model.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_info_command(sub)
-    _add_fuse_command(sub)
-    _add_score_command(sub)
-    _add_build_command(sub)
-    _add_finetune_command(sub)
-    _add_eval_command(sub)
-    _add_predict_command(sub)
-    _add_bench_command(sub)
-    _add_export_command(sub)
-    _add_zero_shot_command(sub)
-    _add_demo_command(sub)
-    _add_analyze_command(sub)
+    for command in COMMANDS:
+        command.add_parser(sub).set_defaults(record=command)
     return parser
-
-
-RESUME_HINTS = {
-    "score": "rerun the same command with the same --checkpoint to resume",
-    "build": "rerun the same command to resume (finished members and epochs are kept)",
-    "finetune": "rerun the same command to resume from the last finished epoch",
-}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,17 +115,13 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"hydra-ens: warning: {_one_line(message)}", file=sys.stderr)
 
 
-OWN_PRECISION_REPORT = ("bench", "demo", "analyze")
-"""Commands that report their precision themselves (per setting, in their reports)."""
-
-
 def _resolve_precision_once(args: argparse.Namespace) -> None:
     """``--precision`` resolved once, before any work: every step of the command computes in the
     same precision (``auto`` decides here), said with its reason when work begins (`_say_precision`),
     and recorded in what the commands write (``args.precision_reason``)."""
     from ..precision import resolve_precision
 
-    if getattr(args, "precision", None) is None or args.command in OWN_PRECISION_REPORT:
+    if getattr(args, "precision", None) is None or args.record.reports_precision:
         return
     chosen = resolve_precision(args.precision, "cpu")
     args.precision, args.precision_reason = chosen.name, chosen.reason
@@ -167,8 +155,8 @@ def _guard_outputs(args: argparse.Namespace) -> None:
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, str):
                 inputs += [item, *item.split(",")]
-    for item in (getattr(args, "method", None) or []) if args.command == "eval" else []:
-        inputs += item.partition("=")[2].split(",")
+    if args.record.extra_inputs is not None:
+        inputs += args.record.extra_inputs(args)
     for item in getattr(args, "ood", None) or []:
         inputs.append(item.partition("=")[2].rpartition(":")[0])
     outputs = {flag: getattr(args, name, None) for name, flag in OUTPUT_OPTIONS.items()}
@@ -181,7 +169,7 @@ def _locked_outputs(args: argparse.Namespace) -> contextlib.ExitStack:
     from ..io import output_lock
 
     stack = contextlib.ExitStack()
-    if args.command in ("demo", "analyze"):  # they lock their output folder, default included
+    if not args.record.locks_outputs:  # it locks its output folder itself, default included
         return stack
     try:
         for name in OUTPUT_OPTIONS:
@@ -202,12 +190,9 @@ def _run(args: argparse.Namespace) -> int:
         _guard_outputs(args)
         with _locked_outputs(args):
             _resolve_precision_once(args)
-            return args.func(args)
+            return args.record.run(args)
     except KeyboardInterrupt as exc:
-        if args.command == "score" and not getattr(args, "checkpoint", None):
-            hint = "nothing was written; pass --checkpoint FILE to make a rerun resumable"
-        else:
-            hint = RESUME_HINTS.get(args.command, "nothing was written; rerun the command")
+        hint = args.record.resume_hint(args)
         terminated = isinstance(exc, Terminated)
         print(f"hydra-ens: {'terminated' if terminated else 'interrupted'}; {hint}", file=sys.stderr)
         return 143 if terminated else 130

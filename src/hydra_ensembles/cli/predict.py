@@ -8,6 +8,7 @@ import sys
 from ..errors import InputError
 from ..evaluation.evaluate import OOD_SCORES
 from ..ood.detectors import FEATURE_SCORES
+from .command import Command
 from .common import _data_batches, _load_methods, _say_precision
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _random_head_option
 
@@ -125,7 +126,7 @@ def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[st
     return lines
 
 
-def _add_predict_command(sub) -> None:
+def _add_predict_command(sub) -> argparse.ArgumentParser:
     pred = sub.add_parser(
         "predict", help="per-input predictions with uncertainty and an OOD flag (CSV or JSON Lines)"
     )
@@ -160,4 +161,11 @@ def _add_predict_command(sub) -> None:
         "data's, with the threshold (a .png file)",
     )
     _data_options(pred)
-    pred.set_defaults(func=_cmd_predict)
+    return pred
+
+
+COMMAND = Command(
+    "predict",
+    add_parser=_add_predict_command,
+    run=_cmd_predict,
+)

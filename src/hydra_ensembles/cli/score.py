@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .command import Command
 from .common import _data_batches, _load_model, _say_precision
 from .options import (
     COUNT,
@@ -56,7 +57,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_score_command(sub) -> None:
+def _add_score_command(sub) -> argparse.ArgumentParser:
     score = sub.add_parser("score", help="rank heads: Taylor importance or greedy circuit extraction (JSON)")
     score.add_argument("model", help="a fine-tuned classifier: HF id or directory, or a saved member")
     score.add_argument("--method", choices=["taylor", "circuit"], default="circuit")
@@ -102,7 +103,7 @@ def _add_score_command(sub) -> None:
     _num_labels_option(score)
     score.add_argument("--out", required=True, help="output JSON file")
     _data_options(score)
-    score.set_defaults(func=_cmd_score)
+    return score
 
 
 def _circuit_config(args: argparse.Namespace):
@@ -119,3 +120,17 @@ def _circuit_config(args: argparse.Namespace):
         cache_gb=args.cache_gb,
         precision=args.precision,
     )
+
+
+def _score_resume(args: argparse.Namespace) -> str:
+    if getattr(args, "checkpoint", None):
+        return "rerun the same command with the same --checkpoint to resume"
+    return "nothing was written; pass --checkpoint FILE to make a rerun resumable"
+
+
+COMMAND = Command(
+    "score",
+    add_parser=_add_score_command,
+    run=_cmd_score,
+    resume=_score_resume,
+)

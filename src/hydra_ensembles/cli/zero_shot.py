@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .command import Command
 from .common import _calibrate, _data_batches, _say_precision
 from .options import (
     COUNT,
@@ -68,7 +69,7 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_zero_shot_command(sub) -> None:
+def _add_zero_shot_command(sub) -> argparse.ArgumentParser:
     zs = sub.add_parser(
         "zero-shot",
         help="zero-shot Hydra from a dual encoder (CLIP, SigLIP or a sentence encoder): circuit over the "
@@ -113,4 +114,11 @@ def _add_zero_shot_command(sub) -> None:
     _calibration_options(zs, "--data", ood_option=False)
     _overwrite_option(zs)
     _data_options(zs)
-    zs.set_defaults(func=_cmd_zero_shot)
+    return zs
+
+
+COMMAND = Command(
+    "zero-shot",
+    add_parser=_add_zero_shot_command,
+    run=_cmd_zero_shot,
+)
