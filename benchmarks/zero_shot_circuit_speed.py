@@ -2,7 +2,7 @@
 (the library's fast path) vs reuse within a tower only (what it did before), side by side.
 
 A removal in one tower leaves the other tower's candidates unchanged down to their tower's output,
-so the library scores them without running them (`scoring.circuit._SuffixCache`). The
+so the library scores them without running them (`scoring.circuit.candidates.SuffixCache`). The
 comparison path is the same code with that switched off (every removal invalidates every
 candidate above its layer). Model and data are the zero-shot demo's (all-MiniLM-L6-v2 as a dual
 encoder on BBC News topics, its circuit texts and budget). Prints the machine, the precision,
@@ -23,12 +23,13 @@ from tempfile import TemporaryDirectory
 
 import hydra_ensembles.scoring.circuit as circuit
 from hydra_ensembles.runtime import describe_machine
+from hydra_ensembles.scoring.circuit import candidates, extract
 from hydra_ensembles.surgery import heads_per_layer
 from hydra_experiments import DemoConfig, start_run
 from hydra_experiments.zero_shot import zero_shot_classifier
 
 
-class WithinTowerOnly(circuit._SuffixCache):
+class WithinTowerOnly(candidates.SuffixCache):
     """The suffix cache without cross-tower reuse: a removal makes every candidate stale above
     its layer, whatever its tower."""
 
@@ -53,13 +54,13 @@ def main() -> None:
         run = start_run(config)
         model = zero_shot_classifier(config, run.task.classes, heads="both")
         budget = args.budget or config.circuit_budget
-        library = circuit._SuffixCache
+        library = extract.SuffixCache
         paths = {"across towers": library, "within a tower": WithinTowerOnly}
         times: dict[str, list[float]] = {name: [] for name in paths}
         orders = {}
         for _ in range(args.repeats):
             for name, cache in paths.items():
-                circuit._SuffixCache = cache
+                extract.SuffixCache = cache
                 try:
                     start = time.perf_counter()
                     order = circuit.extract_circuit(
@@ -73,7 +74,7 @@ def main() -> None:
                     )
                     times[name].append(time.perf_counter() - start)
                 finally:
-                    circuit._SuffixCache = library
+                    extract.SuffixCache = library
                 orders[name] = order.removed
                 print(f"{name}: {times[name][-1]:.1f} s", flush=True)
     print(f"\nmachine: {describe_machine()}; precision: {run.compute}")

@@ -10,7 +10,8 @@ import torch
 
 import hydra_ensembles as he
 from hydra_ensembles.scoring import CircuitError, extract_circuit, objective_value
-from hydra_ensembles.scoring import circuit as circuit_module
+from hydra_ensembles.scoring.circuit import candidates as circuit_candidates
+from hydra_ensembles.scoring.circuit import extract as circuit_extract
 from tests.factories import image_inputs, labelled, text_inputs, tiny_bert, tiny_vit
 
 
@@ -76,7 +77,7 @@ def _score_after_pruning(model, heads, id_val, ood_val, objective):
 def _spy_caches(monkeypatch) -> list:
     caches = []
 
-    class Spy(circuit_module._SuffixCache):
+    class Spy(circuit_candidates.SuffixCache):
         def __init__(self, *args):
             super().__init__(*args)
             self.restarts = 0
@@ -87,7 +88,7 @@ def _spy_caches(monkeypatch) -> list:
             self.restarts += start > cand[0]
             return start
 
-    monkeypatch.setattr(circuit_module, "_SuffixCache", Spy)
+    monkeypatch.setattr(circuit_extract, "SuffixCache", Spy)
     return caches
 
 
@@ -180,7 +181,7 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, 
     full = extract_circuit(*args, objective="avg", budget=5, progress=False, precision=precision)
     checkpoint = tmp_path / "circuit.json"
     calls = {"n": 0}
-    original = circuit_module._evaluate_fast
+    original = circuit_candidates.evaluate_fast
 
     def interrupted(*args, **kwargs):
         calls["n"] += 1
@@ -188,11 +189,11 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, 
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(circuit_module, "_evaluate_fast", interrupted)
+    monkeypatch.setattr(circuit_candidates, "evaluate_fast", interrupted)
     with pytest.raises(KeyboardInterrupt):
         extract_circuit(*args, objective="avg", **kwargs)
     assert 1 <= len(json.loads(checkpoint.read_text())["order"]["removed"]) <= 2
-    monkeypatch.setattr(circuit_module, "_evaluate_fast", original)
+    monkeypatch.setattr(circuit_candidates, "evaluate_fast", original)
     resumed = extract_circuit(*args, objective="avg", **kwargs)
     assert resumed == full
     with pytest.raises(CircuitError, match="another extraction"):
@@ -216,13 +217,13 @@ def test_lazy_mode_evaluates_only_its_shortlist_and_resumes_identically(tmp_path
     model = _model()
     id_val, ood_val = _text_data()
     evaluated: list[int] = []
-    original = circuit_module._evaluate_fast
+    original = circuit_candidates.evaluate_fast
 
     def counting(model, adapter, masks, candidates, *args):
         evaluated.append(len(candidates))
         return original(model, adapter, masks, candidates, *args)
 
-    monkeypatch.setattr(circuit_module, "_evaluate_fast", counting)
+    monkeypatch.setattr(circuit_candidates, "evaluate_fast", counting)
     kwargs = {"objective": "avg", "budget": 6, "method": "lazy", "shortlist": 3, "refresh_every": 4}
     kwargs["precision"] = "fp32"  # counts the evaluations of one precision
     full = extract_circuit(model, id_val, ood_val, progress=False, **kwargs)
@@ -238,10 +239,10 @@ def test_lazy_mode_evaluates_only_its_shortlist_and_resumes_identically(tmp_path
         return original(*args)
 
     checkpoint = tmp_path / "lazy.json"
-    monkeypatch.setattr(circuit_module, "_evaluate_fast", interrupted)
+    monkeypatch.setattr(circuit_candidates, "evaluate_fast", interrupted)
     with pytest.raises(KeyboardInterrupt):
         extract_circuit(model, id_val, ood_val, checkpoint=checkpoint, progress=False, **kwargs)
-    monkeypatch.setattr(circuit_module, "_evaluate_fast", original)
+    monkeypatch.setattr(circuit_candidates, "evaluate_fast", original)
     resumed = extract_circuit(model, id_val, ood_val, checkpoint=checkpoint, progress=False, **kwargs)
     assert resumed == full
     with pytest.raises(CircuitError, match="another extraction"):  # exact runs never reuse lazy state
@@ -261,14 +262,14 @@ def test_low_precision_gives_the_fp32_order(precision, seed, monkeypatch):
     kwargs = {"budget": 9, "progress": False}
     exact = extract_circuit(model, id_val, ood_val, objective="avg", precision="fp32", **kwargs)
     rescorers = []
-    original = circuit_module._ExactRescoring
+    original = circuit_extract.ExactRescoring
 
     class Spy(original):
         def __init__(self, *args):
             super().__init__(*args)
             rescorers.append(self)
 
-    monkeypatch.setattr(circuit_module, "_ExactRescoring", Spy)
+    monkeypatch.setattr(circuit_extract, "ExactRescoring", Spy)
     low = extract_circuit(model, id_val, ood_val, objective="avg", precision=precision, **kwargs)
     assert low.removed == exact.removed and low.scores == exact.scores
     assert low.base_score == exact.base_score

@@ -147,16 +147,17 @@ def test_fused_zero_shot_hydra_equals_members_run_one_by_one(family, pool, share
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_candidates_of_the_untouched_tower_are_scored_without_running_and_change_nothing(family, monkeypatch):
-    import hydra_ensembles.scoring.circuit as circuit_module
+    from hydra_ensembles.scoring.circuit import candidates as circuit_candidates
+    from hydra_ensembles.scoring.circuit import extract as circuit_extract
 
     skipped = []
 
-    class Spy(circuit_module._SuffixCache):
+    class Spy(circuit_candidates.SuffixCache):
         def removed(self, head):
             super().removed(head)
             skipped.append(len(self.complete))  # the next step scores these without running them
 
-    monkeypatch.setattr(circuit_module, "_SuffixCache", Spy)
+    monkeypatch.setattr(circuit_extract, "SuffixCache", Spy)
     make, inputs = FAMILIES[family]
     model = make(heads_pool="both", seed=3)
     id_val = [labelled(inputs(6, seed=s), labels=3, seed=s) for s in (1, 2)]
