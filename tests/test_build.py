@@ -45,8 +45,8 @@ def test_with_ood_validation_heads_are_ranked_by_a_circuit():
     config = he.BuildConfig(num_members=2, num_pruned=2, budget=3, precision="fp32")
     built = he.build_hydra(model, validation=val, ood_validation=ood, config=config, progress=False)
     assert isinstance(built.ranking, CircuitOrder) and len(built.ranking.removed) == 3
-    # every extraction setting passes through whole (budget and precision are the build's)
-    settings = CircuitConfig(objective="acc", method="reference", budget=99, precision="bf16")
+    # every extraction setting passes through whole (the budget and the precision are the build's)
+    settings = CircuitConfig(objective="acc", method="reference", budget=99)
     config = dataclasses.replace(config, circuit=settings)
     built = he.build_hydra(model, validation=val, ood_validation=ood, config=config, progress=False)
     expected = he.extract_circuit(model, val, ood, settings, budget=3, precision="fp32", progress=False)
@@ -89,6 +89,19 @@ def test_bad_requests_are_refused_before_any_work():
         )
     with pytest.raises(ValueError, match="ID validation"):
         he.build_hydra(model, config=he.BuildConfig(num_pruned=2))
+
+
+def test_the_build_has_one_precision_and_a_nested_other_one_is_refused():
+    """A fine-tuning or circuit setting naming another precision than the build's is refused, not
+    silently replaced; ``auto`` (their default) and the build's own are accepted."""
+    for nested in (
+        {"fine_tune": FineTuneConfig(precision="fp16")},
+        {"circuit": he.CircuitConfig(precision="bf16")},
+    ):
+        with pytest.raises(he.InputError, match=r"precision=.* differs from the build's precision='fp32'"):
+            he.BuildConfig(num_pruned=2, precision="fp32", **nested)
+    he.BuildConfig(num_pruned=2, precision="fp16", fine_tune=FineTuneConfig(precision="fp16"))
+    he.BuildConfig(num_pruned=2, precision="fp32", fine_tune=FineTuneConfig(), circuit=he.CircuitConfig())
 
 
 def test_every_step_is_said_as_it_starts():

@@ -91,7 +91,7 @@ def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch, 
     fine_tune(straight, train, val, config, progress=False)
 
     saves = []
-    original = module._save_checkpoint
+    original = module.checkpoint.CheckpointDir.save
 
     def interrupt_after_two(*args, **kwargs):
         original(*args, **kwargs)
@@ -99,10 +99,10 @@ def test_resume_from_a_checkpoint_gives_the_same_weights(tmp_path, monkeypatch, 
         if len(saves) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(module, "_save_checkpoint", interrupt_after_two)
+    monkeypatch.setattr(module.checkpoint.CheckpointDir, "save", interrupt_after_two)
     with pytest.raises(KeyboardInterrupt):
         fine_tune(tiny_bert(layers=1, heads=2), train, val, config, tmp_path, progress=False)
-    monkeypatch.setattr(module, "_save_checkpoint", original)
+    monkeypatch.setattr(module.checkpoint.CheckpointDir, "save", original)
     assert (tmp_path / "manifest.json").is_file() and (tmp_path / "optimizer.2.safetensors").is_file()
     fresh = tiny_bert(layers=1, heads=2)  # a new process would start from the base weights again
     result = fine_tune(fresh, train, val, config, tmp_path, progress=False)
@@ -207,7 +207,7 @@ def test_fp16_training_takes_overflowed_steps_again_and_says_so(monkeypatch):
     result = fine_tune(tiny_bert(layers=1, heads=2), _data(3), config=config, progress=False)
     assert all("fp16_overflow_retries" not in r and "skipped_steps" not in r for r in result.history)
     assert result.history[-1]["loss_scale"] == module.FP16_INITIAL_SCALE
-    monkeypatch.setattr(module, "FP16_INITIAL_SCALE", 2.0**20)  # overflows: fp16 tops out at 65504
+    monkeypatch.setattr(module.loss_scale, "FP16_INITIAL_SCALE", 2.0**20)  # overflows: fp16 tops out at 65504
     model = tiny_bert(layers=1, heads=2)
     before = _snapshot(model)
     result = fine_tune(model, _data(3), config=config, progress=False)
@@ -215,8 +215,8 @@ def test_fp16_training_takes_overflowed_steps_again_and_says_so(monkeypatch):
     assert first["fp16_overflow_retries"] >= 1 and "skipped_steps" not in first
     assert first["loss_scale"] < 2.0**20
     assert all(not torch.equal(before[k], v) for k, v in _snapshot(model).items() if "embeddings" not in k)
-    monkeypatch.setattr(module, "FP16_RETRIES", 0)  # no retries left: the step is skipped and counted
-    monkeypatch.setattr(module, "FP16_INITIAL_SCALE", 2.0**30)
+    monkeypatch.setattr(module.loop, "FP16_RETRIES", 0)  # no retries left: the step is skipped and counted
+    monkeypatch.setattr(module.loss_scale, "FP16_INITIAL_SCALE", 2.0**30)
     result = fine_tune(tiny_bert(layers=1, heads=2), _data(3), config=config, progress=False)
     assert result.history[0]["skipped_steps"] >= 1
 
@@ -360,13 +360,13 @@ def test_class_sorted_batches_are_mixed_when_training(monkeypatch, shuffle, mixe
     for label in range(3):  # class-sorted: every batch holds one class
         batch = text_inputs(batch=4, tokens=6, seed=label)
         sorted_batches.append({**batch, "labels": torch.full((4,), label)})
-    seen, original = [], module._Run._loss
+    seen, original = [], module.loop.Run._loss
 
     def spy(self, batch):
         seen.append(set(batch["labels"].tolist()))
         return original(self, batch)
 
-    monkeypatch.setattr(module._Run, "_loss", spy)
+    monkeypatch.setattr(module.loop.Run, "_loss", spy)
     config = FineTuneConfig(epochs=2, lr=1e-3, precision="fp32", shuffle=shuffle)
     fine_tune(tiny_bert(layers=1, heads=2), sorted_batches, None, config, progress=False)
     assert any(len(labels) > 1 for labels in seen) == mixed

@@ -85,6 +85,17 @@ class BuildConfig:
     ranked by circuit extraction; its budget and precision are the build's (``budget``,
     ``precision``)."""
 
+    def __post_init__(self) -> None:
+        """``precision`` is the one precision of every step of a build: a nested setting that
+        names another is refused rather than silently replaced (``auto`` defers to it)."""
+        for name, nested in (("fine_tune", self.fine_tune), ("circuit", self.circuit)):
+            if nested is not None and nested.precision not in ("auto", self.precision):
+                raise InputError(
+                    f"{name}.precision={nested.precision!r} differs from the build's "
+                    f"precision={self.precision!r}, which every step of a build computes in: "
+                    "set BuildConfig(precision=...) and leave the nested one 'auto'"
+                )
+
 
 @dataclass
 class Build:

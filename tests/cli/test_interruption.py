@@ -65,7 +65,7 @@ def test_circuit_extraction_killed_then_resumed_gives_the_same_order(w):
     assert main(score_args(w, "straight.json", "straight-ck.json")) == 0
     killed = child(
         f"""
-        from hydra_ensembles.scoring import circuit
+        from hydra_ensembles.scoring.circuit import search as circuit
         original, calls = circuit.atomic_write_json, []
         def write_then_die(*args, **kwargs):
             original(*args, **kwargs)
@@ -201,7 +201,7 @@ def test_ctrl_c_or_sigterm_ends_with_one_line_saying_how_to_resume(w, sent, code
     code = f"""
         import time
         from pathlib import Path
-        from hydra_ensembles.scoring import circuit
+        from hydra_ensembles.scoring.circuit import search as circuit
         original = circuit.atomic_write_json
         def write_then_wait(*args, **kwargs):
             original(*args, **kwargs)
