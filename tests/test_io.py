@@ -132,7 +132,8 @@ def test_atomic_dir_never_deletes_the_old_result_when_it_cannot_be_moved(tmp_pat
 
 def test_a_mount_point_is_refused_up_front_where_the_folder_is_replaced(tmp_path, monkeypatch):
     from hydra_ensembles import io
-    from hydra_ensembles.io import OutputError, check_output_dir
+    from hydra_ensembles.cli.guards import check_output_dir
+    from hydra_ensembles.io import OutputError
 
     monkeypatch.setattr(io.os.path, "ismount", lambda p: str(p) == str(tmp_path))
     with pytest.raises(OutputError, match="mount point"):
@@ -143,7 +144,8 @@ def test_a_mount_point_is_refused_up_front_where_the_folder_is_replaced(tmp_path
 def test_what_a_killed_writer_left_never_blocks_the_rerun(tmp_path):
     """A killed save leaves its temporary files (safetensors written under our own temporary
     names); the next check of the folder removes them instead of calling it "not empty"."""
-    from hydra_ensembles.io import OutputError, check_output_dir
+    from hydra_ensembles.cli.guards import check_output_dir
+    from hydra_ensembles.io import OutputError
 
     out = tmp_path / "fused"
     out.mkdir()
@@ -159,7 +161,8 @@ def test_what_a_killed_writer_left_never_blocks_the_rerun(tmp_path):
 
 
 def test_a_second_writer_of_one_output_is_refused_while_the_first_holds_it(tmp_path):
-    from hydra_ensembles.io import OutputError, output_lock
+    from hydra_ensembles.cli.guards import output_lock
+    from hydra_ensembles.io import OutputError
 
     out = tmp_path / "new" / "deeper" / "result.json"
     with output_lock(out):
@@ -250,3 +253,20 @@ def test_a_full_disk_during_finetune_is_one_line_and_writes_nothing(tmp_path, mo
     assert err[-1].startswith("hydra-ens: error: cannot write") and "no space left on the device" in err[-1]
     left = sorted(p.name for p in tmp_path.iterdir())  # the epochs' checkpoint stays: a rerun resumes
     assert left == ["model", "train.csv", "tuned.checkpoint"]
+
+
+def test_the_library_refuses_a_folder_of_the_users_files_without_naming_cli_options(tmp_path):
+    """`export_onnx` replaces its folder whole: a folder of the user's own files is refused, in
+    words for a Python caller (the command line's guard adds its options to the same check)."""
+    from hydra_ensembles.cli.guards import check_output_dir
+    from hydra_ensembles.io import OutputError, check_replaceable_dir
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the user's")
+    with pytest.raises(OutputError, match="did not write, which replacing it would delete") as library:
+        check_replaceable_dir(folder)
+    assert "--" not in str(library.value)
+    with pytest.raises(OutputError, match=r"choose another --out \(--overwrite"):
+        check_output_dir(folder, replaced=True)
+    assert (folder / "notes.txt").read_text() == "the user's"

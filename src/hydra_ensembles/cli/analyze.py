@@ -12,8 +12,8 @@ from .options import COUNT, _resamples, precision_option
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from hydra_experiments.analyze import analysis_config, run_analysis
 
-    from ..io import output_lock
     from ..runtime import ensure_cpu_allocator_tuned
+    from .guards import output_lock
 
     ensure_cpu_allocator_tuned()
     config = analysis_config(

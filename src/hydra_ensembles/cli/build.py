@@ -39,9 +39,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     from ..build import build_hydra, save_with_preprocessor
     from ..data.labels import check_trainable
-    from ..io import check_output_dir, overwrite_staging, replace_dir
+    from ..io import replace_dir
     from ..loading import load_preprocessor
     from ..scoring.files import read_ranking
+    from .guards import check_output_dir, overwrite_staging
 
     target = check_output_dir(args.out, finished=FINISHED, resumable=OWNED, overwrite=args.overwrite)
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target

@@ -14,8 +14,8 @@ from .options import precision_option
 def _cmd_demo(args: argparse.Namespace) -> int:
     from hydra_experiments import DemoConfig, run_demo
 
-    from ..io import output_lock
     from ..runtime import ensure_cpu_allocator_tuned
+    from .guards import output_lock
 
     ensure_cpu_allocator_tuned()
     overrides = {

@@ -27,8 +27,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         predict_method,
         saved_calibration,
     )
-    from ..io import check_report_dir, mark_report_dir
     from ..loading import load_preprocessor, preprocessing_signature
+    from .guards import check_report_dir, mark_report_dir
 
     out = check_report_dir(args.out, args.overwrite)
     items = [item.partition("=") for item in args.method]

@@ -13,9 +13,9 @@ from .options import PREPROCESSOR_HELP, _data_options, _fraction, _overwrite_opt
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ..io import check_output_dir
     from ..loading import load_preprocessor
     from ..serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
+    from .guards import check_output_dir
 
     check_output_dir(args.out, finished=ONNX_NAME, overwrite=args.overwrite, replaced=True)
     if (args.val_data or args.ood_data) and not args.quantize:

@@ -36,12 +36,13 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from ..build import name_classes
     from ..data import load_spec
     from ..data.labels import check_trainable
-    from ..io import atomic_dir, check_output_dir
+    from ..io import atomic_dir
     from ..loading import load_preprocessor
     from ..models import untrained_weights
     from ..ood.storage import write_statistics
     from ..serialization import write_folder_checksums
     from ..training import FineTuneConfig, fine_tune
+    from .guards import check_output_dir
 
     out = check_output_dir(
         args.out, finished="config.json", resumable=(), overwrite=args.overwrite, replaced=True

@@ -13,7 +13,7 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
     from ..fusion import fuse
     from ..fusion.model import CONFIG_NAME
     from ..heads import read_head_sets
-    from ..io import check_output_dir
+    from .guards import check_output_dir
 
     check_output_dir(args.out, finished=CONFIG_NAME, resumable=(), overwrite=args.overwrite)
     head_sets = [hs for file in args.heads for hs in read_head_sets(file)]

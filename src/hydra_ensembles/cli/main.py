@@ -145,9 +145,9 @@ OUTPUT_OPTIONS = {"out": "--out", "checkpoint": "--checkpoint", "plot": "--plot"
 
 def _guard_outputs(args: argparse.Namespace) -> None:
     """The one output-path guard of every command: no output is, contains or lies inside an input
-    (`io.check_outputs_apart`). Inputs: every path option, the paths in ``--method NAME=PATH,...``
+    (`guards.check_outputs_apart`). Inputs: every path option, the paths in ``--method NAME=PATH,...``
     and ``--ood NAME=SPEC:near|far``; a comma-separated list of models is split."""
-    from ..io import check_outputs_apart
+    from .guards import check_outputs_apart
 
     inputs: list[str] = []
     for name in INPUT_OPTIONS:
@@ -164,9 +164,9 @@ def _guard_outputs(args: argparse.Namespace) -> None:
 
 
 def _locked_outputs(args: argparse.Namespace) -> contextlib.ExitStack:
-    """An exclusive lock on each output of the command (`io.output_lock`): a second process
+    """An exclusive lock on each output of the command (`guards.output_lock`): a second process
     writing the same output is refused."""
-    from ..io import output_lock
+    from .guards import output_lock
 
     stack = contextlib.ExitStack()
     if not args.record.locks_outputs:  # it locks its output folder itself, default included

@@ -20,13 +20,14 @@ from .options import (
 def _cmd_zero_shot(args: argparse.Namespace) -> int:
     from ..build import save_preprocessor
     from ..data import load_spec
-    from ..io import atomic_write_json, check_output_dir
+    from ..io import atomic_write_json
     from ..loading import load_preprocessor
     from ..members import member_overlap, sample_members
     from ..models import load_image_processor, takes_images
     from ..scoring import CircuitConfig, CircuitOrder, extract_circuit
     from ..surgery import heads_per_layer
     from ..zeroshot import fuse_dual_encoder, load_dual_encoder
+    from .guards import check_output_dir
 
     out = check_output_dir(
         args.out,

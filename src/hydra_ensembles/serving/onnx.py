@@ -35,7 +35,7 @@ from torch import nn
 from ..data.registry import saved_length
 from ..errors import InputError
 from ..fusion.model import HydraModel
-from ..io import atomic_dir, atomic_write_json, check_output_dir
+from ..io import atomic_dir, atomic_write_json, check_replaceable_dir
 from ..loading import load_any, saved_preprocessor
 from ..models import VISION_MODEL_TYPES
 from ..ood.detectors import FEATURE_SCORES
@@ -133,7 +133,7 @@ def export_onnx(
             "a quantized graph is calibrated again on its own outputs: give labelled ID validation "
             "batches (--val-data)"
         )
-    check_output_dir(out, replaced=True)  # never a folder of the user's own files
+    check_replaceable_dir(out)  # never a folder of the user's own files
     source = None
     if isinstance(model, (str, os.PathLike)):
         source = Path(model)
