@@ -90,8 +90,10 @@ def _has_all(module: nn.Module, paths: Sequence[str]) -> bool:
     return True
 
 
-class ArchitectureAdapter(ABC):
-    """Where attention lives in one model family (transformers 5.x module layout)."""
+class ModelLayout(ABC):
+    """Where things live in one model family's modules (transformers 5.x layout): the layers,
+    each layer's attention projections, the embeddings, the task head, and which fusion group
+    every parameterised module belongs to. Declarative class variables, read by discovery."""
 
     family: ClassVar[str]
     """Human-readable family name, e.g. ``"BERT"``."""
@@ -115,6 +117,13 @@ class ArchitectureAdapter(ABC):
         self.prefix = f"{towers[0]}." if towers else _base_prefix(model)
         self.layers_path = self._find_layers(model)
         self._check_layout(model)
+        self._layer_count = len(self.layers(model))
+
+    @property
+    def spans(self) -> dict[str, range]:
+        """The layer indices of each transformer whose heads are pruned, by its path: one span,
+        every layer, for a single model; one per tower for a dual encoder (`DualEncoderAdapter`)."""
+        return {"": range(self._layer_count)}
 
     def encoder_config(self, model: nn.Module):
         """The configuration of the transformer the adapter works on (a composite model's
@@ -250,7 +259,38 @@ class ArchitectureAdapter(ABC):
         """The task modules of ``head_modules`` that ``model`` has (e.g. freshly initialised)."""
         return [name for name in self.head_modules if isinstance(getattr(model, name, None), nn.Module)]
 
-    # ----------------------------------------------------------------- surgery
+    @abstractmethod
+    def attention_paths(self, layer: int) -> tuple[str, ...]:
+        """Dotted paths of the modules `install_fused_attention` replaces (for saving layouts)."""
+
+    def attention_core_path(self, layer: int) -> str | None:
+        """Dotted path of ``layer``'s module that turns hidden states into the heads' context
+        (Q/K/V and attention, before W_O) and returns ``(context, weights)``; ``None`` where the
+        family has no such module (ViT keeps W_O inside its attention module)."""
+        return None
+
+    def num_layers(self, model: nn.Module) -> int:
+        return len(self.layers(model))
+
+    def original_heads_per_layer(self, model: nn.Module) -> list[int]:
+        """Head counts of the unpruned model (the config's)."""
+        return [int(self.encoder_config(model).num_attention_heads)] * self.num_layers(model)
+
+    def part_of(self, path: str, module: nn.Module) -> Part:
+        """Which fusion policy group a parameterised module belongs to."""
+        if is_under(path, self.input_paths):
+            return "embeddings"
+        if is_under(path, self.head_paths):
+            return "head"
+        if isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("RMSNorm"):
+            return "norm"
+        return "mlp"
+
+
+class AttentionSurgery(ABC):
+    """How one family's attention is rewritten: pruned projections installed, and the fused
+    attention of all members built and installed in place of a layer's attention."""
+
     @abstractmethod
     def set_attention(
         self,
@@ -313,15 +353,11 @@ class ArchitectureAdapter(ABC):
     def install_fused_attention(self, model: nn.Module, layer: int, fused: nn.Module) -> None:
         """Replace ``layer``'s attention with ``fused``, which applies W_O (and its bias) itself."""
 
-    @abstractmethod
-    def attention_paths(self, layer: int) -> tuple[str, ...]:
-        """Dotted paths of the modules `install_fused_attention` replaces (for saving layouts)."""
 
-    def attention_core_path(self, layer: int) -> str | None:
-        """Dotted path of ``layer``'s module that turns hidden states into the heads' context
-        (Q/K/V and attention, before W_O) and returns ``(context, weights)``; ``None`` where the
-        family has no such module (ViT keeps W_O inside its attention module)."""
-        return None
+class RuntimeShortcuts:
+    """What running a family fast needs to know: how many rows an input becomes (inference
+    chunking), the widest activation, the forward's inputs, and the shortcut where the head reads
+    only the first token (circuit extraction)."""
 
     def first_token_only(self, model: nn.Module) -> ExitStack | None:
         """Where the model's head reads only the first token of the last layer, make that layer
@@ -329,24 +365,6 @@ class ArchitectureAdapter(ABC):
         logits, about 3/4 of the layer saved); closing the returned stack (or leaving it as a
         context manager) undoes it. ``None``: not possible."""
         return None
-
-    # ----------------------------------------------------------------- shared helpers
-    def num_layers(self, model: nn.Module) -> int:
-        return len(self.layers(model))
-
-    def original_heads_per_layer(self, model: nn.Module) -> list[int]:
-        """Head counts of the unpruned model (the config's)."""
-        return [int(self.encoder_config(model).num_attention_heads)] * self.num_layers(model)
-
-    def part_of(self, path: str, module: nn.Module) -> Part:
-        """Which fusion policy group a parameterised module belongs to."""
-        if is_under(path, self.input_paths):
-            return "embeddings"
-        if is_under(path, self.head_paths):
-            return "head"
-        if isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("RMSNorm"):
-            return "norm"
-        return "mlp"
 
     def tokens_per_input(self, model: nn.Module, inputs: dict) -> int:
         """Rows of hidden states one input becomes inside the transformer (tokens, or patches
@@ -373,6 +391,12 @@ class ArchitectureAdapter(ABC):
         """Keyword inputs the model's forward accepts (taken from its signature)."""
         params = inspect.signature(model.forward).parameters.values()
         return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+class ArchitectureAdapter(ModelLayout, AttentionSurgery, RuntimeShortcuts):
+    """One model family: its layout (`ModelLayout`), how its attention is pruned and fused
+    (`AttentionSurgery`), and what running it fast needs (`RuntimeShortcuts`). A family is one
+    subclass registered in `adapters.ADAPTERS` (docs/architectures.md)."""
 
 
 def _base_prefix(model: nn.Module) -> str:

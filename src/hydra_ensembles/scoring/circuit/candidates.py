@@ -166,10 +166,9 @@ class SuffixCache:
         }
 
 
-def last_layers(adapter: ArchitectureAdapter, heads_per_layer: list[int]) -> list[int]:
+def last_layers(adapter: ArchitectureAdapter) -> list[int]:
     """Per layer, the last layer of its stack: the model's, or a dual encoder's tower's."""
-    spans = getattr(adapter, "spans", None) or {"": range(len(heads_per_layer))}
-    return [span[-1] for span in spans.values() for _ in span]
+    return [span[-1] for span in adapter.spans.values() for _ in span]
 
 
 def run_candidates(

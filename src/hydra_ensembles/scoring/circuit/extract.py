@@ -103,11 +103,11 @@ def extract_circuit(
     key = _run_key(model, settings, id_batches, ood_batches)  # exact methods share checkpoints
     was_training = model.training
     model.eval()
-    cache = SuffixCache(last_layers(adapter, heads_per_layer), cache_gb * 2**30)
+    cache = SuffixCache(last_layers(adapter), cache_gb * 2**30)
     masks = CandidateMasks(model)
     exact = None
     if exact_model is not None:
-        exact_cache = SuffixCache(last_layers(adapter, heads_per_layer), cache_gb * 2**30)
+        exact_cache = SuffixCache(last_layers(adapter), cache_gb * 2**30)
         exact = ExactRescoring(exact_model, adapter, masks, method, candidate_chunk, exact_cache)
     run = Extraction(
         model=model,
