@@ -231,27 +231,7 @@ class Calibration:
 
     def describe(self) -> str:
         """One line: the settings and the data they were fit on."""
-        fit_on = (
-            f"{self.data or 'ID validation data'} ({self.examples} inputs, sha256 {self.data_sha256[:12]})"
-        )
-        statistics = ""
-        if self.statistics_sha256:
-            examples = (
-                f"{self.statistics.settings['examples']} inputs, " if self.statistics is not None else ""
-            )
-            statistics = (
-                f"; feature statistics fit on {self.statistics_data or 'ID training data'} ({examples}"
-                f"sha256 {self.statistics_data_sha256[:12]})"
-            )
-        level = (
-            f"conformal, level {self.alpha:.3g}: at most {self.alpha:.1%} of ID inputs flagged"
-            if self.flag_method == "conformal"
-            else f"keeps {self.keep:.0%} of ID validation"
-        )
-        return (
-            f"temperature {self.temperature:.3f}; flag: ood_score_{self.score} > {self.threshold:.4f} "
-            f"({level}); fit on {fit_on}" + (f" in {self.precision}" if self.precision else "") + statistics
-        )
+        return _describe(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record (the statistics are saved beside it and named by their digest), with
@@ -263,52 +243,72 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, saved: Any) -> Calibration:
-        """A calibration from its saved dict; ValueError naming what is wrong or missing."""
-        if not isinstance(saved, dict):
-            raise InputError(f"a saved calibration is a JSON object, got {type(saved).__name__}")
-        saved = dict(saved)
-        digest = saved.pop(RECORD_DIGEST, None)  # older saves lack it
-        if digest is not None and digest != json_digest(saved):
-            raise InputError(
-                "a saved calibration does not match its own checksum: its temperature, score, threshold "
-                "or data were edited after it was fit (fit it again with --val-data)"
-            )
-        fields = set(cls.__dataclass_fields__) - {"statistics"}
-        optional = {"statistics_sha256", "statistics_data", "statistics_data_sha256"}  # older saves lack them
-        optional |= {"flag_method", "calibration_scores", "set_method", "set_alpha", "set_classwise"}
-        optional |= {"set_quantiles", "set_examples"}
-        if not fields - optional <= set(saved) <= fields:
-            raise InputError(
-                f"a saved calibration has the fields {sorted(fields)}; this one has {sorted(saved)}"
-            )
-        try:
-            return cls(
-                temperature=float(saved["temperature"]),
-                score=str(saved["score"]),
-                threshold=float(saved["threshold"]),
-                keep=float(saved["keep"]),
-                data=str(saved["data"]),
-                data_sha256=str(saved["data_sha256"]),
-                examples=int(saved["examples"]),
-                precision=str(saved["precision"]),
-                model_sha256=str(saved["model_sha256"]),
-                **{
-                    name: str(saved[name])
-                    for name in optional
-                    if name in saved and name.startswith("statistics")
-                },
-                flag_method=str(saved.get("flag_method", "quantile")),
-                calibration_scores=tuple(float(s) for s in saved.get("calibration_scores", ())),
-                set_method=str(saved.get("set_method", "")),
-                set_alpha=float(saved.get("set_alpha", 0.1)),
-                set_classwise=bool(saved.get("set_classwise", False)),
-                set_quantiles=tuple(
-                    math.inf if q is None else float(q) for q in saved.get("set_quantiles", ())
-                ),
-                set_examples=int(saved.get("set_examples", 0)),
-            )
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"a saved calibration is malformed: {exc}") from None
+        """A calibration from its saved dict; InputError naming what is wrong or missing."""
+        return _calibration_from_dict(saved)
+
+
+def _describe(c: Calibration) -> str:
+    """One line: the settings and the data they were fit on."""
+    fit_on = f"{c.data or 'ID validation data'} ({c.examples} inputs, sha256 {c.data_sha256[:12]})"
+    statistics = ""
+    if c.statistics_sha256:
+        examples = f"{c.statistics.settings['examples']} inputs, " if c.statistics is not None else ""
+        statistics = (
+            f"; feature statistics fit on {c.statistics_data or 'ID training data'} ({examples}"
+            f"sha256 {c.statistics_data_sha256[:12]})"
+        )
+    level = (
+        f"conformal, level {c.alpha:.3g}: at most {c.alpha:.1%} of ID inputs flagged"
+        if c.flag_method == "conformal"
+        else f"keeps {c.keep:.0%} of ID validation"
+    )
+    return (
+        f"temperature {c.temperature:.3f}; flag: ood_score_{c.score} > {c.threshold:.4f} "
+        f"({level}); fit on {fit_on}" + (f" in {c.precision}" if c.precision else "") + statistics
+    )
+
+
+def _calibration_from_dict(saved: Any) -> Calibration:
+    """A calibration from its saved dict; ValueError naming what is wrong or missing."""
+    if not isinstance(saved, dict):
+        raise InputError(f"a saved calibration is a JSON object, got {type(saved).__name__}")
+    saved = dict(saved)
+    digest = saved.pop(RECORD_DIGEST, None)  # older saves lack it
+    if digest is not None and digest != json_digest(saved):
+        raise InputError(
+            "a saved calibration does not match its own checksum: its temperature, score, threshold "
+            "or data were edited after it was fit (fit it again with --val-data)"
+        )
+    fields = set(Calibration.__dataclass_fields__) - {"statistics"}
+    optional = {"statistics_sha256", "statistics_data", "statistics_data_sha256"}  # older saves lack them
+    optional |= {"flag_method", "calibration_scores", "set_method", "set_alpha", "set_classwise"}
+    optional |= {"set_quantiles", "set_examples"}
+    if not fields - optional <= set(saved) <= fields:
+        raise InputError(f"a saved calibration has the fields {sorted(fields)}; this one has {sorted(saved)}")
+    try:
+        return Calibration(
+            temperature=float(saved["temperature"]),
+            score=str(saved["score"]),
+            threshold=float(saved["threshold"]),
+            keep=float(saved["keep"]),
+            data=str(saved["data"]),
+            data_sha256=str(saved["data_sha256"]),
+            examples=int(saved["examples"]),
+            precision=str(saved["precision"]),
+            model_sha256=str(saved["model_sha256"]),
+            **{
+                name: str(saved[name]) for name in optional if name in saved and name.startswith("statistics")
+            },
+            flag_method=str(saved.get("flag_method", "quantile")),
+            calibration_scores=tuple(float(s) for s in saved.get("calibration_scores", ())),
+            set_method=str(saved.get("set_method", "")),
+            set_alpha=float(saved.get("set_alpha", 0.1)),
+            set_classwise=bool(saved.get("set_classwise", False)),
+            set_quantiles=tuple(math.inf if q is None else float(q) for q in saved.get("set_quantiles", ())),
+            set_examples=int(saved.get("set_examples", 0)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"a saved calibration is malformed: {exc}") from None
 
 
 def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions]:

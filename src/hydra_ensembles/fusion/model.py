@@ -291,33 +291,8 @@ class HydraModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device | None = None) -> HydraModel:
-        """Load a model written by `save_pretrained`: the architecture is rebuilt from the JSON
-        config (a transformers class of a supported family, the members' head sets, the grouped
-        layout) and filled from safetensors; outputs are bitwise identical."""
-        config, state = read_saved(
-            path, CONFIG_NAME, FORMAT, (FORMAT_VERSION,), REQUIRED, HydraLoadError, "Hydra model", device
-        )
-        try:
-            model = build_model(
-                config["model_class"], config["base_config"], config.get("attn_implementation")
-            )
-        except ValueError as exc:
-            raise HydraLoadError(str(exc)) from exc
-        adapter = get_adapter(model)
-        head_sets = [HeadSet.from_dict(hs) for hs in config["head_sets"]]
-        trunk = int(config.get("trunk_layers", 0))
-        _install_empty_fused(model, adapter, head_sets, config["layout"], trunk)
-        if config.get("dtype"):
-            model.to(getattr(torch, config["dtype"]))
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as exc:
-            raise HydraLoadError(f"weights in {path} do not fit {CONFIG_NAME}: {exc}") from exc
-        model.to(device or "cpu").eval()
-        policy = FusionPolicy(**config["policy"])
-        hydra = cls(model, adapter, head_sets, policy, config["layout"], trunk_layers=trunk)
-        read_statistics(hydra, path, HydraLoadError)
-        return hydra
+        """Load a model written by `save_pretrained` (`load_hydra`)."""
+        return load_hydra(path, device)
 
     def extra_repr(self) -> str:
         policy = self.policy.to_dict()
@@ -325,8 +300,31 @@ class HydraModel(nn.Module):
 
 
 def load_hydra(path: str | os.PathLike, device: str | torch.device | None = None) -> HydraModel:
-    """`HydraModel.from_pretrained` as a function."""
-    return HydraModel.from_pretrained(path, device)
+    """Load a model written by `save_pretrained`: the architecture is rebuilt from the JSON
+    config (a transformers class of a supported family, the members' head sets, the grouped
+    layout) and filled from safetensors; outputs are bitwise identical."""
+    config, state = read_saved(
+        path, CONFIG_NAME, FORMAT, (FORMAT_VERSION,), REQUIRED, HydraLoadError, "Hydra model", device
+    )
+    try:
+        model = build_model(config["model_class"], config["base_config"], config.get("attn_implementation"))
+    except ValueError as exc:
+        raise HydraLoadError(str(exc)) from exc
+    adapter = get_adapter(model)
+    head_sets = [HeadSet.from_dict(hs) for hs in config["head_sets"]]
+    trunk = int(config.get("trunk_layers", 0))
+    _install_empty_fused(model, adapter, head_sets, config["layout"], trunk)
+    if config.get("dtype"):
+        model.to(getattr(torch, config["dtype"]))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise HydraLoadError(f"weights in {path} do not fit {CONFIG_NAME}: {exc}") from exc
+    model.to(device or "cpu").eval()
+    policy = FusionPolicy(**config["policy"])
+    hydra = HydraModel(model, adapter, head_sets, policy, config["layout"], trunk_layers=trunk)
+    read_statistics(hydra, path, HydraLoadError)
+    return hydra
 
 
 def save_hydra(hydra: HydraModel, path: str | os.PathLike) -> Path:

@@ -95,7 +95,7 @@ def fine_tune(
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     device = next(model.parameters()).device
     try:
-        run = Run.start(model, train_batches, val_batches, config, checkpoint_dir, progress)
+        run = start_run(model, train_batches, val_batches, config, checkpoint_dir, progress)
         run.train(on_epoch)
     finally:
         model.to(device)
@@ -160,62 +160,6 @@ class Run:
     state: TrainingState = field(default_factory=TrainingState)
     examples: ExamplePool | None = None
     """The training examples, dealt into new batches every epoch (``shuffle="examples"``)."""
-
-    @classmethod
-    def start(cls, model, train_batches, val_batches, config, checkpoint_dir, progress) -> Run:
-        """Prepare model and optimizer, and resume from ``checkpoint_dir`` where it holds a
-        finished epoch of this very run."""
-        from accelerate import Accelerator
-
-        optimizer, params = _optimizer(model, config)
-        # Autocast is applied per step rather than through Accelerate's process-wide
-        # mixed-precision setting, so members with different settings can train in one process.
-        accelerator = Accelerator()
-        # prepare() places a model only the first time it sees it: one fine-tuned before (and
-        # returned to the caller's device) is placed here
-        model.to(accelerator.device)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        precision = resolve_precision(config.precision, accelerator.device)
-        device_type = accelerator.device.type
-        loss_scale = LossScale(device_type) if precision.name == "fp16" else None
-        # A step consumes ``per_step`` batches, split across processes; a remainder that cannot
-        # be split evenly is skipped for that epoch (every process must take part in a step).
-        per_step = config.batches_per_step or accelerator.num_processes
-        if per_step % accelerator.num_processes:
-            raise InputError(
-                f"batches_per_step={per_step} must be a multiple of the {accelerator.num_processes} processes"
-            )
-        steps_per_epoch = len(train_batches) // per_step
-        if steps_per_epoch == 0:
-            raise InputError(f"{len(train_batches)} training batches cannot fill one step of {per_step}")
-        unwrapped = accelerator.unwrap_model(model)
-        checkpoint = None
-        if checkpoint_dir is not None:
-            inputs = inputs_digest(unwrapped, train_batches, val_batches)
-            checkpoint = CheckpointDir(Path(checkpoint_dir), inputs, precision.name)
-        run = cls(
-            model=model,
-            optimizer=optimizer,
-            params=params,
-            accelerator=accelerator,
-            precision=precision,
-            loss_scale=loss_scale,
-            config=config,
-            train_batches=train_batches,
-            val_batches=val_batches,
-            per_step=per_step,
-            steps_per_epoch=steps_per_epoch,
-            checkpoint=checkpoint,
-            progress=progress,
-        )
-        if config.shuffle == "examples":
-            pad_id = int(getattr(getattr(unwrapped, "config", None), "pad_token_id", None) or 0)
-            run.examples = ExamplePool(train_batches, pad_id)
-        if checkpoint is not None and checkpoint.exists():
-            run.state = checkpoint.load(unwrapped, optimizer, config)
-            if loss_scale is not None:  # the scale the last finished epoch ended with
-                run.loss_scale = LossScale.resumed(device_type, run.state.result.history)
-        return run
 
     def train(self, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Every remaining epoch (with validation, early stopping and checkpoints), each record
@@ -359,3 +303,59 @@ class Run:
         state.best_nll, state.result.best_epoch = scores["nll"], epoch
         state.best_state = {k: v.detach().cpu().clone() for k, v in self.unwrapped.state_dict().items()}
         return True
+
+
+def start_run(model, train_batches, val_batches, config, checkpoint_dir, progress) -> Run:
+    """Prepare model and optimizer, and resume from ``checkpoint_dir`` where it holds a
+    finished epoch of this very run."""
+    from accelerate import Accelerator
+
+    optimizer, params = _optimizer(model, config)
+    # Autocast is applied per step rather than through Accelerate's process-wide
+    # mixed-precision setting, so members with different settings can train in one process.
+    accelerator = Accelerator()
+    # prepare() places a model only the first time it sees it: one fine-tuned before (and
+    # returned to the caller's device) is placed here
+    model.to(accelerator.device)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    precision = resolve_precision(config.precision, accelerator.device)
+    device_type = accelerator.device.type
+    loss_scale = LossScale(device_type) if precision.name == "fp16" else None
+    # A step consumes ``per_step`` batches, split across processes; a remainder that cannot
+    # be split evenly is skipped for that epoch (every process must take part in a step).
+    per_step = config.batches_per_step or accelerator.num_processes
+    if per_step % accelerator.num_processes:
+        raise InputError(
+            f"batches_per_step={per_step} must be a multiple of the {accelerator.num_processes} processes"
+        )
+    steps_per_epoch = len(train_batches) // per_step
+    if steps_per_epoch == 0:
+        raise InputError(f"{len(train_batches)} training batches cannot fill one step of {per_step}")
+    unwrapped = accelerator.unwrap_model(model)
+    checkpoint = None
+    if checkpoint_dir is not None:
+        inputs = inputs_digest(unwrapped, train_batches, val_batches)
+        checkpoint = CheckpointDir(Path(checkpoint_dir), inputs, precision.name)
+    run = Run(
+        model=model,
+        optimizer=optimizer,
+        params=params,
+        accelerator=accelerator,
+        precision=precision,
+        loss_scale=loss_scale,
+        config=config,
+        train_batches=train_batches,
+        val_batches=val_batches,
+        per_step=per_step,
+        steps_per_epoch=steps_per_epoch,
+        checkpoint=checkpoint,
+        progress=progress,
+    )
+    if config.shuffle == "examples":
+        pad_id = int(getattr(getattr(unwrapped, "config", None), "pad_token_id", None) or 0)
+        run.examples = ExamplePool(train_batches, pad_id)
+    if checkpoint is not None and checkpoint.exists():
+        run.state = checkpoint.load(unwrapped, optimizer, config)
+        if loss_scale is not None:  # the scale the last finished epoch ended with
+            run.loss_scale = LossScale.resumed(device_type, run.state.result.history)
+    return run
