@@ -20,17 +20,15 @@ from ..adapters.base import is_under
 from ..batching import batch_rows, repeat_call
 from ..errors import InputError
 from ..layers.batch_ensemble import BatchEnsembleLinear
-from .registry import MemberTransform, register_member_transform
+from .registry import register_counted
 
 BATCH_ENSEMBLE_KEY = "hydra_batch_ensemble_members"
 """Config attribute recording the number of BatchEnsemble members (saved with the model)."""
-BATCH_ENSEMBLE = register_member_transform(
-    MemberTransform(
-        "BatchEnsemble",
-        BATCH_ENSEMBLE_KEY,
-        rebuild=lambda model, members: batch_ensemble(model, int(members), init_std=0.0),
-        describe=lambda members: f"BatchEnsemble of {members} members (rank-1 factors on every linear layer)",
-    )
+BATCH_ENSEMBLE = register_counted(
+    "BatchEnsemble",
+    BATCH_ENSEMBLE_KEY,
+    lambda model, members: batch_ensemble(model, members, init_std=0.0),
+    "BatchEnsemble of {members} members (rank-1 factors on every linear layer)",
 )
 
 

@@ -23,18 +23,10 @@ from ..adapters import get_adapter
 from ..batching import batch_rows, model_inputs
 from ..errors import InputError
 from ..training import FineTuneConfig, FineTuneResult, fine_tune
-from .registry import MemberTransform, register_member_transform
+from .registry import register_counted
 
 HEAD_ENSEMBLE_KEY = "hydra_head_ensemble_members"
 """Config attribute recording the number of task heads (saved with the model)."""
-HEAD_ENSEMBLE = register_member_transform(
-    MemberTransform(
-        "Deep Ensemble (D)",
-        HEAD_ENSEMBLE_KEY,
-        rebuild=lambda model, members: head_ensemble(model, int(members)),
-        describe=lambda members: f"Deep Ensemble (D): one backbone, {members} task heads",
-    )
-)
 
 
 class MemberHeads(nn.Module):
@@ -187,3 +179,11 @@ class _CachedHeadInputs(nn.Module):
     def forward(self, head_input: torch.Tensor) -> SimpleNamespace:
         self.heads.batch_rows = None  # B rows in: every head reads them all
         return SimpleNamespace(logits=self.heads(head_input))
+
+
+HEAD_ENSEMBLE = register_counted(
+    "Deep Ensemble (D)",
+    HEAD_ENSEMBLE_KEY,
+    head_ensemble,
+    "Deep Ensemble (D): one backbone, {members} task heads",
+)

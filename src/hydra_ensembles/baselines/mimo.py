@@ -36,18 +36,10 @@ from ..errors import InputError
 from ..models import takes_images
 from ..training import FineTuneConfig, FineTuneResult, fine_tune
 from .head_ensemble import initialise_like
-from .registry import MemberTransform, register_member_transform
+from .registry import register_counted
 
 MIMO_KEY = "hydra_mimo_members"
 """Config attribute recording the number of MIMO members (saved with the model)."""
-MIMO = register_member_transform(
-    MemberTransform(
-        "MIMO",
-        MIMO_KEY,
-        rebuild=lambda model, members: install_mimo(model, int(members)),
-        describe=lambda members: f"MIMO: {members} inputs mixed into one pass, {members} task heads",
-    )
-)
 
 
 class MimoTextInputs(nn.Module):
@@ -222,3 +214,8 @@ def _final_linear(head: nn.Module, labels: int) -> tuple[str, nn.Linear]:
     if len(finals) != 1:
         raise InputError(f"cannot find the task head's output layer in {type(head).__name__}")
     return finals[0]
+
+
+MIMO = register_counted(
+    "MIMO", MIMO_KEY, install_mimo, "MIMO: {members} inputs mixed into one pass, {members} task heads"
+)

@@ -23,6 +23,7 @@ __all__ = [
     "MEMBER_TRANSFORMS",
     "MemberTransform",
     "rebuild_transforms",
+    "register_counted",
     "register_member_transform",
     "stacked_members",
 ]
@@ -68,6 +69,21 @@ def register_member_transform(transform: MemberTransform) -> MemberTransform:
         raise InputError(f"the configuration key {transform.key!r} is recorded by {existing.name} already")
     MEMBER_TRANSFORMS[transform.key] = transform
     return transform
+
+
+def register_counted(
+    name: str, key: str, build: Callable[[nn.Module, int], nn.Module], describe: str
+) -> MemberTransform:
+    """Register a transform whose record is its member count M: rebuilt as ``build(model, M)``,
+    described by ``describe`` with ``{members}`` filled in."""
+    return register_member_transform(
+        MemberTransform(
+            name,
+            key,
+            rebuild=lambda model, members: build(model, int(members)),
+            describe=lambda members: describe.format(members=members),
+        )
+    )
 
 
 def stacked_members(model: nn.Module) -> int:

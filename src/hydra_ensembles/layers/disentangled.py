@@ -22,30 +22,14 @@ from torch import nn
 
 from ..errors import InputError
 from .attention import FusedMultiHeadAttention
-from .grouped import grouped_matmul
+from .grouped import StackedTables, grouped_matmul
 
 
-class MemberTable(nn.Module):
+class MemberTable(StackedTables):
     """M copies of a table every layer reads whole through ``.weight`` (DeBERTa's relative
     position embeddings), stacked (M, rows, width): member m's copy is ``weight[m]``."""
 
     layout_kind: ClassVar[str] = "member_table"
-
-    def __init__(self, num_members: int, rows: int, width: int, device=None, dtype=None) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(num_members, rows, width, device=device, dtype=dtype))
-
-    @classmethod
-    def from_embeddings(cls, tables: Sequence[nn.Embedding]) -> MemberTable:
-        first = tables[0].weight
-        table = cls(len(tables), *first.shape, device=first.device, dtype=first.dtype)
-        with torch.no_grad():
-            table.weight.copy_(torch.stack([t.weight for t in tables]))
-        return table
-
-    @classmethod
-    def empty_like(cls, module: nn.Embedding, num_members: int) -> MemberTable:
-        return cls(num_members, *module.weight.shape)
 
     def extra_repr(self) -> str:
         return (

@@ -162,7 +162,29 @@ class GroupedLayerNorm(nn.Module):
         return f"num_members={self.num_members}, normalized_shape={self.normalized_shape}, eps={self.eps}"
 
 
-class MemberHeadBias(nn.Module):
+class StackedTables(nn.Module):
+    """M copies of an embedding table's weight, stacked (M, rows, width): member m's copy is
+    ``weight[m]``."""
+
+    def __init__(self, num_members: int, rows: int, width: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_members, rows, width, device=device, dtype=dtype))
+
+    @classmethod
+    def from_embeddings(cls, tables: Sequence[nn.Embedding]) -> StackedTables:
+        first = tables[0].weight
+        stacked = cls(len(tables), *first.shape, device=first.device, dtype=first.dtype)
+        with torch.no_grad():
+            stacked.weight.copy_(torch.stack([t.weight for t in tables]))
+        return stacked
+
+    @classmethod
+    def empty_like(cls, module: nn.Embedding, num_members: int) -> StackedTables:
+        """M tables shaped like ``module``'s, weights unset (a saved model fills them)."""
+        return cls(num_members, *module.weight.shape)
+
+
+class MemberHeadBias(StackedTables):
     """M tables of per-head attention-score biases (MPNet's relative position buckets x heads),
     looked up together: channel ``m * H + h`` of the output is member m's head h. The fused
     attention reads each member's channels (`FusedMultiHeadAttention`'s ``bias_stride``)."""
@@ -170,23 +192,8 @@ class MemberHeadBias(nn.Module):
     layout_kind: ClassVar[str] = "member_head_bias"
 
     def __init__(self, num_members: int, num_buckets: int, num_heads: int, device=None, dtype=None) -> None:
-        super().__init__()
+        super().__init__(num_members, num_buckets, num_heads, device=device, dtype=dtype)
         self.num_members, self.num_buckets, self.num_heads = num_members, num_buckets, num_heads
-        self.weight = nn.Parameter(
-            torch.zeros(num_members, num_buckets, num_heads, device=device, dtype=dtype)
-        )
-
-    @classmethod
-    def from_embeddings(cls, tables: Sequence[nn.Embedding]) -> MemberHeadBias:
-        first = tables[0].weight
-        layer = cls(len(tables), first.shape[0], first.shape[1], device=first.device, dtype=first.dtype)
-        with torch.no_grad():
-            layer.weight.copy_(torch.stack([t.weight for t in tables]))
-        return layer
-
-    @classmethod
-    def empty_like(cls, module: nn.Embedding, num_members: int) -> MemberHeadBias:
-        return cls(num_members, *module.weight.shape)
 
     def forward(self, index: torch.Tensor) -> torch.Tensor:
         table = self.weight.transpose(0, 1).reshape(self.num_buckets, -1)  # (buckets, M * H)
