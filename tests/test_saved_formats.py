@@ -44,3 +44,34 @@ def test_every_format_is_there():
         "mimo",
         "deep-ensemble",
     }
+
+
+def test_a_new_saved_format_is_one_registration(tmp_path):
+    """A format registered with `register_saved_format` is found by its marker file and loaded by
+    `load_any` and (as a classifier) `load_saved`; a second format claiming the marker is refused."""
+    from hydra_ensembles.loading import load_saved
+    from hydra_ensembles.serialization import SAVED_FORMATS, SavedFormat, register_saved_format, saved_format
+    from tests.factories import text_inputs, tiny_bert
+
+    model = tiny_bert(layers=1, heads=2).eval()
+    toy = SavedFormat("toy", "toy_config.json", load=lambda folder: model)
+    register_saved_format(toy)
+    try:
+        (tmp_path / "toy_config.json").write_text("{}")
+        assert saved_format(tmp_path) is toy
+        assert load_any(str(tmp_path)) is model and load_saved(tmp_path) == (model, "toy")
+        with pytest.raises(ValueError, match=r"toy_config\.json marks toy folders already"):
+            register_saved_format(SavedFormat("other", "toy_config.json", load=lambda folder: None))
+    finally:
+        SAVED_FORMATS.pop("toy")
+    assert saved_format(tmp_path) is None
+    x = text_inputs(batch=2)
+    with torch.no_grad():
+        assert load_any(str(SAVED / "member"))(**x).logits.shape == (2, 3)
+
+
+def test_the_library_registers_its_saved_formats():
+    from hydra_ensembles.serialization import SAVED_FORMATS
+
+    assert {"fused", "member", "ensemble", "zero-shot"} <= set(SAVED_FORMATS)
+    assert [k for k, f in SAVED_FORMATS.items() if not f.classifier] == ["zero-shot"]

@@ -10,33 +10,27 @@ from typing import Any
 
 from torch import nn
 
+from . import fusion, members, zeroshot  # noqa: F401  (their saved formats register on import)
 from .errors import InputError
-from .fusion.model import CONFIG_NAME as HYDRA_CONFIG
-from .fusion.model import HydraModel
-from .members.ensemble import CONFIG_NAME as ENSEMBLE_CONFIG
-from .members.ensemble import DeepEnsemble, read_ensemble_index
-from .members.storage import CONFIG_NAME as MEMBER_CONFIG
-from .members.storage import load_member
 from .models import load_classifier, load_image_processor, load_tokenizer
-from .zeroshot.fused import CONFIG_NAME as ZERO_SHOT_CONFIG
-from .zeroshot.fused import ZeroShotHydra
+from .serialization import SAVED_FORMATS, saved_format
 
 
 def load_saved(path: str | os.PathLike) -> tuple[nn.Module, str]:
-    """A classifier folder the library saved, with its format: a fused Hydra model (``"fused"``),
-    a member (``"member"``) or an ensemble of members (``"ensemble"``, a `DeepEnsemble`); ValueError
+    """A classifier folder the library saved, with its format's kind: a fused Hydra model
+    (``"fused"``), a member (``"member"``), an ensemble of members (``"ensemble"``, a
+    `DeepEnsemble`) or any registered format (`serialization.register_saved_format`); InputError
     for any other folder."""
     folder = Path(path)
-    if (folder / HYDRA_CONFIG).is_file():
-        return HydraModel.from_pretrained(folder), "fused"
-    if (folder / MEMBER_CONFIG).is_file():
-        return load_member(folder), "member"
-    if (folder / ENSEMBLE_CONFIG).is_file():
-        return DeepEnsemble.from_pretrained(folder), "ensemble"
-    raise InputError(
-        f"{folder} holds no {HYDRA_CONFIG}, {MEMBER_CONFIG} or {ENSEMBLE_CONFIG}: not a classifier "
-        "saved by hydra-ensembles (or the save did not finish)"
-    )
+    found = saved_format(folder)
+    if found is None or not found.classifier:
+        names = [f.config_name for f in SAVED_FORMATS.values() if f.classifier]
+        listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+        raise InputError(
+            f"{folder} holds no {listed}: not a classifier saved by hydra-ensembles "
+            "(or the save did not finish)"
+        )
+    return found.load(folder), found.kind
 
 
 def saved_preprocessor(path: str | os.PathLike) -> Any:
@@ -44,8 +38,9 @@ def saved_preprocessor(path: str | os.PathLike) -> Any:
     one of its own: its first member's), or None where there is none."""
     folder = Path(path)
     own = any((folder / name).is_file() for name in ("tokenizer_config.json", "preprocessor_config.json"))
-    if not own and (folder / ENSEMBLE_CONFIG).is_file():
-        folder = folder / read_ensemble_index(folder)["members"][0]
+    found = saved_format(folder)
+    if not own and found is not None and found.preprocessor_folder is not None:
+        folder = found.preprocessor_folder(folder)
     if (folder / "tokenizer_config.json").is_file():
         return load_tokenizer(str(folder))
     if (folder / "preprocessor_config.json").is_file():
@@ -90,7 +85,7 @@ def load_preprocessor(path: str) -> Any:
     from .models import VISION_MODEL_TYPES, resolve_model_path
 
     found = saved_preprocessor(path)
-    if found is not None or (Path(path) / ENSEMBLE_CONFIG).is_file():
+    if found is not None or saved_format(path) is not None:
         return found
     resolved = resolve_model_path(path)  # a changed checksummed folder is refused, not skipped
     try:
@@ -105,11 +100,10 @@ def load_preprocessor(path: str) -> Any:
 
 
 def load_any(path: str, num_labels: int | None = None) -> nn.Module:
-    """A saved zero-shot Hydra, Hydra model, member or ensemble of members (`DeepEnsemble`), or a
-    Hugging Face classifier (hub id or directory; ``num_labels=None`` keeps its saved head)."""
-    folder = Path(path)
-    if (folder / ZERO_SHOT_CONFIG).is_file():
-        return ZeroShotHydra.from_pretrained(folder)
-    if any((folder / name).is_file() for name in (HYDRA_CONFIG, MEMBER_CONFIG, ENSEMBLE_CONFIG)):
-        return load_saved(folder)[0]
+    """A folder in any saved format (a zero-shot Hydra, a Hydra model, a member, an ensemble of
+    members, or a registered format), or a Hugging Face classifier (hub id or directory;
+    ``num_labels=None`` keeps its saved head)."""
+    found = saved_format(path)
+    if found is not None:
+        return found.load(Path(path))
     return load_classifier(path, num_labels=num_labels)

@@ -10,7 +10,8 @@ nothing is unpickled.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +208,37 @@ def check_finite(
             f"{source}: the weights {name} hold NaN or Inf (a diverged training or a damaged file); "
             "they cannot be used"
         )
+
+
+@dataclass(frozen=True)
+class SavedFormat:
+    """One kind of folder the library saves, as loading recognises it: by the file that marks it
+    (``config_name``), loaded by ``load(folder)``. A new format is one module that saves its folder
+    and calls `register_saved_format`; `loading.load_any` then loads it."""
+
+    kind: str
+    """Its name, as `loading.load_saved` returns it (``"fused"``, ``"member"``, ...)."""
+    config_name: str
+    load: Callable[[Path], Any]
+    classifier: bool = True
+    """Loaded by `loading.load_saved` (a classifier); False: by `loading.load_any` only."""
+    preprocessor_folder: Callable[[Path], Path] | None = None
+    """Where its tokenizer or image processor is saved when the folder holds none of its own."""
+
+
+SAVED_FORMATS: dict[str, SavedFormat] = {}
+"""Every registered format by its kind, in registration order."""
+
+
+def register_saved_format(saved: SavedFormat) -> SavedFormat:
+    """Add ``saved`` to `SAVED_FORMATS`; refuses a kind or a marker file another format has."""
+    for other in SAVED_FORMATS.values():
+        if other.kind != saved.kind and other.config_name == saved.config_name:
+            raise ValueError(f"{saved.config_name} marks {other.kind} folders already")
+    SAVED_FORMATS[saved.kind] = saved
+    return saved
+
+
+def saved_format(folder: str | os.PathLike) -> SavedFormat | None:
+    """The format of the folder ``folder`` (the first whose marker file it holds), or None."""
+    return next((f for f in SAVED_FORMATS.values() if (Path(folder) / f.config_name).is_file()), None)

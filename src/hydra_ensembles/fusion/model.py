@@ -33,7 +33,7 @@ from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics, write_statistics
 from ..outputs import EnsembleOutput
 from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
-from ..serialization import WEIGHTS_NAME, read_saved, write_saved
+from ..serialization import WEIGHTS_NAME, SavedFormat, read_saved, register_saved_format, write_saved
 
 CONFIG_NAME = "hydra_config.json"
 FORMAT = "hydra-ensembles/fused"
@@ -370,3 +370,6 @@ def _empty_grouped(model: nn.Module, entry: dict[str, Any], num_members: int) ->
     if grouped is None:
         raise HydraLoadError(f"unknown layout kind {entry['kind']!r} at {entry['path']!r}")
     return grouped.empty_like(model.get_submodule(entry["path"]), num_members)
+
+
+register_saved_format(SavedFormat("fused", CONFIG_NAME, load_hydra))

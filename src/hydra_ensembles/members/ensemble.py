@@ -30,7 +30,7 @@ from ..ood.detectors import STATISTICS_NAME
 from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics
 from ..outputs import EnsembleOutput
-from ..serialization import check_companions, companion_digests
+from ..serialization import SavedFormat, check_companions, companion_digests, register_saved_format
 from ..surgery import STATISTICS_ATTRIBUTE
 from .storage import CONFIG_NAME as MEMBER_CONFIG
 from .storage import MemberLoadError, load_member, save_member
@@ -268,3 +268,13 @@ def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> 
     if (members := stacked_members(model)) > 1:
         return StackedMembers(model, members)
     return DeepEnsemble([model])
+
+
+def _first_member(folder: Path) -> Path:
+    """Where a saved ensemble's preprocessor is: its first member's folder."""
+    return folder / read_ensemble_index(folder)["members"][0]
+
+
+register_saved_format(
+    SavedFormat("ensemble", CONFIG_NAME, DeepEnsemble.from_pretrained, preprocessor_folder=_first_member)
+)

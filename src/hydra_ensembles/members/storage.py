@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..heads import HeadSet
 from ..models import build_model
 from ..ood.storage import read_statistics, write_statistics
-from ..serialization import WEIGHTS_NAME, read_saved, write_saved
+from ..serialization import WEIGHTS_NAME, SavedFormat, read_saved, register_saved_format, write_saved
 from ..surgery import CALIBRATION_KEY, FINGERPRINT_KEY, KEPT_HEADS_KEY, prune
 
 CONFIG_NAME = "member_config.json"
@@ -103,3 +103,6 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     model.to(dtype).load_state_dict(state, strict=True)
     setattr(model.config, CALIBRATION_KEY, calibration)
     return model.eval().to(torch.device("cpu"))
+
+
+register_saved_format(SavedFormat("member", CONFIG_NAME, load_member))

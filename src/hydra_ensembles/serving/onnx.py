@@ -317,10 +317,11 @@ def _load(folder: Path) -> HydraPreTrainedModel:
     """A folder the library saved, or a Hugging Face classifier folder (``hydra-ens finetune``'s)
     with a trained head."""
     from ..models import untrained_weights
-    from ..zeroshot.fused import CONFIG_NAME as ZERO_SHOT_CONFIG
+    from ..serialization import saved_format
 
-    if (folder / ZERO_SHOT_CONFIG).is_file():
-        raise ExportError(f"{folder} is a zero-shot Hydra model: ONNX export takes classifiers")
+    found = saved_format(folder)
+    if found is not None and not found.classifier:
+        raise ExportError(f"{folder} is a saved {found.kind} model: ONNX export takes classifiers")
     model = load_any(str(folder))
     if untrained := untrained_weights(model):
         raise ExportError(

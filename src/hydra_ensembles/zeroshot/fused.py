@@ -25,7 +25,7 @@ from ..fusion import HydraModel, fuse
 from ..heads import HeadSet
 from ..outputs import EnsembleOutput
 from ..progress import progress_bar
-from ..serialization import read_saved, write_saved
+from ..serialization import SavedFormat, read_saved, register_saved_format, write_saved
 from ..surgery import forget_calibration, kept_heads, prune
 from .model import DualEncoderClassifier, DualEncoderConfig
 from .towers import EncoderTower, cosine_logits, normalize, pool
@@ -184,3 +184,6 @@ def fuse_dual_encoder(
     fused = ZeroShotHydra(hydra, torch.stack(classes), copy.deepcopy(model.config), resolved).eval()
     forget_calibration(fused)
     return fused
+
+
+register_saved_format(SavedFormat("zero-shot", CONFIG_NAME, ZeroShotHydra.from_pretrained, classifier=False))
