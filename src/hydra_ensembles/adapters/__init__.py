@@ -18,6 +18,7 @@ from .distilbert import DistilBertAdapter
 from .dual import DualEncoderAdapter
 from .modernbert import ModernBertAdapter
 from .mpnet import MPNetAdapter
+from .registry import ADAPTERS, get_adapter, pools_last_token, register_adapter, supported_families
 from .siglip import Siglip2TextAdapter, Siglip2VisionAdapter, SiglipTextAdapter, SiglipVisionAdapter
 from .vit import ViTAdapter
 
@@ -51,40 +52,25 @@ __all__ = [
     "supported_families",
 ]
 
-ADAPTERS: list[type[ArchitectureAdapter]] = [
-    DualEncoderAdapter,
-    BertAdapter,
-    DistilBertAdapter,
-    MPNetAdapter,
-    ViTAdapter,
-    Dinov2Adapter,
-    ClipVisionAdapter,
-    ClipTextAdapter,
-    SiglipVisionAdapter,
-    SiglipTextAdapter,
-    Siglip2VisionAdapter,
-    Siglip2TextAdapter,
-    DebertaV2Adapter,
-    ModernBertAdapter,
-    DecoderAdapter,
-]
-
-
-def register_adapter(adapter: type[ArchitectureAdapter]) -> type[ArchitectureAdapter]:
-    """Add an adapter class (usable as a decorator); later registrations win."""
-    ADAPTERS.insert(0, adapter)
-    return adapter
-
-
-def supported_families() -> list[str]:
-    return [f"{a.family} ({', '.join(a.model_types)})" for a in ADAPTERS]
-
-
-def pools_last_token(config) -> bool:
-    """Whether a model of this configuration pools the last token that is not its padding id
-    (decoder LLM classifiers), so that its inputs must be padded with that id."""
-    model_type = getattr(config, "model_type", None)
-    return any(a.last_token_pooling and model_type in a.model_types for a in ADAPTERS)
+ADAPTERS.extend(
+    [
+        DualEncoderAdapter,
+        BertAdapter,
+        DistilBertAdapter,
+        MPNetAdapter,
+        ViTAdapter,
+        Dinov2Adapter,
+        ClipVisionAdapter,
+        ClipTextAdapter,
+        SiglipVisionAdapter,
+        SiglipTextAdapter,
+        Siglip2VisionAdapter,
+        Siglip2TextAdapter,
+        DebertaV2Adapter,
+        ModernBertAdapter,
+        DecoderAdapter,
+    ]
+)
 
 
 def model_configs(models) -> list:
@@ -102,18 +88,3 @@ def last_token_configs(models) -> list:
     """The configurations, among ``models``' (a model, an ensemble or a list), of those that pool
     the last token that is not ``config.pad_token_id`` (none for models that pool otherwise)."""
     return [c for c in model_configs(models) if pools_last_token(c)]
-
-
-def get_adapter(model: nn.Module) -> ArchitectureAdapter:
-    """The adapter for ``model``, or `UnsupportedModelError` naming the supported families."""
-    for adapter in ADAPTERS:
-        if adapter.matches(model):
-            return adapter(model)
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    raise UnsupportedModelError(
-        f"unsupported architecture {type(model).__name__} (model_type={model_type!r}); "
-        f"supported families: {', '.join(supported_families())}"
-    )
-
-
-DualEncoderAdapter.tower_adapter = staticmethod(get_adapter)

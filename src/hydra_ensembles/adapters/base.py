@@ -396,7 +396,7 @@ class RuntimeShortcuts:
 class ArchitectureAdapter(ModelLayout, AttentionSurgery, RuntimeShortcuts):
     """One model family: its layout (`ModelLayout`), how its attention is pruned and fused
     (`AttentionSurgery`), and what running it fast needs (`RuntimeShortcuts`). A family is one
-    subclass registered in `adapters.ADAPTERS` (docs/architectures.md)."""
+    subclass registered in `adapters.registry.ADAPTERS` (docs/architectures.md)."""
 
 
 def _base_prefix(model: nn.Module) -> str:

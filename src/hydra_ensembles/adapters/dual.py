@@ -9,12 +9,11 @@ see one list of layers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import ClassVar
 
 from torch import nn
 
 from .base import ArchitectureAdapter, AttentionBlock
+from .registry import get_adapter
 
 
 class DualEncoderAdapter(ArchitectureAdapter):
@@ -23,11 +22,7 @@ class DualEncoderAdapter(ArchitectureAdapter):
     family = "dual encoder (zero-shot)"
     model_types = ("hydra_dual_encoder",)
 
-    tower_adapter: ClassVar[Callable[[nn.Module], ArchitectureAdapter]]
-    """How a tower's own adapter is found (`adapters.get_adapter`, set by the package)."""
-
     def __init__(self, model: nn.Module) -> None:
-        get_adapter = type(self).tower_adapter
         self.prefix = ""
         self.layers_path = ""
         self.parts: list[tuple[str, ArchitectureAdapter, range]] = []
