@@ -81,13 +81,16 @@ MIN_TRANSFORMERS = "5.18"
 attention took ViT's ``q_proj``/``k_proj``/``v_proj``/``o_proj`` layout in 5.18)."""
 
 
-def _has_all(module: nn.Module, paths: Sequence[str]) -> bool:
+def optional_submodule(module: nn.Module, path: str) -> nn.Module | None:
+    """The submodule of ``module`` at the dotted ``path``, or None where there is none."""
     try:
-        for path in paths:
-            module.get_submodule(path)
+        return module.get_submodule(path)
     except AttributeError:
-        return False
-    return True
+        return None
+
+
+def _has_all(module: nn.Module, paths: Sequence[str]) -> bool:
+    return all(optional_submodule(module, path) is not None for path in paths)
 
 
 class ModelLayout(ABC):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..adapters import ArchitectureAdapter, get_adapter
-from ..adapters.base import is_under
+from ..adapters.base import is_under, optional_submodule
 from ..errors import InputError
 from ..heads import HeadSet
 from ..layers import (
@@ -256,8 +256,8 @@ def _combine_position_tables(
     per-member norms (``exact``) under the embeddings policy. Returns the paths it handled."""
     handled: list[str] = []
     for table, norm in adapter.position_table_paths:
-        norm = norm if norm and _exists(fused_model, norm) else None
-        if not _exists(fused_model, table):  # e.g. DeBERTa without relative attention
+        norm = norm if norm and optional_submodule(fused_model, norm) is not None else None
+        if optional_submodule(fused_model, table) is None:  # e.g. DeBERTa without relative attention
             continue
         paths = [table] + ([norm] if norm else [])
         handled += paths
@@ -276,14 +276,6 @@ def _combine_position_tables(
             fused_model.set_submodule(norm, grouped)
             layout.append(layout_entry(norm, grouped))
     return handled
-
-
-def _exists(model: nn.Module, path: str) -> bool:
-    try:
-        model.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
 
 
 def _differ(members: list[nn.Module], path: str) -> bool:

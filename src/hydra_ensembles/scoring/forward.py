@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..adapters import ArchitectureAdapter, DualEncoderAdapter
+from ..adapters.base import optional_submodule
 from ..batching import batch_rows, repeat_rows
 from ..errors import InputError
 
@@ -123,7 +124,8 @@ def starting_at_layer(
     layers = model.get_submodule(adapter.layers_path)
     # the input modules stay (models read their weights' dtype), but compute nothing: the
     # embeddings return `hidden`, and modules after them (ELECTRA's projection) pass it on
-    inputs = [module for path in adapter.input_paths if (module := _optional(model, path)) is not None]
+    found = (optional_submodule(model, path) for path in adapter.input_paths)
+    inputs = [module for module in found if module is not None]
     inputs[0].forward = lambda *_args, **_kwargs: hidden
     for module in inputs[1:]:
         module.forward = lambda x, *_args, **_kwargs: x
@@ -144,13 +146,6 @@ def starting_at_layer(
         model.set_submodule(adapter.layers_path, layers)
         for module in inputs:
             del module.forward
-
-
-def _optional(model: nn.Module, path: str) -> nn.Module | None:
-    try:
-        return model.get_submodule(path)
-    except AttributeError:
-        return None
 
 
 @torch.no_grad()
