@@ -314,20 +314,28 @@ def probe_writable(folder: Path) -> None:
         raise OutputError(f"cannot write under {existing}: {exc.strerror or exc}") from None
 
 
+def check_writable_dir(path: str | os.PathLike) -> Path:
+    """Check, before any work, that ``path`` can be written as a folder (not a file; writable);
+    what killed writers left in it is removed."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"output {path} is a file; name a directory")
+    probe_writable(path)
+    if path.is_dir():
+        clear_stale_temps(path)
+    return path
+
+
 def check_replaceable_dir(path: str | os.PathLike, advice: str = "choose another output folder") -> Path:
     """Check, before any work, that ``path`` can be written as a folder that replaces any folder
     there as a whole (`atomic_dir`): not a file, not a mount point, and holding nothing unless
     hydra-ens wrote it (`OUTPUT_MARKER`): the user's own files are never deleted. ``advice`` ends
     the refusal (the command line names its options)."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"output {path} is a file; name a directory")
     if os.path.ismount(path):
         raise OutputError(f"output {path} is a mount point, which cannot be replaced: name a folder in it")
-    probe_writable(path)
-    if not path.is_dir():
+    if not check_writable_dir(path).is_dir():
         return path
-    clear_stale_temps(path)
     if any(path.iterdir()) and not (path / OUTPUT_MARKER).is_file():
         raise OutputError(
             f"{path} holds files hydra-ens did not write, which replacing it would delete: {advice}"

@@ -16,7 +16,7 @@ from ..io import (
     OutputError,
     atomic_write_text,
     check_replaceable_dir,
-    clear_stale_temps,
+    check_writable_dir,
     probe_writable,
 )
 
@@ -52,13 +52,9 @@ def check_output_dir(
         check_replaceable_dir(
             path, "choose another --out (--overwrite replaces only a folder this command wrote)"
         )
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"output {path} is a file; name a directory")
-    probe_writable(path)
-    if not path.is_dir():
-        return path
-    clear_stale_temps(path)
-    if overwrite:
+    else:
+        check_writable_dir(path)
+    if overwrite or not path.is_dir():
         return path
     entries = {p.name for p in path.iterdir()}
     if finished and (path / finished).exists():
