@@ -17,8 +17,6 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import InputError
-
 __all__ = [
     "MEMBER_TRANSFORMS",
     "MemberTransform",
@@ -63,10 +61,12 @@ order in which a member's transforms are rebuilt)."""
 
 
 def register_member_transform(transform: MemberTransform) -> MemberTransform:
-    """Add ``transform`` to `MEMBER_TRANSFORMS`; refuses a key another transform records."""
+    """Add ``transform`` to `MEMBER_TRANSFORMS`; refuses a key another transform records (a
+    ValueError, as `serialization.register_saved_format`: a conflict between two modules' code,
+    not a user's input)."""
     existing = MEMBER_TRANSFORMS.get(transform.key)
     if existing is not None and existing.name != transform.name:
-        raise InputError(f"the configuration key {transform.key!r} is recorded by {existing.name} already")
+        raise ValueError(f"the configuration key {transform.key!r} is recorded by {existing.name} already")
     MEMBER_TRANSFORMS[transform.key] = transform
     return transform
 
