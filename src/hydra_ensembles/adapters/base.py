@@ -119,8 +119,9 @@ class ModelLayout(ABC):
         towers = [t for t in self.towers if isinstance(getattr(model, t, None), nn.Module)]
         self.prefix = f"{towers[0]}." if towers else _base_prefix(model)
         self.layers_path = self._find_layers(model)
-        self._check_layout(model)
-        self._layer_count = len(self.layers(model))
+        layers = self.layers(model)
+        self._check_layout(model, layers)
+        self._layer_count = len(layers)
 
     @property
     def spans(self) -> dict[str, range]:
@@ -147,11 +148,10 @@ class ModelLayout(ABC):
             f"under {self.prefix or 'the model'}; is this transformers version supported?"
         )
 
-    def _check_layout(self, model: nn.Module) -> None:
-        """Refuse a model whose layers lack the attention projections this adapter names (the
+    def _check_layout(self, model: nn.Module, layers: list[nn.Module]) -> None:
+        """Refuse a model whose ``layers`` lack the attention projections this adapter names (the
         module layout of a transformers release this family's code does not describe)."""
         paths = getattr(self, "projection_paths", ())
-        layers = self.layers(model)
         if not paths or not layers or any(_has_all(layer, paths) for layer in layers):
             return
         modules = (m for layer in layers for m in layer.modules())
