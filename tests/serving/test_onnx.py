@@ -118,6 +118,24 @@ def test_export_refuses_what_it_cannot_write_faithfully(saved, tmp_path):
     assert not (tmp_path / "low").exists()
 
 
+def test_a_calibration_fit_in_another_precision_than_the_graph_is_named(saved, tmp_path):
+    """The graph computes in fp32: a calibration fit on bf16 outputs is served off its precision,
+    and the export says so (one fit in fp32 exports without a word)."""
+    import dataclasses
+    import warnings
+
+    from hydra_ensembles.serving import HydraPreTrainedModel
+
+    model = HydraPreTrainedModel.from_pretrained(saved["calibrated"])
+    assert model.calibration.precision == "fp32"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="the calibration was fit")
+        export_onnx(model, tmp_path / "fp32", check=False)
+    model.calibration = dataclasses.replace(model.calibration, precision="bf16")
+    with pytest.warns(UserWarning, match="fit on bf16 outputs and the graph computes in fp32"):
+        export_onnx(model, tmp_path / "bf16", check=False)
+
+
 def test_the_cli_exports_and_refuses_a_finished_output(saved, tmp_path, capsys):
     assert main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "onnx")]) == 0
     said = capsys.readouterr().out

@@ -106,6 +106,35 @@ def test_the_uncertainty_pipeline_serves_a_plain_classifier_as_an_ensemble_of_on
     assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=1e-6)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_the_served_paths_compute_in_the_precision_predict_computes_in(saved, tmp_path, precision):
+    """The pipeline, the Auto model and a plain classifier in the pipeline give, in each precision,
+    the probabilities ``predict`` gives in it (``auto`` resolves alike: HYDRA_PRECISION here)."""
+    folder = saved["calibrated"]
+    library = load_any(str(folder))
+    calibration = saved_calibration(library)
+    predictions = predict(library, [_inputs(folder)], progress=False, precision=precision)
+    expected = calibration.records(predictions, list(CLASSES.values()))
+    records = pipeline("hydra-text-classification", model=str(folder), precision=precision)(
+        TEXTS, batch_size=len(TEXTS)
+    )
+    assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=1e-6)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, precision=precision)
+    with torch.no_grad():
+        logits = model(**_inputs(folder)).logits_per_member.transpose(0, 1).float().numpy()
+    np.testing.assert_allclose(logits, predictions.member_logits, atol=1e-6)
+    plain = tiny_text_classifier_saved(tmp_path)
+    records = pipeline("hydra-text-classification", model=str(plain), precision=precision)(
+        TEXTS, batch_size=len(TEXTS)
+    )
+    predictions = predict(load_any(str(plain)), [_inputs(plain)], progress=False, precision=precision)
+    expected = per_example(predictions, list(CLASSES.values()))
+    assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=1e-6)
+    if precision != "fp32":  # the reduced precision is used, not fp32 (which differs by its rounding)
+        fp32 = predict(library, [_inputs(folder)], progress=False, precision="fp32")
+        assert np.abs(fp32.member_logits - logits).max() > 0
+
+
 def tiny_text_classifier_saved(folder):
     from .conftest import tiny_text_classifier
 

@@ -21,6 +21,7 @@ routes the Auto classes here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from ..members.ensemble import DeepEnsemble, as_ensemble
 from ..members.storage import save_member
 from ..ood.detectors import FEATURE_SCORES
 from ..outputs import ensemble_log_probs
+from ..precision import check_precision, model_device, resolve_precision
 
 __all__ = [
     "HydraClassifierOutput",
@@ -51,6 +53,7 @@ __all__ = [
     "HydraForSequenceClassification",
     "HydraPreTrainedModel",
     "register_auto_classes",
+    "serving_precision",
 ]
 
 
@@ -71,13 +74,23 @@ class HydraClassifierOutput(ModelOutput):
     ood_score_per_member: torch.Tensor | None = None
 
 
+def serving_precision(model: nn.Module, precision: str = "auto") -> contextlib.AbstractContextManager:
+    """The autocast a served forward pass of ``model`` runs under: ``precision`` resolved as
+    ``hydra-ens predict`` resolves it (`precision.resolve_precision`: ``auto`` is bf16 where the
+    device computes it natively, which is also what ``build`` and ``finetune`` fit the calibration
+    in), so a model served here gives the probabilities ``predict`` writes on the same machine.
+    fp32 leaves the weights' own dtype (a model cast with ``dtype=`` computes in it)."""
+    return resolve_precision(precision, model_device(model)).autocast(model_device(model))
+
+
 class HydraPreTrainedModel(PreTrainedModel):
     """A saved Hydra model, member or ensemble of members behind Hugging Face's model interface.
 
     ``ensemble`` is the library's model (`HydraModel`, `DeepEnsemble`, a pruned member or any
     classifier `members.as_ensemble` takes); ``calibration`` its `Calibration` (read from the saved
-    model; None: temperature 1 and no OOD flag). Build one with `from_pretrained` (a folder) or
-    `from_ensemble` (a model in memory).
+    model; None: temperature 1 and no OOD flag); ``precision`` what the forward pass computes in
+    (``"auto"``: as ``hydra-ens predict`` on this machine; `serving_precision`). Build one with
+    `from_pretrained` (a folder) or `from_ensemble` (a model in memory).
     """
 
     config_class = HydraConfig
@@ -96,6 +109,7 @@ class HydraPreTrainedModel(PreTrainedModel):
             )
         self.ensemble = as_ensemble(ensemble)
         self.calibration = calibration
+        self.precision = "auto"
 
     def _init_weights(self, module: nn.Module) -> None:
         """Nothing: every weight comes from the wrapped model, never from an initialiser."""
@@ -129,12 +143,14 @@ class HydraPreTrainedModel(PreTrainedModel):
         dtype: Any = None,
         torch_dtype: Any = None,
         device_map: Any = None,
+        precision: str = "auto",
         **kwargs: Any,
     ) -> HydraPreTrainedModel:
         """A folder written by the library (`HydraModel.save_pretrained`, `save_member`,
         `DeepEnsemble.save_pretrained`, ``hydra-ens build``), loaded by its checked loader.
         ``dtype`` (``"auto"``/None: as saved) casts the weights after the calibration was read;
-        ``device_map`` may name one device. Other Hugging Face loading options are ignored."""
+        ``device_map`` may name one device; ``precision`` is what the forward pass computes in
+        (`serving_precision`). Other Hugging Face loading options are ignored."""
         folder = Path(pretrained_model_name_or_path)
         if not folder.is_dir():
             raise OSError(
@@ -144,6 +160,7 @@ class HydraPreTrainedModel(PreTrainedModel):
         model, saved_format = load_saved(folder)
         wrapped = cls.from_ensemble(model, saved_format)
         wrapped.config.name_or_path = str(pretrained_model_name_or_path)
+        wrapped.precision = check_precision(precision)
         dtype = dtype if dtype is not None else torch_dtype
         if isinstance(dtype, str) and dtype != "auto":
             dtype = getattr(torch, dtype)
@@ -164,9 +181,10 @@ class HydraPreTrainedModel(PreTrainedModel):
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> HydraClassifierOutput:
         inputs = {k: v for k, v in inputs.items() if v is not None}
-        out = self.ensemble(**inputs)
+        with serving_precision(self, self.precision):
+            out = self.ensemble(**inputs)
         member_logits, features = out.member_logits, out.member_features  # (M, B, C), (M, B, D)
-        logits = ensemble_log_probs(member_logits / self.temperature)
+        logits = ensemble_log_probs(member_logits.float() / self.temperature)
         loss = None if labels is None else F.nll_loss(logits, labels.to(logits.device))
         scores = None
         calibration = self.calibration

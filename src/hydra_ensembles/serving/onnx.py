@@ -148,6 +148,14 @@ def export_onnx(
     if any(p.dtype != torch.float32 for p in wrapped.parameters()):
         raise ExportError("the graph is exported in fp32: give a float32 model (model.float())")
     wrapped.eval()
+    fit_in = wrapped.calibration.precision if wrapped.calibration is not None else ""
+    if quantize is None and fit_in not in ("", "fp32"):
+        warnings.warn(
+            f"the calibration was fit on {fit_in} outputs and the graph computes in fp32: its "
+            f"probabilities and scores differ from {fit_in}'s by that format's rounding (a "
+            "calibration fit in fp32: build or calibrate with --precision fp32)",
+            stacklevel=2,
+        )
     config = _base_config(wrapped)
     vision = config.model_type in VISION_MODEL_TYPES
     names = list(input_names or _input_names(preprocessor, vision))
@@ -156,6 +164,7 @@ def export_onnx(
     chunking = [h.chunk_rows for h in hydra]
     for h in hydra:  # one forward for the whole batch: chunks would fix the batch size in the graph
         h.chunk_rows = None
+    served_in, wrapped.precision = wrapped.precision, "fp32"  # the graph computes in fp32
     quantized = None
     try:
         say = log or (lambda line: None)
@@ -175,6 +184,7 @@ def export_onnx(
     finally:
         for h, rows in zip(hydra, chunking, strict=True):
             h.chunk_rows = rows
+        wrapped.precision = served_in
     sidecar = _sidecar(wrapped, config, names, difference, graph.output_names, vision)
     if quantized is not None:
         sidecar["calibration"] = quantized["calibration"]

@@ -14,6 +14,10 @@ pipelines name them. The model is a saved Hydra model, member or ensemble (throu
 `HydraPreTrainedModel`) or any Hugging Face classifier (an ensemble of one; a calibration
 ``hydra-ens finetune --val-data`` recorded in it is used). Without a calibration the probabilities
 are at temperature 1 and no record holds ``flagged``.
+
+The forward pass computes as ``hydra-ens predict`` does on the same machine (``precision="auto"``:
+bf16 where the device computes it natively, the precision ``build`` fits the calibration in);
+``pipeline(..., precision="fp32")`` computes in fp32 (`modeling.serving_precision`).
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
 from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics, recorded_digest
+from ..precision import check_precision
 from ..serialization import check_folder_checksums
 from ..surgery import STATISTICS_ATTRIBUTE
-from .modeling import HydraPreTrainedModel
+from .modeling import HydraPreTrainedModel, serving_precision
 
 TEXT_TASK = "hydra-text-classification"
 IMAGE_TASK = "hydra-image-classification"
@@ -55,8 +60,11 @@ class _UncertaintyRecords:
 
     model: Any
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, precision: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.precision = check_precision(precision or getattr(self.model, "precision", "auto"))
+        if isinstance(self.model, HydraPreTrainedModel):
+            self.model.precision = self.precision
         folder = getattr(self.model, "name_or_path", "") or ""
         if not isinstance(self.model, HydraPreTrainedModel) and os.path.isdir(folder):
             check_folder_checksums(folder)  # a folder finetune wrote, changed since: refused
@@ -86,7 +94,7 @@ class _UncertaintyRecords:
                 tap = FeatureTap(model)
             except (FeatureError, TypeError):  # no single output layer, or a family without adapter
                 tap = None
-        with tap if tap is not None else contextlib.nullcontext():
+        with tap if tap is not None else contextlib.nullcontext(), serving_precision(model, self.precision):
             outputs = super()._forward(model_inputs, **kwargs)
         if tap is not None:
             batch = outputs["logits"].shape[0]
