@@ -24,7 +24,7 @@ from tempfile import TemporaryDirectory
 import hydra_ensembles.scoring.circuit as circuit
 from hydra_ensembles.runtime import describe_machine
 from hydra_ensembles.scoring.circuit import candidates, extract
-from hydra_ensembles.surgery import heads_per_layer
+from hydra_ensembles.surgery import original_heads_per_layer
 from hydra_experiments import DemoConfig, start_run
 from hydra_experiments.zero_shot import zero_shot_classifier
 
@@ -79,7 +79,7 @@ def main() -> None:
                 print(f"{name}: {times[name][-1]:.1f} s", flush=True)
     print(f"\nmachine: {describe_machine()}; precision: {run.compute}")
     print(
-        f"pool: {sum(heads_per_layer(model))} heads of both towers, "
+        f"pool: {sum(original_heads_per_layer(model))} heads of both towers, "
         f"budget {budget}, {config.circuit_id_items} + {config.circuit_ood_items} texts of "
         f"{config.circuit_length} tokens"
     )

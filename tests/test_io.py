@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import hydra_ensembles as he
-from hydra_ensembles import serialization
-from hydra_ensembles.io import atomic_dir, atomic_write, atomic_write_text
+from hydra_ensembles.saving import formats as serialization
+from hydra_ensembles.saving.files import atomic_dir, atomic_write, atomic_write_text
 from tests.factories import text_inputs, tiny_bert
 
 
@@ -110,8 +110,8 @@ def test_atomic_dir_never_deletes_the_old_result_when_it_cannot_be_moved(tmp_pat
     import errno
     import os
 
-    from hydra_ensembles import io
-    from hydra_ensembles.io import OutputError
+    from hydra_ensembles.saving import files as io
+    from hydra_ensembles.saving.files import OutputError
 
     target = tmp_path / "model"
     atomic_dir(target, lambda tmp: (tmp / "a.txt").write_text("old"))
@@ -131,9 +131,9 @@ def test_atomic_dir_never_deletes_the_old_result_when_it_cannot_be_moved(tmp_pat
 
 
 def test_a_mount_point_is_refused_up_front_where_the_folder_is_replaced(tmp_path, monkeypatch):
-    from hydra_ensembles import io
     from hydra_ensembles.cli.guards import check_output_dir
-    from hydra_ensembles.io import OutputError
+    from hydra_ensembles.saving import files as io
+    from hydra_ensembles.saving.files import OutputError
 
     monkeypatch.setattr(io.os.path, "ismount", lambda p: str(p) == str(tmp_path))
     with pytest.raises(OutputError, match="mount point"):
@@ -145,7 +145,7 @@ def test_what_a_killed_writer_left_never_blocks_the_rerun(tmp_path):
     """A killed save leaves its temporary files (safetensors written under our own temporary
     names); the next check of the folder removes them instead of calling it "not empty"."""
     from hydra_ensembles.cli.guards import check_output_dir
-    from hydra_ensembles.io import OutputError
+    from hydra_ensembles.saving.files import OutputError
 
     out = tmp_path / "fused"
     out.mkdir()
@@ -162,7 +162,7 @@ def test_what_a_killed_writer_left_never_blocks_the_rerun(tmp_path):
 
 def test_a_second_writer_of_one_output_is_refused_while_the_first_holds_it(tmp_path):
     from hydra_ensembles.cli.guards import output_lock
-    from hydra_ensembles.io import OutputError
+    from hydra_ensembles.saving.files import OutputError
 
     out = tmp_path / "new" / "deeper" / "result.json"
     with output_lock(out):
@@ -179,7 +179,7 @@ def test_a_second_writer_of_one_output_is_refused_while_the_first_holds_it(tmp_p
 
 
 def test_a_file_set_is_written_and_read_as_one(tmp_path):
-    from hydra_ensembles.io import load_file_set, save_file_set
+    from hydra_ensembles.saving.files import load_file_set, save_file_set
 
     assert load_file_set(tmp_path) is None
     both = {"a.txt": lambda t: t.write_text("1"), "b.txt": lambda t: t.write_text("2")}
@@ -194,7 +194,7 @@ def test_a_file_set_is_written_and_read_as_one(tmp_path):
 
 
 def test_csv_cells_a_spreadsheet_would_run_are_neutralised(tmp_path):
-    from hydra_ensembles.io import atomic_write_records
+    from hydra_ensembles.saving.files import atomic_write_records
 
     texts = ['=HYPERLINK("http://x")', "+1+2", "-2+3", "@SUM(A1)", "\tcmd", "plain", "a = b"]
     rows = [{"id": str(i), "text": t, "ood_score_energy": -1.5, "n": 3} for i, t in enumerate(texts)]
@@ -216,7 +216,7 @@ def _disk_full(target):
 def test_a_full_disk_is_one_line_naming_the_output_and_leaves_nothing_behind(tmp_path):
     """A file, a folder and a checkpoint set whose write runs out of space: OutputError naming the
     output (not a temporary), the old content kept, no temporary or half set left."""
-    from hydra_ensembles.io import OutputError, load_file_set, save_file_set
+    from hydra_ensembles.saving.files import OutputError, load_file_set, save_file_set
 
     old = atomic_write_text(tmp_path / "out.txt", "old")
     with pytest.raises(OutputError, match=r"cannot write .*out\.txt: no space left on the device"):
@@ -259,7 +259,7 @@ def test_the_library_refuses_a_folder_of_the_users_files_without_naming_cli_opti
     """`export_onnx` replaces its folder whole: a folder of the user's own files is refused, in
     words for a Python caller (the command line's guard adds its options to the same check)."""
     from hydra_ensembles.cli.guards import check_output_dir
-    from hydra_ensembles.io import OutputError, check_replaceable_dir
+    from hydra_ensembles.saving.files import OutputError, check_replaceable_dir
 
     folder = tmp_path / "mine"
     folder.mkdir()

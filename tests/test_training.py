@@ -123,7 +123,7 @@ def _writes(tmp_path, monkeypatch, train, val, config):
     """Every file operation of a checkpointed run (renames into place and removals), counted."""
     import os
 
-    from hydra_ensembles import io
+    from hydra_ensembles.saving import files as io
 
     events = []
     real_replace, real_unlink = os.replace, Path.unlink

@@ -20,7 +20,7 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from .errors import InputError
-from .io import atomic_write_json
+from .saving.files import atomic_write_json
 
 HF_CONFIG_NAME = "config.json"
 MODEL_TYPE = "hydra-ensembles"

@@ -47,19 +47,19 @@ class HeadSet:
 
     # ----------------------------------------------------------------- constructors
     @classmethod
-    def full(cls, heads_per_layer: Sequence[int]) -> HeadSet:
+    def full(cls, original_heads_per_layer: Sequence[int]) -> HeadSet:
         """Every head of every layer, written out explicitly."""
-        return cls({layer: range(h) for layer, h in enumerate(heads_per_layer)})
+        return cls({layer: range(h) for layer, h in enumerate(original_heads_per_layer)})
 
     @classmethod
-    def without(cls, removed: Iterable[tuple[int, int]], heads_per_layer: Sequence[int]) -> HeadSet:
-        """Every head of a model with ``heads_per_layer`` heads but the ``(layer, head)`` pairs
+    def without(cls, removed: Iterable[tuple[int, int]], original_heads_per_layer: Sequence[int]) -> HeadSet:
+        """Every head of a model with ``original_heads_per_layer`` heads but the ``(layer, head)`` pairs
         in ``removed``."""
         gone = set(removed)
         return cls(
             {
                 layer: [h for h in range(n) if (layer, h) not in gone]
-                for layer, n in enumerate(heads_per_layer)
+                for layer, n in enumerate(original_heads_per_layer)
             }
         )
 
@@ -99,41 +99,42 @@ class HeadSet:
         """Heads kept in ``layer`` of a model whose layer has ``num_heads`` heads."""
         return self._layers.get(layer, tuple(range(num_heads)))
 
-    def resolve(self, heads_per_layer: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    def resolve(self, original_heads_per_layer: Sequence[int]) -> tuple[tuple[int, ...], ...]:
         """Kept heads for every layer of a model; validates indices against it."""
-        self.validate(heads_per_layer)
-        return tuple(self.kept(layer, h) for layer, h in enumerate(heads_per_layer))
+        self.validate(original_heads_per_layer)
+        return tuple(self.kept(layer, h) for layer, h in enumerate(original_heads_per_layer))
 
-    def validate(self, heads_per_layer: Sequence[int]) -> None:
+    def validate(self, original_heads_per_layer: Sequence[int]) -> None:
         """Raise `HeadSetError` unless every named layer and head exists in the model."""
-        num_layers = len(heads_per_layer)
+        num_layers = len(original_heads_per_layer)
         for layer, heads in self._layers.items():
             if layer >= num_layers:
                 raise HeadSetError(f"layer {layer} out of range: the model has {num_layers} layers")
-            bad = [h for h in heads if h >= heads_per_layer[layer]]
+            bad = [h for h in heads if h >= original_heads_per_layer[layer]]
             if bad:
                 raise HeadSetError(
                     f"head index {bad[0]} out of range in layer {layer}: "
-                    f"the layer has {heads_per_layer[layer]} heads (0..{heads_per_layer[layer] - 1})"
+                    f"the layer has {original_heads_per_layer[layer]} heads "
+                    f"(0..{original_heads_per_layer[layer] - 1})"
                 )
 
-    def num_kept(self, heads_per_layer: Sequence[int]) -> int:
-        return sum(len(k) for k in self.resolve(heads_per_layer))
+    def num_kept(self, original_heads_per_layer: Sequence[int]) -> int:
+        return sum(len(k) for k in self.resolve(original_heads_per_layer))
 
-    def mask(self, heads_per_layer: Sequence[int]) -> list[list[int]]:
+    def mask(self, original_heads_per_layer: Sequence[int]) -> list[list[int]]:
         """(layers, max heads) 0/1 list: 1 where the head is kept."""
-        width = max(heads_per_layer, default=0)
-        resolved = self.resolve(heads_per_layer)
+        width = max(original_heads_per_layer, default=0)
+        resolved = self.resolve(original_heads_per_layer)
         return [[int(h in set(kept)) for h in range(width)] for kept in resolved]
 
-    def is_subset_of(self, other: HeadSet, heads_per_layer: Sequence[int]) -> bool:
-        mine, theirs = self.resolve(heads_per_layer), other.resolve(heads_per_layer)
+    def is_subset_of(self, other: HeadSet, original_heads_per_layer: Sequence[int]) -> bool:
+        mine, theirs = self.resolve(original_heads_per_layer), other.resolve(original_heads_per_layer)
         return all(set(a) <= set(b) for a, b in zip(mine, theirs, strict=True))
 
-    def jaccard(self, other: HeadSet, heads_per_layer: Sequence[int]) -> float:
+    def jaccard(self, other: HeadSet, original_heads_per_layer: Sequence[int]) -> float:
         """Jaccard similarity of the two sets of (layer, head) pairs."""
-        a = {(lay, h) for lay, ks in enumerate(self.resolve(heads_per_layer)) for h in ks}
-        b = {(lay, h) for lay, ks in enumerate(other.resolve(heads_per_layer)) for h in ks}
+        a = {(lay, h) for lay, ks in enumerate(self.resolve(original_heads_per_layer)) for h in ks}
+        b = {(lay, h) for lay, ks in enumerate(other.resolve(original_heads_per_layer)) for h in ks}
         return len(a & b) / len(a | b) if a | b else 1.0
 
     # ----------------------------------------------------------------- serialisation
@@ -177,7 +178,7 @@ def _as_index(value: Any, what: str) -> int:
 def read_head_sets(path: str | os.PathLike) -> list[HeadSet]:
     """The head sets a JSON file holds: one head set ``{layer: [heads]}`` or a non-empty list of
     them. Raises `HeadSetError`, naming the file, for anything else."""
-    from .io import read_json
+    from .saving.files import read_json
 
     data = read_json(path, "head-set file")
     items = data if isinstance(data, list) else [data]

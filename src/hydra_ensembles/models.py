@@ -103,7 +103,7 @@ def resolve_model_path(name_or_path: str) -> str:
     A directory the library wrote with a checksum record (``finetune``'s output) is refused in one
     line where its files changed since (`serialization.check_folder_checksums`)."""
     from .pretrained import is_pretrained_name, pretrained_path
-    from .serialization import check_folder_checksums
+    from .saving.formats import check_folder_checksums
 
     if Path(name_or_path).is_dir():
         check_folder_checksums(name_or_path)
@@ -237,7 +237,7 @@ def _check_loaded(model: nn.Module, info: dict, config: Any, source: str, num_la
     does not describe (more layers than ``num_hidden_layers``: silently dropped), lacks (fewer:
     random layers) or shapes otherwise; weights holding NaN or Inf. Only a new classifier head
     (and pooler) may be missing: `untrained_weights` lists them."""
-    from .serialization import check_finite
+    from .saving.formats import check_finite
 
     mismatched = [(key, tuple(a), tuple(b)) for key, a, b in info.get("mismatched_keys", ())]
     backbone = [m for m in mismatched if _in_backbone(model, m[0])]

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from .errors import InputError
-from .io import atomic_write_json
 from .runtime import cpu_info
+from .saving.files import atomic_write_json
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

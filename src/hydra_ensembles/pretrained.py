@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .errors import InputError
-from .io import atomic_dir
+from .saving.files import atomic_dir
 
 DINOV2_SMALL = "dinov2-s"
 DINOV2_SMALL_CONFIG = {

@@ -1,13 +1,14 @@
 """Head surgery: reversible ablation (masking) and structural pruning.
 
 A pruned model records which original heads it keeps and a fingerprint of the model it was pruned
-from in its config (``hydra_kept_heads``, ``hydra_base_fingerprint``), so it can be pruned again,
-saved, and fused with its siblings while members from another base are refused.
+from in its metadata (`saving.metadata`: ``kept_heads``, ``base_fingerprint``), so it can be pruned
+again, saved, and fused with its siblings while members from another base are refused.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -19,12 +20,8 @@ from .adapters.base import slice_linear
 from .errors import InputError
 from .hashing import fingerprint
 from .heads import HeadSet, HeadSetError
+from .saving.metadata import read_metadata, write_metadata
 
-KEPT_HEADS_KEY = "hydra_kept_heads"
-FINGERPRINT_KEY = "hydra_base_fingerprint"
-CALIBRATION_KEY = "hydra_calibration"
-"""Where a model's configuration holds its calibration (`evaluation.calibrate`), which is bound to
-its weights: a model made from it (pruned, fused, trained) starts without one."""
 STATISTICS_ATTRIBUTE = "hydra_ood_statistics"
 """Where a model holds the feature statistics its calibration was fit with (`ood.FeatureStatistics`,
 arrays too large for the configuration: saved beside the weights, ``ood_statistics.safetensors``,
@@ -34,18 +31,27 @@ and named by their digest in the calibration)."""
 # --------------------------------------------------------------------------- records
 def kept_heads(model: nn.Module) -> HeadSet:
     """The original heads ``model`` keeps (all of them unless it was made by `prune`)."""
-    record = getattr(model.config, KEPT_HEADS_KEY, None)
-    return HeadSet.from_dict(record) if record else HeadSet()
+    return read_metadata(model).kept_heads or HeadSet()
 
 
-def heads_per_layer(model: nn.Module) -> list[int]:
+def original_heads_per_layer(model: nn.Module) -> list[int]:
     """Head counts of the unpruned architecture, per layer."""
     return get_adapter(model).original_heads_per_layer(model)
 
 
+def heads_per_layer(model: nn.Module) -> list[int]:
+    """Deprecated name of `original_heads_per_layer`."""
+    warnings.warn(
+        "surgery.heads_per_layer is deprecated: use surgery.original_heads_per_layer",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return original_heads_per_layer(model)
+
+
 def base_fingerprint(model: nn.Module) -> str:
     """The fingerprint of the unpruned model ``model`` descends from (its own if not pruned)."""
-    return getattr(model.config, FINGERPRINT_KEY, None) or fingerprint(model)
+    return read_metadata(model).base_fingerprint or fingerprint(model)
 
 
 # --------------------------------------------------------------------------- pruning
@@ -76,8 +82,7 @@ def prune(model: nn.Module, heads: HeadSet) -> nn.Module:
         block = adapter.attention_block(pruned, layer)
         q, k, v, o = slice_projections(block, [have.index(h) for h in want])
         adapter.set_attention(pruned, layer, q, k, v, o, num_heads=len(want), heads=want)
-    setattr(pruned.config, KEPT_HEADS_KEY, HeadSet(dict(enumerate(target))).to_dict())
-    setattr(pruned.config, FINGERPRINT_KEY, base_print)
+    write_metadata(pruned, kept_heads=HeadSet(dict(enumerate(target))), base_fingerprint=base_print)
     forget_calibration(pruned)
     return pruned
 
@@ -85,9 +90,8 @@ def prune(model: nn.Module, heads: HeadSet) -> nn.Module:
 def forget_calibration(model: nn.Module) -> None:
     """Remove the calibration from ``model``'s configuration: its function changed (pruned, fused,
     trained), so the temperature and flag threshold fit for the old one no longer hold."""
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, CALIBRATION_KEY, None) is not None:
-        setattr(config, CALIBRATION_KEY, None)
+    if getattr(model, "config", None) is not None:
+        write_metadata(model, calibration=None)
     if getattr(model, STATISTICS_ATTRIBUTE, None) is not None:
         setattr(model, STATISTICS_ATTRIBUTE, None)
 

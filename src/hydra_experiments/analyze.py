@@ -44,11 +44,11 @@ from hydra_ensembles.evaluation import (
 )
 from hydra_ensembles.fusion import fuse
 from hydra_ensembles.heads import HeadSet
-from hydra_ensembles.io import atomic_write_json, atomic_write_text
 from hydra_ensembles.members import DeepEnsemble, least_useful_first
 from hydra_ensembles.runtime import describe_machine
+from hydra_ensembles.saving.files import atomic_write_json, atomic_write_text
 from hydra_ensembles.scoring import removal_ranking
-from hydra_ensembles.surgery import heads_per_layer, prune
+from hydra_ensembles.surgery import original_heads_per_layer, prune
 
 from .cache import Cache, PredictionCache
 from .config import DemoConfig
@@ -123,7 +123,7 @@ def run_analysis(config: AnalysisConfig, cache: Cache | None = None) -> dict[str
 def _pruned_head_sets(run: DemoRun, base, rankings: Rankings) -> dict[str, HeadSet]:
     """CircAvg's single pruned head set, Taylor's pruning as many heads (the demo's per-layer
     Taylor set where it does; else the lowest global Taylor scores), and a seeded random one."""
-    counts = heads_per_layer(base)
+    counts = original_heads_per_layer(base)
     circ = rankings.circuit.head_set(run.config.num_pruned)
     removed = sum(counts) - circ.num_kept(counts)
     taylor = rankings.taylor_single
@@ -157,7 +157,7 @@ def _prop1(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: 
 
 
 def _heads(run: DemoRun, config: AnalysisConfig, base, rankings: Rankings, out: Path) -> dict[str, Any]:
-    counts = heads_per_layer(base)
+    counts = original_heads_per_layer(base)
     last = len(counts) - 1
     circ = rankings.circuit.head_set(run.config.num_pruned)
     kept = set(circ.resolve(counts)[last])

@@ -18,9 +18,9 @@ from hydra_ensembles.evaluation import (
     predict,
 )
 from hydra_ensembles.hashing import batches_digest, json_digest, module_fingerprint, text_digest
-from hydra_ensembles.io import atomic_write, atomic_write_json
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.members.ensemble import DeepEnsemble
+from hydra_ensembles.saving.files import atomic_write, atomic_write_json
 
 
 class PredictionCache:

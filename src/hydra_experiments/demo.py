@@ -13,7 +13,7 @@ from hydra_ensembles.errors import InputError
 from hydra_ensembles.evaluation import (
     main_row,
 )
-from hydra_ensembles.io import atomic_write_json, atomic_write_text
+from hydra_ensembles.saving.files import atomic_write_json, atomic_write_text
 
 from .cache import Cache
 from .config import DemoConfig

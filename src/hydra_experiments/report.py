@@ -27,15 +27,14 @@ from hydra_ensembles.evaluation import (
     predict_method,
 )
 from hydra_ensembles.heads import HeadSet
-from hydra_ensembles.io import atomic_write_json
 from hydra_ensembles.members import member_overlap
 from hydra_ensembles.members.ensemble import DeepEnsemble, has_dropout
 from hydra_ensembles.members.sampling import least_useful_first
 from hydra_ensembles.precision import Precision, in_precision
 from hydra_ensembles.runtime import describe_machine
+from hydra_ensembles.saving.files import atomic_write_json
 from hydra_ensembles.scoring import removal_ranking
-from hydra_ensembles.surgery import heads_per_layer as heads_per_layer_of
-from hydra_ensembles.surgery import prune
+from hydra_ensembles.surgery import original_heads_per_layer, prune
 
 from .cache import PredictionCache
 from .config import DemoConfig
@@ -87,14 +86,14 @@ def evaluate_all(
 
 def report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads) -> dict[str, str]:
     config, bench = run.config, run.bench
-    heads_per_layer = heads_per_layer_of(base)
+    layer_heads = original_heads_per_layer(base)
     evaluation = "" if run.evaluation == run.compute else f"; evaluation in {run.evaluation}"
     return {
         "command": config.command,
         "machine": describe_machine(),
         "precision": str(run.compute) + evaluation,
-        "model": f"{config.model} ({type(base).__name__}, {len(heads_per_layer)} layers x "
-        f"{heads_per_layer[0]} heads{', trained from scratch' if bench.from_scratch else ''})",
+        "model": f"{config.model} ({type(base).__name__}, {len(layer_heads)} layers x "
+        f"{layer_heads[0]} heads{', trained from scratch' if bench.from_scratch else ''})",
         **{f"data: {k}": v for k, v in run.task.describe().items()},
         "training recipe (all methods)": json.dumps(asdict(config.recipe)),
         "seeds": f"run seed {config.seed}: data sample, member heads, MC masks and bootstrap; models "
@@ -107,7 +106,7 @@ def report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads) 
             }
         ),
         "member overlap (Jaccard, mean off-diagonal)": ", ".join(
-            f"{k}: {_mean_offdiag(member_overlap(v, heads_per_layer)):.2f}" for k, v in member_heads.items()
+            f"{k}: {_mean_offdiag(member_overlap(v, layer_heads)):.2f}" for k, v in member_heads.items()
         ),
         "scaled down": "; ".join(config.scaled_down()),
         "wall time (s)": f"{run.stage.elapsed:.0f}",
@@ -131,7 +130,7 @@ def write_report(run: DemoRun, methods, results, heads, preds, meta, cost, curve
         plots, preds, [m.name for m in methods if m.reliability], [m.name for m in methods if m.detail]
     )
     for kind, sets in pruned.member_heads.items():
-        reporting.heads_map(sets, rankings.circuit.heads_per_layer, plots / f"heads_{kind}.png")
+        reporting.heads_map(sets, rankings.circuit.original_heads_per_layer, plots / f"heads_{kind}.png")
     reporting.score_heatmap(
         rankings.taylor.numpy(), plots / "taylor_scores.png", "Taylor importance", "score"
     )

@@ -25,7 +25,7 @@ from transformers import AutoModel
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.models import load_tokenizer, resolve_model_path
 from hydra_ensembles.scoring import CircuitOrder
-from hydra_ensembles.surgery import heads_per_layer, prune
+from hydra_ensembles.surgery import original_heads_per_layer, prune
 from hydra_ensembles.zeroshot import DualEncoderClassifier, from_sentence_encoder, fuse_dual_encoder
 
 from .cache import Cache
@@ -57,7 +57,7 @@ def run_zero_shot_demo(config: DemoConfig, cache: Cache | None = None) -> dict[s
     rankings = _rank(run, dual, "both")
     input_circuit = _rank(run, dual_input, "input").circuit
     pruned = _prune(run, dual, dual_input, rankings, input_circuit)
-    single = fuse_dual_encoder(dual_input, [HeadSet.full(heads_per_layer(dual_input))])
+    single = fuse_dual_encoder(dual_input, [HeadSet.full(original_heads_per_layer(dual_input))])
     methods = table_methods(run, dual, dual_input, pruned, single)
     known = run.cache.predictions()
     preds, results, heads, temperatures = evaluate_all(run, methods, known)
@@ -76,7 +76,7 @@ def run_zero_shot_demo(config: DemoConfig, cache: Cache | None = None) -> dict[s
 def _rank(run: DemoRun, model: DualEncoderClassifier, pool: str) -> Rankings:
     """Taylor scores (zero-shot cross-entropy on ID validation texts), Taylor's per-layer head set
     pruning as many heads as the members, and the CircAvg order over ``pool``'s heads."""
-    counts = heads_per_layer(model)
+    counts = original_heads_per_layer(model)
     keep = counts[0] - run.config.num_pruned // len(counts)
     key = {**run.bench.key, "zero-shot": list(TEMPLATES), "pool": pool, "precision": run.compute.name}
     return rank_model(run, model, run.bench.val[:1], keep, key, kind="zs-", label=pool)
@@ -110,7 +110,7 @@ def _prune(run: DemoRun, dual, dual_input, rankings: Rankings, input_circuit: Ci
 def table_methods(run: DemoRun, dual, dual_input, pruned: PrunedModels, single) -> list[Method]:
     """The zero-shot table, in order."""
     config = run.config
-    counts, input_counts = heads_per_layer(dual), heads_per_layer(dual_input)
+    counts, input_counts = original_heads_per_layer(dual), original_heads_per_layer(dual_input)
     both = f"{sum(counts) - config.num_pruned}/{sum(counts)}"
     only_input = f"{sum(input_counts) - config.num_pruned}/{sum(input_counts)} + label {sum(input_counts)}"
     return [
@@ -142,7 +142,7 @@ def _meta(run: DemoRun, dual, temperatures: dict[str, Any], pruned: PrunedModels
     meta = report_meta(run, dual, temperatures, pruned.member_heads)
     meta.pop("training recipe (all methods)", None)
     meta["seeds"] = f"member sampling seed {run.config.seed}"
-    counts = heads_per_layer(dual)
+    counts = original_heads_per_layer(dual)
     meta["zero-shot"] = (
         f"dual encoder: input tower and label tower are two copies of {run.config.model}, pruned "
         f"separately ({len(counts)} layers x {counts[0]} heads across both); prompts {json.dumps(TEMPLATES)} "

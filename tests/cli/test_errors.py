@@ -22,10 +22,10 @@ from transformers import (
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
 from hydra_ensembles.evaluation import calibrate
-from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.models import load_tokenizer
-from hydra_ensembles.serialization import write_folder_checksums
+from hydra_ensembles.saving.formats import write_folder_checksums
+from hydra_ensembles.saving.loading import load_any
 
 TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
 
@@ -855,7 +855,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(w, capsys, monkeypatch):
     """safetensors reports a full disk in its own error type: one line, exit 2, no model left."""
     from safetensors import SafetensorError
 
-    from hydra_ensembles import serialization
+    from hydra_ensembles.saving import formats as serialization
 
     def full(*args, **kwargs):
         raise SafetensorError(

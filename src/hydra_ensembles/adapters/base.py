@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from ..errors import InputError, UnsupportedModelError
+from .running import PieceRunning, optional_submodule
 
 Part = Literal["attention", "mlp", "norm", "head", "embeddings"]
 
@@ -79,14 +80,6 @@ class ZeroHeadAttention(nn.Module):
 MIN_TRANSFORMERS = "5.18"
 """The oldest transformers release whose module layouts every adapter describes (DINOv2's
 attention took ViT's ``q_proj``/``k_proj``/``v_proj``/``o_proj`` layout in 5.18)."""
-
-
-def optional_submodule(module: nn.Module, path: str) -> nn.Module | None:
-    """The submodule of ``module`` at the dotted ``path``, or None where there is none."""
-    try:
-        return module.get_submodule(path)
-    except AttributeError:
-        return None
 
 
 def _has_all(module: nn.Module, paths: Sequence[str]) -> bool:
@@ -396,9 +389,10 @@ class RuntimeShortcuts:
         return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-class ArchitectureAdapter(ModelLayout, AttentionSurgery, RuntimeShortcuts):
+class ArchitectureAdapter(ModelLayout, AttentionSurgery, RuntimeShortcuts, PieceRunning):
     """One model family: its layout (`ModelLayout`), how its attention is pruned and fused
-    (`AttentionSurgery`), and what running it fast needs (`RuntimeShortcuts`). A family is one
+    (`AttentionSurgery`), what running it fast needs (`RuntimeShortcuts`) and how it runs in
+    pieces (`PieceRunning`: from one layer on, for circuit extraction). A family is one
     subclass registered in `adapters.registry.ADAPTERS` (docs/architectures.md)."""
 
 

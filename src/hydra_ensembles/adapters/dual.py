@@ -9,9 +9,13 @@ see one list of layers.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+import torch
 from torch import nn
 
+from ..batching import batch_rows, repeat_rows
+from ..errors import InputError
 from .base import ArchitectureAdapter, AttentionBlock
 from .registry import get_adapter
 
@@ -94,3 +98,37 @@ class DualEncoderAdapter(ArchitectureAdapter):
     def input_names(self, model: nn.Module) -> tuple[str, ...]:
         path, adapter, _ = self.parts[0]
         return adapter.input_names(model.get_submodule(path))
+
+    # ------------------------------------------------------------------ running in pieces
+    def forward_outputs(self, model, inputs):
+        """Both towers run; their outputs (input and class embeddings) are kept."""
+        embeddings = (model.input_tower(**inputs), model.class_embeddings())
+        return model.logits_from(*embeddings), embeddings
+
+    def stack_from_layer(
+        self, model: nn.Module, layer: int, hidden: torch.Tensor, inputs: dict[str, Any]
+    ) -> torch.Tensor:
+        """The output of the tower holding ``layer``, run from its input ``hidden`` (R stacked
+        copies): input embeddings (R*B, D) for the input tower (rows: ``inputs`` repeated), class
+        embeddings (R, C, D) for the label tower (rows: the prompts repeated)."""
+        path, tower_adapter, local = self.locate(layer)
+        tower = model.get_submodule(path)
+        if self.in_input_tower(layer):
+            times = hidden.shape[0] // batch_rows(inputs)
+            with tower_adapter.starting_at_layer(tower, local, hidden):
+                return model.input_tower(**repeat_rows(inputs, times))
+        prompts = model.prompt_inputs
+        times = hidden.shape[0] // batch_rows(prompts)
+        with tower_adapter.starting_at_layer(tower, local, hidden):
+            prompt_embeddings = model.label_tower(**repeat_rows(prompts, times))
+        return model.class_embeddings_from(prompt_embeddings.unflatten(0, (times, -1)))
+
+    def logits_from_stack(self, model, layer, output, outputs):
+        """Candidate-major (R*B, C) logits of one tower's ``output`` against the other tower's
+        embeddings in ``outputs``."""
+        if outputs is None:
+            raise InputError("running a dual encoder from a layer needs the other tower's embeddings")
+        input_embeddings, class_embeddings = outputs
+        if self.in_input_tower(layer):
+            return model.logits_from(output, class_embeddings)
+        return model.logits_from(input_embeddings, output).flatten(0, 1)

@@ -35,9 +35,10 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..adapters import get_adapter
-from ..batching import checked_batches, model_inputs
+from ..batching import model_inputs
 from ..errors import InputError
 from ..heads import HeadSet
+from ..inputs import checked_batches
 from ..progress import progress_bar
 from ..surgery import ablate, kept_heads
 

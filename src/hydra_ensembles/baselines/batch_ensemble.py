@@ -20,6 +20,7 @@ from ..adapters.base import is_under
 from ..batching import batch_rows, repeat_call
 from ..errors import InputError
 from ..layers.batch_ensemble import BatchEnsembleLinear
+from ..saving.metadata import write_metadata
 from .registry import register_counted
 
 BATCH_ENSEMBLE_KEY = "hydra_batch_ensemble_members"
@@ -50,7 +51,7 @@ def batch_ensemble(model: nn.Module, num_members: int = 3, init_std: float = 0.5
             converted.set_submodule(
                 path, BatchEnsembleLinear.from_linear(module, num_members, init_std, generator)
             )
-    setattr(converted.config, BATCH_ENSEMBLE_KEY, num_members)
+    write_metadata(converted, member_transforms={BATCH_ENSEMBLE_KEY: num_members})
     converted.register_forward_pre_hook(_StackInputs(num_members), with_kwargs=True)
     return converted
 

@@ -22,6 +22,7 @@ from torch import nn
 from ..adapters import get_adapter
 from ..batching import batch_rows, model_inputs
 from ..errors import InputError
+from ..saving.metadata import write_metadata
 from ..training import FineTuneConfig, FineTuneResult, fine_tune
 from .registry import register_counted
 
@@ -84,7 +85,7 @@ def head_ensemble(model: nn.Module, num_members: int = 3, seed: int = 0) -> nn.M
             heads.append(head)
         installed.append(MemberHeads(heads))
         setattr(converted, name, installed[-1])
-    setattr(converted.config, HEAD_ENSEMBLE_KEY, num_members)
+    write_metadata(converted, member_transforms={HEAD_ENSEMBLE_KEY: num_members})
     converted.register_forward_pre_hook(_RecordRows(installed), with_kwargs=True)
     return converted
 

@@ -34,6 +34,7 @@ from ..adapters import get_adapter
 from ..batching import StackMemberLogits
 from ..errors import InputError
 from ..models import takes_images
+from ..saving.metadata import write_metadata
 from ..training import FineTuneConfig, FineTuneResult, fine_tune
 from .head_ensemble import initialise_like
 from .registry import register_counted
@@ -88,7 +89,7 @@ def install_mimo(model: nn.Module, num_members: int) -> nn.Module:
         head.set_submodule(final_path, wide)
     else:
         setattr(model, name, wide)
-    setattr(model.config, MIMO_KEY, num_members)
+    write_metadata(model, member_transforms={MIMO_KEY: num_members})
     model.register_forward_pre_hook(_MixInputs(num_members, images), with_kwargs=True)
     model.register_forward_hook(StackMemberLogits(num_members, labels))
     return model

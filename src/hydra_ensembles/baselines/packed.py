@@ -31,6 +31,7 @@ from ..adapters.base import is_under
 from ..batching import StackMemberLogits
 from ..errors import InputError
 from ..layers.packed import PackedLayerNorm, PackedLinear
+from ..saving.metadata import write_metadata
 from .head_ensemble import initialise_like
 from .registry import MemberTransform, register_member_transform
 
@@ -112,7 +113,9 @@ def pack_layers(model: nn.Module, num_members: int, alpha: int, gamma: int) -> n
             model.set_submodule(path, PackedLinear.from_linear(module, groups, chunks))
         elif isinstance(module, nn.LayerNorm):
             model.set_submodule(path, PackedLayerNorm.from_layer_norm(module, num_members))
-    setattr(model.config, PACKED_KEY, {"members": num_members, "alpha": alpha, "gamma": gamma})
+    write_metadata(
+        model, member_transforms={PACKED_KEY: {"members": num_members, "alpha": alpha, "gamma": gamma}}
+    )
     model.register_forward_hook(StackMemberLogits(num_members, labels))
     return model
 
@@ -131,7 +134,7 @@ def packed_member(model: nn.Module, member: int) -> nn.Module:
     if not 0 <= member < members:
         raise InputError(f"member {member} out of range: the ensemble has {members}")
     config = copy.deepcopy(model.config)
-    delattr(config, PACKED_KEY)
+    write_metadata(config, member_transforms={PACKED_KEY: None})
     for name in _width_fields(config):
         setattr(config, name, getattr(config, name) // members)
     single = type(model)(config)

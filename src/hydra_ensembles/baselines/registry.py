@@ -17,6 +17,8 @@ from typing import Any
 
 from torch import nn
 
+from ..saving.metadata import read_metadata, register_transform_key
+
 __all__ = [
     "MEMBER_TRANSFORMS",
     "MemberTransform",
@@ -46,8 +48,10 @@ class MemberTransform:
     configuration already holds), else after."""
 
     def record(self, model: nn.Module) -> Any:
-        """The record ``model``'s configuration holds, or None."""
-        return getattr(getattr(model, "config", None), self.key, None)
+        """The record ``model``'s metadata holds, or None."""
+        if getattr(model, "config", None) is None:
+            return None
+        return read_metadata(model).member_transforms.get(self.key)
 
     def stacked_members(self, model: nn.Module) -> int:
         """M for a model this transform made, 1 for any other model."""
@@ -62,11 +66,12 @@ order in which a member's transforms are rebuilt)."""
 
 def register_member_transform(transform: MemberTransform) -> MemberTransform:
     """Add ``transform`` to `MEMBER_TRANSFORMS`; refuses a key another transform records (a
-    ValueError, as `serialization.register_saved_format`: a conflict between two modules' code,
+    ValueError, as `saving.formats.register_saved_format`: a conflict between two modules' code,
     not a user's input)."""
     existing = MEMBER_TRANSFORMS.get(transform.key)
     if existing is not None and existing.name != transform.name:
         raise ValueError(f"the configuration key {transform.key!r} is recorded by {existing.name} already")
+    register_transform_key(transform.key)
     MEMBER_TRANSFORMS[transform.key] = transform
     return transform
 

@@ -51,10 +51,11 @@ from torch.nn.utils import prune as torch_prune
 from ..adapters import get_adapter
 from ..adapters.base import is_under
 from ..analysis.curvature import Differentiable
-from ..batching import batch_rows, checked_batches, model_inputs
+from ..batching import batch_rows, model_inputs
 from ..errors import InputError
+from ..inputs import checked_batches
 from ..progress import progress_bar
-from ..serialization import check_finite
+from ..saving.formats import check_finite
 
 Method = Literal["oba", "wanda"]
 Masks = dict[str, torch.Tensor]

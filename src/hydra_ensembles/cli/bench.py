@@ -16,11 +16,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from hydra_experiments.bench import bench_report, random_inputs, run_bench
 
     from ..adapters import get_adapter
-    from ..io import atomic_write_json, atomic_write_text
-    from ..loading import load_any
     from ..members import sample_members
     from ..precision import resolve_precision
     from ..runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
+    from ..saving.files import atomic_write_json, atomic_write_text
+    from ..saving.loading import load_any
     from .guards import check_report_dir, mark_report_dir
 
     out = check_report_dir(args.out, args.overwrite)

@@ -39,8 +39,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     from ..build import build_hydra, save_with_preprocessor
     from ..data.labels import check_trainable
-    from ..io import replace_dir
-    from ..loading import load_preprocessor
+    from ..saving.files import replace_dir
+    from ..saving.loading import load_preprocessor
     from ..scoring.files import read_ranking
     from .guards import check_output_dir, overwrite_staging
 
@@ -126,9 +126,9 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
 def _describe(built, model) -> None:
     """How much the members overlap, and the calibrations fit."""
     from ..members import member_overlap
-    from ..surgery import heads_per_layer
+    from ..surgery import original_heads_per_layer
 
-    overlap = member_overlap(built.head_sets, heads_per_layer(model))
+    overlap = member_overlap(built.head_sets, original_heads_per_layer(model))
     print(f"{len(built.head_sets)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")
     for what, calibration in (
         ("members' ensemble (members/)", built.members_calibration),

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from ..errors import InputError
+from ..saving.metadata import write_metadata
 
 DEFAULT_MAX_LENGTH = 128
 """Tokens per text where neither ``--max-length`` nor the model says."""
@@ -16,8 +17,8 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
     """A model for a command that predicts with its head: refused where the head was initialised
     randomly (a base model) unless ``--allow-random-head`` says that is intended (and said,
     unless ``quiet``: a first look before the model is loaded again with the head it gets)."""
-    from ..loading import load_any
     from ..models import untrained_weights
+    from ..saving.loading import load_any
 
     model = load_any(path, num_labels or getattr(args, "num_labels", None))
     classes = getattr(getattr(model, "config", None), "num_labels", None)
@@ -74,9 +75,9 @@ def _data_batches(
 
 def _record_length(model, args: argparse.Namespace) -> None:
     """Save the token length a command trains or calibrates at with the model it writes (its
-    configuration's ``hydra_max_length``), so predict, eval and the pipelines cut texts alike."""
+    metadata's ``max_length``), so predict, eval and the pipelines cut texts alike."""
     if args.max_length is not None and getattr(model, "config", None) is not None:
-        model.config.hydra_max_length = int(args.max_length)
+        write_metadata(model, max_length=int(args.max_length))
 
 
 def _resolve_epochs(args: argparse.Namespace, train: list[dict]) -> int:
@@ -174,7 +175,7 @@ def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
     image processor (saved beside them by build and finetune; else pass ``--tokenizer``); models saved
     with different preprocessors are refused as one ensemble, since one input would reach them as
     different token ids."""
-    from ..loading import load_preprocessor, preprocessing_signature
+    from ..saving.loading import load_preprocessor, preprocessing_signature
 
     paths = [p for p in spec.split(",") if p]
     if not paths:

@@ -27,7 +27,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         predict_method,
         saved_calibration,
     )
-    from ..loading import load_preprocessor, preprocessing_signature
+    from ..saving.loading import load_preprocessor, preprocessing_signature
     from .guards import check_report_dir, mark_report_dir
 
     out = check_report_dir(args.out, args.overwrite)

@@ -36,11 +36,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from ..build import name_classes
     from ..data import load_spec
     from ..data.labels import check_trainable
-    from ..io import atomic_dir
-    from ..loading import load_preprocessor
     from ..models import untrained_weights
     from ..ood.storage import write_statistics
-    from ..serialization import write_folder_checksums
+    from ..saving.files import atomic_dir
+    from ..saving.formats import write_folder_checksums
+    from ..saving.loading import load_preprocessor
     from ..training import FineTuneConfig, fine_tune
     from .guards import check_output_dir
 

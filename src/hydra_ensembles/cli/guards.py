@@ -1,7 +1,7 @@
 """The command line's guards on what a command writes: every output checked before any work
 (a file, a folder, a report folder; never over an input), one process per output (a lock), and
 a finished result replaced only whole. Their refusals name the options (``--out``,
-``--overwrite``); the library's own checks (`hydra_ensembles.io`) name none."""
+``--overwrite``); the library's own checks (`hydra_ensembles.saving.files`) name none."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..io import (
+from ..saving.files import (
     OutputError,
     atomic_write_text,
     check_replaceable_dir,

@@ -18,8 +18,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from ..baselines.registry import MEMBER_TRANSFORMS
     from ..cost import count_parameters
     from ..fusion import HydraModel
-    from ..loading import load_any
     from ..members.ensemble import DeepEnsemble
+    from ..saving.loading import load_any
     from ..surgery import kept_heads
 
     if args.families:
@@ -79,7 +79,7 @@ def _describe_export(folder: Path) -> int:
     """An ONNX export (`hydra-ens export`): its graph, classes, inputs and outputs, calibration
     and, for a quantized graph, what quantization changed."""
     from ..evaluation.calibration import Calibration
-    from ..io import read_json
+    from ..saving.files import read_json
     from ..serving.onnx import ONNX_NAME, SIDECAR_NAME
 
     side = read_json(folder / SIDECAR_NAME, "export sidecar")

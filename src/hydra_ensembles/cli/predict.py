@@ -19,8 +19,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from .. import reporting
     from ..evaluation import ood_scores, per_example
     from ..evaluation import predict as predict_any
-    from ..io import atomic_write_records
-    from ..loading import load_preprocessor
+    from ..saving.files import atomic_write_records
+    from ..saving.loading import load_preprocessor
     from .guards import check_output_file
 
     out = check_output_file(args.out, (".csv", ".jsonl"))

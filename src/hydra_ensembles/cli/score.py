@@ -18,8 +18,8 @@ from .options import (
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from ..io import atomic_write_json
-    from ..loading import load_preprocessor
+    from ..saving.files import atomic_write_json
+    from ..saving.loading import load_preprocessor
     from ..scoring import extract_circuit, taylor_head_set, taylor_scores
     from ..scoring.taylor import DECIDING_PRECISION
     from .guards import check_output_file

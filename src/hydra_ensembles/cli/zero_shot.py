@@ -20,12 +20,12 @@ from .options import (
 def _cmd_zero_shot(args: argparse.Namespace) -> int:
     from ..build import save_preprocessor
     from ..data import load_spec
-    from ..io import atomic_write_json
-    from ..loading import load_preprocessor
     from ..members import member_overlap, sample_members
     from ..models import load_image_processor, takes_images
+    from ..saving.files import atomic_write_json
+    from ..saving.loading import load_preprocessor
     from ..scoring import CircuitConfig, CircuitOrder, extract_circuit
-    from ..surgery import heads_per_layer
+    from ..surgery import original_heads_per_layer
     from ..zeroshot import fuse_dual_encoder, load_dual_encoder
     from .guards import check_output_dir
 
@@ -57,9 +57,8 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     heads = sample_members(
         order, args.members, num_pruned=args.num_pruned, pool_size=args.pool_size, seed=args.seed
     )
-    print(
-        f"Jaccard overlap between members: {member_overlap(heads, heads_per_layer(dual)).round(2).tolist()}"
-    )
+    overlap = member_overlap(heads, original_heads_per_layer(dual)).round(2).tolist()
+    print(f"Jaccard overlap between members: {overlap}")
     model = fuse_dual_encoder(dual, heads, progress=True)
     # on the ID and OOD validation data the circuit used
     _calibrate(model, id_val, args, args.data, ood=ood_val)

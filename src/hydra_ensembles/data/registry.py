@@ -133,11 +133,12 @@ def position_limit(tokenizer: Any, models: Any) -> int | None:
 
 
 def saved_length(models) -> int | None:
-    """The token length the model(s) were trained and calibrated at (``hydra_max_length`` in
-    their configuration); ValueError where models of one command say different lengths."""
+    """The token length the model(s) were trained and calibrated at (their metadata's
+    ``max_length``); InputError where models of one command say different lengths."""
     from ..adapters import model_configs
+    from ..saving.metadata import read_metadata
 
-    lengths = {getattr(c, "hydra_max_length", None) for c in model_configs(models)} - {None}
+    lengths = {read_metadata(c).max_length for c in model_configs(models)} - {None}
     if len(lengths) > 1:
         raise InputError(
             f"the models were fit at different token lengths {sorted(lengths)}: give --max-length"

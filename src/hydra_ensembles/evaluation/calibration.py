@@ -10,7 +10,7 @@ the model's training data was given, it also holds the feature statistics of the
 OOD scores (`ood.FeatureStatistics`, fit on the members' features of that data), named by their
 digest and by the data they were fit on; the flag score is then chosen by `choose_flag_score`.
 
-`calibrate` fits it and records it in the model's configuration (``config.hydra_calibration``;
+`calibrate` fits it and records it in the model's metadata (`saving.metadata`;
 pruning, fusing and fine-tuning a model leave the new model without it),
 which `save_pretrained` of a Hugging Face model, `save_member` and `HydraModel.save_pretrained`
 write with the configuration (and so cover by their checksums); `saved_calibration` reads it back
@@ -36,7 +36,8 @@ from ..members.ensemble import as_ensemble
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
 from ..ood.features import ensemble_heads
 from ..precision import model_device, resolve_precision
-from ..surgery import CALIBRATION_KEY, STATISTICS_ATTRIBUTE, fingerprint
+from ..saving.metadata import read_metadata, write_metadata
+from ..surgery import STATISTICS_ATTRIBUTE, fingerprint
 from .conformal import (
     FLAG_METHODS,
     SET_METHODS,
@@ -497,7 +498,7 @@ def record_calibration(model: Any, calibration: Calibration) -> Calibration:
     """Bind ``calibration`` to ``model``'s weights and record it (and its feature statistics) in
     the model: what its savers write and `saved_calibration` reads."""
     calibration = dataclasses.replace(calibration, model_sha256=fingerprint(model))
-    setattr(model.config, CALIBRATION_KEY, calibration.to_dict())
+    write_metadata(model, calibration=calibration.to_dict())
     setattr(model, STATISTICS_ATTRIBUTE, calibration.statistics)
     return calibration
 
@@ -505,7 +506,7 @@ def record_calibration(model: Any, calibration: Calibration) -> Calibration:
 def saved_calibration(model: Any) -> Calibration | None:
     """The `Calibration` recorded in ``model`` (with its feature statistics), or None where it has
     none; ValueError where it was fit on other weights or its statistics are not the recorded ones."""
-    saved = getattr(getattr(model, "config", None), CALIBRATION_KEY, None)
+    saved = read_metadata(model).calibration if getattr(model, "config", None) is not None else None
     if saved is None:
         return None
     calibration = Calibration.from_dict(saved)

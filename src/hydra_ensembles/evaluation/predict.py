@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..batching import check_padding, model_inputs
+from ..batching import model_inputs
 from ..errors import InputError
+from ..inputs import check_padding
 from ..members.ensemble import as_ensemble
 from ..precision import Precision, in_precision, model_device, resolve_precision
 from ..progress import progress_bar

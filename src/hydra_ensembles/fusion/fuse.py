@@ -20,14 +20,8 @@ from ..layers import (
     MemberTable,
     PerMemberModule,
 )
-from ..surgery import (
-    CALIBRATION_KEY,
-    FINGERPRINT_KEY,
-    KEPT_HEADS_KEY,
-    forget_calibration,
-    kept_heads,
-    slice_projections,
-)
+from ..saving.metadata import read_metadata, split_metadata, write_metadata
+from ..surgery import forget_calibration, kept_heads, slice_projections
 from .model import FusionPolicy, HydraModel, layout_entry, member_bias_stride
 
 
@@ -111,6 +105,9 @@ def _fuse_members(members: list[nn.Module], policy: FusionPolicy, shared_trunk: 
 
     targets = [kept_heads(m).resolve(original) for m in members]
     fused_model = _clean_copy(members[0])
+    records = [read_metadata(m).training for m in members]
+    if any(r != records[0] for r in records):  # e.g. early stopping kept another epoch per member
+        write_metadata(fused_model, training={"members": records})
     all_projections = []
     for layer in range(len(original)):
         blocks = [adapter.attention_block(member, layer) for member in members]
@@ -169,7 +166,7 @@ def _check_same_base(members: list[nn.Module]) -> None:
     """All members must share architecture, configuration and (when recorded) base weights."""
     first = members[0]
     reference = _structural_config(first)
-    prints = {getattr(m.config, FINGERPRINT_KEY, None) for m in members}
+    prints = {read_metadata(m).base_fingerprint for m in members}
     for i, member in enumerate(members[1:], start=1):
         if type(member) is not type(first):
             raise FusionError(f"member {i} is a {type(member).__name__}, member 0 a {type(first).__name__}")
@@ -183,18 +180,12 @@ def _check_same_base(members: list[nn.Module]) -> None:
 
 
 def _structural_config(model: nn.Module) -> dict[str, Any]:
-    config = model.config.to_dict()
-    # where it was loaded from, and what saving adds ("architectures", the dtype's name), are not
-    # structure; the weights' dtype is compared on the weights themselves
-    for key in (
-        KEPT_HEADS_KEY,
-        FINGERPRINT_KEY,
-        CALIBRATION_KEY,
-        "transformers_version",
-        "_name_or_path",
-        "architectures",
-        "dtype",
-    ):
+    metadata, config = split_metadata(model.config.to_dict())
+    # the library's metadata (heads kept, training, calibration), where it was loaded from and what
+    # saving adds ("architectures", the dtype's name) are not structure; member transforms are,
+    # and the weights' dtype is compared on the weights themselves
+    config.update(metadata.member_transforms)
+    for key in ("transformers_version", "_name_or_path", "architectures", "dtype"):
         config.pop(key, None)
     config["weights_dtype"] = str(next(model.parameters()).dtype)
     return config
@@ -203,9 +194,7 @@ def _structural_config(model: nn.Module) -> dict[str, Any]:
 def _clean_copy(model: nn.Module) -> nn.Module:
     """A deep copy whose config no longer claims to be one pruned member (nor its calibration)."""
     copied = copy.deepcopy(model)
-    for key in (KEPT_HEADS_KEY, FINGERPRINT_KEY):
-        if hasattr(copied.config, key):
-            delattr(copied.config, key)
+    write_metadata(copied, kept_heads=None, base_fingerprint=None)
     forget_calibration(copied)
     return copied
 

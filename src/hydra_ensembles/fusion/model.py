@@ -33,7 +33,7 @@ from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics, write_statistics
 from ..outputs import EnsembleOutput
 from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
-from ..serialization import WEIGHTS_NAME, SavedFormat, read_saved, register_saved_format, write_saved
+from ..saving.formats import WEIGHTS_NAME, SavedFormat, read_saved, register_saved_format, write_saved
 
 CONFIG_NAME = "hydra_config.json"
 FORMAT = "hydra-ensembles/fused"

@@ -25,12 +25,13 @@ from ..batching import batch_rows, member_stacked
 from ..configuration import write_hf_config
 from ..errors import InputError
 from ..hashing import config_digest
-from ..io import atomic_write_json, read_json
 from ..ood.detectors import STATISTICS_NAME
 from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics
 from ..outputs import EnsembleOutput
-from ..serialization import SavedFormat, check_companions, companion_digests, register_saved_format
+from ..saving.files import atomic_write_json, read_json
+from ..saving.formats import SavedFormat, check_companions, companion_digests, register_saved_format
+from ..saving.metadata import read_metadata, write_metadata
 from ..surgery import STATISTICS_ATTRIBUTE
 from .storage import CONFIG_NAME as MEMBER_CONFIG
 from .storage import MemberLoadError, load_member, save_member
@@ -59,7 +60,7 @@ class DeepEnsemble(nn.Module):
         # (`evaluation.calibrate`; saved in its index file), never a member's
         first = getattr(models[0], "config", None)
         self.config = copy.deepcopy(first) if first is not None else SimpleNamespace()
-        self.config.hydra_calibration = None
+        write_metadata(self.config, calibration=None)
 
     @property
     def num_members(self) -> int:
@@ -88,14 +89,14 @@ class DeepEnsemble(nn.Module):
         for name, member in zip(names, self.members, strict=True):
             save_member(member, path / name)
         statistics = getattr(self, STATISTICS_ATTRIBUTE, None)
-        return write_ensemble_index(path, names, self.config, self.config.hydra_calibration, statistics)
+        return write_ensemble_index(path, names, self.config, read_metadata(self).calibration, statistics)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:
         """An ensemble written by `save_pretrained` (every member checked by its checksums)."""
         config = read_ensemble_index(path)
         ensemble = cls([load_member(Path(path) / name) for name in config["members"]])
-        ensemble.config.hydra_calibration = config.get("calibration")
+        write_metadata(ensemble, calibration=config.get("calibration"))
         read_statistics(ensemble, path, MemberLoadError)
         return ensemble
 

@@ -26,7 +26,7 @@ def least_useful_first(
 ) -> tuple[list[tuple[int, int]], list[int]]:
     """All heads ordered from least to most useful, and the heads per layer."""
     if isinstance(ranking, CircuitOrder):
-        heads = list(ranking.heads_per_layer)
+        heads = list(ranking.original_heads_per_layer)
         rest = [
             (lay, h) for lay, n in enumerate(heads) for h in range(n) if (lay, h) not in set(ranking.removed)
         ]
@@ -152,11 +152,11 @@ def _pool(pool_size: int | None, drop: int, ranked: int, available: int, where: 
     return size
 
 
-def member_overlap(head_sets: Sequence[HeadSet], heads_per_layer: Sequence[int]) -> np.ndarray:
+def member_overlap(head_sets: Sequence[HeadSet], original_heads_per_layer: Sequence[int]) -> np.ndarray:
     """(M, M) Jaccard similarity of the members' kept (layer, head) sets."""
     m = len(head_sets)
     out = np.ones((m, m))
     for i in range(m):
         for j in range(i + 1, m):
-            out[i, j] = out[j, i] = head_sets[i].jaccard(head_sets[j], heads_per_layer)
+            out[i, j] = out[j, i] = head_sets[i].jaccard(head_sets[j], original_heads_per_layer)
     return out

@@ -8,14 +8,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..baselines.registry import MEMBER_TRANSFORMS, rebuild_transforms
+from ..baselines.registry import rebuild_transforms
 from ..configuration import write_hf_config
 from ..errors import InputError
-from ..heads import HeadSet
 from ..models import build_model
 from ..ood.storage import read_statistics, write_statistics
-from ..serialization import WEIGHTS_NAME, SavedFormat, read_saved, register_saved_format, write_saved
-from ..surgery import CALIBRATION_KEY, FINGERPRINT_KEY, KEPT_HEADS_KEY, prune
+from ..saving.formats import WEIGHTS_NAME, SavedFormat, read_saved, register_saved_format, write_saved
+from ..saving.metadata import split_metadata, write_metadata
+from ..surgery import prune
 
 CONFIG_NAME = "member_config.json"
 FORMAT = "hydra-ensembles/member"
@@ -88,20 +88,18 @@ class AutoMember:
 
 
 def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
-    config = dict(meta["config"])
-    heads = config.pop(KEPT_HEADS_KEY, None)
-    base_print = config.pop(FINGERPRINT_KEY, None)
-    calibration = config.pop(CALIBRATION_KEY, None)  # restored once the weights are in place
-    records = {key: config.pop(key, None) for key in MEMBER_TRANSFORMS}  # the baselines' transforms
+    metadata, config = split_metadata(meta["config"])
+    records = dict(metadata.member_transforms)  # the baselines' transforms
     model = build_model(meta["model_class"], config, meta.get("attn_implementation"))
+    write_metadata(model, training=metadata.training, max_length=metadata.max_length)
     model = rebuild_transforms(model, records, before_pruning=True)
-    if heads is not None:
-        model = prune(model, HeadSet.from_dict(heads))
-        setattr(model.config, FINGERPRINT_KEY, base_print)
+    if metadata.kept_heads is not None:
+        model = prune(model, metadata.kept_heads)
+        write_metadata(model, base_fingerprint=metadata.base_fingerprint)
     model = rebuild_transforms(model, records, before_pruning=False)  # weights from the file
     dtype = next(iter(state.values())).dtype
     model.to(dtype).load_state_dict(state, strict=True)
-    setattr(model.config, CALIBRATION_KEY, calibration)
+    write_metadata(model, calibration=metadata.calibration)  # bound to the weights just loaded
     return model.eval().to(torch.device("cpu"))
 
 

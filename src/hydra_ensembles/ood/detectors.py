@@ -228,7 +228,7 @@ class FeatureStatistics:
         """Write the statistics as one safetensors file (atomically)."""
         from safetensors.torch import save_file
 
-        from ..io import atomic_write
+        from ..saving.files import atomic_write
 
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
         metadata = {"settings": json.dumps(dict(self.settings), sort_keys=True)}

@@ -1,6 +1,6 @@
 """Feature statistics saved with a model: ``ood_statistics.safetensors`` beside its weights.
 
-A model's calibration (``config.hydra_calibration``) names the statistics it was fit with by their
+A model's calibration (its metadata's, `saving.metadata`) names the statistics it was fit with by their
 digest (``statistics_sha256``); the statistics themselves are held by the model
 (`surgery.STATISTICS_ATTRIBUTE`) and written by every saver before the file that marks the save
 complete, so the folder's checksums cover them. Reading checks them against the digest the
@@ -14,7 +14,8 @@ from pathlib import Path
 
 from torch import nn
 
-from ..surgery import CALIBRATION_KEY, STATISTICS_ATTRIBUTE
+from ..saving.metadata import read_metadata
+from ..surgery import STATISTICS_ATTRIBUTE
 from .detectors import STATISTICS_NAME, FeatureStatistics
 
 __all__ = ["read_statistics", "recorded_digest", "write_statistics"]
@@ -22,7 +23,7 @@ __all__ = ["read_statistics", "recorded_digest", "write_statistics"]
 
 def recorded_digest(model: nn.Module) -> str:
     """The digest of the statistics ``model``'s calibration was fit with ("" for none)."""
-    calibration = getattr(getattr(model, "config", None), CALIBRATION_KEY, None)
+    calibration = read_metadata(model).calibration if getattr(model, "config", None) is not None else None
     return str(calibration.get("statistics_sha256") or "") if isinstance(calibration, dict) else ""
 
 

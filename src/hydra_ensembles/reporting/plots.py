@@ -15,7 +15,7 @@ import numpy as np
 from sklearn.metrics import roc_curve
 
 from ..heads import HeadSet
-from ..io import atomic_write
+from ..saving.files import atomic_write
 
 if TYPE_CHECKING:
     from ..evaluation.run import MethodPredictions
@@ -103,12 +103,16 @@ def roc_curves(
     return _save(fig, path)
 
 
-def heads_map(head_sets: Sequence[HeadSet], heads_per_layer: Sequence[int], path, names=None) -> Path:
+def heads_map(
+    head_sets: Sequence[HeadSet], original_heads_per_layer: Sequence[int], path, names=None
+) -> Path:
     """Layers x heads grid per member: kept (dark) or pruned (light)."""
     m = len(head_sets)
-    fig, axes = plt.subplots(1, m, figsize=(2.2 * m + 0.5, 0.35 * len(heads_per_layer) + 1.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, m, figsize=(2.2 * m + 0.5, 0.35 * len(original_heads_per_layer) + 1.2), squeeze=False
+    )
     for i, (ax, hs) in enumerate(zip(axes[0], head_sets, strict=True)):
-        ax.imshow(np.array(hs.mask(heads_per_layer)), cmap="Greys", vmin=0, vmax=1.4, aspect="auto")
+        ax.imshow(np.array(hs.mask(original_heads_per_layer)), cmap="Greys", vmin=0, vmax=1.4, aspect="auto")
         ax.set(title=(names[i] if names else f"member {i}"), xlabel="head", ylabel="layer")
     return _save(fig, path)
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..evaluation.evaluate import OOD_SCORES, main_row
-from ..io import atomic_write_json, atomic_write_text
 from ..metrics import POSITIVE_CLASS
+from ..saving.files import atomic_write_json, atomic_write_text
 
 # (key, header, higher is better)
 MAIN_COLUMNS = [

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..errors import InputError
-from ..io import read_json
+from ..saving.files import read_json
 from .circuit import CircuitOrder
 
 

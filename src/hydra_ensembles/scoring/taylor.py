@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..adapters import get_adapter
-from ..batching import checked_batches, model_inputs
+from ..batching import model_inputs
 from ..errors import InputError
 from ..heads import HeadSet, HeadSetError
+from ..inputs import checked_batches
 from ..precision import model_device, resolve_precision
 from ..progress import progress_bar
-from ..serialization import check_finite
+from ..saving.formats import check_finite
 from ..surgery import kept_heads, prune
 
 

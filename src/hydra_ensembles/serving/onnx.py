@@ -35,10 +35,10 @@ from torch import nn
 from ..data.registry import saved_length
 from ..errors import InputError
 from ..fusion.model import HydraModel
-from ..io import atomic_dir, atomic_write_json, check_replaceable_dir
-from ..loading import load_any, saved_preprocessor
 from ..models import VISION_MODEL_TYPES
 from ..ood.detectors import FEATURE_SCORES
+from ..saving.files import atomic_dir, atomic_write_json, check_replaceable_dir
+from ..saving.loading import load_any, saved_preprocessor
 from .modeling import HydraPreTrainedModel
 from .quantization import MIN_AGREEMENT, QUANTIZATIONS, parity, quantize_int8, refit, run_graph
 
@@ -327,7 +327,7 @@ def _load(folder: Path) -> HydraPreTrainedModel:
     """A folder the library saved, or a Hugging Face classifier folder (``hydra-ens finetune``'s)
     with a trained head."""
     from ..models import untrained_weights
-    from ..serialization import saved_format
+    from ..saving.formats import saved_format
 
     found = saved_format(folder)
     if found is not None and not found.classifier:

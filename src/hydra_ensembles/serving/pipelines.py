@@ -35,17 +35,17 @@ from transformers import (
 )
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from ..batching import check_padding
 from ..data.registry import position_limit, saved_length
 from ..data.text import check_text_input
 from ..errors import InputError
 from ..evaluation.calibration import Calibration, saved_calibration
 from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
+from ..inputs import check_padding
 from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics, recorded_digest
 from ..precision import check_precision
-from ..serialization import check_folder_checksums
+from ..saving.formats import check_folder_checksums
 from ..surgery import STATISTICS_ATTRIBUTE
 from .modeling import HydraPreTrainedModel, serving_precision
 
@@ -130,7 +130,7 @@ class HydraTextClassificationPipeline(_UncertaintyRecords, TextClassificationPip
     ``hydra-ens predict`` refuses it); texts are cut to the length the model was trained and
     calibrated at (saved with it by ``finetune`` and ``build``), else to its positions, unless
     ``truncation``/``max_length`` say otherwise. A batch padded with another id than
-    a decoder classifier's pooling looks for is refused (`batching.check_padding`: a tokenizer
+    a decoder classifier's pooling looks for is refused (`inputs.check_padding`: a tokenizer
     other than the one saved with the model)."""
 
     def preprocess(self, inputs: Any, **tokenizer_kwargs: Any) -> Any:

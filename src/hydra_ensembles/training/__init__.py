@@ -22,7 +22,6 @@ from .config import (
 from .loop import TrainingDiverged, evaluate_nll, fine_tune
 from .loss_scale import FP16_INITIAL_SCALE, FP16_RETRIES, LossScale
 from .records import (
-    TRAINING_KEY,
     FineTuneResult,
     describe_epoch,
     record_training,
@@ -36,7 +35,6 @@ __all__ = [
     "FP16_INITIAL_SCALE",
     "FP16_RETRIES",
     "PARTS",
-    "TRAINING_KEY",
     "CheckpointError",
     "FineTuneConfig",
     "FineTuneResult",

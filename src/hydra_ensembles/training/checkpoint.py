@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import InputError
 from ..hashing import batches_digest, fingerprint, json_digest
-from ..io import MANIFEST, load_file_set, save_file_set
+from ..saving.files import MANIFEST, load_file_set, save_file_set
 from .config import FineTuneConfig
 from .records import FineTuneResult
 

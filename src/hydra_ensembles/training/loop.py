@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from ..batching import ExamplePool, checked_batches, member_stacked, model_inputs
+from ..batching import ExamplePool, member_stacked, model_inputs
 from ..errors import InputError
+from ..inputs import checked_batches
 from ..outputs import EnsembleOutput, ensemble_log_probs
 from ..precision import Precision, resolve_precision
 from ..progress import progress_bar
-from ..serialization import check_finite, first_non_finite
+from ..saving.formats import check_finite, first_non_finite
 from ..surgery import forget_calibration
 from .checkpoint import CheckpointDir, TrainingState, inputs_digest
 from .config import FineTuneConfig, lr_factor, trainable_parameters

@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from ..adapters import model_configs
+from ..saving.metadata import read_metadata, write_metadata
 from .config import FineTuneConfig
 
 
@@ -32,10 +33,6 @@ class FineTuneResult:
         return int(sum(r.get("steps", 0) - r.get("skipped_steps", 0) for r in kept))
 
 
-TRAINING_KEY = "hydra_training"
-"""The configuration key (saved in ``config.json``) recording how a model was fine-tuned."""
-
-
 def record_training(
     model: nn.Module, result: FineTuneResult, config: FineTuneConfig, train: Sequence[dict]
 ) -> None:
@@ -44,12 +41,11 @@ def record_training(
     member pruned from a fine-tuned base counts the base's too, each stage in ``stages``), and the
     epochs, learning rate, precision and training examples (``train``'s) of the last stage.
     Reports compare methods by it (`training_summary`)."""
-    before = dict(getattr(model.config, TRAINING_KEY, None) or {})
+    before = dict(read_metadata(model).training or {})
     stages = [int(n) for n in before.get("stages", [])] + [result.optimizer_steps]
-    setattr(
-        model.config,
-        TRAINING_KEY,
-        {
+    write_metadata(
+        model,
+        training={
             "optimizer_steps": sum(stages),
             "stages": stages,
             "epochs": result.epochs_kept,
@@ -76,7 +72,8 @@ def describe_epoch(record: dict[str, Any]) -> str:
 def training_records(models: Any) -> list[dict[str, Any]]:
     """The `record_training` records of a model, of an ensemble's members or of a list of models
     (those that have one)."""
-    records = [getattr(c, TRAINING_KEY, None) for c in model_configs(models)]
+    records = [read_metadata(c).training for c in model_configs(models)]
+    records = [r for rec in records if isinstance(rec, dict) for r in rec.get("members", [rec])]
     return [r for r in records if isinstance(r, dict) and "optimizer_steps" in r]
 
 

@@ -25,7 +25,8 @@ from ..fusion import HydraModel, fuse
 from ..heads import HeadSet
 from ..outputs import EnsembleOutput
 from ..progress import progress_bar
-from ..serialization import SavedFormat, read_saved, register_saved_format, write_saved
+from ..saving.formats import SavedFormat, read_saved, register_saved_format, write_saved
+from ..saving.metadata import read_metadata, split_metadata, write_metadata
 from ..surgery import forget_calibration, kept_heads, prune
 from .model import DualEncoderClassifier, DualEncoderConfig
 from .towers import EncoderTower, cosine_logits, normalize, pool
@@ -93,9 +94,9 @@ class ZeroShotHydra(nn.Module):
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "library_version": __version__,
-            "dual_encoder": {k: v for k, v in self.config.to_dict().items() if not k.startswith("hydra_")},
+            "dual_encoder": split_metadata(self.config.to_dict())[1],
             "head_sets": [hs.to_dict() for hs in self.head_sets],
-            "calibration": getattr(self.config, "hydra_calibration", None),
+            "calibration": read_metadata(self).calibration,
         }
         return write_saved(path, CONFIG_NAME, config, {"class_embeddings": self.class_embeddings})
 
@@ -126,7 +127,7 @@ class ZeroShotHydra(nn.Module):
             model = cls(hydra, state["class_embeddings"], dual, head_sets)
         except ValueError as exc:
             raise ZeroShotLoadError(f"{path}: {exc}") from exc
-        model.config.hydra_calibration = config.get("calibration")  # `evaluation.calibrate`'s record
+        write_metadata(model, calibration=config.get("calibration"))  # `evaluation.calibrate`'s record
         return model.to(device or "cpu").eval()
 
     def extra_repr(self) -> str:

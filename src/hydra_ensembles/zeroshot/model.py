@@ -30,6 +30,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 
 from ..errors import InputError
 from ..hashing import state_signature
+from ..saving.metadata import read_metadata
 from .towers import EncoderTower, cosine_logits, normalize
 
 HeadPool = Literal["both", "input"]
@@ -100,8 +101,8 @@ class DualEncoderConfig:
         return [template.format(name) for name in self.classes for template in self.templates]
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, plus what surgery recorded on the config (``hydra_kept_heads``, ...)."""
-        return {**asdict(self), **{k: v for k, v in vars(self).items() if k.startswith("hydra_")}}
+        """The fields, plus the library's metadata recorded on the config (`saving.metadata`)."""
+        return {**asdict(self), **read_metadata(self).to_config()}
 
 
 class DualEncoderClassifier(nn.Module):

@@ -9,17 +9,10 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from ...adapters import ArchitectureAdapter, DualEncoderAdapter
+from ...adapters import ArchitectureAdapter
 from ...batching import model_inputs
 from ...surgery import HeadAblation
-from ..forward import (
-    capture_layer_inputs,
-    capturing_layer_inputs,
-    dual_logits,
-    dual_tower_from_layer,
-    replaying_core,
-    run_from_layer,
-)
+from ..forward import capture_layer_inputs, capturing_layer_inputs, replaying_core
 from .order import Head
 
 
@@ -182,7 +175,7 @@ def run_candidates(
     candidates whose tower is unchanged since their last evaluation do not run (`SuffixCache`).
     """
     num_layers = len(masks.mask)
-    dual = isinstance(adapter, DualEncoderAdapter)
+    towers = len(adapter.spans) > 1  # stacks that do not feed each other: outputs worth keeping
     complete = [c for c in candidates if cache is not None and c in cache.complete]
     starts = {c: (cache.start_layer(c) if cache is not None else c[0]) for c in candidates}
     groups: dict[tuple[int, bool], list[Head]] = {}
@@ -196,7 +189,7 @@ def run_candidates(
         layer_inputs, contexts = capture.layer_inputs, capture.contexts
         for cand in complete:  # its tower's output is current: score it against the other tower
             output = cache.outputs[cand][index]
-            logits[cand].append(dual_logits(model, adapter, cand[0], output, capture.embeddings).float())
+            logits[cand].append(adapter.logits_from_stack(model, cand[0], output, capture.embeddings).float())
         for (start, own), members in sorted(groups.items()):
             for lo in range(0, len(members), chunk):
                 group = members[lo : lo + chunk]
@@ -219,19 +212,16 @@ def run_candidates(
                         ) as captured,
                         replaying_core(model, adapter.attention_core_path(start), replay),
                     ):
-                        if dual:
-                            tower = dual_tower_from_layer(model, adapter, start, hidden, inputs)
-                            out = dual_logits(model, adapter, start, tower, capture.embeddings).float()
-                        else:
-                            out = run_from_layer(model, adapter, start, hidden, inputs).float()
+                        tower = adapter.stack_from_layer(model, start, hidden, inputs)
+                        out = adapter.logits_from_stack(model, start, tower, capture.embeddings).float()
                 finally:
                     masks.active, masks.shared = None, False
                 states = {k: v.chunk(len(group)) for k, v in captured.items()}
-                outputs = tower.chunk(len(group)) if dual else ()
+                outputs = tower.chunk(len(group)) if towers else ()
                 for r, (cand, rows) in enumerate(zip(group, out.chunk(len(group)), strict=True)):
                     logits[cand].append(rows)
                     if keep:
                         cache.store(cand, index, {k: v[r] for k, v in states.items()})
-                        if dual:
+                        if towers:
                             cache.store_output(cand, index, outputs[r])
     return logits

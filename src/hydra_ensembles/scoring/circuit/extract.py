@@ -11,11 +11,11 @@ from typing import Any, Literal
 from torch import nn
 
 from ...adapters import get_adapter
-from ...batching import checked_batches
 from ...hashing import batches_digest, fingerprint, json_digest
 from ...heads import HeadSet
+from ...inputs import checked_batches
 from ...precision import Precision, in_precision, model_device, resolve_precision
-from ...serialization import check_finite
+from ...saving.formats import check_finite
 from ...surgery import kept_heads
 from .candidates import (
     CandidateMasks,
@@ -91,9 +91,9 @@ def extract_circuit(
     method, candidate_chunk, cache_gb = config.method, config.candidate_chunk, config.cache_gb
     lazy = _lazy_settings(objective, method, config.shortlist, config.refresh_every)
     adapter = get_adapter(model)
-    heads_per_layer = adapter.original_heads_per_layer(model)
-    id_batches, ood_batches = _checked_inputs(model, heads_per_layer, id_val, ood_val, objective)
-    _check_budget(heads_per_layer, budget, min_heads_per_layer)
+    original_heads_per_layer = adapter.original_heads_per_layer(model)
+    id_batches, ood_batches = _checked_inputs(model, original_heads_per_layer, id_val, ood_val, objective)
+    _check_budget(original_heads_per_layer, budget, min_heads_per_layer)
     compute = resolve_precision(config.precision, model_device(model))
     rescore = config.rescore and compute.reduced
     exact_model = in_precision(model, Precision("fp32", "exact re-scoring")) if rescore else None
@@ -113,7 +113,7 @@ def extract_circuit(
         model=model,
         adapter=adapter,
         masks=masks,
-        heads_per_layer=heads_per_layer,
+        original_heads_per_layer=original_heads_per_layer,
         id_batches=id_batches,
         ood_batches=ood_batches,
         objective=objective,
@@ -148,9 +148,13 @@ def _lazy_settings(objective: str, method: str, shortlist: int, refresh_every: i
     return {"method": "lazy", "shortlist": shortlist, "refresh_every": refresh_every}
 
 
-def _checked_inputs(model, heads_per_layer, id_val, ood_val, objective) -> tuple[list[dict], list[dict]]:
+def _checked_inputs(
+    model, original_heads_per_layer, id_val, ood_val, objective
+) -> tuple[list[dict], list[dict]]:
     """ID batches (labelled within the model's classes) and OOD batches, for an unpruned model."""
-    if kept_heads(model).resolve(heads_per_layer) != HeadSet.full(heads_per_layer).resolve(heads_per_layer):
+    if kept_heads(model).resolve(original_heads_per_layer) != HeadSet.full(original_heads_per_layer).resolve(
+        original_heads_per_layer
+    ):
         raise CircuitError("extract circuits from an unpruned model; prune with the resulting head sets")
     check_finite(model.named_parameters(), "the model", CircuitError)
     id_batches = checked_batches(
@@ -164,13 +168,13 @@ def _checked_inputs(model, heads_per_layer, id_val, ood_val, objective) -> tuple
     return id_batches, ood_batches
 
 
-def _check_budget(heads_per_layer: list[int], budget: int, min_heads_per_layer: int) -> None:
-    total, fewest = sum(heads_per_layer), min(heads_per_layer)
+def _check_budget(original_heads_per_layer: list[int], budget: int, min_heads_per_layer: int) -> None:
+    total, fewest = sum(original_heads_per_layer), min(original_heads_per_layer)
     if min_heads_per_layer < 0 or min_heads_per_layer > fewest:
         raise CircuitError(
             f"min_heads_per_layer={min_heads_per_layer} is impossible: layers have {fewest} heads"
         )
-    removable = total - sum(min(min_heads_per_layer, h) for h in heads_per_layer)
+    removable = total - sum(min(min_heads_per_layer, h) for h in original_heads_per_layer)
     if not 0 <= budget <= removable:
         raise CircuitError(
             f"budget {budget} out of range: at most {removable} of {total} heads can be removed"

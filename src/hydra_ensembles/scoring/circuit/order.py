@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...heads import HeadSet
-from ...io import atomic_write_json
+from ...saving.files import atomic_write_json
 
 Objective = Literal["acc", "ood", "avg"]
 
@@ -33,7 +33,7 @@ class CircuitOrder:
     """The greedy removal order and the objective after each removal."""
 
     objective: str
-    heads_per_layer: list[int]
+    original_heads_per_layer: list[int]
     base_score: float
     removed: list[Head] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
@@ -49,12 +49,23 @@ class CircuitOrder:
         n = len(self.removed) if num_pruned is None else num_pruned
         if not 0 <= n <= len(self.removed):
             raise CircuitError(f"num_pruned must be in [0, {len(self.removed)}], got {n}")
-        return HeadSet.without(self.removed[:n], self.heads_per_layer)
+        return HeadSet.without(self.removed[:n], self.original_heads_per_layer)
+
+    @property
+    def heads_per_layer(self) -> list[int]:
+        """Deprecated name of `original_heads_per_layer` (``heads_per_layer`` names the heads a
+        member keeps)."""
+        warnings.warn(
+            "CircuitOrder.heads_per_layer is deprecated: use original_heads_per_layer",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.original_heads_per_layer
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "objective": self.objective,
-            "heads_per_layer": list(self.heads_per_layer),
+            "heads_per_layer": list(self.original_heads_per_layer),  # the file key of every version
             "base_score": self.base_score,
             "removed": [list(h) for h in self.removed],
             "scores": list(self.scores),
@@ -64,16 +75,16 @@ class CircuitOrder:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CircuitOrder:
         """An order read back from JSON; CircuitError where it names a head outside
-        ``heads_per_layer`` or one head twice (a damaged or edited file)."""
+        ``original_heads_per_layer`` or one head twice (a damaged or edited file)."""
         order = cls(
             objective=data["objective"],
-            heads_per_layer=[int(n) for n in data["heads_per_layer"]],
+            original_heads_per_layer=[int(n) for n in data["heads_per_layer"]],
             base_score=float(data["base_score"]),
             removed=[(int(a), int(b)) for a, b in data["removed"]],
             scores=[float(s) for s in data["scores"]],
             approximation=data.get("approximation"),
         )
-        heads, seen = order.heads_per_layer, set()
+        heads, seen = order.original_heads_per_layer, set()
         for layer, head in order.removed:
             if not (0 <= layer < len(heads) and 0 <= head < heads[layer]) or (layer, head) in seen:
                 raise CircuitError(
@@ -92,7 +103,7 @@ class CircuitOrder:
 
 def removal_ranking(order: CircuitOrder) -> np.ndarray:
     """(layers, heads) array: the step at which each head was removed (inf if never)."""
-    out = np.full((len(order.heads_per_layer), max(order.heads_per_layer)), np.inf)
+    out = np.full((len(order.original_heads_per_layer), max(order.original_heads_per_layer)), np.inf)
     for step, (layer, head) in enumerate(order.removed):
         out[layer, head] = step
     return out

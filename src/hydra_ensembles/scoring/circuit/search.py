@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from ...adapters import ArchitectureAdapter
-from ...io import atomic_write_json, read_json
 from ...progress import progress_bar
+from ...saving.files import atomic_write_json, read_json
 from .candidates import (
     CandidateMasks,
     SuffixCache,
@@ -40,7 +40,7 @@ class Extraction:
     model: nn.Module
     adapter: ArchitectureAdapter
     masks: CandidateMasks
-    heads_per_layer: list[int]
+    original_heads_per_layer: list[int]
     id_batches: list[dict]
     ood_batches: list[dict]
     objective: str
@@ -54,7 +54,9 @@ class Extraction:
     def extract(self, budget: int, checkpoint, key: str, progress: bool) -> CircuitOrder:
         id_labels = torch.cat([b["labels"] for b in self.id_batches])
         rank, world = _dist()
-        order, known, since_refresh, error = _resume(checkpoint, key, self.objective, self.heads_per_layer)
+        order, known, since_refresh, error = _resume(
+            checkpoint, key, self.objective, self.original_heads_per_layer
+        )
         order.approximation = self.lazy
         for layer, head in order.removed:
             self.masks.mask[layer, head] = 0.0
@@ -122,7 +124,7 @@ class Extraction:
         mask, floor = self.masks.mask, self.min_heads_per_layer
         candidates = [
             (layer, h)
-            for layer, count in enumerate(self.heads_per_layer)
+            for layer, count in enumerate(self.original_heads_per_layer)
             for h in range(count)
             if mask[layer, h] > 0 and mask[layer].sum() > floor
         ]
@@ -157,11 +159,11 @@ class Extraction:
 
 
 def _resume(
-    checkpoint, key: str, objective: str, heads_per_layer: list[int]
+    checkpoint, key: str, objective: str, original_heads_per_layer: list[int]
 ) -> tuple[CircuitOrder, dict[Head, tuple[float, float]], int, float]:
     """The order so far, (lazy mode) the last known candidate scores and steps since refresh,
     and (low precision) the largest logit error seen so far."""
-    fresh = CircuitOrder(objective, list(heads_per_layer), base_score=float("nan"))
+    fresh = CircuitOrder(objective, list(original_heads_per_layer), base_score=float("nan"))
     if checkpoint is None or not Path(checkpoint).is_file():
         return fresh, {}, 0, 0.0
     try:

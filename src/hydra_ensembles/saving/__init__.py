@@ -1,0 +1,50 @@
+"""Everything the library writes and reads back, in one place.
+
+- `files`: atomic writes (a file or a folder appears whole or not at all, never over an input),
+  file sets with a manifest (training checkpoints), JSON reading, writable-folder checks.
+- `formats`: the one saved-model reader and writer (safetensors weights plus a checksummed JSON
+  config, written last) and the registry of saved formats (`SavedFormat`: a fused Hydra model,
+  a member, an ensemble of members, a zero-shot Hydra model register themselves), the checksums
+  of folders ``finetune`` writes.
+- `metadata`: `ModelMetadata`, what the library records about a model beside Hugging Face's
+  configuration (the heads surgery kept, the base model's fingerprint, the calibration, the
+  training record, the token length, the member transforms of the baselines).
+- `loading`: ``load_saved`` and ``load_any``, which load whatever a folder holds (imported on
+  first use here: it sits above the model packages whose formats it reads).
+
+Nothing is ever unpickled and no code is loaded from files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .files import OutputError, atomic_dir, atomic_write, atomic_write_json, read_json
+from .formats import SavedFormat, read_saved, register_saved_format, saved_format, write_saved
+from .metadata import ModelMetadata, read_metadata, write_metadata
+
+__all__ = [
+    "ModelMetadata",
+    "OutputError",
+    "SavedFormat",
+    "atomic_dir",
+    "atomic_write",
+    "atomic_write_json",
+    "load_any",
+    "load_saved",
+    "read_json",
+    "read_metadata",
+    "read_saved",
+    "register_saved_format",
+    "saved_format",
+    "write_metadata",
+    "write_saved",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("load_any", "load_saved"):
+        from . import loading
+
+        return getattr(loading, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

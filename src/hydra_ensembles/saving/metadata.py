@@ -1,0 +1,126 @@
+"""What the library records about a model beside Hugging Face's own configuration.
+
+A model the library pruned, trained, calibrated or turned into a baseline's member carries one
+`ModelMetadata`. It lives on the model's Hugging Face configuration as ``hydra_*`` fields
+(`CONFIG_KEYS`), so ``config.json`` holds it, every saved format writes it with the config, and a
+model loaded by ``transformers`` itself keeps it. Code reads it with `read_metadata` and changes
+it with `write_metadata`, never by the attribute names.
+
+Each field is bound to something: ``kept_heads`` and ``base_fingerprint`` to the pruning,
+``calibration`` to the weights (a model made from a calibrated one starts without one),
+``training`` to the fine-tunes since the pretrained weights, ``max_length`` to the data the model
+was fit on, ``member_transforms`` to the baselines' layers (`baselines.registry`: each member
+transform registers its key here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..heads import HeadSet
+
+CONFIG_KEYS: dict[str, str] = {
+    "kept_heads": "hydra_kept_heads",
+    "base_fingerprint": "hydra_base_fingerprint",
+    "calibration": "hydra_calibration",
+    "training": "hydra_training",
+    "max_length": "hydra_max_length",
+}
+"""Each `ModelMetadata` field's key in the configuration (``member_transforms`` have their own)."""
+
+TRANSFORM_KEYS: list[str] = []
+"""The configuration keys of the member transforms, in registration order (`register_transform_key`)."""
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """The library's record on a model. None (or empty): not recorded.
+
+    ``kept_heads``: the original heads a pruned model keeps; ``base_fingerprint``: the unpruned
+    model it descends from (`hashing.fingerprint`); ``calibration``: `evaluation.Calibration`'s
+    dictionary; ``training``: the fine-tuning record (`training.record_training`); ``max_length``:
+    the token length the model was trained and calibrated at; ``member_transforms``: each
+    baseline transform's record by its key.
+    """
+
+    kept_heads: HeadSet | None = None
+    base_fingerprint: str | None = None
+    calibration: dict[str, Any] | None = None
+    training: dict[str, Any] | None = None
+    max_length: int | None = None
+    member_transforms: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_config(self) -> dict[str, Any]:
+        """The configuration fields that record it (unrecorded fields left out)."""
+        out = {}
+        for name, key in CONFIG_KEYS.items():
+            value = getattr(self, name)
+            if value is not None:
+                out[key] = value.to_dict() if isinstance(value, HeadSet) else value
+        return {**out, **{k: v for k, v in self.member_transforms.items() if v is not None}}
+
+
+def register_transform_key(key: str) -> str:
+    """Record ``key`` as a member transform's configuration key (once)."""
+    if key in CONFIG_KEYS.values():
+        raise ValueError(f"{key!r} is already a metadata field's key")
+    if key not in TRANSFORM_KEYS:
+        TRANSFORM_KEYS.append(key)
+    return key
+
+
+def _from_fields(values: Mapping[str, Any]) -> ModelMetadata:
+    heads = values.get(CONFIG_KEYS["kept_heads"])
+    length = values.get(CONFIG_KEYS["max_length"])
+    return ModelMetadata(
+        kept_heads=HeadSet.from_dict(heads) if heads else None,
+        base_fingerprint=values.get(CONFIG_KEYS["base_fingerprint"]),
+        calibration=values.get(CONFIG_KEYS["calibration"]),
+        training=values.get(CONFIG_KEYS["training"]),
+        max_length=None if length is None else int(length),
+        member_transforms={k: values[k] for k in TRANSFORM_KEYS if values.get(k) is not None},
+    )
+
+
+def read_metadata(source: Any) -> ModelMetadata:
+    """The record on a model, on its configuration, or in a configuration's dictionary (a model
+    without a configuration has none)."""
+    if isinstance(source, Mapping):
+        return _from_fields(source)
+    config = getattr(source, "config", source)
+    keys = [*CONFIG_KEYS.values(), *TRANSFORM_KEYS]
+    return _from_fields({k: getattr(config, k) for k in keys if hasattr(config, k)})
+
+
+def write_metadata(target: Any, **changes: Any) -> None:
+    """Set the named `ModelMetadata` fields on a model's (or a configuration's) configuration;
+    None removes a field. ``member_transforms`` sets the transforms it names."""
+    config = getattr(target, "config", target)
+    known = {f.name for f in fields(ModelMetadata)}
+    unknown = set(changes) - known
+    if unknown:
+        raise TypeError(f"no metadata field {sorted(unknown)}; the fields are {sorted(known)}")
+    for name, value in changes.items():
+        if name == "member_transforms":
+            for key, record in value.items():
+                if key not in TRANSFORM_KEYS:
+                    raise TypeError(f"{key!r} is no registered member transform")
+                _set(config, key, record)
+            continue
+        _set(config, CONFIG_KEYS[name], value.to_dict() if isinstance(value, HeadSet) else value)
+
+
+def _set(config: Any, key: str, value: Any) -> None:
+    if value is not None:
+        setattr(config, key, value)
+    elif key in vars(config):
+        delattr(config, key)
+
+
+def split_metadata(values: Mapping[str, Any]) -> tuple[ModelMetadata, dict[str, Any]]:
+    """A saved configuration's dictionary as its record and the rest (Hugging Face's fields)."""
+    record = _from_fields(values)
+    ours = {*CONFIG_KEYS.values(), *TRANSFORM_KEYS}
+    return record, {k: v for k, v in values.items() if k not in ours}
