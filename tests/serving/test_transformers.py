@@ -106,33 +106,57 @@ def test_the_uncertainty_pipeline_serves_a_plain_classifier_as_an_ensemble_of_on
     assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=1e-6)
 
 
+class _LinearDtypes:
+    """Records the dtype every nn.Linear of a model computes in (autocast sets it)."""
+
+    def __init__(self, model):
+        self.seen: set[torch.dtype] = set()
+        self.handles = [
+            m.register_forward_hook(lambda _m, _i, out: self.seen.add(out.dtype))
+            for m in model.modules()
+            if isinstance(m, torch.nn.Linear)
+        ]
+
+    def close(self) -> set[torch.dtype]:
+        for handle in self.handles:
+            handle.remove()
+        return self.seen
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_the_served_paths_compute_in_the_precision_predict_computes_in(saved, tmp_path, precision):
-    """The pipeline, the Auto model and a plain classifier in the pipeline give, in each precision,
-    the probabilities ``predict`` gives in it (``auto`` resolves alike: HYDRA_PRECISION here)."""
+    """The pipeline, the Auto model and a plain classifier in the pipeline compute in the
+    precision asked for (``auto`` resolves as for ``predict``: HYDRA_PRECISION here), and give the
+    probabilities ``predict`` gives in it, within that format's rounding."""
+    from hydra_ensembles.precision import DTYPES
+
+    dtype = DTYPES[precision]
     folder = saved["calibrated"]
     library = load_any(str(folder))
     calibration = saved_calibration(library)
     predictions = predict(library, [_inputs(folder)], progress=False, precision=precision)
+    reference = torch.as_tensor(predictions.member_logits)
+    tol = rounding_tolerance(precision, reference, layers=2, fp32=1e-6)
     expected = calibration.records(predictions, list(CLASSES.values()))
-    records = pipeline("hydra-text-classification", model=str(folder), precision=precision)(
-        TEXTS, batch_size=len(TEXTS)
-    )
-    assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=1e-6)
+    classify = pipeline("hydra-text-classification", model=str(folder), precision=precision)
+    seen = _LinearDtypes(classify.model)
+    records = classify(TEXTS, batch_size=len(TEXTS))
+    assert seen.close() == {dtype}
+    assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=tol)
     model = AutoModelForSequenceClassification.from_pretrained(folder, precision=precision)
+    seen = _LinearDtypes(model)
     with torch.no_grad():
-        logits = model(**_inputs(folder)).logits_per_member.transpose(0, 1).float().numpy()
-    np.testing.assert_allclose(logits, predictions.member_logits, atol=1e-6)
+        logits = model(**_inputs(folder)).logits_per_member.transpose(0, 1).float()
+    assert seen.close() == {dtype}
+    assert (logits - reference).abs().max().item() <= tol
     plain = tiny_text_classifier_saved(tmp_path)
-    records = pipeline("hydra-text-classification", model=str(plain), precision=precision)(
-        TEXTS, batch_size=len(TEXTS)
-    )
+    classify = pipeline("hydra-text-classification", model=str(plain), precision=precision)
+    seen = _LinearDtypes(classify.model)
+    records = classify(TEXTS, batch_size=len(TEXTS))
+    assert seen.close() == {dtype}
     predictions = predict(load_any(str(plain)), [_inputs(plain)], progress=False, precision=precision)
     expected = per_example(predictions, list(CLASSES.values()))
-    assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=1e-6)
-    if precision != "fp32":  # the reduced precision is used, not fp32 (which differs by its rounding)
-        fp32 = predict(library, [_inputs(folder)], progress=False, precision="fp32")
-        assert np.abs(fp32.member_logits - logits).max() > 0
+    assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=tol)
 
 
 def tiny_text_classifier_saved(folder):
@@ -262,3 +286,29 @@ print(sorted(record[0] if isinstance(record, list) else record)[:2])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "['confidence', 'entropy']"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["auto", "fp32", "bf16", "fp16"])
+def test_on_a_gpu_the_served_paths_compute_as_predict_does_there(saved, precision):
+    """On a GPU, the pipeline and the Auto model give the probabilities ``predict`` gives there in
+    the same precision (``auto``: bf16 where the GPU has it)."""
+    folder = saved["calibrated"]
+    library = load_any(str(folder)).to("cuda")
+    calibration = saved_calibration(load_any(str(folder)))
+    inputs = {k: v.to("cuda") for k, v in _inputs(folder).items()}
+    predictions = predict(library, [inputs], progress=False, precision=precision)
+    expected = calibration.records(predictions, list(CLASSES.values()))
+    from hydra_ensembles.precision import resolve_precision
+
+    resolved = resolve_precision(precision, "cuda")
+    tol = rounding_tolerance(resolved.name, torch.as_tensor(predictions.member_logits), layers=2, fp32=1e-6)
+    classify = pipeline("hydra-text-classification", model=str(folder), device=0, precision=precision)
+    seen = _LinearDtypes(classify.model)
+    records = classify(TEXTS, batch_size=len(TEXTS))
+    assert seen.close() == {resolved.dtype}
+    assert [r["confidence"] for r in records] == pytest.approx([r["confidence"] for r in expected], abs=tol)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, precision=precision).to("cuda")
+    with torch.no_grad():
+        logits = model(**inputs).logits_per_member.transpose(0, 1).float().cpu().numpy()
+    assert np.abs(logits - predictions.member_logits).max() <= tol
