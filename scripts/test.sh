@@ -17,7 +17,7 @@ if [ "$#" -gt 0 ]; then
 fi
 .venv/bin/python -m pytest -q -n auto
 PRECISION_PATHS=(
-    tests/members tests/baselines tests/test_training.py tests/scoring tests/zeroshot tests/fusion
+    tests/members tests/baselines tests/test_training.py tests/scoring tests/zero_shot tests/fusion
     tests/layers tests/evaluation tests/test_low_precision.py tests/cli/test_pipeline.py
     tests/cli/test_zero_shot.py tests/experiments/test_prediction_cache.py tests/experiments/test_demos_tiny.py
 )

@@ -474,7 +474,7 @@ def tiny_siglip_zero_shot(
 ):
     """A zero-shot classifier over a tiny random SigLIP (``version=2``: SigLIP 2); its prompts fill
     the text tower's whole length (SigLIP pools the last position)."""
-    from hydra_ensembles.zeroshot import from_siglip
+    from hydra_ensembles.zero_shot import from_siglip
 
     siglip = tiny_siglip_model(seed=seed, version=version, **sizes)
     g = torch.Generator().manual_seed(seed)
@@ -502,7 +502,7 @@ def tiny_clip_zero_shot(
     classes: int = 3, templates: int = 2, heads_pool: str = "both", seed: int = 0, **sizes
 ):
     """A zero-shot classifier over a tiny random CLIP."""
-    from hydra_ensembles.zeroshot import from_clip
+    from hydra_ensembles.zero_shot import from_clip
 
     names = [f"class {i}" for i in range(classes)]
     prompts = clip_prompts(classes, templates, seed=seed)
@@ -522,7 +522,7 @@ def tiny_sentence_zero_shot(
 ):
     """A zero-shot classifier over a tiny random BERT (or MPNet, ``encoder="mpnet"``) used as a
     sentence encoder (two copies)."""
-    from hydra_ensembles.zeroshot import DualEncoderClassifier, DualEncoderConfig, EncoderTower
+    from hydra_ensembles.zero_shot import DualEncoderClassifier, DualEncoderConfig, EncoderTower
 
     if encoder == "mpnet":
         sizes.pop("dropout", None)

@@ -17,7 +17,7 @@ import torch
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import predict
 from hydra_ensembles.precision import DTYPES
-from hydra_ensembles.zeroshot import fuse_dual_encoder
+from hydra_ensembles.zero_shot import fuse_dual_encoder
 from tests.factories import (
     FAMILIES,
     computing_in,

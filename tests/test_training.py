@@ -21,7 +21,7 @@ def _snapshot(model):
 
 def test_trainable_parts_select_parameters():
     model = tiny_bert(layers=3, heads=4)
-    head_only = trainable_parameters(model, FineTuneConfig(trainable=("head",)))
+    head_only = trainable_parameters(model, FineTuneConfig(trainable=("classifier",)))
     assert set(head_only) == {
         "bert.pooler.dense.weight",
         "bert.pooler.dense.bias",
@@ -39,7 +39,7 @@ def test_fine_tuning_learns_and_trains_only_the_chosen_parts():
     model = he.prune(tiny_bert(layers=2, heads=4, init_range=0.1), he.HeadSet({0: [0, 1], 1: [3]}))
     train = _data()
     before = _snapshot(model)
-    config = FineTuneConfig(epochs=8, lr=3e-3, trainable=("mlp", "head"), precision="fp32", warmup=0.0)
+    config = FineTuneConfig(epochs=8, lr=3e-3, trainable=("mlp", "classifier"), precision="fp32", warmup=0.0)
     result = fine_tune(model, train, val=train, config=config, progress=False)
     after = _snapshot(model)
     changed = {k for k in before if not torch.equal(before[k], after[k])}

@@ -33,7 +33,7 @@ class TrainingRecipe:
     weight_decay: float = 0.01
     label_smoothing: float = 0.0
     precision: str = "auto"
-    trainable: tuple[str, ...] = ("attention", "mlp", "norm", "head")
+    trainable: tuple[str, ...] = ("attention", "mlp", "norm", "classifier")
     """The paper's fine-tuned parts (D.2); the word embeddings stay frozen, which also saves a
     third of every training step (their dense gradient and optimizer state are half of MiniLM's
     parameters). Training from scratch (the image task) trains the embeddings too."""
@@ -62,7 +62,7 @@ IMAGE_RECIPE = TrainingRecipe(
     lora_lr_scale=1.0,
     batch_size=64,
     weight_decay=0.05,
-    trainable=("attention", "mlp", "norm", "head", "embeddings"),
+    trainable=("attention", "mlp", "norm", "classifier", "embeddings"),
 )
 """Training the small ViT from scratch: more epochs and a larger step than fine-tuning; LoRA at
 the same rate (chosen on ID validation: docs/design-notes.md)."""

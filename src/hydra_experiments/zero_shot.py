@@ -26,7 +26,7 @@ from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.models import load_tokenizer, resolve_model_path
 from hydra_ensembles.scoring import CircuitOrder
 from hydra_ensembles.surgery import original_heads_per_layer, prune
-from hydra_ensembles.zeroshot import DualEncoderClassifier, from_sentence_encoder, fuse_dual_encoder
+from hydra_ensembles.zero_shot import DualEncoderClassifier, from_sentence_encoder, fuse_dual_encoder
 
 from .cache import Cache
 from .config import DemoConfig

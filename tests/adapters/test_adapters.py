@@ -65,8 +65,8 @@ def test_parts_for_fusion_policy():
         )
         == "norm"
     )
-    assert adapter.part_of("classifier", modules["classifier"]) == "head"
-    assert adapter.part_of("bert.pooler.dense", modules["bert.pooler.dense"]) == "head"
+    assert adapter.part_of("classifier", modules["classifier"]) == "classifier"
+    assert adapter.part_of("bert.pooler.dense", modules["bert.pooler.dense"]) == "classifier"
     assert adapter.part_of("bert.embeddings.LayerNorm", modules["bert.embeddings.LayerNorm"]) == "embeddings"
 
 

@@ -14,7 +14,7 @@ from transformers import CLIPImageProcessor, PreTrainedTokenizerFast
 from hydra_ensembles.cli import main
 from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.evaluation.evaluate import LOGIT_SCORES
-from hydra_ensembles.zeroshot import ZeroShotHydra, load_dual_encoder
+from hydra_ensembles.zero_shot import ZeroShotHydra, load_dual_encoder
 from tests.factories import tiny_clip_model, tiny_siglip_model
 
 

@@ -120,7 +120,7 @@ def test_merge_mode_equals_an_ensemble_with_averaged_mlps(factory, inputs):
     model = factory(layers=2, heads=4, head_dim=3)
     members = _perturbed_members(model, MEMBER_HEADS)
     hydra = he.fuse(members, mlp="merge").eval()
-    assert hydra.policy == he.FusionPolicy(mlp="merge", norm="exact", head="exact", embeddings="merge")
+    assert hydra.policy == he.FusionPolicy(mlp="merge", norm="exact", classifier="exact", embeddings="merge")
 
     # explicit reference: average what the policy merges (MLP linears, embeddings), keep the rest
     adapter = he.get_adapter(model)
@@ -151,7 +151,7 @@ def test_merge_mode_equals_an_ensemble_with_averaged_mlps(factory, inputs):
 
 def test_merge_everything_shares_all_but_attention():
     members = _perturbed_members(tiny_bert(layers=2, heads=4, head_dim=3), MEMBER_HEADS)
-    hydra = he.fuse(members, mlp="merge", norms="merge", head="merge")
+    hydra = he.fuse(members, mlp="merge", norms="merge", classifier="merge")
     assert hydra.layout == ()
     assert not any(isinstance(m, GroupedLinear) for m in hydra.modules())
 
@@ -286,3 +286,20 @@ def test_chunked_vit_inference_equals_the_members():
         out = hydra(**x)
     expected = _member_logits([he.prune(model, hs) for hs in MEMBER_HEADS], x)
     assert (out.member_logits - expected).abs().max().item() <= TOL
+
+
+def test_the_task_heads_part_is_called_classifier_and_its_old_name_still_answers():
+    """``head`` was the part's name in fuse(), FineTuneConfig and saved policies: it still works,
+    with a DeprecationWarning, and means the same part."""
+    from hydra_ensembles.fusion.model import FusionPolicy
+    from hydra_ensembles.training import FineTuneConfig
+
+    assert FusionPolicy.from_dict(
+        {"mlp": "merge", "norm": "exact", "head": "merge", "embeddings": "merge"}
+    ) == (FusionPolicy(classifier="merge"))
+    with pytest.warns(DeprecationWarning, match="classifier"):
+        assert FineTuneConfig(trainable=("mlp", "head")).trainable == ("mlp", "classifier")
+    model = tiny_bert()
+    members = [he.prune(model, he.HeadSet({0: [0, 1]})), he.prune(model, he.HeadSet({1: [2]}))]
+    with pytest.warns(DeprecationWarning, match="classifier"):
+        assert he.fuse(members, head="merge").policy.classifier == "merge"

@@ -143,7 +143,7 @@ def test_mc_dropout_samples_have_their_own_features():
 
 
 def test_zero_shot_features_are_the_unit_input_embeddings_of_each_member():
-    from hydra_ensembles.zeroshot import fuse_dual_encoder
+    from hydra_ensembles.zero_shot import fuse_dual_encoder
     from tests.factories import image_inputs, tiny_clip_zero_shot
 
     model = tiny_clip_zero_shot(classes=3, templates=2, heads_pool="both")

@@ -22,7 +22,7 @@ from torch.nn.utils import skip_init
 from ..errors import InputError, UnsupportedModelError
 from .running import PieceRunning, optional_submodule
 
-Part = Literal["attention", "mlp", "norm", "head", "embeddings"]
+Part = Literal["attention", "mlp", "norm", "classifier", "embeddings"]
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ class ModelLayout(ABC):
         if is_under(path, self.input_paths):
             return "embeddings"
         if is_under(path, self.head_paths):
-            return "head"
+            return "classifier"
         if isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("RMSNorm"):
             return "norm"
         return "mlp"

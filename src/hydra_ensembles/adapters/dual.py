@@ -1,4 +1,4 @@
-"""Dual encoders (`zeroshot.DualEncoderClassifier`): the heads of two towers as one model.
+"""Dual encoders (`zero_shot.DualEncoderClassifier`): the heads of two towers as one model.
 
 Layers are numbered across the towers whose heads are pruned: the input tower's layers first,
 then the label tower's. Each tower keeps its own family's adapter; this one maps a joint layer
@@ -84,7 +84,7 @@ class DualEncoderAdapter(ArchitectureAdapter):
         adapter.set_attention(model.get_submodule(path), local, query, key, value, output, num_heads, heads)
 
     def install_fused_attention(self, model, layer, fused) -> None:
-        raise TypeError("a dual encoder is fused per tower: use zeroshot.fuse_dual_encoder")
+        raise TypeError("a dual encoder is fused per tower: use zero_shot.fuse_dual_encoder")
 
     def attention_paths(self, layer: int) -> tuple[str, ...]:
         path, adapter, local = self.locate(layer)

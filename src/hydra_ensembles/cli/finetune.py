@@ -117,8 +117,9 @@ def _add_finetune_command(sub) -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, default=0)
     tune.add_argument(
         "--train",
-        default="attention,mlp,norm,head,embeddings",
-        help="comma-separated parts to train: attention, mlp, norm, head, embeddings",
+        default="attention,mlp,norm,classifier,embeddings",
+        help="comma-separated parts to train: attention, mlp, norm, classifier (the task head: "
+        "pooler and classification layer), embeddings",
     )
     tune.add_argument("--num-labels", type=POSITIVE, help="classes (default: those of --data)")
     tune.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)

@@ -26,7 +26,7 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     from ..saving.loading import load_preprocessor
     from ..scoring import CircuitConfig, CircuitOrder, extract_circuit
     from ..surgery import original_heads_per_layer
-    from ..zeroshot import fuse_dual_encoder, load_dual_encoder
+    from ..zero_shot import fuse_dual_encoder, load_dual_encoder
     from .guards import check_output_dir
 
     out = check_output_dir(

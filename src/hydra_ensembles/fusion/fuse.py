@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,9 +36,10 @@ def fuse(
     *,
     mlp: str = "merge",
     norms: str | None = None,
-    head: str | None = None,
+    classifier: str | None = None,
     embeddings: str | None = None,
     shared_trunk: bool = True,
+    head: str | None = None,
 ) -> HydraModel:
     """Fuse M pruned members into one model that predicts like their ensemble in one pass.
 
@@ -47,11 +49,12 @@ def fuse(
       set. They share everything but attention, so the fused model is exact in every mode.
     * ``fuse([m1, m2, m3], mlp="merge")``: members made by `prune` from one base, possibly
       fine-tuned. What they do not share is combined per part (see `FusionPolicy`): ``mlp`` for
-      the MLP linears, ``norms`` for LayerNorms, ``head`` for pooler and classifier, and
+      the MLP linears, ``norms`` for LayerNorms, ``classifier`` for pooler and classifier, and
       ``embeddings`` for the embeddings module. ``mlp="exact"`` makes every part exact (grouped
       per-member layers) so the fused model reproduces the explicit ensemble; ``mlp="merge"``
       (the paper) averages MLPs and embeddings and keeps LayerNorms and classifier per member
-      (override with ``norms=``/``head=``/``embeddings=``).
+      (override with ``norms=``/``classifier=``/``embeddings=``; ``head=`` is the deprecated
+      name of ``classifier=``).
 
     ``shared_trunk``: when all members keep the same heads with the same weights in the first k
     layers (and share the embeddings), those layers run once on the B input rows and only the
@@ -59,7 +62,10 @@ def fuse(
 
     The inputs are never modified; the fused model owns copies of every weight.
     """
-    policy = FusionPolicy.create(mlp, norms, head, embeddings)
+    if head is not None:
+        warnings.warn("fuse(head=...) is now fuse(classifier=...)", DeprecationWarning, stacklevel=2)
+        classifier = head if classifier is None else classifier
+    policy = FusionPolicy.create(mlp, norms, classifier, embeddings)
     if isinstance(model_or_members, nn.Module):
         return _fuse_untrained(model_or_members, head_sets, policy, shared_trunk)
     if head_sets is not None:

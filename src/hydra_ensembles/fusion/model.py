@@ -70,7 +70,7 @@ class FusionPolicy:
 
     mlp: Mode = "merge"
     norm: Mode = "exact"
-    head: Mode = "exact"
+    classifier: Mode = "exact"
     embeddings: Mode = "merge"
 
     @classmethod
@@ -78,11 +78,11 @@ class FusionPolicy:
         cls,
         mlp: str = "merge",
         norms: str | None = None,
-        head: str | None = None,
+        classifier: str | None = None,
         embeddings: str | None = None,
     ) -> FusionPolicy:
         """``mlp="exact"`` makes every unset part exact; ``mlp="merge"`` keeps the defaults."""
-        values = {"mlp": mlp, "norm": norms, "head": head, "embeddings": embeddings}
+        values = {"mlp": mlp, "norm": norms, "classifier": classifier, "embeddings": embeddings}
         for name, value in values.items():
             if value is not None and value not in MODES:
                 raise InputError(f"{name} must be one of {MODES}, got {value!r}")
@@ -92,6 +92,15 @@ class FusionPolicy:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, str]) -> FusionPolicy:
+        """A saved policy (models saved before the task head's part was named ``classifier``
+        record it as ``head``)."""
+        saved = dict(saved)
+        if "head" in saved:
+            saved["classifier"] = saved.pop("head")
+        return cls(**saved)
 
 
 def __getattr__(name: str) -> Any:
@@ -321,7 +330,7 @@ def load_hydra(path: str | os.PathLike, device: str | torch.device | None = None
     except RuntimeError as exc:
         raise HydraLoadError(f"weights in {path} do not fit {CONFIG_NAME}: {exc}") from exc
     model.to(device or "cpu").eval()
-    policy = FusionPolicy(**config["policy"])
+    policy = FusionPolicy.from_dict(config["policy"])
     hydra = HydraModel(model, adapter, head_sets, policy, config["layout"], trunk_layers=trunk)
     read_statistics(hydra, path, HydraLoadError)
     return hydra

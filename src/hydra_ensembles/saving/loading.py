@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from .. import fusion, members, zeroshot  # noqa: F401  (their saved formats register on import)
+from .. import fusion, members, zero_shot  # noqa: F401  (their saved formats register on import)
 from ..errors import InputError
 from ..models import load_classifier, load_image_processor, load_tokenizer
 from .formats import SAVED_FORMATS, saved_format

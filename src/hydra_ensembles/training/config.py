@@ -4,6 +4,7 @@ gives and the learning-rate schedule."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -15,7 +16,7 @@ from ..adapters.base import is_under
 from ..errors import InputError
 from ..precision import check_precision
 
-PARTS = ("attention", "mlp", "norm", "head", "embeddings")
+PARTS = ("attention", "mlp", "norm", "classifier", "embeddings")
 
 
 @dataclass
@@ -31,8 +32,10 @@ class FineTuneConfig:
     schedule: Literal["cosine", "linear"] = "cosine"
     min_lr_fraction: float = 0.0
     label_smoothing: float = 0.0
-    trainable: Sequence[str] | None = ("attention", "mlp", "norm", "head")
-    """Parts to train; ``None`` keeps the model's own ``requires_grad`` flags (e.g. LoRA adapters)."""
+    trainable: Sequence[str] | None = ("attention", "mlp", "norm", "classifier")
+    """Parts to train (`PARTS`; ``classifier`` is the task head: pooler and classification
+    modules, formerly ``head``); ``None`` keeps the model's own ``requires_grad`` flags (e.g. LoRA
+    adapters)."""
     last_k_blocks: int | None = None
     patience: int | None = None
     grad_clip: float | None = 1.0
@@ -47,6 +50,14 @@ class FineTuneConfig:
     batches_per_step: int | None = None
     """Batches per optimizer step (gradient of their mean loss), split across processes; default:
     one per process. Equal values give the same training with 1 or N processes."""
+
+    def __post_init__(self) -> None:
+        if self.trainable is not None and "head" in self.trainable:
+            warnings.warn(
+                "the trainable part 'head' is now called 'classifier'", DeprecationWarning, stacklevel=3
+            )
+            renamed = tuple("classifier" if part == "head" else part for part in self.trainable)
+            object.__setattr__(self, "trainable", renamed)
 
     def validate(self) -> None:
         unknown = sorted(set(self.trainable or ()) - set(PARTS))

@@ -14,7 +14,7 @@ import hydra_ensembles as he
 from hydra_ensembles.evaluation import predict
 from hydra_ensembles.outputs import ensemble_nll
 from hydra_ensembles.scoring.circuit import extract_circuit
-from hydra_ensembles.zeroshot import (
+from hydra_ensembles.zero_shot import (
     DualEncoderConfig,
     ZeroShotHydra,
     ZeroShotLoadError,
@@ -74,7 +74,7 @@ def test_clip_zero_shot_matches_clipmodel_logits_per_image():
 def test_siglip_zero_shot_gives_siglipmodels_sigmoid_logits_and_softmax_probabilities(version, tmp_path):
     """SigLIP's (and SigLIP 2's) logits are exp(t) x cosine + b, its own ``logits_per_image``; the
     ensemble's probabilities are their softmax over the classes, where the bias cancels."""
-    from hydra_ensembles.zeroshot import ZeroShotHydra, from_siglip
+    from hydra_ensembles.zero_shot import ZeroShotHydra, from_siglip
 
     siglip = tiny_siglip_model(version=version)
     ids = torch.randint(3, 40, (3, 8), generator=torch.Generator().manual_seed(1))
