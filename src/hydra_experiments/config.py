@@ -10,13 +10,10 @@ from typing import Any
 from hydra_ensembles.errors import InputError
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.members import sample_members
-from hydra_ensembles.models import (
-    DEFAULT_IMAGE_MODEL,
-    DEFAULT_TEXT_MODEL,
-    SCRATCH_IMAGE_MODEL,
-    SMALL_VITS,
-)
+from hydra_ensembles.models import DEFAULT_TEXT_MODEL, SCRATCH_IMAGE_MODEL, SMALL_VITS
 from hydra_ensembles.training import FineTuneConfig
+
+from .pretrained import DEFAULT_IMAGE_MODEL
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hydra_experiments.pretrained import DEFAULT_IMAGE_MODEL
+
 from ..errors import InputError
-from ..models import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL
+from ..models import DEFAULT_TEXT_MODEL
 from .command import Command
 from .options import precision_option
 

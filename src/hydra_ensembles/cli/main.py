@@ -8,6 +8,8 @@ import contextlib
 import os
 import sys
 
+import hydra_experiments.pretrained  # noqa: F401  (the demos' named models, dinov2-s-<px> and all-mpnet-base-v2, for every command)
+
 from ..data import MissingDataError
 from ..errors import InputError, UnsupportedModelError
 from ..models import MissingModelError

