@@ -1,6 +1,5 @@
 """Evaluation: predictions of any model or ensemble, temperature scaling, metrics, shift."""
 
-from .bootstrap import MAIN_METRICS, add_comparisons, add_intervals, add_score_comparisons, bootstrap_draws
 from .calibration import (
     Calibration,
     calibrate,
@@ -20,6 +19,7 @@ from .evaluate import (
     ood_scores,
     summarise_ood,
 )
+from .intervals import MAIN_METRICS, add_comparisons, add_intervals, add_score_comparisons, bootstrap_draws
 from .predict import Predictions, predict
 from .run import EvalData, MethodPredictions, evaluate_method, method_statistics, predict_method
 from .shift import (

@@ -89,7 +89,7 @@ def evaluate_predictions(
     (corruption, severity) -> labelled predictions; ``statistics``: the method's feature
     statistics (fit on its ID training features), for the feature scores. For an ensemble, each
     OOD set also records every feature score's AUROC member by member (``member_auroc``: the
-    members' spread). Intervals: `evaluation.bootstrap`.
+    members' spread). Intervals: `evaluation.intervals`.
     """
     id_labels = id_test.class_labels("ID test predictions")
     others = [("OOD set " + name, p) for name, (_, p) in (ood or {}).items()]

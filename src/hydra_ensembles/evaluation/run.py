@@ -15,10 +15,10 @@ import numpy as np
 from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
-from .bootstrap import add_intervals, bootstrap_draws
 from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, split_for_sets, validation_aurocs
 from .conformal import conformal_threshold, fit_set_quantiles, prediction_sets, smallest_alpha
 from .evaluate import applicable_scores, evaluate_predictions, ood_scores
+from .intervals import add_intervals, bootstrap_draws
 from .predict import Predictions
 from .temperature import fit_temperature
 
@@ -159,7 +159,7 @@ def evaluate_method(
     what is served: the saved temperature, flag score, feature statistics and threshold, with the
     share of each set the saved flag raises (``flagged``).
     Returns the rows, the fitted temperatures, and with ``bootstrap`` resamples each row's metric
-    draws for every score (`evaluation.bootstrap`; the rows then hold their 95% ``intervals``)."""
+    draws for every score (`evaluation.intervals`; the rows then hold their 95% ``intervals``)."""
     rows, temperatures, draws = {}, {}, {}
     statistics = method_statistics(preds)
     scores = applicable_scores(preds.test, statistics)
