@@ -14,7 +14,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # the library, and the applications built on it (the demos, the analysis, the benchmark)
-PACKAGES = ("hydra_ensembles", "hydra_experiments")
+PACKAGES = ("hydra_ensembles", "hydra_experiments", "hydra_cli")
 
 
 def module_name(path: Path) -> str:

@@ -32,8 +32,9 @@ def _under(module: str, root: str) -> bool:
 
 def layer_violations(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """Imports against the layering library (hydra_ensembles) < applications (hydra_experiments:
-    the demos, the analysis, the benchmark) < command line (hydra_ensembles.cli, which runs both)."""
-    cli = {m for m in graph if _under(m, "hydra_ensembles.cli")}
+    the demos, the analysis, the benchmark) < command line (hydra_cli, which runs both): one
+    top-level package per layer."""
+    cli = {m for m in graph if _under(m, "hydra_cli")}
     apps = {m for m in graph if _under(m, "hydra_experiments")}
     above = {m: apps | cli for m in graph if m not in apps | cli} | {m: cli for m in apps}
     return {m: graph[m] & higher for m, higher in above.items() if graph[m] & higher}
@@ -44,18 +45,19 @@ def test_the_layers_import_only_downwards():
     assert {"hydra_experiments.stages", "hydra_experiments.zero_shot", "hydra_experiments.bench"} <= set(
         graph
     )
-    assert {"hydra_ensembles.training", "hydra_ensembles.baselines", "hydra_ensembles.cli.demo"} <= set(graph)
+    assert {"hydra_ensembles.training", "hydra_ensembles.baselines", "hydra_cli.demo"} <= set(graph)
     assert layer_violations(graph) == {}
-    assert graph["hydra_ensembles.cli.demo"] & {m for m in graph if _under(m, "hydra_experiments")}
+    assert {m.partition(".")[0] for m in graph} == {"hydra_ensembles", "hydra_experiments", "hydra_cli"}
+    assert graph["hydra_cli.demo"] & {m for m in graph if _under(m, "hydra_experiments")}
 
 
 def test_a_layer_violation_is_seen():
     graph = {
         "hydra_ensembles.heads": {"hydra_experiments.stages"},
-        "hydra_experiments.stages": {"hydra_ensembles.heads", "hydra_ensembles.cli.main"},
-        "hydra_ensembles.cli.main": {"hydra_experiments.stages", "hydra_ensembles.heads"},
+        "hydra_experiments.stages": {"hydra_ensembles.heads", "hydra_cli.main"},
+        "hydra_cli.main": {"hydra_experiments.stages", "hydra_ensembles.heads"},
     }
     assert layer_violations(graph) == {
         "hydra_ensembles.heads": {"hydra_experiments.stages"},
-        "hydra_experiments.stages": {"hydra_ensembles.cli.main"},
+        "hydra_experiments.stages": {"hydra_cli.main"},
     }

@@ -131,7 +131,7 @@ def test_atomic_dir_never_deletes_the_old_result_when_it_cannot_be_moved(tmp_pat
 
 
 def test_a_mount_point_is_refused_up_front_where_the_folder_is_replaced(tmp_path, monkeypatch):
-    from hydra_ensembles.cli.guards import check_output_dir
+    from hydra_cli.guards import check_output_dir
     from hydra_ensembles.saving import files as io
     from hydra_ensembles.saving.files import OutputError
 
@@ -144,7 +144,7 @@ def test_a_mount_point_is_refused_up_front_where_the_folder_is_replaced(tmp_path
 def test_what_a_killed_writer_left_never_blocks_the_rerun(tmp_path):
     """A killed save leaves its temporary files (safetensors written under our own temporary
     names); the next check of the folder removes them instead of calling it "not empty"."""
-    from hydra_ensembles.cli.guards import check_output_dir
+    from hydra_cli.guards import check_output_dir
     from hydra_ensembles.saving.files import OutputError
 
     out = tmp_path / "fused"
@@ -161,7 +161,7 @@ def test_what_a_killed_writer_left_never_blocks_the_rerun(tmp_path):
 
 
 def test_a_second_writer_of_one_output_is_refused_while_the_first_holds_it(tmp_path):
-    from hydra_ensembles.cli.guards import output_lock
+    from hydra_cli.guards import output_lock
     from hydra_ensembles.saving.files import OutputError
 
     out = tmp_path / "new" / "deeper" / "result.json"
@@ -240,7 +240,7 @@ def test_a_full_disk_during_finetune_is_one_line_and_writes_nothing(tmp_path, mo
     import transformers.modeling_utils
     from transformers import BertConfig, BertForSequenceClassification
 
-    from hydra_ensembles.cli import main
+    from hydra_cli import main
 
     config = BertConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48)
     BertForSequenceClassification(config).save_pretrained(tmp_path / "model")
@@ -258,7 +258,7 @@ def test_a_full_disk_during_finetune_is_one_line_and_writes_nothing(tmp_path, mo
 def test_the_library_refuses_a_folder_of_the_users_files_without_naming_cli_options(tmp_path):
     """`export_onnx` replaces its folder whole: a folder of the user's own files is refused, in
     words for a Python caller (the command line's guard adds its options to the same check)."""
-    from hydra_ensembles.cli.guards import check_output_dir
+    from hydra_cli.guards import check_output_dir
     from hydra_ensembles.saving.files import OutputError, check_replaceable_dir
 
     folder = tmp_path / "mine"

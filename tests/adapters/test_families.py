@@ -55,7 +55,7 @@ def test_adapter_finds_every_layer_and_projection(family):
     assert block.query.out_features == 4 * head_dim
     assert adapter.task_head_modules(model)
     parts = {adapter.part_of(p, m) for p, m in model.named_modules() if list(m.parameters(recurse=False))}
-    assert {"embeddings", "head", "norm", "mlp"} <= parts
+    assert {"embeddings", "classifier", "norm", "mlp"} <= parts
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -191,7 +191,9 @@ def test_siglip_attention_pooling_head_is_task_head_and_never_pruned():
     adapter = he.get_adapter(model)
     assert adapter.family == "SigLIP (vision)" and adapter.layers_path == "vision_model.encoder.layers"
     pooling = dict(model.vision_model.head.named_parameters())
-    assert {adapter.part_of(f"vision_model.head.{n.rpartition('.')[0]}", None) for n in pooling} == {"head"}
+    assert {adapter.part_of(f"vision_model.head.{n.rpartition('.')[0]}", None) for n in pooling} == {
+        "classifier"
+    }
     pruned = he.prune(model, HEADS[0])
     for name, param in pruned.vision_model.head.named_parameters():
         assert torch.equal(param, pooling[name])

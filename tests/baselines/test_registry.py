@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import hydra_ensembles as he
+from hydra_cli import main
 from hydra_ensembles.baselines import registry
 from hydra_ensembles.baselines.registry import MEMBER_TRANSFORMS, MemberTransform, register_member_transform
-from hydra_ensembles.cli import main
 from hydra_ensembles.members import as_ensemble
 from tests.factories import text_inputs, tiny_bert
 

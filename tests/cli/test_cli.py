@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hydra_ensembles as he
-from hydra_ensembles.cli import main
+from hydra_cli import main
 from tests.factories import FAMILIES, text_inputs, tiny_bert
 
 
@@ -78,8 +78,8 @@ def test_every_command_is_one_record_whose_parser_runs_it():
     """`COMMANDS` holds one record per subcommand; the parser of each routes to that record."""
     import argparse
 
-    from hydra_ensembles.cli import build_parser
-    from hydra_ensembles.cli.main import COMMANDS
+    from hydra_cli import build_parser
+    from hydra_cli.main import COMMANDS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert [c.name for c in COMMANDS] == list(sub.choices)
@@ -91,7 +91,7 @@ def test_help_states_every_default():
     """Every option with a default says it in ``--help`` (a user must not have to read code)."""
     import argparse
 
-    from hydra_ensembles.cli import build_parser
+    from hydra_cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     for name, parser in sub.choices.items():

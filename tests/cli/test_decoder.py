@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast, pipeline
 
 import hydra_ensembles as he
-from hydra_ensembles.cli import main
+from hydra_cli import main
 from hydra_ensembles.data import align_padding
 from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.layers import IndexedKVAttention

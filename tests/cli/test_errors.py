@@ -20,7 +20,7 @@ from transformers import (
 )
 
 import hydra_ensembles as he
-from hydra_ensembles.cli import main
+from hydra_cli import main
 from hydra_ensembles.evaluation import calibrate
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.models import load_tokenizer
@@ -814,7 +814,7 @@ def test_finished_model_outputs_are_not_replaced_without_overwrite(w, capsys):
 def test_a_second_process_writing_the_same_output_is_refused(w, capsys):
     """The first writer holds the output's lock (here: this test, as another process would); the
     second is refused with one line and writes nothing."""
-    from hydra_ensembles.cli.guards import output_lock
+    from hydra_cli.guards import output_lock
 
     out = w / "contended.json"
     with output_lock(out):
@@ -826,7 +826,7 @@ def test_a_second_process_writing_the_same_output_is_refused(w, capsys):
 
 @pytest.mark.parametrize("command", ["demo", "analyze"])
 def test_a_second_demo_or_analysis_into_one_folder_is_refused(w, capsys, command):
-    from hydra_ensembles.cli.guards import output_lock
+    from hydra_cli.guards import output_lock
 
     with output_lock(w / f"{command}-folder"):
         assert run([command, "--out", str(w / f"{command}-folder")]) == 2

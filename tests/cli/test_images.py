@@ -13,7 +13,7 @@ try:  # transformers releases with a torchvision backend name the PIL one apart
 except ImportError:  # pragma: no cover - older 5.x releases
     from transformers import ViTImageProcessor as ViTProcessor
 
-from hydra_ensembles.cli import main
+from hydra_cli import main
 from hydra_ensembles.data import ImageDataset, to_batches
 from hydra_ensembles.models import load_image_processor
 

@@ -15,7 +15,7 @@ from transformers import (
 )
 
 import hydra_ensembles as he
-from hydra_ensembles.cli import main
+from hydra_cli import main
 from hydra_ensembles.data import load_spec, to_batches
 from hydra_ensembles.evaluation import predict, saved_calibration
 from hydra_ensembles.members import DeepEnsemble

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from hydra_ensembles.cli import main
+from hydra_cli import main
 from hydra_ensembles.models import load_tokenizer, untrained_weights
 from hydra_ensembles.saving.files import atomic_write_text
 from hydra_ensembles.saving.loading import load_any
@@ -236,7 +236,7 @@ def test_finetune_says_which_epoch_it_kept_and_when_it_learned_nothing(w, capsys
 
 
 def test_still_learning_is_said_only_while_accuracy_keeps_rising():
-    from hydra_ensembles.cli.common import still_learning
+    from hydra_cli.common import still_learning
 
     rising = [{"val_acc": a} for a in (0.65, 0.71, 0.77)]  # a quick start's three short epochs
     assert still_learning(rising)

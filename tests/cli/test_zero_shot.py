@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import CLIPImageProcessor, PreTrainedTokenizerFast
 
-from hydra_ensembles.cli import main
+from hydra_cli import main
 from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.evaluation.evaluate import LOGIT_SCORES
 from hydra_ensembles.zero_shot import ZeroShotHydra, load_dual_encoder

@@ -7,8 +7,8 @@ import torch
 
 import hydra_ensembles as he
 import hydra_ensembles.cost
+from hydra_cli import main
 from hydra_ensembles import sample_members
-from hydra_ensembles.cli import main
 from hydra_experiments.bench import bench_report, check_targets, peak_memory, run_bench
 from tests.factories import VOCAB, tiny_bert
 

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, ViTImageProcessor
 
 import hydra_ensembles as he
-from hydra_ensembles.cli import main
+from hydra_cli import main
 from hydra_ensembles.evaluation import Predictions, saved_calibration
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.saving.loading import load_any

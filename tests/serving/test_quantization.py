@@ -12,8 +12,8 @@ import onnxruntime
 import pytest
 from scipy.special import log_softmax, logsumexp
 
+from hydra_cli import main
 from hydra_ensembles import metrics as M
-from hydra_ensembles.cli import main
 from hydra_ensembles.evaluation import Predictions, saved_calibration
 from hydra_ensembles.evaluation.calibration import Calibration
 from hydra_ensembles.hashing import batches_digest

@@ -18,10 +18,11 @@ from .options import (
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from ..saving.files import atomic_write_json
-    from ..saving.loading import load_preprocessor
-    from ..scoring import extract_circuit, taylor_head_set, taylor_scores
-    from ..scoring.taylor import DECIDING_PRECISION
+    from hydra_ensembles.saving.files import atomic_write_json
+    from hydra_ensembles.saving.loading import load_preprocessor
+    from hydra_ensembles.scoring import extract_circuit, taylor_head_set, taylor_scores
+    from hydra_ensembles.scoring.taylor import DECIDING_PRECISION
+
     from .guards import check_output_file
 
     check_output_file(args.out, (".json",))
@@ -109,7 +110,7 @@ def _add_score_command(sub) -> argparse.ArgumentParser:
 
 def _circuit_config(args: argparse.Namespace):
     """The circuit extraction's settings from the command line (`scoring.CircuitConfig`)."""
-    from ..scoring import CircuitConfig
+    from hydra_ensembles.scoring import CircuitConfig
 
     return CircuitConfig(
         objective=args.objective,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import InputError
-from ..saving.metadata import write_metadata
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.saving.metadata import write_metadata
 
 DEFAULT_MAX_LENGTH = 128
 """Tokens per text where neither ``--max-length`` nor the model says."""
@@ -17,8 +17,8 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
     """A model for a command that predicts with its head: refused where the head was initialised
     randomly (a base model) unless ``--allow-random-head`` says that is intended (and said,
     unless ``quiet``: a first look before the model is loaded again with the head it gets)."""
-    from ..models import untrained_weights
-    from ..saving.loading import load_any
+    from hydra_ensembles.models import untrained_weights
+    from hydra_ensembles.saving.loading import load_any
 
     model = load_any(path, num_labels or getattr(args, "num_labels", None))
     classes = getattr(getattr(model, "config", None), "num_labels", None)
@@ -41,7 +41,7 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
 
 def _say_random_head(path: str, model) -> None:
     """Warn, once per command, that ``model``'s head was initialised randomly, where it was."""
-    from ..models import untrained_weights
+    from hydra_ensembles.models import untrained_weights
 
     if untrained := untrained_weights(model):
         print(
@@ -61,8 +61,8 @@ def _data_batches(
 ):
     """The dataset ``spec`` names (``dataset``: already loaded), sampled down to ``limit`` items,
     as batches for ``model`` (`data.model_batches`: checked and label-aligned)."""
-    from ..data import load_spec, model_batches, stable_sample
-    from ..data.registry import saved_length
+    from hydra_ensembles.data import load_spec, model_batches, stable_sample
+    from hydra_ensembles.data.registry import saved_length
 
     if dataset is None:
         dataset = load_spec(spec, args.text_column, args.label_column, labelled=labels)
@@ -83,7 +83,7 @@ def _record_length(model, args: argparse.Namespace) -> None:
 def _resolve_epochs(args: argparse.Namespace, train: list[dict]) -> int:
     """``--epochs``, with ``auto`` resolved for ``train``'s batches (`training.auto_epochs`) and
     said."""
-    from ..training import auto_epochs
+    from hydra_ensembles.training import auto_epochs
 
     if args.epochs != "auto":
         return int(args.epochs)
@@ -94,7 +94,7 @@ def _resolve_epochs(args: argparse.Namespace, train: list[dict]) -> int:
 
 def _print_epoch(record: dict) -> None:
     """Print a fine-tuning epoch's line as the epoch ends."""
-    from ..training import describe_epoch
+    from hydra_ensembles.training import describe_epoch
 
     print(f"  {describe_epoch(record)}", flush=True)
 
@@ -149,7 +149,7 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
     ID validation) on labelled ``batches``, with the feature statistics on the labelled training
     batches ``train`` (``--data``) where given and the flag score chosen on the OOD validation
     batches ``ood`` (``--ood-data``), and record it in the model, saved with it."""
-    from ..evaluation import calibrate
+    from hydra_ensembles.evaluation import calibrate
 
     calibration = calibrate(
         model,
@@ -175,14 +175,14 @@ def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
     image processor (saved beside them by build and finetune; else pass ``--tokenizer``); models saved
     with different preprocessors are refused as one ensemble, since one input would reach them as
     different token ids."""
-    from ..saving.loading import load_preprocessor, preprocessing_signature
+    from hydra_ensembles.saving.loading import load_preprocessor, preprocessing_signature
 
     paths = [p for p in spec.split(",") if p]
     if not paths:
         raise InputError(f"no model path in {spec!r}")
     models = [_load_model(p, args) for p in paths]
     if len(models) > 1:  # checked before any work: the members of an explicit ensemble are models
-        from ..members.ensemble import DeepEnsemble
+        from hydra_ensembles.members.ensemble import DeepEnsemble
 
         DeepEnsemble(models)
     found = [(p, load_preprocessor(p)) for p in paths]

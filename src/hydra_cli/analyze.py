@@ -10,9 +10,9 @@ from .options import COUNT, _resamples, precision_option
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    from hydra_ensembles.runtime import ensure_cpu_allocator_tuned
     from hydra_experiments.analyze import analysis_config, run_analysis
 
-    from ..runtime import ensure_cpu_allocator_tuned
     from .guards import output_lock
 
     ensure_cpu_allocator_tuned()
@@ -33,7 +33,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _add_analyze_command(sub) -> argparse.ArgumentParser:
-    from ..analysis import STUDIES
+    from hydra_ensembles.analysis import STUDIES
 
     analyze = sub.add_parser(
         "analyze",

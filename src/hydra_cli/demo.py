@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.models import DEFAULT_TEXT_MODEL
 from hydra_experiments.pretrained import DEFAULT_IMAGE_MODEL
 
-from ..errors import InputError
-from ..models import DEFAULT_TEXT_MODEL
 from .command import Command
 from .options import precision_option
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from hydra_ensembles.runtime import ensure_cpu_allocator_tuned
     from hydra_experiments import DemoConfig, run_demo
 
-    from ..runtime import ensure_cpu_allocator_tuned
     from .guards import output_lock
 
     ensure_cpu_allocator_tuned()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import InputError
+from hydra_ensembles.errors import InputError
+
 from .command import Command
 from .common import _data_batches, _load_methods, _say_precision
 from .options import (
@@ -18,8 +19,8 @@ from .options import (
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .. import reporting
-    from ..evaluation import (
+    from hydra_ensembles import reporting
+    from hydra_ensembles.evaluation import (
         add_comparisons,
         add_score_comparisons,
         evaluate_method,
@@ -27,7 +28,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         predict_method,
         saved_calibration,
     )
-    from ..saving.loading import load_preprocessor, preprocessing_signature
+    from hydra_ensembles.saving.loading import load_preprocessor, preprocessing_signature
+
     from .guards import check_report_dir, mark_report_dir
 
     out = check_report_dir(args.out, args.overwrite)
@@ -98,7 +100,7 @@ def _training_line(methods: dict[str, list]) -> str:
     the methods' training differs (their differences then mix method and training)."""
     import warnings
 
-    from ..training import training_records, training_summary
+    from hydra_ensembles.training import training_records, training_summary
 
     summaries = {name: training_summary(group) for name, group in methods.items()}
     line = "; ".join(f"{name}: {summary or 'not recorded'}" for name, summary in summaries.items())
@@ -124,8 +126,8 @@ def _ood_option(item: str) -> tuple[str, str, str]:
 
 def _eval_data(args: argparse.Namespace, preprocessor, models: list, oods_named: list):
     """The ID test (and shifted, validation) and OOD batches ``hydra-ens eval`` measures on."""
-    from ..data import to_batches
-    from ..evaluation import EvalData, shifted_sets
+    from hydra_ensembles.data import to_batches
+    from hydra_ensembles.evaluation import EvalData, shifted_sets
 
     id_dataset, id_test = _data_batches(args.id_data, args, preprocessor, args.limit, model=models)
     shift = {

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..saving.files import (
+from hydra_ensembles.saving.files import (
     OutputError,
     atomic_write_text,
     check_replaceable_dir,

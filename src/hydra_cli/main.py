@@ -9,10 +9,10 @@ import os
 import sys
 
 import hydra_experiments.pretrained  # noqa: F401  (the demos' named models, dinov2-s-<px> and all-mpnet-base-v2, for every command)
+from hydra_ensembles.data import MissingDataError
+from hydra_ensembles.errors import InputError, UnsupportedModelError
+from hydra_ensembles.models import MissingModelError
 
-from ..data import MissingDataError
-from ..errors import InputError, UnsupportedModelError
-from ..models import MissingModelError
 from . import analyze, bench, build, demo, evaluate, export, finetune, fuse, info, predict, score, zero_shot
 from .command import Command
 
@@ -121,7 +121,7 @@ def _resolve_precision_once(args: argparse.Namespace) -> None:
     """``--precision`` resolved once, before any work: every step of the command computes in the
     same precision (``auto`` decides here), said with its reason when work begins (`_say_precision`),
     and recorded in what the commands write (``args.precision_reason``)."""
-    from ..precision import resolve_precision
+    from hydra_ensembles.precision import resolve_precision
 
     if getattr(args, "precision", None) is None or args.record.reports_precision:
         return

@@ -6,15 +6,17 @@ import argparse
 import json
 import sys
 
-from ..errors import InputError
-from ..serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
+
 from .command import Command
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _overwrite_option
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ..saving.loading import load_preprocessor
-    from ..serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
+    from hydra_ensembles.saving.loading import load_preprocessor
+    from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
+
     from .guards import check_output_dir
 
     check_output_dir(args.out, finished=ONNX_NAME, overwrite=args.overwrite, replaced=True)
@@ -60,8 +62,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _validation(args: argparse.Namespace, preprocessor) -> tuple[list, list | None]:
     """The labelled ID validation batches (and unlabelled OOD validation batches) a quantized
     graph is calibrated and compared on, read through the model's preprocessor."""
-    from ..saving.loading import load_any
-    from ..saving.loading import load_preprocessor as saved
+    from hydra_ensembles.saving.loading import load_any
+    from hydra_ensembles.saving.loading import load_preprocessor as saved
+
     from .common import _data_batches
 
     model = load_any(args.model)

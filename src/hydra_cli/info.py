@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import InputError
-from ..models import DEFAULT_TEXT_MODEL
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.models import DEFAULT_TEXT_MODEL
+
 from .command import Command
 from .options import _num_labels_option
 
@@ -14,16 +15,16 @@ from .options import _num_labels_option
 def _cmd_info(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ..adapters import get_adapter
-    from ..baselines.registry import MEMBER_TRANSFORMS
-    from ..cost import count_parameters
-    from ..fusion import HydraModel
-    from ..members.ensemble import DeepEnsemble
-    from ..saving.loading import load_any
-    from ..surgery import kept_heads
+    from hydra_ensembles.adapters import get_adapter
+    from hydra_ensembles.baselines.registry import MEMBER_TRANSFORMS
+    from hydra_ensembles.cost import count_parameters
+    from hydra_ensembles.fusion import HydraModel
+    from hydra_ensembles.members.ensemble import DeepEnsemble
+    from hydra_ensembles.saving.loading import load_any
+    from hydra_ensembles.surgery import kept_heads
 
     if args.families:
-        from ..adapters import supported_families
+        from hydra_ensembles.adapters import supported_families
 
         print("supported families:")
         for family in supported_families():
@@ -70,7 +71,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _is_export(path: str) -> bool:
-    from ..serving.onnx import ONNX_NAME, SIDECAR_NAME
+    from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME
 
     return (Path(path) / ONNX_NAME).is_file() and (Path(path) / SIDECAR_NAME).is_file()
 
@@ -78,9 +79,9 @@ def _is_export(path: str) -> bool:
 def _describe_export(folder: Path) -> int:
     """An ONNX export (`hydra-ens export`): its graph, classes, inputs and outputs, calibration
     and, for a quantized graph, what quantization changed."""
-    from ..evaluation.calibration import Calibration
-    from ..saving.files import read_json
-    from ..serving.onnx import ONNX_NAME, SIDECAR_NAME
+    from hydra_ensembles.evaluation.calibration import Calibration
+    from hydra_ensembles.saving.files import read_json
+    from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME
 
     side = read_json(folder / SIDECAR_NAME, "export sidecar")
     if not isinstance(side, dict) or side.get("format") != "hydra-ensembles/onnx":
@@ -107,9 +108,9 @@ def _describe_export(folder: Path) -> int:
 def _print_calibration(model) -> None:
     """The calibration saved with the model, where it has one, the length it was fit at and how
     it was trained, where recorded."""
-    from ..data.registry import saved_length
-    from ..evaluation import saved_calibration
-    from ..training import training_summary
+    from hydra_ensembles.data.registry import saved_length
+    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.training import training_summary
 
     calibration = saved_calibration(model)
     if calibration is not None:

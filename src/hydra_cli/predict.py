@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import InputError
-from ..evaluation.evaluate import OOD_SCORES
-from ..ood.detectors import FEATURE_SCORES
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.evaluation.evaluate import OOD_SCORES
+from hydra_ensembles.ood.detectors import FEATURE_SCORES
+
 from .command import Command
 from .common import _data_batches, _load_methods, _say_precision
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _random_head_option
@@ -16,11 +17,12 @@ from .options import PREPROCESSOR_HELP, _data_options, _fraction, _random_head_o
 def _cmd_predict(args: argparse.Namespace) -> int:
     from functools import partial
 
-    from .. import reporting
-    from ..evaluation import ood_scores, per_example
-    from ..evaluation import predict as predict_any
-    from ..saving.files import atomic_write_records
-    from ..saving.loading import load_preprocessor
+    from hydra_ensembles import reporting
+    from hydra_ensembles.evaluation import ood_scores, per_example
+    from hydra_ensembles.evaluation import predict as predict_any
+    from hydra_ensembles.saving.files import atomic_write_records
+    from hydra_ensembles.saving.loading import load_preprocessor
+
     from .guards import check_output_file
 
     out = check_output_file(args.out, (".csv", ".jsonl"))
@@ -72,7 +74,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     """The calibration to predict with, and the ID validation predictions where it was fit here:
     fit on ``--val-data``, else the one saved with a single model (refused where ``--flag-score``
     or ``--keep`` ask for another), else none (with a warning)."""
-    from ..evaluation import fit_calibration, saved_calibration
+    from hydra_ensembles.evaluation import fit_calibration, saved_calibration
 
     saved = saved_calibration(model) if num_models == 1 else None
     calibration = None if val_batches is not None else saved

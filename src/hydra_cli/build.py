@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import InputError
+from hydra_ensembles.errors import InputError
+
 from .command import Command
 from .common import (
     _data_batches,
@@ -37,11 +38,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
     import dataclasses
     import shutil
 
-    from ..build import build_hydra, save_with_preprocessor
-    from ..data.labels import check_trainable
-    from ..saving.files import replace_dir
-    from ..saving.loading import load_preprocessor
-    from ..scoring.files import read_ranking
+    from hydra_ensembles.build import build_hydra, save_with_preprocessor
+    from hydra_ensembles.data.labels import check_trainable
+    from hydra_ensembles.saving.files import replace_dir
+    from hydra_ensembles.saving.loading import load_preprocessor
+    from hydra_ensembles.scoring.files import read_ranking
+
     from .guards import check_output_dir, overwrite_staging
 
     target = check_output_dir(args.out, finished=FINISHED, resumable=OWNED, overwrite=args.overwrite)
@@ -98,8 +100,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _build_config(args: argparse.Namespace, train: list[dict] | None):
     """The build's settings from the command line (``train``: the training batches, which
     ``--epochs auto`` is resolved for)."""
-    from ..build import BuildConfig
-    from ..training import FineTuneConfig
+    from hydra_ensembles.build import BuildConfig
+    from hydra_ensembles.training import FineTuneConfig
 
     tuning = None
     if args.fine_tune:
@@ -125,8 +127,8 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
 
 def _describe(built, model) -> None:
     """How much the members overlap, and the calibrations fit."""
-    from ..members import member_overlap
-    from ..surgery import original_heads_per_layer
+    from hydra_ensembles.members import member_overlap
+    from hydra_ensembles.surgery import original_heads_per_layer
 
     overlap = member_overlap(built.head_sets, original_heads_per_layer(model))
     print(f"{len(built.head_sets)} members; Jaccard overlap between members: {overlap.round(2).tolist()}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..evaluation.evaluate import OOD_SCORES
+from hydra_ensembles.evaluation.evaluate import OOD_SCORES
 
 PREPROCESSOR_HELP = (
     "a model directory or hub id to load the tokenizer (text) or image processor (images) from, "
@@ -20,7 +20,7 @@ PRECISION_HELP = (
 
 
 def precision_option(parser: argparse.ArgumentParser) -> None:
-    from ..precision import PRECISIONS
+    from hydra_ensembles.precision import PRECISIONS
 
     parser.add_argument("--precision", choices=PRECISIONS, default="auto", help=PRECISION_HELP)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..models import DEFAULT_TEXT_MODEL
+from hydra_ensembles.models import DEFAULT_TEXT_MODEL
+
 from .command import Command
 from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_option
 
@@ -13,14 +14,14 @@ from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_opti
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    from hydra_ensembles.adapters import get_adapter
+    from hydra_ensembles.members import sample_members
+    from hydra_ensembles.precision import resolve_precision
+    from hydra_ensembles.runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
+    from hydra_ensembles.saving.files import atomic_write_json, atomic_write_text
+    from hydra_ensembles.saving.loading import load_any
     from hydra_experiments.bench import bench_report, random_inputs, run_bench
 
-    from ..adapters import get_adapter
-    from ..members import sample_members
-    from ..precision import resolve_precision
-    from ..runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
-    from ..saving.files import atomic_write_json, atomic_write_text
-    from ..saving.loading import load_any
     from .guards import check_report_dir, mark_report_dir
 
     out = check_report_dir(args.out, args.overwrite)

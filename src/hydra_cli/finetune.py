@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import InputError
+from hydra_ensembles.errors import InputError
+
 from .command import Command
 from .common import (
     _calibrate,
@@ -33,15 +34,16 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     directory with its preprocessor and class names: what score and build start from."""
     import shutil
 
-    from ..build import name_classes
-    from ..data import load_spec
-    from ..data.labels import check_trainable
-    from ..models import untrained_weights
-    from ..ood.storage import write_statistics
-    from ..saving.files import atomic_dir
-    from ..saving.formats import write_folder_checksums
-    from ..saving.loading import load_preprocessor
-    from ..training import FineTuneConfig, fine_tune
+    from hydra_ensembles.build import name_classes
+    from hydra_ensembles.data import load_spec
+    from hydra_ensembles.data.labels import check_trainable
+    from hydra_ensembles.models import untrained_weights
+    from hydra_ensembles.ood.storage import write_statistics
+    from hydra_ensembles.saving.files import atomic_dir
+    from hydra_ensembles.saving.formats import write_folder_checksums
+    from hydra_ensembles.saving.loading import load_preprocessor
+    from hydra_ensembles.training import FineTuneConfig, fine_tune
+
     from .guards import check_output_dir
 
     out = check_output_dir(
