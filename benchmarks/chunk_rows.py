@@ -19,7 +19,12 @@ import torch
 import hydra_ensembles as he
 from hydra_ensembles.cost import interleaved_latency
 from hydra_ensembles.models import load_classifier, offline_by_default
-from hydra_ensembles.runtime import describe_machine, inference_chunk_rows, last_level_cache_bytes
+from hydra_ensembles.runtime import (
+    chunk_cache_bytes,
+    describe_machine,
+    inference_chunk_rows,
+    last_level_cache_bytes,
+)
 
 
 def run_in_chunks(model, inputs: dict, per: int):
@@ -47,9 +52,12 @@ def main() -> None:
     hydra = he.fuse(base, heads).eval()
     ids = torch.randint(1000, config.vocab_size, (args.batch, args.tokens))
     x = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    cache = last_level_cache_bytes()
+    cache, sized = last_level_cache_bytes(), chunk_cache_bytes()
     default = inference_chunk_rows(config.intermediate_size, 4, torch.device("cpu"))
-    print(f"machine: {describe_machine()}; last-level cache {cache and cache >> 20} MiB")
+    print(
+        f"machine: {describe_machine()}; last-level cache {cache and cache >> 20} MiB (sysfs), "
+        f"chunks sized for {sized >> 20} MiB"
+    )
     print(f"batch {args.batch} x {args.tokens} tokens, fp32; library default: {default} rows per chunk")
     runs = {}
     for rows in [None, *(int(r) for r in args.rows.split(","))]:

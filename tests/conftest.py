@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import warnings
 
 import pytest
@@ -17,6 +18,11 @@ os.environ.setdefault("HYDRA_PRECISION", "fp32")
 # compares with computations on the CPU, so it trains on the CPU also where a GPU is present
 # (tests/fusion/test_cuda.py holds the GPU checks).
 os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+# Measurements of the machine (the cache inference chunks are sized to, the bf16 probe) are kept
+# beside the suite's other temporary files, not in the user's home.
+os.environ.setdefault(
+    "HYDRA_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"hydra-ensembles-tests-{os.getuid()}")
+)
 # Under pytest-xdist each worker takes its share of the cores (one per worker on two cores).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))

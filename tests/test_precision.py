@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import hydra_ensembles.precision as precision
+import hydra_ensembles.runtime as runtime
 from hydra_ensembles.precision import Precision, in_precision, resolve_precision
 from hydra_ensembles.training import FineTuneConfig
 
@@ -89,7 +90,7 @@ def test_the_probe_stops_early_where_bf16_is_emulated(monkeypatch):
 
 
 def test_the_probe_runs_once_per_machine(monkeypatch, tmp_path):
-    monkeypatch.setenv(precision.PROBE_CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(runtime.MACHINE_CACHE_ENV, str(tmp_path))
     calls = []
     monkeypatch.setattr(precision, "measure_bf16_speedup", lambda: calls.append(1) or 2.5)
     precision.cpu_bf16_speedup.cache_clear()
@@ -97,8 +98,8 @@ def test_the_probe_runs_once_per_machine(monkeypatch, tmp_path):
         assert precision.cpu_bf16_speedup() == 2.5
         precision.cpu_bf16_speedup.cache_clear()  # a new process: reads the machine's cache file
         assert precision.cpu_bf16_speedup() == 2.5 and calls == [1]
-        assert precision.probe_cache_path().parent == tmp_path
-        precision.probe_cache_path().write_text("[damaged")  # unreadable: measured again, rewritten
+        assert runtime.machine_cache_path().parent == tmp_path
+        runtime.machine_cache_path().write_text("[damaged")  # unreadable: measured again, rewritten
         precision.cpu_bf16_speedup.cache_clear()
         assert precision.cpu_bf16_speedup() == 2.5 and calls == [1, 1]
     finally:

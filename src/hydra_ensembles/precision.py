@@ -8,7 +8,7 @@ one machine:
   slower than fp32 (a 512x512 matmul: 1.4 vs 150 GFLOP/s on an AVX2-only EPYC): fp32. Only where
   the flags cannot be read (another OS, another architecture) does a timed matmul probe decide:
   interleaved rounds, the median ratio, bf16 only at `PROBE_SPEEDUP` x fp32's speed or more; its
-  result is cached per machine (`probe_cache_path`), so later processes do not measure again.
+  result is cached per machine (`runtime.machine_cache_path`), so later processes do not measure again.
 * CUDA: bf16 where the GPU supports it, else fp16.
 * anything else: fp32.
 
@@ -22,20 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import platform
 import statistics
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .errors import InputError
-from .runtime import cpu_info
-from .saving.files import atomic_write_json
+from .runtime import cpu_info, machine_measurement
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -45,7 +41,6 @@ PROBE_SPEEDUP = 1.25
 """bf16 must be at least this much faster than fp32 in the probe (median of its rounds) to be
 chosen: a margin over the probe's round-to-round noise, so a busy machine does not flip the
 decision."""
-PROBE_CACHE_ENV = "HYDRA_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -143,36 +138,12 @@ def cpu_bf16_support() -> tuple[bool | None, str]:
     return None, "this CPU's flags are unknown"
 
 
-def probe_cache_path() -> Path:
-    """Where the probe's result is kept for this machine: ``$HYDRA_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/hydra-ensembles``, else ``~/.cache/hydra-ensembles``; ``cpu_precision.json``."""
-    root = os.environ.get(PROBE_CACHE_ENV) or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "hydra-ensembles"
-    )
-    return Path(root) / "cpu_precision.json"
-
-
 @functools.cache
 def cpu_bf16_speedup() -> float:
-    """fp32 time / bf16 time of the matmul probe on this machine: read from the per-machine cache
-    (`probe_cache_path`, keyed by CPU, architecture, torch version and threads), else measured
-    once (`measure_bf16_speedup`) and stored there."""
-    model, _ = cpu_info()
-    key = f"{model} | {platform.machine()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
-    path = probe_cache_path()
-    try:
-        cached = json.loads(path.read_text())
-        if isinstance(cached, dict) and isinstance(cached.get(key), int | float) and cached[key] > 0:
-            return float(cached[key])
-    except (OSError, ValueError):
-        cached = {}
-    speedup = measure_bf16_speedup()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {**(cached if isinstance(cached, dict) else {}), key: speedup})
-    except (OSError, ValueError):  # a read-only or full home: measured again by the next process
-        pass
-    return speedup
+    """fp32 time / bf16 time of the matmul probe on this machine: measured once
+    (`measure_bf16_speedup`) and kept with the machine's other measurements
+    (`runtime.machine_measurement`)."""
+    return float(machine_measurement("bf16 matmul speedup", lambda: measure_bf16_speedup()))
 
 
 def measure_bf16_speedup(size: int = 512, rounds: int = 7, repeats: int = 3) -> float:
