@@ -143,6 +143,12 @@ class FusedMultiHeadAttention(nn.Module):
         if position_bias is not None:
             bias = self._member_bias(position_bias, rows)
             attention_mask = bias if attention_mask is None else bias + attention_mask
+        boolean = attention_mask is not None and attention_mask.dtype == torch.bool
+        if boolean and torch.compiler.is_exporting():
+            # the ONNX exporter lowers a boolean mask to a Where over every score (B*M x H x T x T,
+            # materialised); an additive mask of the same meaning is one broadcast Add
+            additive = torch.zeros(attention_mask.shape, dtype=q.dtype, device=q.device)
+            attention_mask = additive.masked_fill(~attention_mask, float("-inf"))
         z = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
