@@ -34,8 +34,8 @@ class FineTuneConfig:
     label_smoothing: float = 0.0
     trainable: Sequence[str] | None = ("attention", "mlp", "norm", "classifier")
     """Parts to train (`PARTS`; ``classifier`` is the task head: pooler and classification
-    modules, formerly ``head``); ``None`` keeps the model's own ``requires_grad`` flags (e.g. LoRA
-    adapters)."""
+    modules; ``head`` is its deprecated name); ``None`` keeps the model's own ``requires_grad``
+    flags (e.g. LoRA adapters)."""
     last_k_blocks: int | None = None
     patience: int | None = None
     grad_clip: float | None = 1.0
