@@ -4,8 +4,10 @@ The real MiniLM-L6, M members keeping ``--keep`` of 12 heads per layer (random, 
 exported as ``hydra-ens export`` exports it; random token ids of ``--tokens`` tokens. Prints the
 latency of the graph and of the fused model in PyTorch (best of ``--repeats`` runs after a
 warm-up, the two alternating), then onnxruntime's profile: time per operator type per run.
+``--float16`` also times the graph converted to float16 by onnxruntime's converter (inputs and
+outputs kept as they are) and prints how far its logits are from the float32 graph's.
 
-    python benchmarks/onnx_profile.py [--batch 8] [--tokens 128] [--members 3] [--keep 8]
+    python benchmarks/onnx_profile.py [--batch 8] [--tokens 128] [--members 3] [--keep 8] [--float16]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=8, help="heads kept per layer (of 12)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=15, help="operator types listed")
+    parser.add_argument("--float16", action="store_true", help="also time the graph in float16")
     args = parser.parse_args()
     offline_by_default()
     torch.manual_seed(0)
@@ -63,6 +66,7 @@ def main() -> None:
                 hydra(**inputs)
                 torch_ms.append((time.perf_counter() - start) * 1e3)
         events = json.loads(Path(session.end_profiling()).read_text())
+        half = _float16_line(graph, feed, session.run(None, feed), args.repeats) if args.float16 else None
     runs = 1 + args.repeats
     per_op = collections.Counter()
     for event in events:
@@ -78,6 +82,28 @@ def main() -> None:
     print(f"operator time per run in onnxruntime (sum {total:.1f} ms):")
     for op, ms in per_op.most_common(args.top):
         print(f"  {op:26s} {ms:8.1f} ms  {100 * ms / total:5.1f}%")
+    if half:
+        print(half)
+
+
+def _float16_line(graph: Path, feed: dict, reference: list, repeats: int) -> str:
+    """The float16 graph's latency (best of ``repeats``) and its largest logit difference."""
+    import numpy as np
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    half = convert_float_to_float16(onnx.load(str(graph)), keep_io_types=True)
+    session = onnxruntime.InferenceSession(half.SerializeToString(), providers=["CPUExecutionProvider"])
+    outputs = session.run(None, feed)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append((time.perf_counter() - start) * 1e3)
+    gap = max(
+        float(np.abs(a - b).max()) for a, b in zip(outputs, reference, strict=True) if a.dtype.kind == "f"
+    )
+    return f"float16 graph: {min(times):.1f} ms; largest output difference from the float32 graph {gap:.1e}"
 
 
 if __name__ == "__main__":
