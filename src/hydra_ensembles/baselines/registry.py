@@ -49,8 +49,6 @@ class MemberTransform:
 
     def record(self, model: nn.Module) -> Any:
         """The record ``model``'s metadata holds, or None."""
-        if getattr(model, "config", None) is None:
-            return None
         return read_metadata(model).member_transforms.get(self.key)
 
     def stacked_members(self, model: nn.Module) -> int:

@@ -506,7 +506,7 @@ def record_calibration(model: Any, calibration: Calibration) -> Calibration:
 def saved_calibration(model: Any) -> Calibration | None:
     """The `Calibration` recorded in ``model`` (with its feature statistics), or None where it has
     none; ValueError where it was fit on other weights or its statistics are not the recorded ones."""
-    saved = read_metadata(model).calibration if getattr(model, "config", None) is not None else None
+    saved = read_metadata(model).calibration
     if saved is None:
         return None
     calibration = Calibration.from_dict(saved)

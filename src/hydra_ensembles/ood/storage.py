@@ -23,7 +23,7 @@ __all__ = ["read_statistics", "recorded_digest", "write_statistics"]
 
 def recorded_digest(model: nn.Module) -> str:
     """The digest of the statistics ``model``'s calibration was fit with ("" for none)."""
-    calibration = read_metadata(model).calibration if getattr(model, "config", None) is not None else None
+    calibration = read_metadata(model).calibration
     return str(calibration.get("statistics_sha256") or "") if isinstance(calibration, dict) else ""
 
 

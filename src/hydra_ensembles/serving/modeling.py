@@ -80,7 +80,8 @@ def serving_precision(model: nn.Module, precision: str = "auto") -> contextlib.A
     device computes it natively, which is also what ``build`` and ``finetune`` fit the calibration
     in), so a model served here gives the probabilities ``predict`` writes on the same machine.
     fp32 leaves the weights' own dtype (a model cast with ``dtype=`` computes in it)."""
-    return resolve_precision(precision, model_device(model)).autocast(model_device(model))
+    device = model_device(model)
+    return resolve_precision(precision, device).autocast(device)
 
 
 class HydraPreTrainedModel(PreTrainedModel):

@@ -86,14 +86,14 @@ class _UncertaintyRecords:
 
     def _forward(self, model_inputs: dict[str, Any], **kwargs: Any) -> Any:
         """The model's outputs; a plain Hugging Face classifier's features are recorded on the way
-        (a Hydra model returns its members' own)."""
+        (a Hydra model returns its members' own, computed in its ``precision``, the pipeline's)."""
         model = self.model
-        tap = None
-        if not isinstance(model, HydraPreTrainedModel):
-            try:
-                tap = FeatureTap(model)
-            except (FeatureError, TypeError):  # no single output layer, or a family without adapter
-                tap = None
+        if isinstance(model, HydraPreTrainedModel):
+            return super()._forward(model_inputs, **kwargs)
+        try:
+            tap = FeatureTap(model)
+        except (FeatureError, TypeError):  # no single output layer, or a family without adapter
+            tap = None
         with tap if tap is not None else contextlib.nullcontext(), serving_precision(model, self.precision):
             outputs = super()._forward(model_inputs, **kwargs)
         if tap is not None:
