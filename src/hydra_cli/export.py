@@ -112,7 +112,9 @@ def _add_export_command(sub) -> argparse.ArgumentParser:
     export.add_argument("model", help="a folder saved by hydra-ens build, fuse, finetune or the Python API")
     export.add_argument("--format", choices=["onnx"], default="onnx", help="the export format")
     export.add_argument("--out", required=True, help="output directory (replaced as a whole)")
-    export.add_argument("--opset", type=int, default=18, help="ONNX opset version")
+    export.add_argument(
+        "--opset", type=int, default=20, help="ONNX opset version (from 20, GELU is one operator)"
+    )
     export.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
     export.add_argument(
         "--quantize",

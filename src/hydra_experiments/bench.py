@@ -254,19 +254,23 @@ ORT = " onnxruntime"
 def _onnxruntime_methods(model: torch.nn.Module, input_names: list[str]) -> tuple[Callable, Callable]:
     """``model`` exported (and checked against PyTorch) and loaded into onnxruntime, as float32
     and with int8 weights (`serving.quantization.quantize_int8`, as ``export --quantize int8``)."""
+    import json
     import tempfile
 
-    import onnxruntime
-
-    from hydra_ensembles.serving.onnx import ONNX_NAME, export_onnx
+    from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
+    from hydra_ensembles.serving.onnx_ops import inference_session, run_session
     from hydra_ensembles.serving.quantization import quantize_int8
 
     with tempfile.TemporaryDirectory() as folder:
-        graph = (export_onnx(model, Path(folder) / "onnx", input_names=input_names) / ONNX_NAME).read_bytes()
+        written = export_onnx(model, Path(folder) / "onnx", input_names=input_names)
+        graph = (written / ONNX_NAME).read_bytes()
+        settings = json.loads((written / SIDECAR_NAME).read_text())["onnxruntime"]
     runners = []
     for weights in (graph, quantize_int8(graph)):
-        session = onnxruntime.InferenceSession(weights, providers=["CPUExecutionProvider"])
-        runners.append(lambda x, session=session: session.run(None, {k: v.numpy() for k, v in x.items()}))
+        session = inference_session(weights)
+        runners.append(
+            lambda x, session=session: run_session(session, {k: v.numpy() for k, v in x.items()}, settings)
+        )
     return runners[0], runners[1]
 
 

@@ -206,20 +206,23 @@ class HydraModel(nn.Module):
     def inputs_per_chunk(self, inputs: dict[str, Any], batch: int) -> int:
         """How many inputs one forward chunk takes (``batch``: no chunking); chunks are balanced
         (8 inputs in two chunks of 4, not 5 + 3)."""
-        if torch.is_grad_enabled() or self.chunk_rows is None:
+        rows = None if torch.is_grad_enabled() else self.chunk_token_rows()
+        if rows is None:
             return batch
-        rows = self.chunk_rows
-        if rows == "auto":
-            weight = next(self.model.parameters())
-            rows = inference_chunk_rows(
-                self.adapter.mlp_width(self.model), weight.element_size(), weight.device
-            )
-            if rows is None:
-                return batch
         tokens = self.adapter.tokens_per_input(self.model, inputs)
-        largest = max(1, int(rows) // (self.num_members * tokens))
+        largest = max(1, rows // (self.num_members * tokens))
         chunks = -(-batch // largest)
         return -(-batch // chunks)
+
+    def chunk_token_rows(self, device: Any = None) -> int | None:
+        """Token rows of the member-stacked batch one inference chunk holds (`chunk_rows`, its
+        ``"auto"`` sized to the cache by `runtime.inference_chunk_rows` for the weights' format
+        on ``device``, default the weights'); None: no chunking."""
+        if self.chunk_rows != "auto":
+            return None if self.chunk_rows is None else int(self.chunk_rows)
+        weight = next(self.model.parameters())
+        width = self.adapter.mlp_width(self.model)
+        return inference_chunk_rows(width, weight.element_size(), weight.device if device is None else device)
 
     def feature_tap(self) -> FeatureTap | None:
         """What records the members' features in a forward pass (`ood.features`), or None for a

@@ -21,7 +21,9 @@ tables (`MemberHeadBias`, channels ``m * H + h``), ``bias_stride`` is H.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,46 @@ from torch import nn
 
 from ..errors import InputError, UnsupportedModelError
 from .grouped import grouped_matmul
+
+_MEMBER_ATTENTION_OPS = contextvars.ContextVar("member_attention_ops", default=False)
+
+
+@contextlib.contextmanager
+def member_attention_ops() -> Iterator[None]:
+    """While tracing for export, fused attention is written as one `member_attention` operator per
+    member (which an exporter can map to a runtime's own attention kernel) wherever that computes
+    the same: no per-head score bias and a boolean mask (or none) shared by the heads."""
+    token = _MEMBER_ATTENTION_OPS.set(True)
+    try:
+        yield
+    finally:
+        _MEMBER_ATTENTION_OPS.reset(token)
+
+
+@torch.library.custom_op("hydra_ensembles::member_attention", mutates_args=())
+def member_attention(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    mask: torch.Tensor | None,
+    num_heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """One member's attention before its output projection, in the layout of onnxruntime's
+    ``Attention`` operator: ``x`` (B, T, D); ``weight`` (D, 3 * H * d), the columns of Q, K then
+    V, head after head; ``bias`` (3 * H * d); ``mask`` (B, T, T) int32, 1 where a query may read a
+    key (None: everywhere). Returns (B, T, H * d)."""
+    b, t, _ = x.shape
+    qkv = torch.addmm(bias, x.reshape(b * t, -1), weight).view(b, t, 3, num_heads, -1)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    allowed = None if mask is None else mask.unsqueeze(1).bool()
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+    return z.transpose(1, 2).reshape(b, t, -1)
+
+
+@member_attention.register_fake
+def _(x, weight, bias, mask, num_heads, scale):
+    return x.new_empty(x.shape[0], x.shape[1], weight.shape[1] // 3)
 
 
 class FusedMultiHeadAttention(nn.Module):
@@ -138,6 +180,10 @@ class FusedMultiHeadAttention(nn.Module):
         if h == 0:  # no member keeps a head here: attention adds only each member's W_O bias
             bias = self.o_bias.to(hidden_states.dtype).view(m, 1, hidden)
             return bias.expand(m, rows // m * tokens, hidden).reshape(rows, tokens, hidden), None
+        if _MEMBER_ATTENTION_OPS.get() and position_bias is None:
+            per_member = self._per_member_ops(hidden_states, attention_mask)
+            if per_member is not None:
+                return per_member, None
         qkv = grouped_matmul(hidden_states.reshape(m, -1, hidden), self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.view(rows, tokens, 3, h, dh).unbind(2)
         if position_bias is not None:
@@ -160,6 +206,30 @@ class FusedMultiHeadAttention(nn.Module):
         z = z.transpose(1, 2).reshape(m, -1, h * dh)
         out = grouped_matmul(z, self.o_weight, self.o_bias)
         return out.view(rows, tokens, hidden), None
+
+    def _per_member_ops(self, hidden_states: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The forward as one `member_attention` operator and one output projection per member;
+        None where the mask is not a boolean (rows or 1, 1, T, T) one."""
+        rows, tokens, _ = hidden_states.shape
+        m = self.num_members
+        if mask is not None:
+            shared = mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[0] in (1, rows)
+            if mask.dtype != torch.bool or not shared:
+                return None
+            mask = mask.expand(rows, 1, tokens, tokens)[:, 0].to(torch.int32).unflatten(0, (m, -1))
+        members = hidden_states.unflatten(0, (m, -1))
+        out = []
+        for member in range(m):
+            z = member_attention(
+                members[member],
+                self.qkv_weight[member].t(),
+                self.qkv_bias[member],
+                None if mask is None else mask[member],
+                self.max_heads,
+                self.head_dim**-0.5,
+            )
+            out.append(F.linear(z, self.o_weight[member], self.o_bias[member]))
+        return torch.cat(out)
 
     def _member_bias(self, position_bias: torch.Tensor, rows: int) -> torch.Tensor:
         """(rows, H_max, T, T): each member's rows get its kept heads' channels of the bias."""

@@ -25,7 +25,6 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,19 @@ from torch import nn
 from ..data.registry import saved_length
 from ..errors import InputError
 from ..fusion.model import HydraModel
+from ..layers.attention import member_attention_ops
 from ..models import VISION_MODEL_TYPES
 from ..ood.detectors import FEATURE_SCORES
 from ..saving.files import atomic_dir, atomic_write_json, check_replaceable_dir
 from ..saving.loading import load_any, saved_preprocessor
 from .modeling import HydraPreTrainedModel
+from .onnx_ops import (
+    drop_unused_outputs,
+    fold_weights,
+    inference_session,
+    runtime_settings,
+    translation_table,
+)
 from .quantization import MIN_AGREEMENT, QUANTIZATIONS, parity, quantize_int8, refit, run_graph
 
 ONNX_NAME = "model.onnx"
@@ -98,7 +105,7 @@ def export_onnx(
     out: str | os.PathLike,
     preprocessor: Any = None,
     input_names: Sequence[str] | None = None,
-    opset: int = 18,
+    opset: int = 20,
     check: bool = True,
     quantize: str | None = None,
     validation: Sequence[dict[str, Any]] | None = None,
@@ -161,6 +168,7 @@ def export_onnx(
     names = list(input_names or _input_names(preprocessor, vision))
     example = _example_inputs(config, names, vision, batch=2, tokens=8)
     hydra = [m for m in wrapped.modules() if isinstance(m, HydraModel)]
+    runtime = _runtime_settings(hydra, dict(zip(names, example, strict=True)))
     chunking = [h.chunk_rows for h in hydra]
     for h in hydra:  # one forward for the whole batch: chunks would fix the batch size in the graph
         h.chunk_rows = None
@@ -186,6 +194,7 @@ def export_onnx(
             h.chunk_rows = rows
         wrapped.precision = served_in
     sidecar = _sidecar(wrapped, config, names, difference, graph.output_names, vision)
+    sidecar["onnxruntime"] = runtime
     if quantized is not None:
         sidecar["calibration"] = quantized["calibration"]
         sidecar["quantization"] = quantized["report"]
@@ -227,11 +236,10 @@ def _quantized(
     outputs for ``validation`` and the parity report; the graph is exported again with the refit
     temperature (part of the graph) and quantized again, which must give the same members' logits."""
     import numpy as np
-    import onnxruntime
 
     from ..hashing import batches_digest
 
-    session = partial(onnxruntime.InferenceSession, providers=["CPUExecutionProvider"])
+    session = inference_session
     validation = list(validation)
     labels = np.concatenate([b["labels"].reshape(-1).numpy() for b in validation]).astype(np.int64)
     say("quantizing the graph's weights to int8")
@@ -312,6 +320,16 @@ def _sidecar(
         "max_difference_from_pytorch": difference,
         "max_length": None if vision else saved_length(wrapped.ensemble),
     }
+
+
+def _runtime_settings(hydra: list[HydraModel], example: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """How onnxruntime should run the graph (`onnx_ops.runtime_settings`): a fused model's tokens
+    per run are its PyTorch chunks' on this machine's CPU, per member (None: the whole batch)."""
+    budgets = [rows // h.num_members for h in hydra if (rows := h.chunk_token_rows("cpu"))]
+    tokens = None
+    if hydra and "pixel_values" in example:
+        tokens = hydra[0].adapter.tokens_per_input(hydra[0].model, example)
+    return runtime_settings(min(budgets) if budgets else None, tokens)
 
 
 def _vocabulary(config: Any, vision: bool) -> int | None:
@@ -409,21 +427,25 @@ def _export(graph: nn.Module, example: tuple, names: Sequence[str], vision: bool
             # guards the symbolic shapes solver cannot prove for every batch size (DINOv2's
             # layer scales give some) become runtime asserts instead of fixing the batch size;
             # the check below runs the graph on other sizes
-            program = torch.export.export(
-                graph,
-                example,
-                dynamic_shapes=(shapes,),  # one structure for forward's *tensors
-                strict=False,
-                prefer_deferred_runtime_asserts_over_guards=True,
-            )
+            with member_attention_ops():
+                program = torch.export.export(
+                    graph,
+                    example,
+                    dynamic_shapes=(shapes,),  # one structure for forward's *tensors
+                    strict=False,
+                    prefer_deferred_runtime_asserts_over_guards=True,
+                )
             exported = torch.onnx.export(
                 program,
                 dynamo=True,
                 input_names=list(names),
                 output_names=list(graph.output_names),
                 opset_version=opset,
+                custom_translation_table=translation_table(),
                 verbose=False,
             )
+            drop_unused_outputs(exported.model)
+            fold_weights(exported.model)
     except Exception as exc:  # the exporter raises many kinds; one line with the cause
         lines = str(exc).splitlines()
         cause = next((line for line in lines if line.startswith("<class")), lines[0] if lines else "")
@@ -444,14 +466,12 @@ def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vi
     whose rows hold a mask of zeros only, a token id past the vocabulary and a negative one, which
     must give NaN); ExportError where it differs from PyTorch."""
     try:
-        import onnxruntime
+        import onnxruntime  # noqa: F401  (the check runs the graph)
     except ImportError as exc:
         raise ExportError(
             "checking the export needs onnxruntime: pip install 'hydra-ensembles[onnx]'"
         ) from exc
-    session = onnxruntime.InferenceSession(
-        program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = inference_session(program.model_proto.SerializeToString())
     worst = 0.0
     shapes = [(1, 1), (1, 5), (3, 11), (5, 16)] + ([] if vision else [(4, 7)])
     for seed, (batch, tokens) in enumerate(shapes):
