@@ -244,3 +244,69 @@ def test_the_serving_pages_onnx_example_runs_as_written(saved, exported, tmp_pat
     classes = namespace["side"]["classes"]
     sets = [[c for c, member in zip(classes, row, strict=True) if member] for row in namespace["in_set"]]
     assert sets == [r["prediction_set"] for r in records]
+
+
+def _graph(folder):
+    import onnx
+
+    return onnx.load(str(folder / "model.onnx"))
+
+
+def test_the_fused_attention_is_onnxruntimes_attention_operator_one_per_member_and_layer(exported):
+    """Each member's attention of each layer is one com.microsoft Attention node writing one
+    output (no key/value cache), and every matrix product reads a weight of its own (what the int8
+    quantizer rewrites)."""
+    graph = _graph(exported["calibrated"]).graph
+    attention = [n for n in graph.node if n.op_type == "Attention"]
+    layers = 2
+    assert len(attention) == layers * len(HEAD_SETS)  # a member keeping no head: zero weights
+    assert {n.domain for n in attention} == {"com.microsoft"}
+    assert all(len(n.output) == 1 for n in attention)
+    weights = {i.name for i in graph.initializer}
+    assert all(n.input[1] in weights for n in graph.node if n.op_type in ("Attention", "MatMul", "Gemm"))
+
+
+def test_a_score_bias_family_keeps_the_decomposed_attention_and_exports_exactly(tmp_path):
+    from tests.factories import tiny_mpnet
+
+    model = he.fuse(tiny_mpnet(), [he.HeadSet({0: [0, 1], 1: [2]}), he.HeadSet({0: [3], 1: [0]})])
+    out = export_onnx(model.eval(), tmp_path / "mpnet", input_names=["input_ids", "attention_mask"])
+    assert not [n for n in _graph(out).graph.node if n.op_type == "Attention"]
+    sidecar = json.loads((out / "calibration.json").read_text())
+    assert sidecar["max_difference_from_pytorch"] <= TOLERANCE
+
+
+def test_the_sidecar_says_how_onnxruntime_runs_the_graph(saved, tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_CHUNK_ROWS", "60")  # the fused model's chunks: 60 member-stacked rows
+    out = export_onnx(saved["calibrated"], tmp_path / "chunked")
+    settings = json.loads((out / "calibration.json").read_text())["onnxruntime"]
+    assert settings == {
+        "disabled_optimizers": ["SkipLayerNormFusion"],
+        "tokens_per_run": 60 // len(HEAD_SETS),
+        "tokens_per_input": None,
+    }
+    monkeypatch.setenv("HYDRA_CHUNK_ROWS", "0")
+    out = export_onnx(saved["calibrated"], tmp_path / "whole")
+    assert json.loads((out / "calibration.json").read_text())["onnxruntime"]["tokens_per_run"] is None
+
+
+def test_runs_in_chunks_give_the_whole_batchs_outputs_in_balanced_runs(exported):
+    from hydra_ensembles.serving.onnx_ops import inference_session, run_session
+
+    session = inference_session(str(exported["calibrated"] / "model.onnx"))
+    inputs = _text_inputs(9, 6, seed=3)
+    whole = session.run(None, inputs)
+    sizes = []
+
+    class Counting:
+        def run(self, outputs, feed):
+            sizes.append(len(feed["input_ids"]))
+            return session.run(outputs, feed)
+
+    chunked = run_session(Counting(), inputs, {"tokens_per_run": 24, "tokens_per_input": None})
+    assert sizes == [3, 3, 3]  # 4 inputs of 6 tokens fit a run: 9 inputs in three runs of 3, not 4 + 4 + 1
+    for a, b in zip(whole, chunked, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    sizes.clear()
+    run_session(Counting(), inputs, {"tokens_per_run": 2, "tokens_per_input": None})
+    assert sizes == [1] * 9  # at least one input a run

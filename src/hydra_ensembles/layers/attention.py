@@ -203,7 +203,12 @@ class FusedMultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             scale=dh**-0.5,
         )
-        z = z.transpose(1, 2).reshape(m, -1, h * dh)
+        z = z.transpose(1, 2)
+        if torch.compiler.is_exporting():
+            # torch.export sees attention's output laid out as (rows, T, H, d) and writes the
+            # reshape as a view, which the ONNX exporter's own attention layout refuses: copy
+            z = z.clone(memory_format=torch.contiguous_format)
+        z = z.reshape(m, -1, h * dh)
         out = grouped_matmul(z, self.o_weight, self.o_bias)
         return out.view(rows, tokens, hidden), None
 
