@@ -228,13 +228,13 @@ CHUNK_CACHE_SHARE = 0.75
 fastest of the chunk sizes ``benchmarks/chunk_rows.py`` compares (timings: ``docs/benchmarks.md``)."""
 
 
-def inference_chunk_rows(width: int, itemsize: int, device) -> int | None:
+def inference_chunk_rows(width: int, itemsize: int, device, share: float = CHUNK_CACHE_SHARE) -> int | None:
     """Token rows per chunk for inference of a model whose widest activation has ``width``
     elements of ``itemsize`` bytes per row, or None to run the whole batch at once.
 
     On a CPU, activations that outgrow the last-level cache make every op stream from memory:
     a member-stacked batch (M times one model's rows) is run in chunks whose widest activation
-    fits in a share of the cache. ``HYDRA_CHUNK_ROWS`` overrides (0 disables). GPUs want the
+    fits in a ``share`` of the cache. ``HYDRA_CHUNK_ROWS`` overrides (0 disables). GPUs want the
     whole batch: None.
     """
     override = os.environ.get("HYDRA_CHUNK_ROWS")
@@ -243,7 +243,7 @@ def inference_chunk_rows(width: int, itemsize: int, device) -> int | None:
         return rows if rows > 0 else None
     if getattr(device, "type", device) != "cpu":
         return None
-    return max(256, int(CHUNK_CACHE_SHARE * chunk_cache_bytes() / (width * itemsize)))
+    return max(256, int(share * chunk_cache_bytes() / (width * itemsize)))
 
 
 def describe_machine() -> str:

@@ -214,15 +214,19 @@ class HydraModel(nn.Module):
         chunks = -(-batch // largest)
         return -(-batch // chunks)
 
-    def chunk_token_rows(self, device: Any = None) -> int | None:
+    def chunk_token_rows(self, device: Any = None, share: float | None = None) -> int | None:
         """Token rows of the member-stacked batch one inference chunk holds (`chunk_rows`, its
-        ``"auto"`` sized to the cache by `runtime.inference_chunk_rows` for the weights' format
-        on ``device``, default the weights'); None: no chunking."""
+        ``"auto"`` sized to a ``share`` of the cache, default PyTorch's, by
+        `runtime.inference_chunk_rows` for the weights' format on ``device``, default the
+        weights'); None: no chunking."""
         if self.chunk_rows != "auto":
             return None if self.chunk_rows is None else int(self.chunk_rows)
         weight = next(self.model.parameters())
         width = self.adapter.mlp_width(self.model)
-        return inference_chunk_rows(width, weight.element_size(), weight.device if device is None else device)
+        where = weight.device if device is None else device
+        if share is None:
+            return inference_chunk_rows(width, weight.element_size(), where)
+        return inference_chunk_rows(width, weight.element_size(), where, share)
 
     def feature_tap(self) -> FeatureTap | None:
         """What records the members' features in a forward pass (`ood.features`), or None for a

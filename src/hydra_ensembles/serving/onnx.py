@@ -41,6 +41,7 @@ from ..saving.files import atomic_dir, atomic_write_json, check_replaceable_dir
 from ..saving.loading import load_any, saved_preprocessor
 from .modeling import HydraPreTrainedModel
 from .onnx_ops import (
+    GRAPH_CACHE_SHARE,
     drop_unused_outputs,
     fold_weights,
     inference_session,
@@ -168,7 +169,7 @@ def export_onnx(
     names = list(input_names or _input_names(preprocessor, vision))
     example = _example_inputs(config, names, vision, batch=2, tokens=8)
     hydra = [m for m in wrapped.modules() if isinstance(m, HydraModel)]
-    runtime = _runtime_settings(hydra, dict(zip(names, example, strict=True)))
+    runtime = _runtime_settings(wrapped, dict(zip(names, example, strict=True)))
     chunking = [h.chunk_rows for h in hydra]
     for h in hydra:  # one forward for the whole batch: chunks would fix the batch size in the graph
         h.chunk_rows = None
@@ -322,14 +323,29 @@ def _sidecar(
     }
 
 
-def _runtime_settings(hydra: list[HydraModel], example: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """How onnxruntime should run the graph (`onnx_ops.runtime_settings`): a fused model's tokens
-    per run are its PyTorch chunks' on this machine's CPU, per member (None: the whole batch)."""
-    budgets = [rows // h.num_members for h in hydra if (rows := h.chunk_token_rows("cpu"))]
-    tokens = None
-    if hydra and "pixel_values" in example:
-        tokens = hydra[0].adapter.tokens_per_input(hydra[0].model, example)
-    return runtime_settings(min(budgets) if budgets else None, tokens)
+def _runtime_settings(wrapped: HydraPreTrainedModel, example: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """How onnxruntime should run the graph (`onnx_ops.runtime_settings`): tokens per run sized
+    like the fused model's PyTorch chunks on this machine's CPU, to `GRAPH_CACHE_SHARE` of the
+    cache, for the widest activation of the member-stacked batch (M members for a fused model,
+    one for a member or an ensemble run member after member; None: the whole batch)."""
+    from ..adapters import get_adapter
+    from ..runtime import inference_chunk_rows
+
+    ensemble = wrapped.ensemble
+    if isinstance(ensemble, HydraModel):
+        rows, members = ensemble.chunk_token_rows("cpu", GRAPH_CACHE_SHARE), ensemble.num_members
+        model, adapter = ensemble.model, ensemble.adapter
+    else:
+        from transformers import PreTrainedModel
+
+        model = next((m for m in ensemble.modules() if isinstance(m, PreTrainedModel)), None)
+        if model is None:
+            return runtime_settings(None, None)
+        adapter = get_adapter(model)
+        rows = inference_chunk_rows(adapter.mlp_width(model), 4, "cpu", GRAPH_CACHE_SHARE)
+        members = 1
+    tokens = adapter.tokens_per_input(model, example) if "pixel_values" in example else None
+    return runtime_settings(None if rows is None else rows // members, tokens)
 
 
 def _vocabulary(config: Any, vision: bool) -> int | None:

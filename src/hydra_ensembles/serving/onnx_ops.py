@@ -27,6 +27,12 @@ its CPU kernel ran 4-5x slower than the two operators it replaces on (batch, tok
 inputs (docs/benchmarks.md)."""
 
 
+GRAPH_CACHE_SHARE = 0.3
+"""Share of the cache (`runtime.chunk_cache_bytes`) one onnxruntime run's widest activation may
+fill: onnxruntime keeps more of a forward's activations alive than PyTorch does, and its runs were
+fastest at about a third of PyTorch's share (`benchmarks/onnx_chunks.py`; docs/benchmarks.md)."""
+
+
 def translation_table() -> dict[Any, Any]:
     """The exporter's table from the library's operators to onnxruntime's."""
     import onnxscript
@@ -100,24 +106,28 @@ def _register_schema(name: str) -> None:
     )
 
 
-def session_options() -> Any:
-    """onnxruntime `SessionOptions` for the exported graphs (all graph optimizations; threads as
-    onnxruntime chooses: one per physical core)."""
+def session_options(spin: bool = True) -> Any:
+    """onnxruntime `SessionOptions` for the exported graphs: all graph optimizations, threads as
+    onnxruntime chooses (one per physical core); ``spin=False``: its threads sleep between runs
+    instead of spin-waiting, for a process that also computes with other thread pools (PyTorch's:
+    on 2 cores a spinning session made the PyTorch model timed after it 1.7x slower)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
-def inference_session(model: str | bytes) -> Any:
+def inference_session(model: str | bytes, spin: bool = True) -> Any:
     """An onnxruntime CPU session for an exported graph (a path or its bytes), with the settings
-    above."""
+    above and without `DISABLED_OPTIMIZERS`."""
     import onnxruntime
 
     return onnxruntime.InferenceSession(
         model,
-        session_options(),
+        session_options(spin),
         providers=["CPUExecutionProvider"],
         disabled_optimizers=list(DISABLED_OPTIMIZERS),
     )
