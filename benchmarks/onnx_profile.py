@@ -1,13 +1,18 @@
 """Where the exported fused graph spends its time in onnxruntime, beside the fused PyTorch model.
 
 The real MiniLM-L6, M members keeping ``--keep`` of 12 heads per layer (random, seed 0), fused and
-exported as ``hydra-ens export`` exports it; random token ids of ``--tokens`` tokens. Prints the
-latency of the graph and of the fused model in PyTorch (best of ``--repeats`` runs after a
-warm-up, the two alternating), then onnxruntime's profile: time per operator type per run.
+exported as ``hydra-ens export`` exports it and run with its settings (`serving.onnx_ops`; the
+batch in one run); random token ids of ``--tokens`` tokens. Prints the latency of the graph and
+of the fused model in PyTorch (best of ``--repeats`` runs after a warm-up, the two alternating),
+then onnxruntime's profile: time per operator type per run.
 ``--float16`` also times the graph converted to float16 by onnxruntime's converter (inputs and
 outputs kept as they are) and prints how far its logits are from the float32 graph's.
 
-    python benchmarks/onnx_profile.py [--batch 8] [--tokens 128] [--members 3] [--keep 8] [--float16]
+``--kernels`` also times, alone, each matrix-product shape of the fused model in onnxruntime and in
+PyTorch, and the residual Add + LayerNorm with and without onnxruntime's SkipLayerNormalization.
+
+    python benchmarks/onnx_profile.py [--batch 8] [--tokens 128] [--members 3] [--keep 8] \\
+        [--float16] [--kernels]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import collections
 import json
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import onnxruntime
@@ -26,6 +32,7 @@ import hydra_ensembles as he
 from hydra_ensembles.models import load_classifier, offline_by_default
 from hydra_ensembles.runtime import describe_machine
 from hydra_ensembles.serving.onnx import ONNX_NAME, export_onnx
+from hydra_ensembles.serving.onnx_ops import DISABLED_OPTIMIZERS, inference_session, session_options
 
 
 def main() -> None:
@@ -37,6 +44,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=15, help="operator types listed")
     parser.add_argument("--float16", action="store_true", help="also time the graph in float16")
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also time the graph's matrix-product shapes and its residual Add + LayerNorm alone, "
+        "in onnxruntime and in PyTorch",
+    )
     args = parser.parse_args()
     offline_by_default()
     torch.manual_seed(0)
@@ -50,10 +63,15 @@ def main() -> None:
     feed = {k: v.numpy() for k, v in inputs.items()}
     with tempfile.TemporaryDirectory() as folder:
         graph = export_onnx(hydra, Path(folder) / "onnx", input_names=names) / ONNX_NAME
-        options = onnxruntime.SessionOptions()
+        options = session_options()  # as served (`serving.onnx_ops`), with the profiler on
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(folder) / "profile")
-        session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(
+            str(graph),
+            options,
+            providers=["CPUExecutionProvider"],
+            disabled_optimizers=list(DISABLED_OPTIMIZERS),
+        )
         session.run(None, feed)
         with torch.no_grad():
             hydra(**inputs)
@@ -84,6 +102,71 @@ def main() -> None:
         print(f"  {op:26s} {ms:8.1f} ms  {100 * ms / total:5.1f}%")
     if half:
         print(half)
+    if args.kernels:
+        hidden, width = base.config.hidden_size, base.config.intermediate_size
+        rows = args.batch * args.tokens
+        heads = args.keep * hidden // base.config.num_attention_heads
+        per_member, merged = [(hidden, 3 * heads), (heads, hidden)], [(hidden, width), (width, hidden)]
+        _kernel_lines(rows, per_member, merged, args.members)
+
+
+def _best_ms(run, repeats: int = 20) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times)
+
+
+def _kernel_lines(rows: int, per_member: list, merged: list, members: int) -> None:
+    """One matrix product (+ bias) of each shape the fused model runs (a member's projections on
+    its rows; the shared MLP on all members' rows), in onnxruntime and PyTorch; and the residual
+    Add + LayerNorm with and without onnxruntime's SkipLayerNormalization fusion."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    def session(nodes, inputs, output, weights, disabled=()):
+        graph = helper.make_graph(nodes, "g", inputs, [output], weights)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+        return onnxruntime.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled)
+        )
+
+    g = np.random.default_rng(0)
+    print("matrix products (+ bias), best of 20: onnxruntime vs PyTorch")
+    shapes = [(rows, k, n) for k, n in per_member] + [(members * rows, k, n) for k, n in merged]
+    for m, k, n in shapes:
+        x = g.standard_normal((m, k), dtype=np.float32)
+        w = g.standard_normal((k, n), dtype=np.float32) * 0.05
+        b = g.standard_normal(n, dtype=np.float32)
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])]
+        ort = session(
+            nodes,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n]),
+            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+        )
+        tx, tw, tb = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T)), torch.from_numpy(b)
+        ort_ms = _best_ms(partial(ort.run, None, {"x": x}))
+        with torch.no_grad():
+            torch_ms = _best_ms(partial(torch.nn.functional.linear, tx, tw, tb))
+        print(f"  {m} x {k} x {n}: {ort_ms:.2f} ms vs {torch_ms:.2f} ms ({ort_ms / torch_ms:.2f}x)")
+    hidden = per_member[0][0]
+    shape = [members * rows // 128, 128, hidden]
+    value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    nodes = [
+        helper.make_node("Add", ["x", "r"], ["s"]),
+        helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12),
+    ]
+    norm = [numpy_helper.from_array(np.ones(hidden, np.float32), n) for n in ("gamma", "beta")]
+    feed = {n: g.standard_normal(shape, dtype=np.float32) for n in ("x", "r")}
+    ways = (("fused (SkipLayerNormalization)", ()), ("Add + LayerNormalization", DISABLED_OPTIMIZERS))
+    for label, disabled in ways:
+        ort = session(nodes, [value("x"), value("r")], value("y"), norm, disabled)
+        ms = _best_ms(partial(ort.run, None, feed))
+        print(f"residual Add + LayerNorm on {shape}, {label}: {ms:.2f} ms")
 
 
 def _float16_line(graph: Path, feed: dict, reference: list, repeats: int) -> str:
@@ -93,7 +176,7 @@ def _float16_line(graph: Path, feed: dict, reference: list, repeats: int) -> str
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     half = convert_float_to_float16(onnx.load(str(graph)), keep_io_types=True)
-    session = onnxruntime.InferenceSession(half.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = inference_session(half.SerializeToString())
     outputs = session.run(None, feed)
     times = []
     for _ in range(repeats):
