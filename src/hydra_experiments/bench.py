@@ -255,7 +255,8 @@ def _onnxruntime_methods(model: torch.nn.Module, input_names: list[str]) -> tupl
     """``model`` exported (and checked against PyTorch) and loaded into onnxruntime, as float32
     and with int8 weights (`serving.quantization.quantize_int8`, as ``export --quantize int8``),
     each run as served (`serving.onnx_ops`: the sidecar's chunks and disabled fusion), its
-    threads sleeping between runs so that they leave the cores to the methods timed after it."""
+    threads stopping their spin-wait when a run returns so that they leave the cores to the
+    methods timed after it."""
     import json
     import tempfile
 
@@ -269,7 +270,7 @@ def _onnxruntime_methods(model: torch.nn.Module, input_names: list[str]) -> tupl
         settings = json.loads((written / SIDECAR_NAME).read_text())["onnxruntime"]
     runners = []
     for weights in (graph, quantize_int8(graph)):
-        session = inference_session(weights, spin=False)  # timed between PyTorch's runs
+        session = inference_session(weights, idle_spin=False)  # timed between PyTorch's runs
         runners.append(
             lambda x, session=session: run_session(session, {k: v.numpy() for k, v in x.items()}, settings)
         )

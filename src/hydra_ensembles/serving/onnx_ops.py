@@ -106,28 +106,29 @@ def _register_schema(name: str) -> None:
     )
 
 
-def session_options(spin: bool = True) -> Any:
+def session_options(idle_spin: bool = True) -> Any:
     """onnxruntime `SessionOptions` for the exported graphs: all graph optimizations, threads as
-    onnxruntime chooses (one per physical core); ``spin=False``: its threads sleep between runs
-    instead of spin-waiting, for a process that also computes with other thread pools (PyTorch's:
-    on 2 cores a spinning session made the PyTorch model timed after it 1.7x slower)."""
+    onnxruntime chooses (one per physical core); ``idle_spin=False``: its threads stop
+    spin-waiting as soon as a run returns (they still spin within a run, where it pays), for a
+    process that computes with other thread pools between runs (PyTorch's: on 2 cores a session
+    left spinning made the PyTorch model timed after it 1.7x slower)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if not spin:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not idle_spin:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
 
 
-def inference_session(model: str | bytes, spin: bool = True) -> Any:
+def inference_session(model: str | bytes, idle_spin: bool = True) -> Any:
     """An onnxruntime CPU session for an exported graph (a path or its bytes), with the settings
     above and without `DISABLED_OPTIMIZERS`."""
     import onnxruntime
 
     return onnxruntime.InferenceSession(
         model,
-        session_options(spin),
+        session_options(idle_spin),
         providers=["CPUExecutionProvider"],
         disabled_optimizers=list(DISABLED_OPTIMIZERS),
     )
