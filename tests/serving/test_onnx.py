@@ -290,6 +290,21 @@ def test_the_sidecar_says_how_onnxruntime_runs_the_graph(saved, tmp_path, monkey
     assert json.loads((out / "calibration.json").read_text())["onnxruntime"]["tokens_per_run"] is None
 
 
+def test_tokens_per_run_are_a_share_of_the_measured_cache_per_member(saved, tmp_path, monkeypatch):
+    from hydra_ensembles import runtime
+    from hydra_ensembles.serving.onnx_ops import GRAPH_CACHE_SHARE
+
+    monkeypatch.delenv("HYDRA_CHUNK_ROWS", raising=False)
+    monkeypatch.setattr(runtime, "chunk_cache_bytes", lambda: 12 << 20)
+    out = export_onnx(saved["calibrated"], tmp_path / "share")
+    settings = json.loads((out / "calibration.json").read_text())["onnxruntime"]
+    width = 48  # the tiny BERT's MLP, float32
+    assert settings["tokens_per_run"] == int(GRAPH_CACHE_SHARE * (12 << 20) / (width * 4)) // len(HEAD_SETS)
+    member = export_onnx(saved["member"], tmp_path / "member")  # one member: the whole share
+    rows = json.loads((member / "calibration.json").read_text())["onnxruntime"]["tokens_per_run"]
+    assert rows == int(GRAPH_CACHE_SHARE * (12 << 20) / (width * 4))
+
+
 def test_runs_in_chunks_give_the_whole_batchs_outputs_in_balanced_runs(exported):
     from hydra_ensembles.serving.onnx_ops import inference_session, run_session
 

@@ -33,11 +33,11 @@ from ..ood.detectors import FEATURE_SCORES
 
 QUANTIZATIONS = ("int8",)
 MIN_AGREEMENT = 0.99
+"""The default least share of ID validation inputs whose predicted class the quantized graph
+must keep."""
 MIN_ONNXRUNTIME = (1, 32)
 """Older releases' quantizer names the transposed weights of the Gemm nodes it rewrites without
 checking for names already in the graph, and fails (or could mix weights up) on these graphs."""
-"""The default least share of ID validation inputs whose predicted class the quantized graph
-must keep."""
 
 
 @dataclass(frozen=True)
