@@ -10,6 +10,7 @@ ratios to Single compare like with like on a noisy machine.
 from __future__ import annotations
 
 import copy
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -180,7 +181,11 @@ def _dtype_table(
             table[name]["latency"][str(batch)] = cost
         if batch == max(batch_sizes):
             for name, f in methods.items():
-                if ORT not in name:  # onnxruntime allocates outside torch
+                if isinstance(f, GraphRun):  # onnxruntime allocates outside torch
+                    peak = f.peak_bytes(x)
+                    if peak is not None:
+                        table[name]["peak_memory_mb"] = peak / 2**20
+                else:
                     table[name]["peak_memory_mb"] = peak_memory(partial(f, x)) / 2**20
     single = table["Single"]["latency"]
     for row in table.values():
@@ -251,30 +256,58 @@ ORT = " onnxruntime"
 """What the names of the methods run by onnxruntime end in (after the PyTorch method's name)."""
 
 
-def _onnxruntime_methods(model: torch.nn.Module, input_names: list[str]) -> tuple[Callable, Callable]:
+def _onnxruntime_methods(model: torch.nn.Module, input_names: list[str]) -> tuple[GraphRun, GraphRun]:
     """``model`` exported (and checked against PyTorch) and loaded into onnxruntime, as float32
-    and with int8 weights (`serving.quantization.quantize_int8`, as ``export --quantize int8``),
-    each run as served (`serving.onnx_ops`: the sidecar's chunks and disabled fusion), its
-    threads stopping their spin-wait when a run returns so that they leave the cores to the
-    methods timed after it."""
+    and with int8 weights (`serving.quantization.quantize_int8`, as ``export --quantize int8``)."""
     import json
     import tempfile
 
     from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
-    from hydra_ensembles.serving.onnx_ops import inference_session, run_session
     from hydra_ensembles.serving.quantization import quantize_int8
 
     with tempfile.TemporaryDirectory() as folder:
         written = export_onnx(model, Path(folder) / "onnx", input_names=input_names)
         graph = (written / ONNX_NAME).read_bytes()
         settings = json.loads((written / SIDECAR_NAME).read_text())["onnxruntime"]
-    runners = []
-    for weights in (graph, quantize_int8(graph)):
-        session = inference_session(weights, idle_spin=False)  # timed between PyTorch's runs
-        runners.append(
-            lambda x, session=session: run_session(session, {k: v.numpy() for k, v in x.items()}, settings)
-        )
-    return runners[0], runners[1]
+    return GraphRun(graph, settings), GraphRun(quantize_int8(graph), settings)
+
+
+class GraphRun:
+    """An exported graph in onnxruntime, run as served (`serving.onnx_ops`: the sidecar's runs in
+    pieces and disabled fusion), called on a batch of PyTorch inputs. Its session's threads stop
+    spin-waiting when a run returns, so that they leave the cores to the methods timed after it."""
+
+    def __init__(self, weights: bytes, settings: dict[str, Any]) -> None:
+        from hydra_ensembles.serving.onnx_ops import inference_session
+
+        self.weights, self.settings = weights, settings
+        self.session = inference_session(weights, idle_spin=False)
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> list:
+        from hydra_ensembles.serving.onnx_ops import run_session
+
+        return run_session(self.session, {k: v.numpy() for k, v in inputs.items()}, self.settings)
+
+    def peak_bytes(self, inputs: dict[str, torch.Tensor]) -> int | None:
+        """Resident memory a fresh session of the graph gains over one run on ``inputs``
+        (onnxruntime's arena keeps its peak; the weights, loaded before, are not counted); None
+        where the process's resident size cannot be read."""
+        from hydra_ensembles.serving.onnx_ops import inference_session, run_session
+
+        session = inference_session(self.weights, idle_spin=False)
+        before = _resident_bytes()
+        run_session(session, {k: v.numpy() for k, v in inputs.items()}, self.settings)
+        after = _resident_bytes()
+        return None if before is None or after is None else max(0, after - before)
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory (Linux's /proc), or None."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_targets(results: dict[str, Any]) -> list[str]:

@@ -97,7 +97,7 @@ def test_bench_command(tmp_path, capsys):
     onnx = timed["dtypes"]["float32"]["Hydra (fused) onnxruntime"]
     fused = timed["dtypes"]["float32"]["Hydra (fused)"]
     assert onnx["latency"]["2"]["median_ms"] > 0 and onnx["gmacs_per_input"] == fused["gmacs_per_input"]
-    assert "peak_memory_mb" not in onnx
+    assert onnx["peak_memory_mb"] >= 0  # the resident memory a fresh session gains over one run
     assert "Hydra (fused) onnxruntime" not in timed["dtypes"]["bfloat16"]
     assert "| Hydra (fused) onnxruntime |" in (tmp_path / "b" / "bench.md").read_text()
     for name in ("Single onnxruntime", "Single onnxruntime int8", "Hydra (fused) onnxruntime int8"):
