@@ -10,7 +10,6 @@ ratios to Single compare like with like on a noisy machine.
 from __future__ import annotations
 
 import copy
-import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -289,25 +288,40 @@ class GraphRun:
         return run_session(self.session, {k: v.numpy() for k, v in inputs.items()}, self.settings)
 
     def peak_bytes(self, inputs: dict[str, torch.Tensor]) -> int | None:
-        """Resident memory a fresh session of the graph gains over one run on ``inputs``
-        (onnxruntime's arena keeps its peak; the weights, loaded before, are not counted); None
-        where the process's resident size cannot be read."""
-        from hydra_ensembles.serving.onnx_ops import inference_session, run_session
+        """The peak memory one run on ``inputs`` adds to a fresh process holding a session of the
+        graph: that process's peak resident size after the run less its peak after loading the
+        session (the weights, loaded before, are not counted); None where it cannot be read."""
+        import json
+        import subprocess
+        import sys
+        import tempfile
 
-        session = inference_session(self.weights, idle_spin=False)
-        before = _resident_bytes()
-        run_session(session, {k: v.numpy() for k, v in inputs.items()}, self.settings)
-        after = _resident_bytes()
-        return None if before is None or after is None else max(0, after - before)
+        import numpy as np
+
+        with tempfile.TemporaryDirectory() as folder:
+            graph, feed = Path(folder) / "model.onnx", Path(folder) / "inputs.npz"
+            graph.write_bytes(self.weights)
+            np.savez(feed, **{k: v.numpy() for k, v in inputs.items()})
+            setup = [str(graph), str(feed), json.dumps(self.settings)]
+            done = subprocess.run(
+                [sys.executable, "-c", _PEAK_CHILD, *setup], capture_output=True, text=True, check=False
+            )
+        try:
+            return int(done.stdout.split()[-1])
+        except (IndexError, ValueError):
+            return None
 
 
-def _resident_bytes() -> int | None:
-    """This process's resident memory (Linux's /proc), or None."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE")
+_PEAK_CHILD = """
+import json, resource, sys
+import numpy as np
+from hydra_ensembles.serving.onnx_ops import inference_session, run_session
+session, feed = inference_session(sys.argv[1]), dict(np.load(sys.argv[2]))
+loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+run_session(session, feed, json.loads(sys.argv[3]))
+print(1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - loaded))
+"""
+"""Run in a fresh process by `GraphRun.peak_bytes` (Linux's ru_maxrss is in KiB)."""
 
 
 def check_targets(results: dict[str, Any]) -> list[str]:
