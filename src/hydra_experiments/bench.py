@@ -288,9 +288,8 @@ class GraphRun:
         return run_session(self.session, {k: v.numpy() for k, v in inputs.items()}, self.settings)
 
     def peak_bytes(self, inputs: dict[str, torch.Tensor]) -> int | None:
-        """The peak memory one run on ``inputs`` adds to a fresh process holding a session of the
-        graph: that process's peak resident size after the run less its peak after loading the
-        session (the weights, loaded before, are not counted); None where it cannot be read."""
+        """The memory one run on ``inputs`` adds to a fresh process holding a session of the graph
+        (the weights, loaded before, are not counted); None where it cannot be read."""
         import json
         import subprocess
         import sys
@@ -313,15 +312,18 @@ class GraphRun:
 
 
 _PEAK_CHILD = """
-import json, resource, sys
+import json, os, sys
 import numpy as np
 from hydra_ensembles.serving.onnx_ops import inference_session, run_session
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 session, feed = inference_session(sys.argv[1]), dict(np.load(sys.argv[2]))
-loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+loaded = resident()
 run_session(session, feed, json.loads(sys.argv[3]))
-print(1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - loaded))
+print(resident() - loaded)
 """
-"""Run in a fresh process by `GraphRun.peak_bytes` (Linux's ru_maxrss is in KiB)."""
+"""Run in a fresh process by `GraphRun.peak_bytes`: onnxruntime's arena keeps the memory a run
+needed, so the resident size after the run less before it is that run's peak (Linux)."""
 
 
 def check_targets(results: dict[str, Any]) -> list[str]:
