@@ -276,15 +276,19 @@ def test_a_score_bias_family_keeps_the_decomposed_attention_and_exports_exactly(
     assert sidecar["max_difference_from_pytorch"] <= TOLERANCE
 
 
-def test_the_sidecar_says_how_onnxruntime_runs_the_graph(saved, tmp_path, monkeypatch):
-    monkeypatch.setenv("HYDRA_CHUNK_ROWS", "60")  # the fused model's chunks: 60 member-stacked rows
-    out = export_onnx(saved["calibrated"], tmp_path / "chunked", check=False)
-    settings = json.loads((out / "calibration.json").read_text())["onnxruntime"]
+def test_the_sidecar_says_how_onnxruntime_runs_the_graph(saved, exported):
+    from hydra_ensembles.serving.modeling import HydraPreTrainedModel
+    from hydra_ensembles.serving.onnx import _runtime_settings
+
+    settings = json.loads((exported["calibrated"] / "calibration.json").read_text())["onnxruntime"]
+    fused = HydraPreTrainedModel.from_pretrained(saved["calibrated"])
+    example = {"input_ids": torch.ones(2, 8, dtype=torch.long)}
     assert settings == {
         "disabled_optimizers": ["SkipLayerNormFusion"],
-        "tokens_per_run": 60 // len(HEAD_SETS),
+        "tokens_per_run": _runtime_settings(fused, example)["tokens_per_run"],  # sized below
         "tokens_per_input": None,
     }
+    assert settings["tokens_per_run"] > 0
 
 
 def test_tokens_per_run_are_a_share_of_the_measured_cache_per_member(saved, monkeypatch):
@@ -301,6 +305,8 @@ def test_tokens_per_run_are_a_share_of_the_measured_cache_per_member(saved, monk
     assert _runtime_settings(fused, example)["tokens_per_run"] == rows // len(HEAD_SETS)
     member = HydraPreTrainedModel.from_pretrained(saved["member"])  # one member: the whole share
     assert _runtime_settings(member, example)["tokens_per_run"] == rows
+    monkeypatch.setenv("HYDRA_CHUNK_ROWS", "60")  # the fused model's chunks: 60 member-stacked rows
+    assert _runtime_settings(fused, example)["tokens_per_run"] == 60 // len(HEAD_SETS)
     monkeypatch.setenv("HYDRA_CHUNK_ROWS", "0")  # no chunks: the whole batch in one run
     assert _runtime_settings(fused, example)["tokens_per_run"] is None
 
