@@ -107,6 +107,14 @@ def test_a_fused_vision_model_exports_with_a_dynamic_batch(tmp_path):
         assert np.abs(per_member - output.member_logits.transpose(0, 1).numpy()).max() <= TOLERANCE
         assert np.abs(np.exp(logits) - output.probs.numpy()).max() <= TOLERANCE  # temperature 1
     assert (out / "preprocessor_config.json").is_file()
+    settings = json.loads((out / "calibration.json").read_text())["onnxruntime"]
+    assert settings["tokens_per_input"] == (8 // 4) ** 2 + 1  # 4-pixel patches and the class token
+    from hydra_ensembles.serving.onnx_ops import inference_session, run_session
+
+    pixels = torch.randn(5, 3, 8, 8, generator=torch.Generator().manual_seed(5)).numpy()
+    runs = {**settings, "tokens_per_run": 2 * settings["tokens_per_input"]}  # two images a run
+    chunked = run_session(inference_session(str(out / "model.onnx")), {"pixel_values": pixels}, runs)
+    np.testing.assert_allclose(chunked[1], session.run(None, {"pixel_values": pixels})[1], atol=1e-6, rtol=0)
 
 
 def test_export_refuses_what_it_cannot_write_faithfully(saved, tmp_path):
