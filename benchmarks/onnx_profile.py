@@ -66,12 +66,7 @@ def main() -> None:
         options = session_options()  # as served (`serving.onnx_ops`), with the profiler on
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(folder) / "profile")
-        session = onnxruntime.InferenceSession(
-            str(graph),
-            options,
-            providers=["CPUExecutionProvider"],
-            disabled_optimizers=list(DISABLED_OPTIMIZERS),
-        )
+        session = inference_session(str(graph), options)
         session.run(None, feed)
         with torch.no_grad():
             hydra(**inputs)

@@ -77,3 +77,10 @@ def test_chunk_rows_follow_the_cache(monkeypatch):
 def test_the_real_measurement_gives_a_size_it_measured_or_none():
     edge = runtime.measure_cache_bytes(largest=16 * MIB, rounds=2, trials=1)
     assert edge is None or edge in {MIB << i for i in range(5)}
+
+
+@pytest.mark.parametrize(
+    ("total", "largest", "piece"), [(8, 5, 4), (8, 8, 8), (9, 4, 3), (7, 1, 1), (3, 0, 1), (1, 10, 1)]
+)
+def test_balanced_pieces_are_as_few_and_as_equal_as_the_largest_allows(total, largest, piece):
+    assert runtime.balanced_piece(total, largest) == piece

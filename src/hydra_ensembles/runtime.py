@@ -228,6 +228,14 @@ CHUNK_CACHE_SHARE = 0.75
 fastest of the chunk sizes ``benchmarks/chunk_rows.py`` compares (timings: ``docs/benchmarks.md``)."""
 
 
+def balanced_piece(total: int, largest: int) -> int:
+    """The size of the pieces ``total`` items are cut into when a piece holds at most ``largest``
+    (at least 1): as few pieces as that allows, of sizes as equal as possible (8 in two pieces of
+    4, not 5 + 3)."""
+    pieces = -(-total // max(1, largest))
+    return -(-total // pieces)
+
+
 def inference_chunk_rows(width: int, itemsize: int, device, share: float = CHUNK_CACHE_SHARE) -> int | None:
     """Token rows per chunk for inference of a model whose widest activation has ``width``
     elements of ``itemsize`` bytes per row, or None to run the whole batch at once.

@@ -277,10 +277,10 @@ class GraphRun:
     spin-waiting when a run returns, so that they leave the cores to the methods timed after it."""
 
     def __init__(self, weights: bytes, settings: dict[str, Any]) -> None:
-        from hydra_ensembles.serving.onnx_ops import inference_session
+        from hydra_ensembles.serving.onnx_ops import inference_session, session_options
 
         self.weights, self.settings = weights, settings
-        self.session = inference_session(weights, idle_spin=False)
+        self.session = inference_session(weights, session_options(idle_spin=False))
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> list:
         from hydra_ensembles.serving.onnx_ops import run_session

@@ -32,7 +32,7 @@ from ..models import build_model
 from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics, write_statistics
 from ..outputs import EnsembleOutput
-from ..runtime import ensure_cpu_allocator_tuned, inference_chunk_rows
+from ..runtime import CHUNK_CACHE_SHARE, balanced_piece, ensure_cpu_allocator_tuned, inference_chunk_rows
 from ..saving.formats import WEIGHTS_NAME, SavedFormat, read_saved, register_saved_format, write_saved
 
 CONFIG_NAME = "hydra_config.json"
@@ -210,13 +210,11 @@ class HydraModel(nn.Module):
         if rows is None:
             return batch
         tokens = self.adapter.tokens_per_input(self.model, inputs)
-        largest = max(1, rows // (self.num_members * tokens))
-        chunks = -(-batch // largest)
-        return -(-batch // chunks)
+        return balanced_piece(batch, rows // (self.num_members * tokens))
 
-    def chunk_token_rows(self, device: Any = None, share: float | None = None) -> int | None:
+    def chunk_token_rows(self, device: Any = None, share: float = CHUNK_CACHE_SHARE) -> int | None:
         """Token rows of the member-stacked batch one inference chunk holds (`chunk_rows`, its
-        ``"auto"`` sized to a ``share`` of the cache, default PyTorch's, by
+        ``"auto"`` sized to a ``share`` of the cache (PyTorch's by default) by
         `runtime.inference_chunk_rows` for the weights' format on ``device``, default the
         weights'); None: no chunking."""
         if self.chunk_rows != "auto":
@@ -224,8 +222,6 @@ class HydraModel(nn.Module):
         weight = next(self.model.parameters())
         width = self.adapter.mlp_width(self.model)
         where = weight.device if device is None else device
-        if share is None:
-            return inference_chunk_rows(width, weight.element_size(), where)
         return inference_chunk_rows(width, weight.element_size(), where, share)
 
     def feature_tap(self) -> FeatureTap | None:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..layers.attention import member_attention  # noqa: F401  (registers torch.ops.hydra_ensembles)
+from ..runtime import balanced_piece
 
 MICROSOFT = "com.microsoft"
 MASK_FILL = float(torch.finfo(torch.float32).min)
@@ -121,14 +122,14 @@ def session_options(idle_spin: bool = True) -> Any:
     return options
 
 
-def inference_session(model: str | bytes, idle_spin: bool = True) -> Any:
-    """An onnxruntime CPU session for an exported graph (a path or its bytes), with the settings
-    above and without `DISABLED_OPTIMIZERS`."""
+def inference_session(model: str | bytes, options: Any = None) -> Any:
+    """An onnxruntime CPU session for an exported graph (a path or its bytes), without
+    `DISABLED_OPTIMIZERS`, with ``options`` (default: `session_options()`)."""
     import onnxruntime
 
     return onnxruntime.InferenceSession(
         model,
-        session_options(idle_spin),
+        session_options() if options is None else options,
         providers=["CPUExecutionProvider"],
         disabled_optimizers=list(DISABLED_OPTIMIZERS),
     )
@@ -162,9 +163,7 @@ def run_session(
         length = (settings or {}).get("tokens_per_input") or next(
             (v.shape[1] for v in feed.values() if v.ndim >= 2), 1
         )
-        largest = max(1, int(budget) // int(length))
-        runs = -(-rows // largest)
-        per_run = -(-rows // runs)
+        per_run = balanced_piece(rows, int(budget) // int(length))
     if per_run >= rows:
         return session.run(outputs, feed)
     parts = [
