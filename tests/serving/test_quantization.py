@@ -22,6 +22,7 @@ from hydra_ensembles.saving.loading import load_any
 from hydra_ensembles.serving import onnx as export_module
 from hydra_ensembles.serving.onnx import ExportError, export_onnx
 from hydra_ensembles.serving.onnx_ops import inference_session
+from hydra_ensembles.serving.quantization import flag_scores
 
 from .conftest import validation
 
@@ -43,9 +44,16 @@ def quantized(saved, tmp_path_factory):
         root / "q",
         quantize="int8",
         validation=val,
+        ood_validation=_ood(),
         validation_name="val",
         min_agreement=0.5,
     ), val
+
+
+def _ood() -> list[dict]:
+    """OOD validation batches for the text models of conftest."""
+    texts = [f"flour sugar oven {i}" for i in range(12)]
+    return [dict(load_tokenizer()(texts, padding=True, return_tensors="pt"))]
 
 
 def test_the_int8_graph_is_calibrated_on_its_own_outputs(saved, quantized):
@@ -93,6 +101,24 @@ def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, qu
     assert parity["ece_quantized"] == pytest.approx(M.ece(p_int8, labels), rel=1e-6)
     msp = 1 - p_ref.max(-1)
     assert parity["flag_rate_fp32"] == pytest.approx(float(np.mean(msp > original.threshold)))
+
+
+def test_the_parity_report_measures_the_flag_scores_auroc_on_ood_validation_data(saved, quantized, tmp_path):
+    """Both graphs run on the OOD validation batches; the AUROC of each graph's flag score (ID
+    validation vs OOD) at its own calibration is reported."""
+    folder, val = quantized
+    ood = _ood()
+    side = json.loads((folder / "calibration.json").read_text())
+    parity = side["quantization"]["parity"]
+    original = saved_calibration(load_any(str(saved["calibrated"])))
+    refitted = Calibration.from_dict(side["calibration"])
+    fp32 = export_onnx(saved["calibrated"], tmp_path / "fp32", check=False)
+    reference, reference_ood = _outputs(fp32, val[0]), _outputs(fp32, ood[0])
+    int8, int8_ood = _outputs(folder, val[0]), _outputs(folder, ood[0])
+    expected_fp32 = M.auroc(flag_scores(reference, original), flag_scores(reference_ood, original))
+    expected_int8 = M.auroc(flag_scores(int8, refitted), flag_scores(int8_ood, refitted))
+    assert parity["ood_auroc_fp32"] == pytest.approx(expected_fp32)
+    assert parity["ood_auroc_quantized"] == pytest.approx(expected_int8)
 
 
 def test_the_int8_graph_keeps_the_nan_contract_for_rows_pytorch_refuses(quantized):

@@ -240,13 +240,13 @@ def _quantized(
 
     from ..hashing import batches_digest
 
-    session = inference_session
     validation = list(validation)
     labels = np.concatenate([b["labels"].reshape(-1).numpy() for b in validation]).astype(np.int64)
     say("quantizing the graph's weights to int8")
     int8 = quantize_int8(model_bytes)
     say(f"running the float32 and int8 graphs on {len(labels)} validation inputs")
-    reference, outputs = (run_graph(session(m), validation, names) for m in (model_bytes, int8))
+    sessions = [inference_session(m) for m in (model_bytes, int8)]  # float32, int8
+    reference, outputs = (run_graph(session, validation, names) for session in sessions)
     calibration = wrapped.calibration
     refitted = None
     if calibration is not None:
@@ -254,10 +254,7 @@ def _quantized(
     ood = None
     if ood_validation and calibration is not None:
         ood_batches = list(ood_validation)
-        ood = (
-            run_graph(session(model_bytes), ood_batches, names),
-            run_graph(session(int8), ood_batches, names),
-        )
+        ood = tuple(run_graph(session, ood_batches, names) for session in sessions)
     report = parity(reference, outputs, labels, calibration, refitted, ood)
     if report.agreement < min_agreement:
         raise ExportError(
@@ -275,7 +272,7 @@ def _quantized(
             )
         finally:
             wrapped.calibration = calibration
-        again = run_graph(session(int8), validation[:1], names)["logits_per_member"]
+        again = run_graph(inference_session(int8), validation[:1], names)["logits_per_member"]
         if not np.array_equal(again, outputs["logits_per_member"][: len(again)]):
             raise ExportError("quantizing the graph again gave other weights: not written")
     return {
