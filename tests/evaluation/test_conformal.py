@@ -10,7 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from hydra_ensembles.evaluation.conformal import conformal_p_values, conformal_threshold, smallest_alpha
+from hydra_ensembles.evaluation.conformal import (
+    conformal_p_values,
+    conformal_threshold,
+    flag_count,
+    flags,
+    smallest_alpha,
+)
 
 
 @pytest.mark.parametrize(("n", "alpha"), [(19, 0.05), (49, 0.1), (30, 0.1), (200, 0.05)])
@@ -43,6 +49,39 @@ def test_p_values_flag_exactly_what_the_threshold_flags():
         assert ((p <= alpha) == (scores > threshold)).all()
     assert conformal_p_values(calibration, [np.inf])[0] == pytest.approx(1 / 100)
     assert conformal_p_values(calibration, [-np.inf])[0] == 1.0
+
+
+@pytest.mark.parametrize("n", [19, 41, 42, 99])
+def test_the_flag_and_the_p_value_agree_at_every_grid_point(n):
+    """At levels on or within rounding of a p-value grid point j / (n + 1) (as ``1 - keep`` gives
+    them), the threshold flags exactly the inputs whose reported p-value is <= the level: the
+    decision is on counts, with no rounding guard to disagree with the p-value."""
+    rng = np.random.default_rng(n)
+    calibration = rng.standard_normal(n)
+    scores = np.concatenate([rng.standard_normal(300), calibration])  # every grid point reached
+    p = conformal_p_values(calibration, scores)
+    for j in range(1, n + 1):
+        for keep in (1 - j / (n + 1), np.nextafter(1 - j / (n + 1), 0), np.nextafter(1 - j / (n + 1), 1)):
+            alpha = 1 - keep
+            if alpha < smallest_alpha(n) or alpha >= 1:
+                continue
+            if flag_count(n, alpha) == 0:
+                continue
+            threshold = conformal_threshold(calibration, alpha)
+            assert (flags(scores, threshold) == (p <= alpha)).all(), (j, keep)
+    keep = 0.9534883720930333  # within 1e-12 of the grid point 2/43 with 42 inputs
+    if n == 42:
+        assert (flags(scores, conformal_threshold(calibration, 1 - keep)) == (p <= 1 - keep)).all()
+
+
+def test_a_score_that_is_not_a_number_is_flagged_with_the_smallest_p_value():
+    calibration = np.arange(20.0)
+    threshold = conformal_threshold(calibration, 0.05)
+    scores = np.array([np.nan, 0.0, 100.0, -np.inf])
+    assert flags(scores, threshold).tolist() == [True, False, True, False]
+    p = conformal_p_values(calibration, scores)
+    assert p[0] == pytest.approx(1 / 21) and p[0] <= 0.05
+    assert ((p <= 0.05) == flags(scores, threshold)).all()
 
 
 def test_too_few_scores_for_the_level_are_refused():

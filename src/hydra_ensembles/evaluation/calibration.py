@@ -113,8 +113,19 @@ class Calibration:
                 raise InputError(
                     "a conformal flag keeps the ID calibration scores; this calibration has none"
                 )
-            if conformal_threshold(self.calibration_scores, 1 - self.keep) != self.threshold:
+            threshold = conformal_threshold(self.calibration_scores, 1 - self.keep)
+            if threshold != self.threshold and self.threshold != _rounded_rule(
+                self.calibration_scores, self.keep
+            ):
                 raise InputError("the conformal flag's threshold does not follow from its calibration scores")
+            if threshold != self.threshold:  # saved by a version whose level rounded onto a p-value
+                warnings.warn(  # grid point: its flag now agrees with its reported p-values
+                    f"the saved conformal flag's level {1 - self.keep:.17g} sits on a p-value grid point "
+                    f"that an earlier version rounded onto; it flags where the p-value is <= the level "
+                    f"(threshold {self.threshold:.6g} -> {threshold:.6g})",
+                    stacklevel=2,
+                )
+                object.__setattr__(self, "threshold", threshold)
 
     @property
     def alpha(self) -> float:
@@ -246,6 +257,14 @@ class Calibration:
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; InputError naming what is wrong or missing."""
         return _calibration_from_dict(saved)
+
+
+def _rounded_rule(scores: tuple[float, ...], keep: float) -> float:
+    """The conformal threshold as earlier versions computed it (k = ceil((n + 1) keep - 1e-12)),
+    which moved a level within 1e-12 of a p-value grid point onto it: a saved calibration with
+    that threshold still loads (`Calibration` then holds the threshold its p-values follow)."""
+    k = min(len(scores), max(1, math.ceil((len(scores) + 1) * (1 - (1 - keep)) - 1e-12)))
+    return float(scores[k - 1])
 
 
 def _describe(c: Calibration) -> str:

@@ -17,6 +17,7 @@ inputs up to about 1/n more often than alpha (Vovk et al., 2005; Angelopoulos an
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,14 @@ FLAG_METHODS = ("conformal", "quantile")
 """How a flag threshold is set from ID calibration scores: with the (n + 1) correction
 (conformal, the default), or as their plain ``keep`` quantile."""
 
-__all__ = ["FLAG_METHODS", "conformal_p_values", "conformal_threshold", "smallest_alpha"]
+__all__ = [
+    "FLAG_METHODS",
+    "conformal_p_values",
+    "conformal_threshold",
+    "flag_count",
+    "flags",
+    "smallest_alpha",
+]
 
 
 def smallest_alpha(n: int) -> float:
@@ -35,23 +43,45 @@ def smallest_alpha(n: int) -> float:
     return 1.0 / (n + 1)
 
 
+def flag_count(n: int, alpha: float) -> int:
+    """The largest j with ``j / (n + 1) <= alpha`` as the p-values compare in floating point: an
+    input is flagged at level ``alpha`` where ``1 + #{s_i >= s}`` is at most this count, the same
+    decision as its reported p-value ``<= alpha``, decided on integers (no rounding guard)."""
+    if not 0 < alpha < 1:
+        raise InputError(f"the flag's level alpha must be in (0, 1), got {alpha}")
+    j = min(n + 1, int(Fraction(alpha) * (n + 1)))  # floor of the exact product; then as floats compare
+    while j <= n and (j + 1) / (n + 1) <= alpha:
+        j += 1
+    while j > 0 and j / (n + 1) > alpha:
+        j -= 1
+    return j
+
+
 def conformal_threshold(scores: Any, alpha: float) -> float:
-    """The k-th smallest of ``scores`` with k = ceil((n + 1)(1 - alpha)): inputs scored above it
-    have conformal p-values <= ``alpha``. ValueError where ``alpha`` is below 1 / (n + 1) (too
-    few scores to flag anything at that level) or outside (0, 1)."""
+    """The k-th smallest of ``scores`` with k = n + 1 - `flag_count` (about
+    ceil((n + 1)(1 - alpha))): inputs scored above it are exactly those whose conformal p-values
+    are <= ``alpha``. ValueError where ``alpha`` is below 1 / (n + 1) (too few scores to flag
+    anything at that level) or outside (0, 1)."""
     values = np.sort(np.asarray(scores, dtype=np.float64).reshape(-1))
     n = len(values)
     if not 0 < alpha < 1:
         raise InputError(f"the flag's level alpha must be in (0, 1), got {alpha}")
     if n == 0 or not np.isfinite(values).all():
         raise InputError("a conformal threshold needs finite calibration scores")
-    k = math.ceil((n + 1) * (1 - alpha) - 1e-12)  # guard against 0.95 * 20 = 18.999...
+    k = n + 1 - flag_count(n, alpha)
     if k > n:
         raise InputError(
             f"{n} calibration inputs cannot flag at level {alpha:g} (the smallest level is "
             f"1/(n+1) = {smallest_alpha(n):.3g}): give more ID validation data or a larger level"
         )
     return float(values[k - 1])
+
+
+def flags(scores: Any, threshold: float) -> np.ndarray:
+    """Which of ``scores`` the flag at ``threshold`` raises: those not at or below it, so a score
+    that is not a number (NaN, from features that overflowed) is flagged, as its p-value (the
+    smallest) says. The one rule of every served flag."""
+    return ~(np.asarray(scores, dtype=np.float64) <= threshold)
 
 
 def quantile_threshold(scores: Any, keep: float) -> float:
@@ -65,6 +95,7 @@ def conformal_p_values(calibration_scores: Any, scores: Any) -> np.ndarray:
     reference = np.sort(np.asarray(calibration_scores, dtype=np.float64).reshape(-1))
     values = np.asarray(scores, dtype=np.float64)
     at_least = len(reference) - np.searchsorted(reference, values, side="left")  # #{s_i >= s}
+    at_least = np.where(np.isnan(values), 0, at_least)  # not a number: as far out as any score (flagged)
     return (1.0 + at_least) / (len(reference) + 1.0)
 
 

@@ -16,7 +16,7 @@ from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
 from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, split_for_sets, validation_aurocs
-from .conformal import conformal_threshold, fit_set_quantiles, prediction_sets, smallest_alpha
+from .conformal import conformal_threshold, fit_set_quantiles, flags, prediction_sets, smallest_alpha
 from .evaluate import applicable_scores, evaluate_predictions, ood_scores
 from .intervals import add_intervals, bootstrap_draws
 from .predict import Predictions
@@ -134,7 +134,7 @@ def id_false_flag_rate(
     expectation, up to the ID test's sampling error (and the small reuse of the validation data
     that also chose the score)."""
     threshold = conformal_threshold(ood_scores(val, score, temperature, statistics), FLAG_LEVEL)
-    rate = float(np.mean(ood_scores(test, score, temperature, statistics) > threshold))
+    rate = float(np.mean(flags(ood_scores(test, score, temperature, statistics), threshold)))
     return {"alpha": FLAG_LEVEL, "id_test_rate": rate, "id_test_inputs": int(test.member_logits.shape[1])}
 
 
@@ -171,7 +171,7 @@ def evaluate_method(
             row["flag_score"] = chosen = served.score
             flagged = {"ID test": preds.test, **{k: p for k, (_, p) in preds.ood.items()}}
             row["flagged"] = {
-                k: float(np.mean(ood_scores(p, chosen, temperature, stats) > served.threshold))
+                k: float(np.mean(flags(ood_scores(p, chosen, temperature, stats), served.threshold)))
                 for k, p in flagged.items()
             }
             if served.set_method:  # the prediction sets on the ID test: coverage and size

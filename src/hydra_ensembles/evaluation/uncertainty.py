@@ -17,7 +17,7 @@ import numpy as np
 from .. import metrics as M
 from ..errors import InputError
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
-from .conformal import quantile_threshold
+from .conformal import flags, quantile_threshold
 from .evaluate import member_feature_scores, ood_scores
 from .predict import Predictions
 
@@ -35,7 +35,7 @@ def per_example(
     (higher = more likely OOD; ``ood_score_msp`` is 1 - the largest class probability; a feature
     score, under ``statistics``, is the mean of the members' scores and, for an ensemble,
     ``ood_score_<flag_score>_spread`` their standard deviation); with ``threshold``, ``flagged``
-    says whether it exceeds the threshold."""
+    says whether it is not at or below the threshold (`conformal.flags`: NaN is flagged)."""
     member_probs = predictions.member_probs(temperature)
     probs = member_probs.mean(0)
     num_classes = probs.shape[1]
@@ -54,6 +54,7 @@ def per_example(
         score, spread = members.mean(0), members.std(0) if ensemble else None
     else:
         score = ood_scores(predictions, flag_score, temperature)
+    flagged = None if threshold is None else flags(score, threshold)
     records = []
     for i in range(probs.shape[0]):
         record: dict[str, Any] = {
@@ -68,7 +69,7 @@ def per_example(
         if spread is not None:
             record[f"ood_score_{flag_score}_spread"] = float(spread[i])
         if threshold is not None:
-            record["flagged"] = bool(score[i] > threshold)
+            record["flagged"] = bool(flagged[i])
         if labels is not None:
             record["label"] = names[int(labels[i])]
             record["correct"] = bool(predicted[i] == labels[i])
