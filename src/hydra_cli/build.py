@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from hydra_ensembles.errors import InputError
+from hydra_ensembles.saving.files import RUN_MARKER
 
 from .command import Command
 from .common import (
@@ -30,8 +31,22 @@ from .options import (
 
 FINISHED = "hydra/hydra_config.json"
 """What a finished build's output holds."""
-OWNED = ("checkpoints", "members", "hydra")
+OWNED = ("checkpoints", "members", "hydra", RUN_MARKER)
 """What build writes in its output folder (and resumes from)."""
+UNSETTING = ("out", "overwrite", "keep_checkpoints")
+"""Options that do not change what a build computes (a rerun that differs only in them resumes)."""
+
+
+def _settings_key(args: argparse.Namespace) -> str:
+    """The digest of the options a build computes from: a rerun with the same ones resumes its
+    output folder; what a run with others left is refused, or with ``--overwrite`` removed first
+    (`saving.files.claim_run_dir`)."""
+    from hydra_ensembles.hashing import json_digest
+
+    plain = (str, int, float, bool, type(None), list, tuple)
+    return json_digest(
+        {k: v for k, v in sorted(vars(args).items()) if k not in UNSETTING and isinstance(v, plain)}
+    )
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -40,7 +55,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     from hydra_ensembles.build import build_hydra, save_with_preprocessor
     from hydra_ensembles.data.labels import check_trainable
-    from hydra_ensembles.saving.files import replace_dir
+    from hydra_ensembles.saving.files import claim_run_dir, replace_dir
     from hydra_ensembles.saving.loading import load_preprocessor
     from hydra_ensembles.scoring.files import read_ranking
 
@@ -73,20 +88,21 @@ def _cmd_build(args: argparse.Namespace) -> int:
         _print_history(result, dataclasses.replace(tuning, seed=args.seed + m), val)
         save_with_preprocessor(member, out / "members" / f"member-{m}", preprocessor)
 
-    built = build_hydra(
-        model,
-        train,
-        val,
-        config=config,
-        ranking=ranking,
-        classes=classes,
-        validation_name=args.val_data or "",
-        train_name=args.data or "",
-        ood_validation=ood,
-        checkpoint_dir=out / "checkpoints",
-        on_member=trained,
-        log=lambda line: print(line, file=sys.stderr),
-    )
+    with claim_run_dir(out, _settings_key(args), OWNED[:-1], restart=args.overwrite, beside=out != target):
+        built = build_hydra(
+            model,
+            train,
+            val,
+            config=config,
+            ranking=ranking,
+            classes=classes,
+            validation_name=args.val_data or "",
+            train_name=args.data or "",
+            ood_validation=ood,
+            checkpoint_dir=out / "checkpoints",
+            on_member=trained,
+            log=lambda line: print(line, file=sys.stderr),
+        )
     _describe(built, model)
     built.save_pretrained(out, preprocessor, members_saved=True)  # the fused model's config last
     if not args.keep_checkpoints:

@@ -22,6 +22,7 @@ from transformers import (
 import hydra_ensembles as he
 from hydra_cli import main
 from hydra_ensembles.evaluation import calibrate
+from hydra_ensembles.hashing import config_digest
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.saving.formats import write_folder_checksums
@@ -99,6 +100,14 @@ def w(tmp_path_factory):
     hf["id2label"] = {"0": "LABEL_1", "1": "LABEL_0"}
     (root / "tuned-classes-swapped" / "config.json").write_text(json.dumps(hf))
     (root / "tuned-file-added" / "added_tokens.json").write_text('{"goal": 0}')
+    shutil.copytree(root / "calibrated", root / "tuned-checksums-aliased")  # re-signed by hand
+    record = json.loads((root / "tuned-checksums-aliased" / "checksums.json").read_text())
+    aliases = {
+        f"./{'.//' * i}model.safetensors": record["files_sha256"]["model.safetensors"] for i in range(50)
+    }
+    record["files_sha256"] = {**record["files_sha256"], **aliases, "../train.csv": "0" * 64}
+    record["config_sha256"] = config_digest(record)
+    (root / "tuned-checksums-aliased" / "checksums.json").write_text(json.dumps(record))
 
     for name, change in (
         ("huge-config", {"intermediate_size": 10**12}),  # would allocate 96 TB before loading
@@ -325,6 +334,12 @@ CASES = [
         "finetuned-classes-swapped",
         lambda w: predict(w, model="tuned-classes-swapped"),
         "config.json was mod",
+        "p.csv",
+    ),
+    (  # a re-signed record naming the weights under other names, or files outside the folder
+        "finetuned-checksums-name-aliases",
+        lambda w: predict(w, model="tuned-checksums-aliased"),
+        "not the plain name of a file",
         "p.csv",
     ),
     (
@@ -756,8 +771,8 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(w, case, capsys):
     code = run(argv(w))
     err = capsys.readouterr().err
     lines = said(err)
-    assert code not in (0, None), err
-    assert "Traceback" not in err and len(lines) == 1, err
+    assert code == 2, err  # a refusal, never an internal error (exit 1)
+    assert "Traceback" not in err and len(lines) == 1 and "internal error" not in lines[0], err
     if fragment:
         assert fragment in lines[0], lines[0]
     if out:
@@ -809,6 +824,56 @@ def test_finished_model_outputs_are_not_replaced_without_overwrite(w, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert (out / "hydra_config.json").stat().st_mtime_ns == stamp
     assert main(["fuse", str(w / "model"), "--heads", str(good), "--out", str(out), "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo", "foreign-folder"])
+def test_build_overwrite_never_writes_through_what_is_planted_at_its_staging_folder(w, capsys, planted):
+    """``build --overwrite`` builds beside a finished output in ``.NAME.overwrite``: a link (to a
+    folder of someone's files), a FIFO or a folder hydra-ens did not make at that name is refused
+    in one line; nothing is written through it, nothing hangs, the output is unchanged."""
+    out = w / f"built-{planted}"
+    if not (out / "hydra").is_dir():
+        assert main(build(w, "--num-pruned", "1", out=out.name)) == 0
+    before = _digest(out)
+    victim = w / f"victim-{planted}"
+    victim.mkdir(exist_ok=True)
+    (victim / "mine.txt").write_text("a file the user cares about\n")
+    staging = w / f".{out.name}.overwrite"
+    if planted == "symlink" and not staging.is_symlink():
+        staging.symlink_to(victim, target_is_directory=True)
+    elif planted == "fifo" and not staging.exists():
+        os.mkfifo(staging)
+    elif planted == "foreign-folder":
+        staging.mkdir(exist_ok=True)
+        (staging / "mine.txt").write_text("a file the user cares about\n")
+    capsys.readouterr()
+    assert run([*build(w, "--num-pruned", "1", out=out.name), "--overwrite"]) == 2
+    lines = said(capsys.readouterr().err)
+    assert len(lines) == 1 and "not a folder hydra-ens made" in lines[0], lines
+    assert sorted(p.name for p in victim.iterdir()) == ["mine.txt"] and _digest(out) == before
+    assert not out.is_symlink() and (staging.is_symlink() or staging.exists())
+
+
+def test_what_a_run_with_other_options_left_never_survives_into_a_build(w, capsys):
+    """A killed ``build --overwrite --fine-tune`` leaves ``members/`` in its staging folder; a rerun
+    without ``--fine-tune`` starts afresh there (its output holds no stale members); without
+    ``--overwrite`` a folder holding another run's leftovers is refused, not mixed."""
+    out = w / "built-stale"
+    if not (out / "hydra").is_dir():
+        assert main(build(w, "--num-pruned", "1", out=out.name)) == 0
+    staging = w / f".{out.name}.overwrite"
+    (staging / "members" / "member-0").mkdir(parents=True)  # as a killed fine-tuned run leaves it
+    (staging / ".hydra-ens-run").write_text("the settings of another run\n")
+    assert main([*build(w, "--num-pruned", "1", out=out.name), "--overwrite"]) == 0
+    assert not (out / "members").exists() and not staging.exists()
+    partial = w / "built-partial"
+    (partial / "members" / "member-0").mkdir(parents=True)
+    (partial / ".hydra-ens-run").write_text("the settings of another run\n")
+    capsys.readouterr()
+    assert run(build(w, "--num-pruned", "1", out=partial.name)) == 2
+    lines = said(capsys.readouterr().err)
+    assert len(lines) == 1 and "a run with other options left" in lines[0], lines
+    assert (partial / "members" / "member-0").is_dir() and not (partial / "hydra").exists()
 
 
 def test_a_second_process_writing_the_same_output_is_refused(w, capsys):

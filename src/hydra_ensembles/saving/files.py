@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,93 @@ def atomic_dir(path: str | os.PathLike, write: Callable[[Path], None], marker: b
         _raise_write_error(exc, path)
         raise
     return replace_dir(path, tmp)
+
+
+RUN_MARKER = ".hydra-ens-run"
+"""The file in a folder a resumable command writes step by step (``build``'s output, its
+``--overwrite`` staging folder) that names the settings of the run writing it (`claim_run_dir`)."""
+_MARKER_BYTES = 4096
+
+
+@contextlib.contextmanager
+def claim_run_dir(
+    path: str | os.PathLike, key: str, owned: tuple[str, ...], *, restart: bool = False, beside: bool = False
+) -> Iterator[Path]:
+    """Claim the folder ``path`` for the run whose settings digest is ``key`` (recorded in
+    `RUN_MARKER`): a rerun of the same run resumes what is there. Entries ``owned`` that another
+    run left (other settings, or a killed run that recorded none) never survive into the result:
+    with ``restart`` they are removed first, else OutputError. Nothing is created or followed
+    through a symbolic link: a link among ``owned`` is refused. ``beside``: ``path`` is a folder
+    the library names beside an output (a staging folder), created here without following a link
+    (`os.mkdir`), and anything already at that name that the library did not make (a link, a
+    file, a FIFO, a folder without `RUN_MARKER`) is refused in one line, never written through
+    or deleted. A run that ends in an exception before writing anything there leaves no folder
+    it created."""
+    path = Path(path)
+    fresh = not os.path.lexists(path)
+    made = _make_beside(path) if beside else False
+    if not beside:
+        path.mkdir(parents=True, exist_ok=True)
+    recorded = None if made else _read_marker(path / RUN_MARKER, beside)
+    entries = [path / name for name in owned if os.path.lexists(path / name)]
+    for entry in entries:
+        if entry.is_symlink():
+            raise OutputError(
+                f"{entry} is a symbolic link, not a folder hydra-ens made: remove it (it may have been "
+                "planted to make this command write elsewhere)"
+            )
+    if recorded != key and entries:
+        if not restart:
+            raise OutputError(
+                f"{path} holds what a run with other options left ({', '.join(e.name for e in entries)}): "
+                "rerun with the same options to resume it, or pass --overwrite to start afresh"
+            )
+        for entry in entries:
+            _remove(entry)
+    if recorded != key:
+        atomic_write_text(path / RUN_MARKER, key + "\n")
+    try:
+        yield path
+    except BaseException:
+        if fresh and {p.name for p in path.iterdir()} <= {RUN_MARKER}:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _make_beside(path: Path) -> bool:
+    """Create the folder ``path`` (True), or find the one a run of the library made there (False);
+    OutputError for anything else at that name."""
+    try:
+        os.mkdir(path)
+        return True
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise OutputError(f"cannot create {path}: {exc.strerror or exc}") from None
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a folder"
+        raise OutputError(
+            f"{path} is {what}, not a folder hydra-ens made: remove it (hydra-ens writes there and "
+            "never through what it did not make)"
+        )
+    return False
+
+
+def _read_marker(marker: Path, required: bool) -> str | None:
+    """The key `RUN_MARKER` records (None where there is none: a run that recorded nothing);
+    OutputError where it is not a regular file, or is missing and ``required``."""
+    try:
+        info = os.lstat(marker)
+    except FileNotFoundError:
+        if required:
+            raise OutputError(
+                f"{marker.parent} holds no {RUN_MARKER}: it is not a folder hydra-ens made: remove it"
+            ) from None
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_size > _MARKER_BYTES:
+        raise OutputError(f"{marker} is not the marker hydra-ens writes (a small regular file): remove it")
+    return marker.read_text(encoding="utf-8", errors="replace").strip()
 
 
 def replace_dir(path: Path, new: Path) -> Path:
@@ -285,10 +374,22 @@ def _umask() -> int:
     return mask
 
 
+JSON_BYTES = 256 << 20
+"""The largest JSON file the library reads (a calibration with its scores is a few MB)."""
+
+
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
-    """A JSON file's content; ValueError naming the file where it is missing or not JSON."""
+    """A JSON file's content; InputError naming the file where it is missing, not a regular file
+    (a FIFO or a device would block the reader), larger than `JSON_BYTES`, or not JSON."""
     path = Path(path)
     try:
+        info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            raise InputError(f"{what} {path} is a directory, not a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{what} {path} is not a regular file")
+        if info.st_size > JSON_BYTES:
+            raise InputError(f"{what} {path} is {info.st_size} bytes, more than any this library writes")
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{what} {path} does not exist") from None
