@@ -87,17 +87,24 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
             "of ID validation: pass --val-data to fit another with --flag-score/--keep"
         )
     _say_precision(args)
-    if val_batches is not None:
+    if val_batches is not None:  # the saved calibration's settings, unless the options ask for others
+        settings = _refit_settings(saved)
+        settings.update({k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
         calibration, val = fit_calibration(
             model,
             val_batches,
-            args.flag_score or "msp",
-            args.keep or 0.95,
+            settings.pop("score"),
+            settings.pop("keep"),
             data=args.val_data,
             precision=args.precision,
             statistics=saved.statistics if saved is not None else None,  # feature scores' statistics
+            **settings,
         )
-        print(f"calibration fit on --val-data (not saved with the model): {calibration.describe()}")
+        source = "the saved calibration's" if saved is not None else "the defaults'"
+        print(
+            f"calibration fit on --val-data (not saved with the model; settings not given as options are "
+            f"{source}): {calibration.describe()}"
+        )
         return calibration, val
     if calibration is not None:
         print(f"calibration saved with the model: {calibration.describe()}")
@@ -109,6 +116,21 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
             file=sys.stderr,
         )
     return calibration, None
+
+
+def _refit_settings(saved) -> dict:
+    """The flag and set settings of a refit: the saved calibration's, else the defaults (msp,
+    keep 0.95, a conformal flag, no sets)."""
+    if saved is None:
+        return {"score": "msp", "keep": 0.95}
+    return {
+        "score": saved.score,
+        "keep": saved.keep,
+        "flag_method": saved.flag_method,
+        "set_method": saved.set_method,
+        "set_alpha": saved.set_alpha,
+        "set_classwise": saved.set_classwise,
+    }
 
 
 def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[str]:

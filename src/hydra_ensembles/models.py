@@ -185,6 +185,10 @@ def load_classifier(
             )
     except (OSError, SafetensorError) as exc:  # no safetensors weights, or a damaged file
         raise InputError(f"cannot read the weights of {name_or_path}: {' '.join(str(exc).split())}") from exc
+    except ValueError as exc:  # a config.json the model class refuses (hidden size vs heads, ...)
+        raise InputError(
+            f"{name_or_path}: config.json describes no valid model: {' '.join(str(exc).split())}"
+        ) from exc
     finally:
         hf_logging.set_verbosity(verbosity)
     _check_loaded(model, info, config, name_or_path, num_labels)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import json
 import logging
 import math
 import os
@@ -204,8 +203,10 @@ def machine_measurement(name: str, measure: Callable[[], float | None]) -> float
     threads = torch.get_num_threads()
     key = f"{name} | {model} | {platform.machine()} | torch {torch.__version__} | {threads} threads"
     path = machine_cache_path()
-    try:
-        cached = json.loads(path.read_text())
+    from .saving.files import read_json
+
+    try:  # a regular file only (a FIFO there would block every command), of a bounded size
+        cached = read_json(path, "machine measurements") if path.exists() else {}
         cached = cached if isinstance(cached, dict) else {}
     except (OSError, ValueError):
         cached = {}
@@ -216,6 +217,8 @@ def machine_measurement(name: str, measure: Callable[[], float | None]) -> float
         try:
             from .saving.files import atomic_write_json
 
+            if path.exists() and not path.is_file():
+                raise OSError(f"{path} is not a regular file")  # never written over
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path, {**cached, key: value})
         except (OSError, ValueError):  # a read-only or full home: measured again by the next process

@@ -275,7 +275,9 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     assert main(args) == 2 and not out.exists()
     assert "saved calibration flags on mds keeping 90%" in capsys.readouterr().err
     assert main([*args, "--val-data", str(w / "train.csv")]) == 0
-    assert "fit on --val-data (not saved with the model)" in capsys.readouterr().out
+    said = capsys.readouterr().out  # the score asked for; the saved level, flag method and sets kept
+    assert "fit on --val-data (not saved with the model; settings not given as options are the saved" in said
+    assert "ood_score_entropy >" in said and "conformal, level 0.1:" in said
     assert "ood_score_entropy" in next(csv.DictReader(out.open()))
 
     # what build saved serves through transformers' pipeline with predict's flags, computed in the
@@ -407,6 +409,16 @@ def test_finetune_saves_feature_statistics_that_predict_and_the_pipeline_serve(w
     assert [r["ood_score_mds"] for r in records] == pytest.approx(scores, abs=tol)
     clear = [i for i, s in enumerate(scores) if abs(s - saved.threshold) > tol]
     assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
+    # a refit on --val-data keeps the saved calibration's settings (score, level, sets), and says so
+    refit = tmp_path / "refit.jsonl"
+    capsys.readouterr()
+    args = ["--data", str(w / "ood.csv"), "--val-data", str(w / "train.csv"), "--out", str(refit)]
+    assert main(["predict", str(tuned), *args, *common]) == 0
+    said = capsys.readouterr().out
+    assert "settings not given as options are the saved calibration's" in said and "ood_score_mds >" in said
+    first = json.loads(refit.read_text().splitlines()[0])
+    assert "ood_score_mds" in first and ("prediction_set" in first) == bool(saved.set_method)
+    assert f"level {saved.alpha:.3g}" in said
 
 
 def test_the_length_a_model_was_fit_at_is_served_with_it(workspace, tmp_path, capsys):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..errors import InputError
 from ..saving.metadata import read_metadata
 from ..surgery import STATISTICS_ATTRIBUTE
 from .detectors import STATISTICS_NAME, FeatureStatistics
@@ -36,7 +37,7 @@ def write_statistics(model: nn.Module, folder: str | os.PathLike) -> Path | None
 
 
 def read_statistics(
-    model: nn.Module, folder: str | os.PathLike, error: type[ValueError] = ValueError
+    model: nn.Module, folder: str | os.PathLike, error: type[ValueError] = InputError
 ) -> None:
     """Give ``model`` the statistics its calibration names, read from ``folder`` and checked
     against the recorded digest; ``error`` where they are missing or are not those."""

@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..configuration import HF_CONFIG_NAME
+from ..errors import InputError
 from ..hashing import config_digest, sha256_file
 from .files import atomic_write, atomic_write_json, read_json
 
@@ -115,10 +116,19 @@ def read_saved(
 
 
 def check_companions(
-    path: Path, digests: dict[str, str], config_name: str, error: type[ValueError] = ValueError
+    path: Path, digests: dict[str, str], config_name: str, error: type[ValueError] = InputError
 ) -> None:
     """``error`` where a file `companion_digests` recorded (a tokenizer, feature statistics) is
-    missing or was modified since."""
+    missing or was modified since, or where the record names anything but plain names of files
+    in ``path`` (``../x``, ``/etc/x``, ``./a``, ``a/b``: refused before anything is hashed)."""
+    if not isinstance(digests, dict):
+        raise error(f"{path / config_name} records its files' checksums as a {type(digests).__name__}")
+    for name, digest in digests.items():
+        if not _plain_name(name) or not isinstance(digest, str):
+            raise error(
+                f"{path / config_name} names {str(name)[:80]!r}, which is not the plain name of a file "
+                "in the folder: it was not written by this library"
+            )
     for name, digest in digests.items():
         companion = path / name
         if not companion.is_file() or sha256_file(companion) != digest:
@@ -152,7 +162,19 @@ def write_folder_checksums(folder: str | os.PathLike) -> Path:
     return atomic_write_json(folder / FOLDER_CHECKSUMS, record)
 
 
-def check_folder_checksums(folder: str | os.PathLike, error: type[ValueError] = ValueError) -> None:
+def _plain_name(name: object) -> bool:
+    """Whether ``name`` is the plain name of an entry of a folder (no separator, not . or ..)."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and os.sep not in name
+        and "\0" not in name
+        and (os.altsep is None or os.altsep not in name)
+    )
+
+
+def check_folder_checksums(folder: str | os.PathLike, error: type[ValueError] = InputError) -> None:
     """``error`` in one line where a folder with ``checksums.json`` no longer holds the files it
     recorded (changed, removed, or a loader's file added); nothing for a folder without one (a
     model the library did not write). Checked once per state of the record."""
@@ -197,7 +219,7 @@ def first_non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> str | None:
 
 
 def check_finite(
-    tensors: Iterable[tuple[str, torch.Tensor]], source: str, error: type[ValueError] = ValueError
+    tensors: Iterable[tuple[str, torch.Tensor]], source: str, error: type[ValueError] = InputError
 ) -> None:
     """Refuse weights holding NaN or Inf (a diverged training, a damaged file): every prediction
     and ranking computed from them would be meaningless. ``error`` names ``source`` and the first
