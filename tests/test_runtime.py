@@ -84,3 +84,22 @@ def test_the_real_measurement_gives_a_size_it_measured_or_none():
 )
 def test_balanced_pieces_are_as_few_and_as_equal_as_the_largest_allows(total, largest, piece):
     assert runtime.balanced_piece(total, largest) == piece
+
+
+def test_a_measurement_file_that_is_no_regular_file_never_blocks(fresh, tmp_path):
+    """A FIFO (or any non-regular file) where ``machine.json`` goes is neither read (that would
+    block every command) nor written over: the value is measured and not kept."""
+    import os
+    import threading
+
+    os.mkfifo(tmp_path / "machine.json")
+    result = []
+    worker = threading.Thread(target=lambda: result.append(runtime.machine_measurement("x", lambda: 3.0)))
+    worker.start()
+    worker.join(timeout=30)
+    if worker.is_alive():  # unblock the reader so the test process can end, then fail
+        with open(tmp_path / "machine.json", "w"):
+            pass
+        worker.join()
+        pytest.fail("reading a FIFO machine.json blocked")
+    assert result == [3.0] and (tmp_path / "machine.json").is_fifo()
