@@ -48,6 +48,18 @@ def test_the_rule_picks_the_best_validation_auroc_and_mds_without_ood_data():
     assert choose_flag_score(bare, stats, Predictions(ood.member_logits)) not in FEATURE_SCORES
 
 
+def test_ood_validation_data_that_separates_nothing_chooses_nothing_and_says_so():
+    """OOD validation data drawn like the ID validation data (here: the same inputs) gives every
+    score an AUROC near 0.5: the rule without OOD data applies, with a warning naming the choice."""
+    train, val = _preds(120, seed=1), _preds(90, seed=2)
+    stats = FeatureStatistics.fit(train.member_features, train.labels, 3)
+    alike = Predictions(val.member_logits, None, val.member_features)
+    with pytest.warns(UserWarning, match=r"separates no score .* the flag score is mds, as without OOD data"):
+        assert choose_flag_score(val, stats, alike) == "mds"
+    with pytest.warns(UserWarning, match="the flag score is msp"):
+        assert choose_flag_score(val, None, alike) == "msp"
+
+
 def test_a_calibration_on_a_feature_score_records_its_statistics():
     train, val = _preds(120, seed=1), _preds(90, seed=2)
     stats = FeatureStatistics.fit(train.member_features, train.labels, 3)

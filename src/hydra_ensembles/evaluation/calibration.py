@@ -384,13 +384,28 @@ def choose_flag_score(
     """The flag score, by the rule of docs/ood.md: with OOD validation predictions, the score
     (among those the predictions and statistics allow) with the highest AUROC of ID validation
     against OOD validation, the earlier in `OOD_SCORES` on a tie; without, `DEFAULT_FEATURE_SCORE`
-    where feature statistics were fit, else ``msp``. Never give it an OOD test set."""
+    where feature statistics were fit, else ``msp``. OOD validation data that no score separates
+    from the ID validation data beyond chance (every AUROC within two null standard errors of
+    0.5) chooses nothing: the rule without OOD data applies, with a warning saying so. Never give
+    it an OOD test set."""
     usable = applicable_scores(id_validation, statistics)
+    default = DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in usable else "msp"
     if ood_validation is None:
-        return DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in usable else "msp"
+        return default
     aurocs = validation_aurocs(id_validation, ood_validation, statistics, temperature)
     order = list(aurocs)
-    return max(order, key=lambda s: (aurocs[s], -order.index(s)))
+    best = max(order, key=lambda s: (aurocs[s], -order.index(s)))
+    n_id, n_ood = id_validation.member_logits.shape[1], ood_validation.member_logits.shape[1]
+    chance = 0.5 + 2 * math.sqrt((n_id + n_ood + 1) / (12 * n_id * n_ood))  # AUROC's null sd (Mann-Whitney)
+    if aurocs[best] <= chance:
+        warnings.warn(
+            f"the OOD validation data separates no score from the ID validation data beyond chance (best "
+            f"AUROC {aurocs[best]:.3f}, by {best}; chance reaches {chance:.3f} at these sizes): the flag "
+            f"score is {default}, as without OOD data; give OOD validation data unlike the ID data",
+            stacklevel=2,
+        )
+        return default
+    return best
 
 
 def validation_aurocs(
