@@ -33,6 +33,7 @@ from .evaluation.calibration import Calibration, calibrate
 from .fusion import fuse
 from .fusion.model import HydraModel
 from .heads import HeadSet
+from .inputs import checked_batches
 from .members import sample_members, save_member
 from .members.ensemble import DeepEnsemble, write_ensemble_index
 from .scoring import CircuitConfig, CircuitOrder, extract_circuit, taylor_scores
@@ -163,6 +164,9 @@ def build_hydra(
     here; ``config.fine_tune`` is then not used)."""
     say = log or (_to_stderr if progress else (lambda line: None))  # each step said as it starts
     train, validation = _listed(train), _listed(validation)
+    classes_of_model = int(model.config.num_labels)  # labelled batches checked before any work
+    train = train and checked_batches(train, "train", classes_of_model, model=model)
+    validation = validation and checked_batches(validation, "validation", classes_of_model, model=model)
     if config.fine_tune is not None and not train:
         raise InputError("fine-tuning members needs labelled training batches (train)")
     if ranking is None:

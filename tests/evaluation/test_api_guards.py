@@ -82,3 +82,54 @@ def test_float_labels_are_refused_by_circuit_extraction():
     batch = {**text_inputs(batch=4, tokens=5), "labels": torch.tensor([0.0, 1.0, 2.0, 1.0])}
     with pytest.raises(ValueError, match="integer tensor of class ids"):
         he.extract_circuit(model, [batch], budget=1, objective="acc")
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        (np.array([0.5, 1.7, 1.2, 0.0]), "integer class ids"),  # truncated to 0, 1, 1, 0 before
+        (np.array([True, False, True, False]), "integer class ids"),  # booleans are no classes
+        (np.array([0, 1, 3, 0]), "out of range: there are 3 classes"),
+    ],
+)
+def test_feature_statistics_take_the_labels_every_entry_point_takes(labels, message):
+    from hydra_ensembles.ood import FeatureStatistics
+
+    features = np.random.default_rng(0).normal(size=(2, 4, 5))
+    with pytest.raises(he.InputError, match=message):
+        FeatureStatistics.fit(features, labels, 3)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("bank_size", 0), ("bank_size", -1), ("knn_k", 0), ("knn_k", 1.5)]
+)
+def test_feature_statistics_refuse_sizes_that_would_fail_at_scoring(option, value):
+    from hydra_ensembles.ood import FeatureStatistics
+
+    features = np.random.default_rng(0).normal(size=(2, 6, 5))
+    with pytest.raises(he.InputError, match=f"{option} must be a positive whole number"):
+        FeatureStatistics.fit(features, np.arange(6) % 3, 3, **{option: value})
+
+
+def test_calibration_fit_refuses_a_level_outside_its_range_and_another_models_ood_predictions():
+    from hydra_ensembles.evaluation import Calibration
+
+    val = _preds(members=2, n=40, classes=3)
+    with pytest.raises(he.InputError, match=r"keep must be in \(0, 1\]"):
+        Calibration.fit(val, "msp", 1.5)
+    other = _preds(members=2, n=30, classes=4, labels=False)  # another model's (4 classes)
+    with pytest.raises(he.InputError, match="not of the model of the ID ones"):
+        Calibration.fit(val, "auto", 0.9, ood_validation=other)
+
+
+def test_build_hydra_checks_its_batches_before_any_work():
+    model = tiny_bert(layers=1, heads=2)
+    inputs = text_inputs(batch=4, tokens=5)
+    floats = {**labelled(inputs), "input_ids": inputs["input_ids"].float()}
+    with pytest.raises(he.InputError, match="input_ids in train must be an integer tensor"):
+        he.build_hydra(model, [floats], [labelled(inputs)], config=he.BuildConfig(num_pruned=1))
+    narrow = {**inputs, "labels": labelled(inputs)["labels"].to(torch.int8)}  # any integer width
+    built = he.build_hydra(
+        model, None, [narrow], config=he.BuildConfig(num_pruned=1, num_members=2), progress=False
+    )
+    assert built.calibration is not None

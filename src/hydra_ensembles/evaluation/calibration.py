@@ -183,6 +183,11 @@ class Calibration:
         not in ``id_validation``); the flag is then fit on them."""
         if id_scores is not None and score == AUTO_SCORE:
             raise InputError("id_scores are the values of one named score: name it, not 'auto'")
+        if not 0 < keep <= 1:
+            raise InputError(f"keep must be in (0, 1], got {keep}")
+        if flag_method not in FLAG_METHODS:
+            raise InputError(f"unknown flag method {flag_method!r}; choose from {FLAG_METHODS}")
+        id_validation.class_labels("ID validation predictions")
         sets_on = None
         if set_method:
             temperature_on, sets_on = split_for_sets(id_validation)
@@ -416,6 +421,12 @@ def validation_aurocs(
 ) -> dict[str, float]:
     """The AUROC of ID validation against OOD validation of every score both allow (what
     `choose_flag_score` chooses by), in the order of `OOD_SCORES`."""
+    ood_shape, id_shape = ood_validation.member_logits.shape, id_validation.member_logits.shape
+    if ood_shape[::2] != id_shape[::2]:
+        raise InputError(
+            f"the OOD validation predictions (members, inputs, classes) {ood_shape} are not of the "
+            f"model of the ID ones {id_shape}: predict both with one model"
+        )
     usable = applicable_scores(id_validation, statistics)
     usable = [s for s in usable if s in applicable_scores(ood_validation, statistics)]
     return {

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..inputs import class_ids
 
 FLAG_METHODS = ("conformal", "quantile")
 """How a flag threshold is set from ID calibration scores: with the (n + 1) correction
@@ -155,7 +156,7 @@ def fit_set_quantiles(
     """The quantile(s) of the true classes' scores on labelled calibration data: one, or
     (``classwise``, Mondrian) one per class from that class's examples alone, (C,)."""
     p = np.asarray(probs, dtype=np.float64)
-    y = np.asarray(labels).astype(np.int64).reshape(-1)
+    y = class_ids(labels, p.shape[-1], "the prediction sets' calibration data").reshape(-1)
     if len(y) != len(p):
         raise InputError(f"{len(y)} labels for {len(p)} inputs")
     true = set_scores(p, method, **options)[np.arange(len(y)), y]

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..batching import model_inputs
 from ..errors import InputError
-from ..inputs import check_padding
+from ..inputs import check_padding, class_ids
 from ..members.ensemble import as_ensemble
 from ..precision import Precision, in_precision, model_device, resolve_precision
 from ..progress import progress_bar
@@ -60,10 +60,7 @@ class Predictions:
         ``what`` where they are missing or out of range."""
         if self.labels is None:
             raise InputError(f"{what} need labels")
-        labels = np.asarray(self.labels)
-        if labels.size and (labels.min() < 0 or labels.max() >= self.num_classes):
-            raise InputError(f"labels of {what} out of range: there are {self.num_classes} classes")
-        return labels
+        return class_ids(self.labels, self.num_classes, what)
 
     @property
     def num_members(self) -> int:

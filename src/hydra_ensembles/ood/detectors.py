@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..inputs import class_ids
 
 FEATURE_SCORES = ("mds", "rmds", "mds++", "knn", "vim")
 KNN_K = 50
@@ -130,11 +131,14 @@ class FeatureStatistics:
         Classes without an example have no mean (a warning says so). ``scores``: the feature
         scores to fit (all by default; fewer store less, e.g. ``("mds",)`` one precision matrix
         per member). ValueError where features are not finite or labels out of range."""
+        for name, value in (("knn_k", knn_k), ("bank_size", bank_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be a positive whole number, got {value!r}")
         unknown = sorted(set(scores) - set(FEATURE_SCORES))
         if unknown or not scores:
             raise InputError(f"unknown feature scores {unknown}; choose from {FEATURE_SCORES}")
         feats = np.asarray(torch.as_tensor(member_features).double().cpu(), dtype=np.float64)
-        y = np.asarray(labels).astype(np.int64).reshape(-1)
+        y = class_ids(labels, num_classes, "the training data").reshape(-1)
         if feats.ndim != 3 or feats.shape[1] != len(y) or len(y) < 2:
             raise InputError(
                 f"feature statistics need (members, N >= 2, width) features and N labels, got "
@@ -142,8 +146,6 @@ class FeatureStatistics:
             )
         if not np.isfinite(feats).all():
             raise InputError("the training features hold NaN or Inf: the model diverged or overflowed")
-        if y.min() < 0 or y.max() >= num_classes:
-            raise InputError(f"training labels out of range for {num_classes} classes")
         missing = sorted(set(range(num_classes)) - set(y.tolist()))
         if missing:
             warnings.warn(
