@@ -82,3 +82,47 @@ def test_a_garbled_config_json_of_a_saved_folder_is_one_clear_error(saved, tmp_p
     (folder / "config.json").write_text(json.dumps({**config, "id2label": "junk"}))
     with pytest.raises(ValueError, match=r"malformed config\.json of a hydra-ens folder"):
         AutoModelForSequenceClassification.from_pretrained(folder)
+
+
+def _served_vit(folder):
+    from transformers import ViTImageProcessor
+
+    he.fuse(tiny_image_classifier(), [he.HeadSet({0: [0, 1]}), he.HeadSet({1: [2]})]).save_pretrained(folder)
+    ViTImageProcessor(size={"height": 8, "width": 8}).save_pretrained(folder)
+    return pipeline("hydra-image-classification", model=str(folder))
+
+
+def test_the_image_pipeline_refuses_images_no_model_should_be_served(tmp_path):
+    """Empty images, float pixels outside [0, 1] or not finite, decompression bombs, files that are
+    no image, and batch sizes below 1: one line each, as the command line refuses them."""
+    import numpy as np
+    from PIL import Image
+
+    served = _served_vit(tmp_path / "vit")
+    refusals = [
+        (Image.new("RGB", (0, 0)), r"empty \(0 x 0 pixels\)"),
+        (np.zeros((0, 8, 3), np.uint8), "empty"),
+        (np.full((8, 8, 3), 2.0, np.float32), r"float pixels must lie in \[0, 1\]"),
+        (np.full((8, 8, 3), np.nan, np.float32), "not finite"),
+    ]
+    for value, fragment in refusals:
+        with pytest.raises(he.InputError, match=fragment) as raised:
+            served(value)
+        assert "\n" not in str(raised.value)
+    (tmp_path / "not-an-image.png").write_bytes(b"no image at all")
+    with pytest.raises(he.InputError, match="not a readable image"):
+        served(str(tmp_path / "not-an-image.png"))
+    bomb = tmp_path / "bomb.png"
+    Image.new("L", (64, 64)).save(bomb)
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        Image.MAX_IMAGE_PIXELS = 64 * 64 // 4  # a 64 x 64 file is a bomb at this limit
+        with pytest.raises(he.InputError, match="not a readable image|past the"):
+            served(str(bomb))
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    image = Image.new("RGB", (8, 8))
+    for size in (0, -1):
+        with pytest.raises(he.InputError, match="batch_size must be a positive whole number"):
+            served([image, image], batch_size=size)
+    assert served(image)  # a good image is served

@@ -69,6 +69,12 @@ class _UncertaintyRecords:
         if not isinstance(self.model, HydraPreTrainedModel) and os.path.isdir(folder):
             check_folder_checksums(folder)  # a folder finetune wrote, changed since: refused
 
+    def __call__(self, inputs: Any = None, *args: Any, **kwargs: Any) -> Any:
+        for size in (kwargs.get("batch_size"), getattr(self, "_batch_size", None)):
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+                raise InputError(f"batch_size must be a positive whole number, got {size!r}")
+        return super().__call__(inputs, *args, **kwargs)
+
     def _calibration(self) -> Calibration | None:
         if not hasattr(self, "_cached_calibration"):
             model = self.model
@@ -167,17 +173,66 @@ class HydraImageClassificationPipeline(_UncertaintyRecords, ImageClassificationP
             _check_image_input(item)
         return super().__call__(inputs, **kwargs)
 
+    def preprocess(self, image: Any, *args: Any, **kwargs: Any) -> Any:
+        from PIL import Image
+
+        try:  # a file or URL is read here: what Pillow cannot read safely is refused in one line
+            if isinstance(image, str):
+                from transformers.image_utils import load_image
+
+                image = load_image(image)
+                _check_pixels(image)
+            return super().preprocess(image, *args, **kwargs)
+        except (OSError, Image.DecompressionBombError) as exc:
+            raise InputError(f"{IMAGE_TASK}: not a readable image ({' '.join(str(exc).split())})") from None
+
 
 def _check_image_input(value: Any) -> None:
-    """Refuse what no image loader reads: None, blank strings, texts that are no file or URL."""
+    """Refuse what no image loader reads (None, blank strings, texts that are no file or URL) and
+    images no model should be served: empty ones (0 pixels), ones past Pillow's decompression-bomb
+    limit, arrays of non-finite pixels or float pixels outside [0, 1] (`data.images.unit_pixels`,
+    the rule of the command line)."""
     if isinstance(value, str) and value.strip():
         if value.startswith(("http://", "https://", "data:image/")) or os.path.isfile(value):
             return
     elif value is not None and not isinstance(value, str):
+        _check_pixels(value)
         return
     raise InputError(
         f"{IMAGE_TASK} takes images (a PIL image, an array, or a path or URL of one), got {value!r:.60}"
     )
+
+
+def _check_pixels(image: Any) -> None:
+    """InputError for an image (a PIL image or an array) with no pixels, too many, or pixel
+    values the command line would refuse."""
+    import numpy as np
+    from PIL import Image
+
+    from ..data.images import unit_pixels
+
+    if isinstance(image, Image.Image):
+        width, height = image.size
+    else:
+        array = np.asarray(image.detach().cpu() if hasattr(image, "detach") else image)
+        if array.dtype == object or array.ndim not in (2, 3):
+            raise InputError(
+                f"{IMAGE_TASK} takes images of (height, width[, channels]) pixels, got {array.shape}"
+            )
+        height, width = array.shape[:2]
+        if np.issubdtype(array.dtype, np.floating):
+            if not np.isfinite(array).all():
+                raise InputError(
+                    f"{IMAGE_TASK}: the image holds pixels that are not finite (NaN or infinite)"
+                )
+            unit_pixels(array, IMAGE_TASK)
+    if width * height == 0:
+        raise InputError(f"{IMAGE_TASK}: the image is empty ({width} x {height} pixels)")
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and width * height > limit:
+        raise InputError(
+            f"{IMAGE_TASK}: the image has {width * height:,} pixels, past the {limit:,} Pillow reads safely"
+        )
 
 
 def register_pipelines() -> None:
