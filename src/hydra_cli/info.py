@@ -81,8 +81,10 @@ def _describe_export(folder: Path) -> int:
     and, for a quantized graph, what quantization changed."""
     from hydra_ensembles.evaluation.calibration import Calibration
     from hydra_ensembles.saving.files import read_json
+    from hydra_ensembles.saving.formats import check_folder_checksums
     from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME
 
+    check_folder_checksums(folder)  # the graph, the sidecar, the tokenizer as exported
     side = read_json(folder / SIDECAR_NAME, "export sidecar")
     if not isinstance(side, dict) or side.get("format") != "hydra-ensembles/onnx":
         raise InputError(f"{folder / SIDECAR_NAME} is not the sidecar of a hydra-ens ONNX export")

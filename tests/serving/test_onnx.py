@@ -339,3 +339,35 @@ def test_runs_in_chunks_give_the_whole_batchs_outputs_in_balanced_runs(exported)
     sizes.clear()
     run_session(Counting(), inputs, {"tokens_per_run": 2, "tokens_per_input": None})
     assert sizes == [1] * 9  # at least one input a run
+
+
+@pytest.mark.parametrize("edit", ["threshold", "classes", "graph"])
+def test_an_export_changed_after_export_is_refused_where_it_is_read(exported, tmp_path, capsys, edit):
+    """An export folder is checksummed like every folder the library writes: a sidecar whose
+    threshold or class names were edited, or a graph swapped for another, is refused by
+    ``inference_session`` (the documented serving code), ``hydra-ens info`` and the serving
+    page's snippet, instead of serving the edit."""
+    import json
+    import shutil
+
+    from hydra_ensembles.errors import InputError
+    from hydra_ensembles.serving.onnx_ops import inference_session
+
+    folder = tmp_path / "edited"
+    shutil.copytree(exported["calibrated"], folder)
+    side = json.loads((folder / "calibration.json").read_text())
+    if edit == "threshold":
+        side["calibration"]["threshold"] = -1.0  # every input would be flagged
+    elif edit == "classes":
+        side["classes"] = side["classes"][::-1]
+    if edit == "graph":
+        shutil.copy(exported["ensemble"] / "model.onnx", folder / "model.onnx")
+    else:
+        (folder / "calibration.json").write_text(json.dumps(side))
+    changed = "model.onnx" if edit == "graph" else "calibration.json"
+    with pytest.raises(InputError, match=f"{changed} was modified after saving"):
+        inference_session(str(folder / "model.onnx"))
+    capsys.readouterr()
+    assert main(["info", str(folder)]) == 2
+    assert f"{changed} was modified after saving" in capsys.readouterr().err
+    inference_session(str(exported["calibrated"] / "model.onnx"))  # the export as written serves

@@ -38,6 +38,7 @@ from ..layers.attention import member_attention_ops
 from ..models import VISION_MODEL_TYPES
 from ..ood.detectors import FEATURE_SCORES
 from ..saving.files import atomic_dir, atomic_write_json, check_replaceable_dir
+from ..saving.formats import write_folder_checksums
 from ..saving.loading import load_any, saved_preprocessor
 from .modeling import HydraPreTrainedModel
 from .onnx_ops import (
@@ -215,6 +216,7 @@ def export_onnx(
                 saved.model_max_length = length  # truncation=True cuts to what was calibrated
             saved.save_pretrained(folder)
         atomic_write_json(folder / SIDECAR_NAME, sidecar)
+        write_folder_checksums(folder)  # the graph, the sidecar, the preprocessor: checked where read
 
     return atomic_dir(out, write, marker=True)
 

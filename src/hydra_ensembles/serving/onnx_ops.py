@@ -8,7 +8,9 @@ quantizes it into ``QAttention``. Measured on the exported MiniLM-L6 Hydra model
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -122,10 +124,18 @@ def session_options(idle_spin: bool = True) -> Any:
     return options
 
 
-def inference_session(model: str | bytes, options: Any = None) -> Any:
+def inference_session(model: str | os.PathLike | bytes, options: Any = None) -> Any:
     """An onnxruntime CPU session for an exported graph (a path or its bytes), without
-    `DISABLED_OPTIMIZERS`, with ``options`` (default: `session_options()`)."""
+    `DISABLED_OPTIMIZERS`, with ``options`` (default: `session_options()`). A graph of an export
+    folder is checked first against the folder's ``checksums.json`` (the graph, the sidecar and
+    the preprocessor as exported): InputError in one line where any of them changed since."""
     import onnxruntime
+
+    from ..saving.formats import check_folder_checksums
+
+    if not isinstance(model, bytes):
+        check_folder_checksums(Path(model).parent)
+        model = str(model)
 
     return onnxruntime.InferenceSession(
         model,
