@@ -72,7 +72,19 @@ def check_padding(batches: list[dict[str, Any]], model: Any, what: str, error: t
     """Refuse batches that ``model`` (a model, an ensemble or a list) would misread: a decoder
     classifier pools the last token that is not ``config.pad_token_id``, so a padded position
     (``attention_mask`` 0) holding another id would be read as the input's last token, and
-    without a padding id it reads the last position, padding or not. Other models pass."""
+    without a padding id it reads the last position, padding or not. Other models pass. A row
+    whose attention mask is all zeros (nothing to read) is refused for every model, as the
+    exported graph answers it with NaN: the two agree that it has no prediction."""
+    for batch in batches:
+        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+        if (
+            isinstance(mask, torch.Tensor)
+            and mask.dim() == 2
+            and mask.shape[1]
+            and not bool(mask.any(-1).all())
+        ):
+            row = int((~mask.any(-1)).nonzero()[0])
+            raise error(f"row {row} of {what} has an attention mask of zeros only: there is nothing to read")
     pads = {config.pad_token_id for config in last_token_configs(model)}
     for batch in batches if pads else ():
         ids, mask = batch.get("input_ids"), batch.get("attention_mask")

@@ -133,3 +133,13 @@ def test_build_hydra_checks_its_batches_before_any_work():
         model, None, [narrow], config=he.BuildConfig(num_pruned=1, num_members=2), progress=False
     )
     assert built.calibration is not None
+
+
+def test_a_row_with_nothing_to_read_is_refused_as_the_graph_refuses_it():
+    """An attention mask of zeros only: the exported graph answers NaN for that row, so PyTorch's
+    predict refuses it too, instead of answering a number the graph would not."""
+    model = tiny_bert(layers=1, heads=2)
+    inputs = text_inputs(batch=4, tokens=5)
+    inputs["attention_mask"][2] = 0
+    with pytest.raises(he.InputError, match="row 2 of .* attention mask of zeros only"):
+        predict(model, [inputs], progress=False)
