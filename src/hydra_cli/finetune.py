@@ -37,9 +37,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from hydra_ensembles.build import name_classes
     from hydra_ensembles.data import load_spec
     from hydra_ensembles.data.labels import check_trainable
+    from hydra_ensembles.evaluation.calibration import check_calibration_size
     from hydra_ensembles.models import untrained_weights
     from hydra_ensembles.ood.storage import write_statistics
-    from hydra_ensembles.saving.files import atomic_dir
+    from hydra_ensembles.saving.files import atomic_dir, check_beside
     from hydra_ensembles.saving.formats import write_folder_checksums
     from hydra_ensembles.saving.loading import load_preprocessor
     from hydra_ensembles.training import FineTuneConfig, fine_tune
@@ -68,6 +69,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    if val is not None:
+        check_calibration_size(val, "" if args.sets == "none" else args.sets)
     ood = None
     if args.ood_data:
         ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
@@ -80,7 +83,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         precision=args.precision,
         trainable=tuple(args.train.split(",")),
     )
-    checkpoint = out.with_name(out.name + ".checkpoint")
+    checkpoint = check_beside(out.with_name(out.name + ".checkpoint"))  # never through a planted link
     _say_precision(args)
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint, on_epoch=_print_epoch)
     _print_history(result, config, val)

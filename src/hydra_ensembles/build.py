@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .errors import InputError
-from .evaluation.calibration import Calibration, calibrate
+from .evaluation.calibration import Calibration, calibrate, check_calibration_size
 from .fusion import fuse
 from .fusion.model import HydraModel
 from .heads import HeadSet
@@ -167,6 +167,8 @@ def build_hydra(
     classes_of_model = int(model.config.num_labels)  # labelled batches checked before any work
     train = train and checked_batches(train, "train", classes_of_model, model=model)
     validation = validation and checked_batches(validation, "validation", classes_of_model, model=model)
+    if validation:
+        check_calibration_size(validation, config.sets)
     if config.fine_tune is not None and not train:
         raise InputError("fine-tuning members needs labelled training batches (train)")
     if ranking is None:

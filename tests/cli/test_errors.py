@@ -233,6 +233,9 @@ def w(tmp_path_factory):
     (root / "used").mkdir()
     (root / "used" / "notes.txt").write_text("someone else's file")
     (root / "an-output-dir").mkdir()
+    (root / "someones-folder").mkdir()
+    (root / "tuned-planted.checkpoint").symlink_to(root / "someones-folder", target_is_directory=True)
+    (root / "one-row.csv").write_text("text,label\nbank shares rose,1\n")
     return root
 
 
@@ -417,6 +420,12 @@ CASES = [
         "out.json",
     ),
     ("weights-inf", lambda w: score(w, model="inf-weights"), "NaN or Inf", "out.json"),
+    (  # checked before any training: the calibration's sets need two validation inputs
+        "finetune-one-validation-input",
+        lambda w: finetune(w, "--val-data", str(w / "one-row.csv")),
+        "at least 2 labelled validation inputs",
+        "tuned.checkpoint",
+    ),
     (
         "finetune-diverges",
         lambda w: [
@@ -730,6 +739,12 @@ CLOBBERING = [
         lambda w: evaluate(w, "--ood", f"x={w / 'unlabelled.csv'}:far", out="unlabelled.csv"),
         "is the input",
         "unlabelled.csv",
+    ),
+    (  # the checkpoint folder beside the output is never created or written through a link
+        "finetune-checkpoint-is-a-planted-link",
+        lambda w: finetune(w, out="tuned-planted"),
+        "is a symbolic link, not a folder hydra-ens made",
+        "someones-folder",
     ),
     (  # --overwrite replaces a folder the command wrote, never one holding the user's own files
         "finetune-overwrite-onto-a-users-folder",

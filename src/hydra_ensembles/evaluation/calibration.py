@@ -336,6 +336,18 @@ def _calibration_from_dict(saved: Any) -> Calibration:
         raise InputError(f"a saved calibration is malformed: {exc}") from None
 
 
+def check_calibration_size(batches: Sequence[dict[str, Any]], set_method: str = "") -> None:
+    """Refuse, before any work, labelled validation batches too few for the calibration they are
+    to fit: prediction sets (``set_method``) need at least two inputs (the even ones fit the
+    temperature, the odd ones the sets: `split_for_sets`)."""
+    inputs = sum(len(batch["labels"]) for batch in batches if "labels" in batch)
+    if set_method and inputs < 2:
+        raise InputError(
+            f"prediction sets need at least 2 labelled validation inputs (one half fits the temperature, "
+            f"the other the sets), got {inputs}: give more validation data, or no sets"
+        )
+
+
 def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions]:
     """The validation predictions split by position: the even inputs (0, 2, ...) fit the
     temperature, the odd ones calibrate the prediction sets at that temperature. Kept apart,

@@ -143,24 +143,35 @@ def claim_run_dir(
         raise
 
 
-def _make_beside(path: Path) -> bool:
-    """Create the folder ``path`` (True), or find the one a run of the library made there (False);
-    OutputError for anything else at that name."""
+def check_beside(path: str | os.PathLike) -> Path:
+    """``path``, a folder the library names beside an output (a checkpoint, a staging folder),
+    where nothing is yet or a real folder is: OutputError in one line for a symbolic link, a
+    file, a FIFO or anything else at that name, which is never written through or deleted."""
+    path = Path(path)
     try:
-        os.mkdir(path)
-        return True
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise OutputError(f"cannot create {path}: {exc.strerror or exc}") from None
-    info = os.lstat(path)
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return path
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a folder"
         raise OutputError(
             f"{path} is {what}, not a folder hydra-ens made: remove it (hydra-ens writes there and "
             "never through what it did not make)"
         )
-    return False
+    return path
+
+
+def _make_beside(path: Path) -> bool:
+    """Create the folder ``path`` without following a link (True), or find a real folder there
+    (False); OutputError for anything else at that name (`check_beside`)."""
+    try:
+        os.mkdir(path)
+        return True
+    except FileExistsError:
+        check_beside(path)
+        return False
+    except OSError as exc:
+        raise OutputError(f"cannot create {path}: {exc.strerror or exc}") from None
 
 
 def _read_marker(marker: Path, required: bool) -> str | None:
