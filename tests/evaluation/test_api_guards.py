@@ -143,3 +143,12 @@ def test_a_row_with_nothing_to_read_is_refused_as_the_graph_refuses_it():
     inputs["attention_mask"][2] = 0
     with pytest.raises(he.InputError, match="row 2 of .* attention mask of zeros only"):
         predict(model, [inputs], progress=False)
+
+
+def test_logits_that_overflow_name_the_model_and_the_cause():
+    model = tiny_bert(layers=1, heads=2)
+    with torch.no_grad():
+        model.classifier.weight.fill_(3e38)  # with the bias, past float32's largest (3.4e38)
+        model.classifier.bias.fill_(3e38)
+    with pytest.raises(he.InputError, match=r"BertForSequenceClassification's logits are not finite .* 3e\+38"):
+        predict(model, [text_inputs(batch=4, tokens=5)], progress=False)

@@ -141,5 +141,24 @@ def predict(
             if output.member_features is not None:
                 features.append(output.member_features.float().cpu().numpy())
     logits = np.concatenate(parts, axis=1)
+    _check_finite_logits(logits, model, desc, compute.name)
     member_features = np.concatenate(features, axis=1) if len(features) == len(parts) else None
     return Predictions(logits, np.concatenate(labels) if labels else None, member_features)
+
+
+def _check_finite_logits(logits: np.ndarray, model: Predictor, desc: str, precision: str) -> None:
+    """InputError naming the model and the cause where its logits overflowed (inf or NaN): weights
+    too large for the forward pass in ``precision`` (a diverged or edited model), never a
+    probability computed from them."""
+    bad = ~np.isfinite(logits).all(axis=(0, 2))
+    if not bad.any():
+        return
+    models = list(model) if isinstance(model, Sequence) else [model]
+    largest = max(
+        (float(p.detach().abs().max()) for m in models for p in m.parameters() if p.numel()), default=0.0
+    )
+    raise InputError(
+        f"{desc}: {type(models[0]).__name__}'s logits are not finite on {int(bad.sum())} of {len(bad)} "
+        f"inputs: its weights (largest magnitude {largest:.3g}) overflow the forward pass in {precision}; "
+        "the model diverged or was edited: retrain it, or load the weights it was saved with"
+    )
