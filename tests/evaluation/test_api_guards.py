@@ -141,7 +141,7 @@ def test_a_row_with_nothing_to_read_is_refused_as_the_graph_refuses_it():
     model = tiny_bert(layers=1, heads=2)
     inputs = text_inputs(batch=4, tokens=5)
     inputs["attention_mask"][2] = 0
-    with pytest.raises(he.InputError, match="row 2 of .* attention mask of zeros only"):
+    with pytest.raises(he.InputError, match=r"row 2 of .* attention mask of zeros only"):
         predict(model, [inputs], progress=False)
 
 
@@ -150,5 +150,6 @@ def test_logits_that_overflow_name_the_model_and_the_cause():
     with torch.no_grad():
         model.classifier.weight.fill_(3e38)  # with the bias, past float32's largest (3.4e38)
         model.classifier.bias.fill_(3e38)
-    with pytest.raises(he.InputError, match=r"BertForSequenceClassification's logits are not finite .* 3e\+38"):
+    message = r"BertForSequenceClassification's logits are not finite .* 3e\+38"
+    with pytest.raises(he.InputError, match=message):
         predict(model, [text_inputs(batch=4, tokens=5)], progress=False)

@@ -117,7 +117,7 @@ def test_the_image_pipeline_refuses_images_no_model_should_be_served(tmp_path):
     limit = Image.MAX_IMAGE_PIXELS
     try:
         Image.MAX_IMAGE_PIXELS = 64 * 64 // 4  # a 64 x 64 file is a bomb at this limit
-        with pytest.raises(he.InputError, match="not a readable image|past the"):
+        with pytest.raises(he.InputError, match=r"not a readable image|past the"):
             served(str(bomb))
     finally:
         Image.MAX_IMAGE_PIXELS = limit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -295,6 +296,8 @@ def test_the_sidecar_says_how_onnxruntime_runs_the_graph(saved, exported):
         "disabled_optimizers": ["SkipLayerNormFusion"],
         "tokens_per_run": _runtime_settings(fused, example)["tokens_per_run"],  # sized below
         "tokens_per_input": None,
+        "max_positions": 512,  # the tiny BERT's positions and token types: what a feed may hold
+        "type_vocab_size": 2,
     }
     assert settings["tokens_per_run"] > 0
 
@@ -328,6 +331,9 @@ def test_runs_in_chunks_give_the_whole_batchs_outputs_in_balanced_runs(exported)
     sizes = []
 
     class Counting:
+        def get_inputs(self):
+            return session.get_inputs()
+
         def run(self, outputs, feed):
             sizes.append(len(feed["input_ids"]))
             return session.run(outputs, feed)
@@ -371,3 +377,31 @@ def test_an_export_changed_after_export_is_refused_where_it_is_read(exported, tm
     assert main(["info", str(folder)]) == 2
     assert f"{changed} was modified after saving" in capsys.readouterr().err
     inference_session(str(exported["calibrated"] / "model.onnx"))  # the export as written serves
+
+
+def test_the_serving_helper_refuses_a_feed_the_graph_cannot_read_naming_the_models_limits(exported):
+    """What would fail the whole batch inside a node of the graph is refused in one line by
+    `run_session`, with the model's limits recorded at export; rows it can read but not answer
+    (an id outside the vocabulary, a mask of zeros only) are NaN rows, as before."""
+    from hydra_ensembles.errors import InputError
+    from hydra_ensembles.serving.onnx_ops import inference_session, run_session
+
+    folder = exported["calibrated"]
+    side = json.loads((folder / "calibration.json").read_text())["onnxruntime"]
+    session = inference_session(str(folder / "model.onnx"))
+    good = _text_inputs(3, 6, seed=1)
+    cases = [
+        ({**good, "token_type_ids": good["token_type_ids"] + 5}, "the model has 2 token types"),
+        (_text_inputs(2, 600, seed=1), "more than the model's 512 positions"),
+        (_text_inputs(2, 0, seed=1), "empty sequence"),
+        ({**good, "attention_mask": good["attention_mask"][:2]}, "shapes disagree"),
+        ({k: v for k, v in good.items() if k != "token_type_ids"}, "missing ['token_type_ids']"),
+        ({**good, "input_ids": good["input_ids"].astype(np.float32)}, "input_ids must hold integers"),
+        ({**good, "input_ids": good["input_ids"][0]}, "input_ids must have 2 dimensions"),
+    ]
+    for feed, fragment in cases:
+        with pytest.raises(InputError, match=re.escape(fragment)) as raised:
+            run_session(session, feed, side)
+        assert "\n" not in str(raised.value)
+    narrow = {k: v.astype(np.int32) for k, v in good.items()}  # any integer width is taken
+    np.testing.assert_array_equal(run_session(session, narrow, side)[0], session.run(None, good)[0])

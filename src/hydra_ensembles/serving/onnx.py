@@ -196,7 +196,7 @@ def export_onnx(
             h.chunk_rows = rows
         wrapped.precision = served_in
     sidecar = _sidecar(wrapped, config, names, difference, graph.output_names, vision)
-    sidecar["onnxruntime"] = runtime
+    sidecar["onnxruntime"] = {**runtime, **_input_limits(config, vision)}
     if quantized is not None:
         sidecar["calibration"] = quantized["calibration"]
         sidecar["quantization"] = quantized["report"]
@@ -345,6 +345,26 @@ def _runtime_settings(wrapped: HydraPreTrainedModel, example: dict[str, torch.Te
         members = 1
     tokens = adapter.tokens_per_input(model, example) if "pixel_values" in example else None
     return runtime_settings(None if rows is None else rows // members, tokens)
+
+
+POSITION_OFFSET_FAMILIES = ("roberta", "xlm-roberta", "camembert", "mpnet")
+"""Families whose position ids start after the padding id (usable positions: the table's size
+less ``pad_token_id + 1``)."""
+
+
+def _input_limits(config: Any, vision: bool) -> dict[str, int | None]:
+    """What a feed may hold (`onnx_ops.check_feed`): a text model's positions and token types."""
+    if vision:
+        return {"max_positions": None, "type_vocab_size": None}
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(text, "max_position_embeddings", None)
+    if positions and text.model_type in POSITION_OFFSET_FAMILIES:
+        positions -= int(getattr(text, "pad_token_id", 0) or 0) + 1
+    types = getattr(text, "type_vocab_size", None)
+    return {
+        "max_positions": int(positions) if positions else None,
+        "type_vocab_size": int(types) if types else None,
+    }
 
 
 def _vocabulary(config: Any, vision: bool) -> int | None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import InputError
 from ..layers.attention import member_attention  # noqa: F401  (registers torch.ops.hydra_ensembles)
 from ..runtime import balanced_piece
 
@@ -165,7 +166,8 @@ def run_session(
     ``tokens_per_run`` tokens (at least one input a run; runs of balanced sizes), the outputs'
     rows concatenated in order: what the fused model does in PyTorch to keep its activations in
     the cache (`HydraModel.chunk_token_rows`). ``tokens_per_input``: a vision model's tokens per
-    image (text: the inputs' length)."""
+    image (text: the inputs' length). The feed is checked first (`check_feed`)."""
+    feed = check_feed(session, feed, settings)
     rows = len(next(iter(feed.values())))
     budget = (settings or {}).get("tokens_per_run")
     per_run = rows
@@ -181,3 +183,51 @@ def run_session(
         for i in range(0, rows, per_run)
     ]
     return [np.concatenate(values) for values in zip(*parts, strict=True)]
+
+
+def check_feed(
+    session: Any, feed: dict[str, Any], settings: dict[str, Any] | None = None
+) -> dict[str, np.ndarray]:
+    """``feed`` as the graph's inputs (int64 token ids, float32 pixels), or InputError in one line
+    for what the graph cannot read as a whole: inputs missing or not the graph's, another dtype
+    kind or rank, shapes that disagree, an empty sequence, more tokens than ``settings``'
+    ``max_positions`` or token types past its ``type_vocab_size`` (the model's limits, recorded at
+    export). Rows it reads but cannot answer (a token id outside the vocabulary, an attention
+    mask of zeros only) are not refused here: the graph answers them with NaN."""
+    expected = {i.name: i for i in session.get_inputs()}
+    missing, extra = sorted(set(expected) - set(feed)), sorted(set(feed) - set(expected))
+    if missing or extra:
+        raise InputError(
+            f"the graph takes the inputs {sorted(expected)}: {'missing ' + str(missing) if missing else ''}"
+            f"{'; ' if missing and extra else ''}{'not its ' + str(extra) if extra else ''}"
+        )
+    checked, shapes = {}, {}
+    for name, spec in expected.items():
+        value = np.asarray(feed[name])
+        integer = "int" in spec.type
+        kind_ok = (
+            np.issubdtype(value.dtype, np.integer) if integer else np.issubdtype(value.dtype, np.floating)
+        )
+        if not kind_ok or value.dtype == np.bool_:
+            raise InputError(f"{name} must hold {'integers' if integer else 'floats'}, got {value.dtype}")
+        if value.ndim != len(spec.shape):
+            raise InputError(f"{name} must have {len(spec.shape)} dimensions, got shape {value.shape}")
+        checked[name] = value.astype(np.int64 if integer else np.float32, copy=False)
+        shapes[name] = value.shape
+    rows = {shape[0] for shape in shapes.values()}
+    lengths = {shape[1] for name, shape in shapes.items() if name != "pixel_values" and len(shape) > 1}
+    if len(rows) > 1 or len(lengths) > 1:
+        raise InputError(f"the inputs' shapes disagree: {shapes}")
+    length = lengths.pop() if lengths else None
+    limits = settings or {}
+    if length == 0:
+        raise InputError("the inputs hold an empty sequence (0 tokens): give at least one token per row")
+    if length is not None and limits.get("max_positions") and length > limits["max_positions"]:
+        raise InputError(
+            f"the inputs hold {length} tokens, more than the model's {limits['max_positions']} positions: "
+            "truncate them (the tokenizer saved beside the graph does, with truncation=True)"
+        )
+    types, kinds = checked.get("token_type_ids"), limits.get("type_vocab_size")
+    if types is not None and types.size and kinds and (types.min() < 0 or types.max() >= kinds):
+        raise InputError(f"token_type_ids hold {int(types.max())}: the model has {kinds} token types")
+    return checked
