@@ -410,6 +410,8 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
         raise InputError(f"{what} {path} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{what} {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except OSError as exc:  # unreadable (permissions, I/O): a refusal naming the file
+        raise InputError(f"{what} {path} cannot be read ({exc.strerror or exc})") from None
 
 
 def probe_writable(folder: Path) -> None:
