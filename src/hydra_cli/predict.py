@@ -20,6 +20,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from hydra_ensembles import reporting
     from hydra_ensembles.evaluation import ood_scores, per_example
     from hydra_ensembles.evaluation import predict as predict_any
+    from hydra_ensembles.evaluation.conformal import benjamini_hochberg
     from hydra_ensembles.saving.files import atomic_write_records
     from hydra_ensembles.saving.loading import load_preprocessor
 
@@ -46,11 +47,19 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             f"--flag-score {flag_score} reads the feature statistics of a calibration: give --val-data "
             "for a model saved with them (build or finetune with --data and --val-data)"
         )
+    if args.fdr is not None and (calibration is None or calibration.flag_method != "conformal"):
+        raise InputError(
+            "--fdr selects by conformal p-values: it needs a conformal calibration (saved or --val-data)"
+        )
     preds = partial(predict_any, precision=args.precision)(model, batches, "predict")
     if calibration is not None:
         records = calibration.records(preds, classes)
     else:
         records = per_example(preds, classes, flag_score=flag_score)
+    if args.fdr is not None:  # the batch's selection, in place of the per-input flag
+        selected = benjamini_hochberg([r["ood_p_value"] for r in records], args.fdr)
+        for record, chosen in zip(records, selected, strict=True):
+            record["flagged"] = bool(chosen)
     summary = []
     if plot is not None:  # where the data's scores fall against ID validation, and the threshold
         t, statistics = calibration.temperature, calibration.statistics
@@ -143,9 +152,15 @@ def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[st
             if calibration.flag_method == "conformal"
             else f"keeping {calibration.keep:.0%} of ID validation"
         )
-        lines.append(
-            f"flagged (ood_score_{calibration.score} > {calibration.threshold:.4f}, {how}): {flagged:.1%}"
-        )
+        if args.fdr is not None:
+            lines.append(
+                f"flagged (Benjamini-Hochberg on the {len(rows)} inputs' conformal p-values of "
+                f"ood_score_{calibration.score}, false discovery rate {args.fdr:g}): {flagged:.1%}"
+            )
+        else:
+            lines.append(
+                f"flagged (ood_score_{calibration.score} > {calibration.threshold:.4f}, {how}): {flagged:.1%}"
+            )
     if args.labelled:
         lines.append(f"accuracy {sum(r['correct'] for r in rows) / len(rows):.4f}")
     return lines
@@ -176,6 +191,13 @@ def _add_predict_command(sub) -> argparse.ArgumentParser:
         type=_fraction,
         help="share of ID validation inputs left unflagged, with --val-data (default: the saved "
         "calibration's, else 0.95)",
+    )
+    pred.add_argument(
+        "--fdr",
+        type=_fraction,
+        help="flag the inputs Benjamini-Hochberg selects on their conformal p-values at this false "
+        "discovery rate (e.g. 0.1: in expectation at most 10%% of the flagged inputs are ID), in "
+        "place of the per-input flag, which bounds the share of ID inputs flagged instead",
     )
     _random_head_option(pred)
     pred.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)

@@ -18,6 +18,7 @@ import hydra_ensembles as he
 from hydra_cli import main
 from hydra_ensembles.data import load_spec, to_batches
 from hydra_ensembles.evaluation import predict, saved_calibration
+from hydra_ensembles.evaluation.conformal import benjamini_hochberg
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.precision import resolve_precision
@@ -269,6 +270,32 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     assert main(["predict", str(built / "members" / "member-0"), *data, "--out", str(out), *common]) == 0
     assert "carries no calibration and no --val-data" in capsys.readouterr().err
     assert "flagged" not in next(csv.DictReader(out.open()))
+
+    out = tmp_path / "fdr.csv"  # the batch's Benjamini-Hochberg selection on the saved p-values
+    assert (
+        main(
+            [
+                "predict",
+                str(built / "hydra"),
+                "--data",
+                str(w / "ood.csv"),
+                "--fdr",
+                "0.2",
+                "--out",
+                str(out),
+                *common,
+            ]
+        )
+        == 0
+    )
+    fdr_rows = list(csv.DictReader(out.open()))
+    chosen = benjamini_hochberg([float(r["ood_p_value"]) for r in fdr_rows], 0.2)
+    assert [r["flagged"] == "True" for r in fdr_rows] == chosen.tolist()
+    assert "Benjamini-Hochberg on the 10 inputs' conformal p-values" in capsys.readouterr().out
+    out = tmp_path / "no-fdr.csv"  # a model without a conformal calibration has no p-values
+    args = ["predict", str(built / "members" / "member-0"), *data, "--fdr", "0.1", "--out", str(out), *common]
+    assert main(args) == 2 and not out.exists()
+    assert "--fdr selects by conformal p-values" in capsys.readouterr().err
 
     out = tmp_path / "entropy.csv"  # another score needs data to fit it on
     args = ["predict", str(built / "hydra"), *data, "--flag-score", "entropy", "--out", str(out), *common]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hydra_ensembles.evaluation.conformal import (
+    benjamini_hochberg,
     conformal_p_values,
     conformal_threshold,
     flag_count,
@@ -344,3 +345,44 @@ def test_evaluation_reports_sets_for_scaled_rows_and_the_flags_id_false_alarm_ra
         np.mean(ood_scores(test, rows["m"]["flag_score"], 1.0) > threshold)
     )
     assert flag["alpha"] == 0.05 and flag["id_test_inputs"] == 300
+
+
+@pytest.mark.parametrize(("ood_share", "level"), [(0.2, 0.1), (0.0, 0.1), (0.5, 0.2)])
+def test_benjamini_hochberg_on_conformal_p_values_controls_the_false_discovery_rate(ood_share, level):
+    """Many simulated batches, each with its own calibration set: the share of ID inputs among
+    those selected averages at most level x (share of ID inputs), within the simulation's error,
+    and the selection finds OOD inputs where there are any; the per-input flag at the same level
+    does not bound that share where OOD inputs are few."""
+    rng = np.random.default_rng(int(100 * ood_share + 10 * level))
+    trials, n, m = 3000, 99, 40
+    outliers = int(ood_share * m)
+    false_shares, found, naive = [], [], []
+    for _ in range(trials):
+        calibration = rng.standard_normal(n)
+        batch = np.concatenate([rng.standard_normal(m - outliers), rng.normal(3.0, 1.0, outliers)])
+        p = conformal_p_values(calibration, batch)
+        selected = benjamini_hochberg(p, level)
+        is_id = np.arange(m) < m - outliers
+        false_shares.append((selected & is_id).sum() / max(1, selected.sum()))
+        found.append((selected & ~is_id).sum() / max(1, outliers))
+        flagged = p <= level
+        naive.append((flagged & is_id).sum() / max(1, flagged.sum()))
+    bound = level * (m - outliers) / m
+    error = np.std(false_shares) / np.sqrt(trials)
+    assert np.mean(false_shares) <= bound + 3 * error
+    if outliers:
+        assert np.mean(found) > 0.5
+    if ood_share == 0.0:
+        assert np.mean(naive) > 2 * level  # the per-input flag's false alarms are all its flags
+
+
+def test_benjamini_hochberg_selects_the_step_up_set_and_refuses_what_is_no_p_value():
+    p = np.array([0.01, 0.04, 0.03, 0.2, 0.05, 0.9])
+    # ranks 1..6 at level 0.3: thresholds 0.05, 0.1, 0.15, 0.2, 0.25, 0.3; the largest rank
+    # passing is 5 (0.2 <= 0.25): every p-value up to 0.2 is selected
+    assert benjamini_hochberg(p, 0.3).tolist() == [True, True, True, True, True, False]
+    assert not benjamini_hochberg(np.array([0.5, 0.6]), 0.1).any()
+    with pytest.raises(ValueError, match=r"false discovery rate must be in \(0, 1\)"):
+        benjamini_hochberg(p, 1.0)
+    with pytest.raises(ValueError, match="p-values in"):
+        benjamini_hochberg([np.nan, 0.1], 0.1)

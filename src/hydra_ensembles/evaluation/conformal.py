@@ -31,6 +31,7 @@ FLAG_METHODS = ("conformal", "quantile")
 
 __all__ = [
     "FLAG_METHODS",
+    "benjamini_hochberg",
     "conformal_p_values",
     "conformal_threshold",
     "flag_count",
@@ -98,6 +99,29 @@ def conformal_p_values(calibration_scores: Any, scores: Any) -> np.ndarray:
     at_least = len(reference) - np.searchsorted(reference, values, side="left")  # #{s_i >= s}
     at_least = np.where(np.isnan(values), 0, at_least)  # not a number: as far out as any score (flagged)
     return (1.0 + at_least) / (len(reference) + 1.0)
+
+
+def benjamini_hochberg(p_values: Any, level: float) -> np.ndarray:
+    """Which of a batch's inputs the Benjamini-Hochberg procedure selects at false discovery
+    rate ``level`` from their conformal p-values (booleans): the k smallest, k the largest rank
+    with ``p_(k) <= k level / m``. Conformal p-values of one calibration set are positively
+    dependent (PRDS), so among the selected inputs the expected share of ID ones is at most
+    ``level`` (times the share of ID inputs in the batch), whatever the OOD inputs are (Bates et
+    al., "Testing for outliers with conformal p-values", Ann. Statist. 2023). Unlike the
+    per-input flag, which flags at most a share alpha of ID inputs, this bounds the share of
+    false alarms among the inputs flagged in one batch."""
+    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    if not 0 < level < 1:
+        raise InputError(f"the false discovery rate must be in (0, 1), got {level}")
+    if not np.isfinite(p).all() or (p < 0).any() or (p > 1).any():
+        raise InputError("Benjamini-Hochberg needs p-values in [0, 1]")
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    passing = np.flatnonzero(p[order] * m <= level * np.arange(1, m + 1))
+    selected = np.zeros(m, dtype=bool)
+    if passing.size:
+        selected[order[: passing[-1] + 1]] = True
+    return selected
 
 
 SET_METHODS = ("lac", "aps", "raps")
