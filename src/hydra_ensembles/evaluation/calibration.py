@@ -33,8 +33,9 @@ from .. import metrics as M
 from ..errors import InputError
 from ..hashing import batches_digest, json_digest
 from ..members.ensemble import as_ensemble
-from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
+from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
+from ..ood.registry import feature_scores
 from ..precision import model_device, resolve_precision
 from ..saving.metadata import read_metadata, write_metadata
 from ..surgery import STATISTICS_ATTRIBUTE, fingerprint
@@ -48,7 +49,7 @@ from .conformal import (
     quantile_threshold,
     smallest_alpha,
 )
-from .evaluate import OOD_SCORES, applicable_scores, ood_scores
+from .evaluate import applicable_scores, ood_score_names, ood_scores
 from .predict import Predictions, predict
 from .temperature import fit_temperature
 from .uncertainty import per_example
@@ -89,15 +90,15 @@ class Calibration:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise InputError(f"calibration temperature must be positive and finite, got {self.temperature}")
-        if self.score not in OOD_SCORES:
-            raise InputError(f"unknown OOD score {self.score!r}; choose from {OOD_SCORES}")
+        if self.score not in ood_score_names():
+            raise InputError(f"unknown OOD score {self.score!r}; choose from {ood_score_names()}")
         if not math.isfinite(self.threshold):
             raise InputError(f"calibration threshold must be finite, got {self.threshold}")
         if not 0 < self.keep <= 1:
             raise InputError(f"keep must be in (0, 1], got {self.keep}")
         if self.examples < 1:
             raise InputError(f"a calibration is fit on at least one input, got {self.examples}")
-        if self.score in FEATURE_SCORES and not self.statistics_sha256:
+        if self.score in feature_scores() and not self.statistics_sha256:
             raise InputError(
                 f"the flag score {self.score!r} needs feature statistics; the calibration has none"
             )
@@ -478,9 +479,9 @@ def fit_calibration(
     batches = list(id_validation)
     if not batches or not all("labels" in batch for batch in batches):
         raise InputError("calibration needs labelled ID validation batches (every batch with labels)")
-    if score not in (*OOD_SCORES, AUTO_SCORE):
-        raise InputError(f"unknown OOD score {score!r}; choose from {(AUTO_SCORE, *OOD_SCORES)}")
-    if score in FEATURE_SCORES and id_train is None and statistics is None:
+    if score not in (*ood_score_names(), AUTO_SCORE):
+        raise InputError(f"unknown OOD score {score!r}; choose from {(AUTO_SCORE, *ood_score_names())}")
+    if score in feature_scores() and id_train is None and statistics is None:
         raise InputError(f"the flag score {score!r} reads feature statistics: give the ID training data")
     compute = resolve_precision(precision, model_device(model))
     train_sha256 = ""

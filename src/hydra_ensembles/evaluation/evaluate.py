@@ -11,12 +11,21 @@ import numpy as np
 from .. import metrics as M
 from ..errors import InputError
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
+from ..ood.registry import feature_scores
 from .predict import Predictions
 
 LOGIT_SCORES = ("msp", "max_logit", "energy", "entropy", "mutual_information", "gen")
 """Scores of the ensemble's (calibrated) probabilities or mean logits."""
 OOD_SCORES = (*LOGIT_SCORES, *FEATURE_SCORES)
-"""Every OOD score; the feature scores (`ood.detectors`) read statistics fit on ID training data."""
+"""The built-in OOD scores; the feature scores (`ood.detectors`) read statistics fit on ID
+training data. `ood_score_names` adds every feature score registered since (`ood.registry`)."""
+
+
+def ood_score_names() -> tuple[str, ...]:
+    """Every OOD score: the logit scores and every registered feature score."""
+    return (*LOGIT_SCORES, *feature_scores())
+
+
 Kind = Literal["near", "far"]
 
 
@@ -28,7 +37,7 @@ def ood_scores(
 ) -> np.ndarray:
     """Per-sample OOD scores (higher = more OOD) of an ensemble's predictions; a feature score is
     the mean of the members' scores on their own features under ``statistics``."""
-    if score in FEATURE_SCORES:
+    if score in feature_scores():
         return member_feature_scores(predictions, score, statistics).mean(0)
     if score == "msp":
         return M.msp_score(predictions.probs(temperature))
@@ -45,7 +54,7 @@ def ood_scores(
         return M.max_logit_score(mean_logits)
     if score == "energy":
         return M.energy_score(mean_logits)
-    raise InputError(f"unknown OOD score {score!r}; choose from {OOD_SCORES}")
+    raise InputError(f"unknown OOD score {score!r}; choose from {ood_score_names()}")
 
 
 def member_feature_scores(
@@ -110,7 +119,7 @@ def evaluate_predictions(
         id_members = {
             s: member_feature_scores(id_test, s, statistics)
             for s in id_scores
-            if ensemble and s in FEATURE_SCORES
+            if ensemble and s in feature_scores()
         }
         per_set: dict[str, Any] = {}
         for name, (kind, preds) in ood.items():

@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import metrics as M
 from ..errors import InputError
-from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
+from ..ood.detectors import FeatureStatistics
+from ..ood.registry import feature_scores
 from .conformal import flags, quantile_threshold
 from .evaluate import member_feature_scores, ood_scores
 from .predict import Predictions
@@ -49,7 +50,7 @@ def per_example(
     ensemble = predictions.num_members > 1
     labels = None if predictions.labels is None else predictions.class_labels()
     spread = None
-    if flag_score in FEATURE_SCORES:
+    if flag_score in feature_scores():
         members = member_feature_scores(predictions, flag_score, statistics)
         score, spread = members.mean(0), members.std(0) if ensemble else None
     else:

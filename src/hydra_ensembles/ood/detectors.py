@@ -3,7 +3,8 @@
 Every score is "higher = more likely OOD" and is computed per member on that member's own
 features (`ood.features`); the ensemble's score is the **mean of its members' scores** (and the
 members' spread is their standard deviation). All statistics are fit and every score computed in
-float64, whatever precision the model ran in.
+float64, whatever precision the model ran in. Each score is one registered class
+(`ood.registry`; the built-in ones in `ood/scores/`, one module each):
 
 - ``mds``: Mahalanobis distance to the closest class mean under one covariance shared by the
   classes (Lee et al., 2018), ``min_c (f - mu_c)^T P (f - mu_c)``.
@@ -12,10 +13,7 @@ float64, whatever precision the model ran in.
 - ``mds++``: ``mds`` on L2-normalised features (Mueller and Hein, 2025, "Mahalanobis++").
 - ``knn``: the Euclidean distance of the normalised feature to its k-th nearest normalised
   training feature (Sun et al., 2022; k = 50, or the bank's size if smaller).
-- ``vim``: virtual-logit matching (Wang et al., 2022): ``alpha * ||(f - o) R|| - logsumexp(logits)``
-  with ``o = -pinv(W) b`` the origin the output layer maps to zero logits, ``R`` the directions of
-  the (uncentred, around ``o``) training covariance outside its ``k`` principal ones, and
-  ``alpha`` the training mean of the largest logit over the mean residual norm.
+- ``vim``: virtual-logit matching (Wang et al., 2022), from the members' output layers.
 
 The covariances are Ledoit-Wolf shrinkage estimates (the shrinkage is close to 0 where examples
 far outnumber dimensions, and keeps the matrix invertible where they do not: few examples, wide
@@ -41,8 +39,12 @@ import torch
 
 from ..errors import InputError
 from ..inputs import class_ids
+from . import scores as _builtin_scores  # noqa: F401  (registers the built-in scores)
+from .geometry import vim_dimension
+from .registry import FitContext, ScoreContext, feature_score, feature_scores
 
-FEATURE_SCORES = ("mds", "rmds", "mds++", "knn", "vim")
+FEATURE_SCORES = feature_scores()
+"""The built-in feature scores (`ood/scores/`); `registry.feature_scores` lists every registered one."""
 KNN_K = 50
 """Neighbours of the kNN score (OpenOOD's setting; capped at the bank's size)."""
 BANK_SIZE = 10_000
@@ -51,51 +53,6 @@ STATISTICS_NAME = "ood_statistics.safetensors"
 FORMAT = "hydra-ensembles/ood-statistics"
 
 __all__ = ["BANK_SIZE", "FEATURE_SCORES", "KNN_K", "STATISTICS_NAME", "FeatureStatistics", "vim_dimension"]
-
-
-def vim_dimension(width: int) -> int:
-    """ViM's principal dimension for features of ``width`` (Wang et al.'s choices: 1000 for
-    2048-wide features, 512 for 768-wide ones; half the width below that)."""
-    if width >= 1500:
-        return 1000
-    if width >= 768:
-        return 512
-    return max(1, width // 2)
-
-
-def _ledoit_wolf(x: np.ndarray) -> np.ndarray:
-    """The Ledoit-Wolf shrunk covariance of the centred rows ``x`` (scikit-learn's estimator)."""
-    n, d = x.shape
-    emp = x.T @ x / n
-    mu = np.trace(emp) / d
-    if mu <= 0:
-        return emp
-    x2 = x**2
-    beta_ = float(np.sum(x2.T @ x2))
-    delta_ = float(np.sum(emp**2))
-    beta = (beta_ / n - delta_) / (d * n)
-    delta = (delta_ - 2 * mu * np.trace(emp) + d * mu**2) / d
-    shrinkage = 0.0 if delta <= 0 else min(beta, delta) / delta
-    return (1 - shrinkage) * emp + shrinkage * mu * np.eye(d)
-
-
-def _precision(x: np.ndarray, what: str) -> np.ndarray:
-    covariance = _ledoit_wolf(x)
-    if np.trace(covariance) <= 0:
-        warnings.warn(
-            f"{what}: the training features have no spread around their means; the Mahalanobis "
-            "distance is 0 for every input (fit on more varied data)",
-            stacklevel=4,
-        )
-    try:  # positive definite (what shrinkage gives): its inverse through a Cholesky factor
-        inverse = np.linalg.inv(np.linalg.cholesky(covariance))
-        return inverse.T @ inverse
-    except np.linalg.LinAlgError:
-        return np.linalg.pinv(covariance, hermitian=True)
-
-
-def _normalised(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 @dataclass(frozen=True)
@@ -134,9 +91,9 @@ class FeatureStatistics:
         for name, value in (("knn_k", knn_k), ("bank_size", bank_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive whole number, got {value!r}")
-        unknown = sorted(set(scores) - set(FEATURE_SCORES))
+        unknown = sorted(set(scores) - set(feature_scores()))
         if unknown or not scores:
-            raise InputError(f"unknown feature scores {unknown}; choose from {FEATURE_SCORES}")
+            raise InputError(f"unknown feature scores {unknown}; choose from {feature_scores()}")
         feats = np.asarray(torch.as_tensor(member_features).double().cpu(), dtype=np.float64)
         y = class_ids(labels, num_classes, "the training data").reshape(-1)
         if feats.ndim != 3 or feats.shape[1] != len(y) or len(y) < 2:
@@ -154,26 +111,26 @@ class FeatureStatistics:
                 stacklevel=2,
             )
         members, n, width = feats.shape
-        k = min(knn_k, n, bank_size)
-        bank_rows = np.sort(np.random.default_rng(seed).permutation(n)[:bank_size])
-        if heads is not None and (n <= vim_dimension(width) or "vim" not in scores):
-            heads = None  # the training features lie inside ViM's principal subspace: no residual
-        parts: dict[str, list[np.ndarray]] = {}
-        for m in range(members):
-            head = None if heads is None else (np.asarray(heads[0][m], np.float64), np.asarray(heads[1][m]))
-            for name, value in _fit_member(feats[m], y, num_classes, head, bank_rows, scores).items():
-                parts.setdefault(name, []).append(value)
-        tensors = {name: torch.from_numpy(np.stack(values)) for name, values in parts.items()}
+        fitted = _fitted_scores(scores, heads is not None, n, width)
         settings = {
             "format": FORMAT,
             "members": members,
             "classes": int(num_classes),
             "width": width,
             "examples": n,
-            "knn_k": int(k),
-            "vim_dim": vim_dimension(width) if heads is not None else None,
-            "scores": [s for s in FEATURE_SCORES if s in scores and (s != "vim" or heads is not None)],
+            "knn_k": int(min(knn_k, n, bank_size)),
+            "vim_dim": vim_dimension(width) if "vim" in fitted else None,
+            "scores": fitted,
         }
+        bank_rows = np.sort(np.random.default_rng(seed).permutation(n)[:bank_size])
+        parts: dict[str, list[np.ndarray]] = {}
+        for m in range(members):
+            head = None if heads is None else (np.asarray(heads[0][m], np.float64), np.asarray(heads[1][m]))
+            context = FitContext(head, bank_rows, settings)
+            for name in _with_what_they_read(fitted):
+                for key, value in feature_score(name).fit(feats[m], y, num_classes, context).items():
+                    parts.setdefault(key, []).append(value)
+        tensors = {name: torch.from_numpy(np.stack(values)) for name, values in parts.items()}
         return cls(tensors, settings)
 
     @property
@@ -193,22 +150,8 @@ class FeatureStatistics:
                 f"width {self.settings['width']}"
             )
         t = {name: value.to(f.device) for name, value in self.tensors.items()}
-        if score == "mds":
-            return _min_distance(f, t["mds.means"], t["mds.precision"])
-        if score == "mds++":
-            return _min_distance(_unit(f), t["mds++.means"], t["mds++.precision"])
-        if score == "rmds":
-            background = _distance(f, t["rmds.mean"].unsqueeze(1), t["rmds.precision"]).squeeze(-1)
-            return _min_distance(f, t["mds.means"], t["mds.precision"]) - background
-        if score == "knn":
-            similarity = _unit(f) @ t["knn.bank"].transpose(1, 2)  # (M, N, bank)
-            kth = similarity.topk(int(self.settings["knn_k"]), dim=-1).values[..., -1]
-            return (2 - 2 * kth).clamp_min(0).sqrt()
-        if member_logits is None:
-            raise InputError("ViM reads the members' logits as well as their features")
-        logits = torch.as_tensor(member_logits).to(device=f.device, dtype=torch.float64)
-        residual = torch.linalg.vector_norm((f - t["vim.origin"].unsqueeze(1)) @ t["vim.basis"], dim=-1)
-        return t["vim.alpha"].unsqueeze(1) * residual - torch.logsumexp(logits, -1)
+        logits = None if member_logits is None else torch.as_tensor(member_logits)
+        return feature_score(score).score(f, t, ScoreContext(self.settings, logits))
 
     def ensemble_scores(self, score: str, member_features: Any, member_logits: Any = None) -> torch.Tensor:
         """The ensemble's ``score`` (N,): the mean of its members' scores."""
@@ -259,57 +202,22 @@ class FeatureStatistics:
         return loaded
 
 
-def _fit_member(
-    x: np.ndarray,
-    y: np.ndarray,
-    classes: int,
-    head: tuple[np.ndarray, np.ndarray] | None,
-    bank: np.ndarray,
-    scores: Sequence[str],
-) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    present = np.unique(y)  # sorted; a class without examples has no mean
-    for name, feats in (("mds", x), ("mds++", _normalised(x))):
-        if name in scores or (name == "mds" and "rmds" in scores):  # rmds reads mds's statistics
-            means = np.zeros((classes, x.shape[1]))
-            means[present] = np.stack([feats[y == c].mean(0) for c in present])
-            out[f"{name}.means"] = means[present]
-            out[f"{name}.precision"] = _precision(feats - means[y], name)
-    if "rmds" in scores:
-        out["rmds.mean"] = x.mean(0)
-        out["rmds.precision"] = _precision(x - x.mean(0), "rmds")
-    if "knn" in scores:
-        out["knn.bank"] = _normalised(x[bank])
-    if head is not None:
-        weight, bias = head
-        origin = -np.linalg.pinv(weight) @ bias
-        centred = x - origin
-        values, vectors = np.linalg.eigh(centred.T @ centred / len(x))
-        principal = vim_dimension(x.shape[1])
-        basis = vectors[:, np.argsort(-values)[principal:]]  # outside the principal subspace
-        residual = np.linalg.norm(centred @ basis, axis=-1).mean()
-        largest = (x @ weight.T + bias).max(-1).mean()
-        out["vim.origin"] = origin
-        out["vim.basis"] = basis
-        out["vim.alpha"] = np.asarray(largest / residual if residual > 0 else 0.0)
-    return out
+def _fitted_scores(asked, heads: bool, n: int, width: int) -> list[str]:
+    """The registered scores among ``asked`` that can be fit (in registration order): one that
+    reads the output layers only where they are given, each only where the examples suffice."""
+    return [
+        name
+        for name in feature_scores()
+        if name in asked
+        and (heads or not feature_score(name).needs_head)
+        and feature_score(name).can_fit(n, width)
+    ]
 
 
-def _unit(f: torch.Tensor) -> torch.Tensor:
-    return f / torch.linalg.vector_norm(f, dim=-1, keepdim=True).clamp_min(1e-12)
-
-
-def _distance(f: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
-    """Squared Mahalanobis distances (M, N, K) of features (M, N, D) to means (M, K, D)."""
-    fp = f @ precision  # (M, N, D)
-    own = (fp * f).sum(-1, keepdim=True)  # f^T P f
-    mp = means @ precision  # (M, K, D)
-    cross = fp @ means.transpose(1, 2)  # f^T P mu
-    return own - 2 * cross + (mp * means).sum(-1).unsqueeze(1)
-
-
-def _min_distance(f: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
-    return _distance(f, means, precision).min(-1).values
+def _with_what_they_read(names: list[str]) -> list[str]:
+    """``names`` and the scores they read (rmds reads mds's class distance), in registration order."""
+    needed = set(names) | {read for name in names for read in feature_score(name).reads}
+    return [name for name in feature_scores() if name in needed]
 
 
 def member_spread(member_scores: torch.Tensor) -> torch.Tensor:

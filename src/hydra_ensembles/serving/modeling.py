@@ -42,7 +42,7 @@ from ..evaluation.calibration import Calibration, saved_calibration
 from ..fusion.model import HydraModel
 from ..members.ensemble import DeepEnsemble, as_ensemble
 from ..members.storage import save_member
-from ..ood.detectors import FEATURE_SCORES
+from ..ood.registry import feature_scores
 from ..outputs import ensemble_log_probs
 from ..precision import check_precision, model_device, resolve_precision
 from ..saving.loading import load_saved
@@ -192,7 +192,7 @@ class HydraPreTrainedModel(PreTrainedModel):
         if (
             calibration is not None
             and calibration.statistics is not None
-            and calibration.score in FEATURE_SCORES
+            and calibration.score in feature_scores()
         ):
             scores = calibration.statistics.member_scores(calibration.score, features, member_logits.float())
         return HydraClassifierOutput(

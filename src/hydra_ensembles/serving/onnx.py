@@ -36,7 +36,7 @@ from ..errors import InputError
 from ..fusion.model import HydraModel
 from ..layers.attention import member_attention_ops
 from ..models import VISION_MODEL_TYPES
-from ..ood.detectors import FEATURE_SCORES
+from ..ood.registry import feature_scores
 from ..saving.files import atomic_dir, atomic_write_json, check_replaceable_dir
 from ..saving.formats import write_folder_checksums
 from ..saving.loading import load_any, saved_preprocessor
@@ -74,7 +74,7 @@ class _Graph(nn.Module):
         super().__init__()
         self.model, self.input_names, self.vocab = model, tuple(input_names), vocab
         calibration = model.calibration
-        self.scored = calibration is not None and calibration.score in FEATURE_SCORES
+        self.scored = calibration is not None and calibration.score in feature_scores()
         self.output_names = OUTPUT_NAMES + (SCORE_NAMES if self.scored else ())
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -29,7 +29,7 @@ from ..batching import model_inputs
 from ..errors import InputError
 from ..evaluation.calibration import Calibration
 from ..evaluation.predict import Predictions
-from ..ood.detectors import FEATURE_SCORES
+from ..ood.registry import feature_scores
 
 QUANTIZATIONS = ("int8",)
 MIN_AGREEMENT = 0.99
@@ -116,7 +116,7 @@ def flag_scores(outputs: dict[str, np.ndarray], calibration: Calibration) -> np.
     for a feature score, else computed from its members' logits at the calibration's temperature."""
     from ..evaluation.evaluate import ood_scores
 
-    if calibration.score in FEATURE_SCORES:
+    if calibration.score in feature_scores():
         return outputs["ood_score"].astype(np.float64)
     return ood_scores(graph_predictions(outputs, None), calibration.score, calibration.temperature)
 
@@ -127,7 +127,7 @@ def refit(
     """``calibration`` fit again, with its score, level and methods, on a graph's outputs for
     the labelled ID validation inputs (``data``, batches digest ``digest``)."""
     predictions = graph_predictions(outputs, labels)
-    scores = outputs["ood_score"] if calibration.score in FEATURE_SCORES else None
+    scores = outputs["ood_score"] if calibration.score in feature_scores() else None
     return Calibration.fit(
         predictions,
         calibration.score,

@@ -1,0 +1,117 @@
+"""The registry of feature-space OOD scores: one class per score, one registration each.
+
+A feature score is fit per member on that member's labelled ID training features (float64) and
+scores each member's features; the ensemble's score is the mean over the members. A score is a
+`FeatureScore` subclass that names itself, says what it fits (`FeatureScore.fit`: named arrays,
+saved with the model's statistics) and how it scores (`FeatureScore.score`, in torch, so the
+exported graph computes it too), registered with `register_feature_score`:
+
+    @register_feature_score
+    class Norm(FeatureScore):
+        name = "norm"
+
+        def fit(self, x, y, classes, context):
+            return {"norm.mean": np.linalg.norm(x, axis=-1).mean(keepdims=True)}
+
+        def score(self, f, tensors, context):
+            return torch.linalg.vector_norm(f, dim=-1) - tensors["norm.mean"]
+
+`FeatureStatistics` fits and scores every registered score by name; `feature_scores()` lists
+them in the order they were registered (the built-in ones: `scores/`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+
+__all__ = [
+    "FeatureScore",
+    "FitContext",
+    "ScoreContext",
+    "feature_score",
+    "feature_scores",
+    "register_feature_score",
+]
+
+
+@dataclass(frozen=True)
+class FitContext:
+    """What a score's fit may read beside one member's features and labels: the member's output
+    layer ``head`` = (W (C, D), b (C,)) where it was given (None otherwise), the rows of the
+    training features kept as a bank (`FeatureStatistics.fit`'s ``bank_size``), and the fit's
+    settings (``knn_k``, ``vim_dim``, ...)."""
+
+    head: tuple[np.ndarray, np.ndarray] | None
+    bank_rows: np.ndarray
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    """What a score may read beside the members' features: the statistics' settings and the
+    members' logits (M, N, C) at temperature 1 (None where not given)."""
+
+    settings: Mapping[str, Any]
+    member_logits: torch.Tensor | None = None
+
+
+class FeatureScore:
+    """One feature-space OOD score (higher = more likely OOD). ``name`` names it (its fitted
+    arrays' names start with ``name + "."``); ``reads``: other scores whose fitted arrays it reads
+    too (fit with it); ``needs_head``: it is fit only where the members' output layers are given."""
+
+    name: ClassVar[str]
+    reads: ClassVar[tuple[str, ...]] = ()
+    needs_head: ClassVar[bool] = False
+
+    def can_fit(self, examples: int, width: int) -> bool:
+        """Whether ``examples`` training features of ``width`` are enough to fit this score."""
+        return True
+
+    def fit(self, x: np.ndarray, y: np.ndarray, classes: int, context: FitContext) -> dict[str, np.ndarray]:
+        """The arrays this score reads, fit on one member's training features ``x`` (N, D) with
+        class ids ``y`` (N,), float64."""
+        raise NotImplementedError
+
+    def score(
+        self, f: torch.Tensor, tensors: Mapping[str, torch.Tensor], context: ScoreContext
+    ) -> torch.Tensor:
+        """Each member's score (M, N), float64, from features ``f`` (M, N, D) and the fitted arrays
+        ``tensors`` (each with a leading member axis)."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, FeatureScore] = {}
+
+
+def register_feature_score(cls: type[FeatureScore]) -> type[FeatureScore]:
+    """Register the score ``cls`` under ``cls.name`` (a class decorator); a name taken by another
+    class is refused."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or "." in name:
+        raise InputError(f"a feature score needs a name without dots, got {name!r}")
+    if name in _REGISTRY and type(_REGISTRY[name]) is not cls:
+        raise InputError(
+            f"the feature score {name!r} is registered already ({type(_REGISTRY[name]).__name__})"
+        )
+    _REGISTRY[name] = cls()
+    return cls
+
+
+def feature_scores() -> tuple[str, ...]:
+    """Every registered feature score, in the order of registration."""
+    return tuple(_REGISTRY)
+
+
+def feature_score(name: str) -> FeatureScore:
+    """The registered score ``name``; InputError naming the registered ones otherwise."""
+    if name not in _REGISTRY:
+        raise InputError(f"unknown feature score {name!r}; choose from {feature_scores()}")
+    return _REGISTRY[name]
