@@ -11,6 +11,8 @@ from hydra_ensembles.precision import resolve_precision
 from hydra_experiments import Cache, DemoConfig, TrainingRecipe, run_demo
 
 
+@pytest.mark.slow  # about 130 s on 2 cores: .ci/run runs it; the same stages run on tiny models in
+# tests/experiments/test_demos_tiny.py by default
 def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
     config = DemoConfig(
         train_limit=16,

@@ -12,6 +12,7 @@ from tests.factories import text_inputs, tiny_bert
 HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
+@pytest.mark.slow  # about 40 s of compilation: .ci/run runs it
 @pytest.mark.skipif(not HAS_CXX, reason="torch.compile on CPU needs a C++ compiler")
 def test_compiled_hydra_matches_eager(monkeypatch):
     import torch._inductor.config as inductor_config
