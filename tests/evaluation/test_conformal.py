@@ -16,6 +16,7 @@ from hydra_ensembles.evaluation.conformal import (
     conformal_threshold,
     flag_count,
     flags,
+    one_draw_range,
     smallest_alpha,
 )
 
@@ -386,3 +387,29 @@ def test_benjamini_hochberg_selects_the_step_up_set_and_refuses_what_is_no_p_val
         benjamini_hochberg(p, 1.0)
     with pytest.raises(ValueError, match="p-values in"):
         benjamini_hochberg([np.nan, 0.1], 0.1)
+
+
+@pytest.mark.parametrize(("n", "alpha"), [(19, 0.05), (75, 0.1), (150, 0.05), (1000, 0.05), (500, 0.1)])
+def test_one_draws_range_is_the_beta_law_of_the_conditional_rate(n, alpha):
+    """The mean and 95% quantile `one_draw_range` gives (what build and eval print beside the
+    level) are those of Beta(l, n + 1 - l), l = floor((n + 1) alpha), as scipy computes them."""
+    from scipy.stats import beta
+
+    mean, ceiling = one_draw_range(n, alpha)
+    flagged = math.floor((n + 1) * alpha)
+    law = beta(flagged, n + 1 - flagged)
+    assert mean == pytest.approx(law.mean()) and ceiling == pytest.approx(law.ppf(0.95), rel=1e-9)
+    assert one_draw_range(10, 0.05) == (0.0, 0.0)  # too few inputs to flag anything
+
+
+def test_a_calibrations_description_gives_the_spread_of_one_draw():
+    from hydra_ensembles.evaluation import Calibration, Predictions
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(1, 300, 3)) * 3
+    labels = logits[0].argmax(-1)
+    labels[::7] = (labels[::7] + 1) % 3
+    said = Calibration.fit(Predictions(logits, labels), "msp", 0.95, set_method="lac").describe()
+    assert "under 7.2% for 95% of draws of 300 validation inputs" in said
+    sets = "sets: lac, coverage at least 90% in expectation, above 85.8% for 95% of draws of 150 inputs"
+    assert sets in said

@@ -45,6 +45,7 @@ from .conformal import (
     conformal_p_values,
     conformal_threshold,
     fit_set_quantiles,
+    one_draw_range,
     prediction_sets,
     quantile_threshold,
     smallest_alpha,
@@ -283,14 +284,23 @@ def _describe(c: Calibration) -> str:
             f"; feature statistics fit on {c.statistics_data or 'ID training data'} ({examples}"
             f"sha256 {c.statistics_data_sha256[:12]})"
         )
-    level = (
-        f"conformal, level {c.alpha:.3g}: at most {c.alpha:.1%} of ID inputs flagged"
-        if c.flag_method == "conformal"
-        else f"keeps {c.keep:.0%} of ID validation"
-    )
+    level = f"keeps {c.keep:.0%} of ID validation"
+    if c.flag_method == "conformal":
+        ceiling = one_draw_range(len(c.calibration_scores), c.alpha)[1]
+        level = (
+            f"conformal, level {c.alpha:.3g}: at most {c.alpha:.1%} of ID inputs flagged in expectation, "
+            f"under {ceiling:.1%} for 95% of draws of {len(c.calibration_scores)} validation inputs"
+        )
+    sets = ""
+    if c.set_method:
+        floor = 1 - one_draw_range(c.set_examples, c.set_alpha)[1] if c.set_examples else 1 - c.set_alpha
+        sets = (
+            f"; sets: {c.set_method}, coverage at least {1 - c.set_alpha:.0%} in expectation, above "
+            f"{floor:.1%} for 95% of draws of {c.set_examples} inputs"
+        )
     return (
         f"temperature {c.temperature:.3f}; flag: ood_score_{c.score} > {c.threshold:.4f} "
-        f"({level}); fit on {fit_on}" + (f" in {c.precision}" if c.precision else "") + statistics
+        f"({level}); fit on {fit_on}" + (f" in {c.precision}" if c.precision else "") + statistics + sets
     )
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "conformal_threshold",
     "flag_count",
     "flags",
+    "one_draw_range",
     "smallest_alpha",
 ]
 
@@ -99,6 +100,43 @@ def conformal_p_values(calibration_scores: Any, scores: Any) -> np.ndarray:
     at_least = len(reference) - np.searchsorted(reference, values, side="left")  # #{s_i >= s}
     at_least = np.where(np.isnan(values), 0, at_least)  # not a number: as far out as any score (flagged)
     return (1.0 + at_least) / (len(reference) + 1.0)
+
+
+def _beta_quantile(a: int, b: int, q: float) -> float:
+    """The q-quantile of Beta(a, b) for whole a, b >= 1: bisection on its CDF, which for whole
+    parameters is P(Binomial(a + b - 1, x) >= a) (no special functions needed)."""
+    trials = a + b - 1
+
+    def cdf(x: float) -> float:
+        if x <= 0:
+            return 0.0
+        if x >= 1:
+            return 1.0
+        logs = [
+            math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1)
+            + k * math.log(x) + (trials - k) * math.log1p(-x)
+            for k in range(a, trials + 1)
+        ]  # fmt: skip
+        top = max(logs)
+        return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
+
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < q else (low, middle)
+    return (low + high) / 2
+
+
+def one_draw_range(n: int, alpha: float, probability: float = 0.95) -> tuple[float, float]:
+    """How far one draw of ``n`` calibration inputs may leave the level ``alpha``: the share of
+    new exchangeable inputs whose conformal p-value is <= alpha is, given the draw, Beta(l,
+    n + 1 - l) with l = floor((n + 1) alpha) (Vovk, 2012). Returns its mean and the value it stays
+    under for a share ``probability`` of draws: for a flag, the false-alarm rate; for prediction
+    sets, one minus their coverage."""
+    flagged = flag_count(n, alpha)
+    if flagged == 0:
+        return 0.0, 0.0
+    return flagged / (n + 1), _beta_quantile(flagged, n + 1 - flagged, probability)
 
 
 def benjamini_hochberg(p_values: Any, level: float) -> np.ndarray:

@@ -16,7 +16,14 @@ from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
 from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, split_for_sets, validation_aurocs
-from .conformal import conformal_threshold, fit_set_quantiles, flags, prediction_sets, smallest_alpha
+from .conformal import (
+    conformal_threshold,
+    fit_set_quantiles,
+    flags,
+    one_draw_range,
+    prediction_sets,
+    smallest_alpha,
+)
 from .evaluate import applicable_scores, evaluate_predictions, ood_scores
 from .intervals import add_intervals, bootstrap_draws
 from .predict import Predictions
@@ -179,6 +186,7 @@ def evaluate_method(
                 row["sets"] = {
                     "method": served.set_method,
                     "alpha": served.set_alpha,
+                    "one_draw_floor": 1 - one_draw_range(served.set_examples, served.set_alpha)[1],
                     **set_summary(members, labels, per_class=True),
                 }
         elif preds.val is not None:

@@ -293,7 +293,9 @@ def _served_section(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
         row = [m, r["flag_score"], *[f"{100 * r['flagged'].get(s, float('nan')):.1f}" for s in sets]]
         if "sets" in r:
             coverage, floor = 100 * r["sets"]["coverage"], 100 * (1 - r["sets"]["alpha"])
-            row += [f"{coverage:.1f} (target >= {floor:.0f})", f"{r['sets']['mean_size']:.2f}"]
+            draw = r["sets"].get("one_draw_floor")  # 95% of calibration draws cover at least this
+            margin = f"; one draw >= {100 * draw:.1f}" if draw is not None else ""
+            row += [f"{coverage:.1f} (target >= {floor:.0f}{margin})", f"{r['sets']['mean_size']:.2f}"]
         else:
             row += ["–", "–"]
         body.append(row)
