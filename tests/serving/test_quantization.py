@@ -155,6 +155,10 @@ def test_the_cli_quantizes_with_validation_data_and_says_what_changed(saved, tmp
     assert "give --val-data" in capsys.readouterr().err and not (tmp_path / "q").exists()
     assert main([*argv, "--val-data", str(tmp_path / "val.csv")]) == 2
     assert "give --quantize int8" in capsys.readouterr().err
+    (tmp_path / "one.csv").write_text("text,label\ngoal 1,sport\n")  # refused before any graph runs
+    assert main([*argv, "--quantize", "int8", "--val-data", str(tmp_path / "one.csv")]) == 2
+    assert "at least 2 labelled validation inputs" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
     assert (
         main([*argv, "--quantize", "int8", "--val-data", str(tmp_path / "val.csv"), "--min-agreement", "0.5"])
         == 0

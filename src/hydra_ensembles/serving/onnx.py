@@ -33,6 +33,7 @@ from torch import nn
 
 from ..data.registry import saved_length
 from ..errors import InputError
+from ..evaluation.calibration import check_calibration_size
 from ..fusion.model import HydraModel
 from ..layers.attention import member_attention_ops
 from ..models import VISION_MODEL_TYPES
@@ -156,6 +157,8 @@ def export_onnx(
         wrapped = HydraPreTrainedModel.from_ensemble(model)
     if any(p.dtype != torch.float32 for p in wrapped.parameters()):
         raise ExportError("the graph is exported in fp32: give a float32 model (model.float())")
+    if quantize is not None and wrapped.calibration is not None:  # before both graphs are run
+        check_calibration_size(validation, wrapped.calibration.set_method)
     wrapped.eval()
     fit_in = wrapped.calibration.precision if wrapped.calibration is not None else ""
     if quantize is None and fit_in not in ("", "fp32"):
