@@ -11,6 +11,7 @@ from transformers import AutoModelForSequenceClassification
 
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import saved_calibration
+from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.saving.loading import load_any
 from hydra_ensembles.scoring import CircuitConfig, CircuitOrder
 from hydra_ensembles.training import FineTuneConfig, fine_tune
@@ -79,6 +80,32 @@ def test_fine_tuned_members_equal_fine_tuning_by_hand_and_save_for_serving(tmp_p
     assert saved_calibration(load_any(str(tmp_path / "built" / "members"))) == built.members_calibration
     served = AutoModelForSequenceClassification.from_pretrained(tmp_path / "built" / "hydra")
     assert served.config.id2label == {0: "a", 1: "b", 2: "c"}
+
+
+def test_a_shared_trunk_is_a_build_setting_kept_shared_through_fine_tuning_and_saving(tmp_path):
+    """``shared_layers=1``: every member keeps member 0's heads in layer 0 and fine-tunes only the
+    later blocks, so the fused model runs layer 0 once, equals the members' explicit ensemble,
+    and keeps its trunk when saved and loaded."""
+    model, train, val = tiny_bert(), _batches(2, seed=60), _batches(1, seed=70)
+    tuning = FineTuneConfig(epochs=1, lr=1e-3, seed=2)
+    config = he.BuildConfig(
+        num_members=2, num_pruned=2, pool_size=4, shared_layers=1, fine_tune=tuning, precision="fp32"
+    )
+    built = he.build_hydra(model, train, val, config=config, progress=False)
+    assert built.hydra.trunk_layers == 1
+    first = [dict(m.named_parameters()) for m in built.members]
+    trunk = [name for name in first[0] if ".layer.0." in name or "embeddings" in name]
+    assert trunk and all(torch.equal(first[0][n], first[1][n]) for n in trunk)  # not fine-tuned
+    assert any(not torch.equal(first[0][n], first[1][n]) for n in first[0] if ".layer.1." in n)
+    x = text_inputs(batch=4, seed=8)
+    explicit = DeepEnsemble(built.members).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(built.hydra.eval()(**x).probs, explicit(**x).probs, rtol=1e-5, atol=1e-6)
+    built.save_pretrained(tmp_path / "trunk")
+    loaded = he.load_hydra(tmp_path / "trunk" / "hydra")
+    assert loaded.trunk_layers == 1
+    with torch.no_grad():
+        assert torch.equal(loaded(**x).member_logits, built.hydra(**x).member_logits)
 
 
 def test_bad_requests_are_refused_before_any_work():

@@ -129,6 +129,7 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
         heads_per_layer=args.heads_per_layer,
         pool_size=args.pool_size,
         seed=args.seed,
+        shared_layers=args.shared_layers,
         fine_tune=tuning,
         mlp=args.mlp,
         flag_score=args.flag_score,
@@ -172,6 +173,13 @@ def _add_build_command(sub) -> argparse.ArgumentParser:
         help="the least useful heads each member samples its pruned heads from: per layer with "
         "--heads-per-layer, in the whole model with --num-pruned (default: twice the heads pruned, "
         "at most the heads the ranking ranks)",
+    )
+    build.add_argument(
+        "--shared-layers",
+        type=COUNT,
+        default=0,
+        help="the first K layers are one trunk the members share: the same heads, not fine-tuned, "
+        "run once for all members (less compute; less member diversity). Default 0",
     )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")

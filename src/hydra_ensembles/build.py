@@ -37,7 +37,7 @@ from .inputs import checked_batches
 from .members import sample_members, save_member
 from .members.ensemble import DeepEnsemble, write_ensemble_index
 from .scoring import CircuitConfig, CircuitOrder, extract_circuit, taylor_scores
-from .surgery import prune
+from .surgery import original_heads_per_layer, prune
 from .training import FineTuneConfig, FineTuneResult, describe_epoch, fine_tune
 
 __all__ = [
@@ -60,7 +60,8 @@ class BuildConfig:
     heads circuit extraction ranks (default: the pool, or twice the heads pruned). ``fine_tune``:
     None leaves the members untrained (fusion is then exact); member m trains
     with seed ``fine_tune.seed + m``. ``shared_layers=k`` gives every member member 0's heads in
-    the first k layers (a shared trunk `fuse` runs once). ``flag_score`` and ``keep`` set the OOD
+    the first k layers and fine-tunes only the blocks after them (a shared trunk, which `fuse`
+    runs once: the cost knob of the fused model). ``flag_score`` and ``keep`` set the OOD
     flag (`Calibration`; ``"auto"``: `evaluation.choose_flag_score`, a feature score where
     training data is given)."""
 
@@ -230,6 +231,11 @@ def _fine_tune_members(
         settings = dataclasses.replace(
             config.fine_tune, seed=config.fine_tune.seed + m, precision=config.precision
         )
+        if config.shared_layers:  # the shared trunk stays the base's, so that fuse runs it once
+            after = len(original_heads_per_layer(member)) - config.shared_layers
+            if settings.last_k_blocks is not None:
+                after = min(after, settings.last_k_blocks)
+            settings = dataclasses.replace(settings, last_k_blocks=after)
         per_member = (time.monotonic() - started) / m if m else None
         left = f" (about {per_member * (len(members) - m):.0f} s left)" if per_member else ""
         say(f"fine-tuning member {m + 1} of {len(members)}{left}")
