@@ -13,7 +13,21 @@ from hydra_ensembles.data import MissingDataError
 from hydra_ensembles.errors import InputError, UnsupportedModelError
 from hydra_ensembles.models import MissingModelError
 
-from . import analyze, bench, build, demo, evaluate, export, finetune, fuse, info, predict, score, zero_shot
+from . import (
+    analyze,
+    bench,
+    build,
+    calibrate,
+    demo,
+    evaluate,
+    export,
+    finetune,
+    fuse,
+    info,
+    predict,
+    score,
+    zero_shot,
+)
 from .command import Command
 
 COMMANDS: tuple[Command, ...] = tuple(
@@ -23,6 +37,7 @@ COMMANDS: tuple[Command, ...] = tuple(
         fuse,
         score,
         build,
+        calibrate,
         finetune,
         evaluate,
         predict,

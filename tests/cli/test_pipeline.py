@@ -497,3 +497,34 @@ def test_the_length_a_model_was_fit_at_is_served_with_it(workspace, tmp_path, ca
         assert (
             longer.preprocess(texts[0], **longer._preprocess_params)["input_ids"].shape[1] == 12
         )  # as asked
+
+
+def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(workspace, tmp_path, capsys):
+    """calibrate: the flag score chosen on OOD validation data, every candidate's AUROC printed,
+    the OOD data's digest recorded; the weights unchanged, the input folder untouched, and
+    predict and the uncertainty pipeline serve the new calibration."""
+    w, common = workspace, ["--batch-size", "8", "--max-length", "12"]
+    tuned = tmp_path / "tuned"
+    data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--epochs", "1"]
+    assert main(["finetune", str(w / "model"), *data, "--out", str(tuned), *common]) == 0
+    before = {p.name: p.read_bytes() for p in tuned.iterdir() if p.is_file()}
+    capsys.readouterr()
+    out = tmp_path / "recalibrated"
+    args = ["calibrate", str(tuned), "--val-data", str(w / "train.csv"), "--ood-data", str(w / "ood.csv")]
+    assert main([*args, "--keep", "0.9", "--out", str(out), *common]) == 0
+    said = capsys.readouterr().out
+    assert "validation AUROC of each score" in said and "<- the flag score" in said
+    assert {p.name: p.read_bytes() for p in tuned.iterdir() if p.is_file()} == before
+    new, old = load_any(str(out)), load_any(str(tuned))
+    calibration = saved_calibration(new)
+    assert calibration.keep == 0.9 and calibration.ood_data == str(w / "ood.csv")
+    assert len(calibration.ood_data_sha256) == 64 and "<- the flag score" in said.split(calibration.score)[1]
+    for (name, a), (_, b) in zip(new.named_parameters(), old.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    rows_out = tmp_path / "p.jsonl"
+    assert main(["predict", str(out), "--data", str(w / "ood.csv"), "--out", str(rows_out), *common]) == 0
+    rows = [json.loads(line) for line in rows_out.read_text().splitlines()]
+    assert f"ood_score_{calibration.score}" in rows[0]
+    served = pipeline("hydra-text-classification", model=str(out), truncation=True, max_length=12)
+    assert f"ood_score_{calibration.score}" in served(rows[0]["text"])[0]
+    assert main(["calibrate", str(tuned), "--val-data", str(w / "train.csv"), "--out", str(tuned)]) == 2

@@ -86,6 +86,9 @@ class Calibration:
     set_classwise: bool = False
     set_quantiles: tuple[float, ...] = ()
     set_examples: int = 0
+    ood_data: str = ""
+    """The OOD validation data the flag score was chosen on (``score="auto"``), where any."""
+    ood_data_sha256: str = ""
     statistics: FeatureStatistics | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -170,6 +173,8 @@ class Calibration:
         set_alpha: float = 0.1,
         set_classwise: bool = False,
         id_scores: Any = None,
+        ood_data: str = "",
+        ood_data_sha256: str = "",
     ) -> Calibration:
         """Fit on labelled ID validation predictions: the temperature minimising their NLL, then the
         threshold of ``score`` (at that temperature; ``"auto"``: `choose_flag_score`, which
@@ -182,7 +187,8 @@ class Calibration:
         the temperature and the odd ones the sets' quantiles at it, so that the sets' guarantee
         holds (`split_for_sets`). ``id_scores``: the values of ``score`` on ``id_validation``
         where they were computed elsewhere (an exported graph's ``ood_score``: its features are
-        not in ``id_validation``); the flag is then fit on them."""
+        not in ``id_validation``); the flag is then fit on them. ``ood_data`` and
+        ``ood_data_sha256`` name the OOD validation data the score was chosen on."""
         if id_scores is not None and score == AUTO_SCORE:
             raise InputError("id_scores are the values of one named score: name it, not 'auto'")
         if not 0 < keep <= 1:
@@ -228,7 +234,8 @@ class Calibration:
         return cls(
             temperature, score, threshold, keep, data, data_sha256, examples, precision, model_sha256,
             digest, statistics_data, statistics_data_sha256, flag_method, kept, set_method, set_alpha,
-            set_classwise, quantiles, 0 if sets_on is None else len(sets_on.labels), statistics,
+            set_classwise, quantiles, 0 if sets_on is None else len(sets_on.labels),
+            *((ood_data, ood_data_sha256) if ood_validation is not None else ("", "")), statistics,
         )  # fmt: skip
 
     def records(self, predictions: Predictions, classes: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -298,9 +305,18 @@ def _describe(c: Calibration) -> str:
             f"; sets: {c.set_method}, coverage at least {1 - c.set_alpha:.0%} in expectation, above "
             f"{floor:.1%} for 95% of draws of {c.set_examples} inputs"
         )
+    chosen = (
+        f"; flag score chosen on {c.ood_data or 'OOD validation data'} (sha256 {c.ood_data_sha256[:12]})"
+        if c.ood_data_sha256
+        else ""
+    )
     return (
         f"temperature {c.temperature:.3f}; flag: ood_score_{c.score} > {c.threshold:.4f} "
-        f"({level}); fit on {fit_on}" + (f" in {c.precision}" if c.precision else "") + statistics + sets
+        f"({level}); fit on {fit_on}"
+        + (f" in {c.precision}" if c.precision else "")
+        + statistics
+        + sets
+        + chosen
     )
 
 
@@ -318,7 +334,7 @@ def _calibration_from_dict(saved: Any) -> Calibration:
     fields = set(Calibration.__dataclass_fields__) - {"statistics"}
     optional = {"statistics_sha256", "statistics_data", "statistics_data_sha256"}  # older saves lack them
     optional |= {"flag_method", "calibration_scores", "set_method", "set_alpha", "set_classwise"}
-    optional |= {"set_quantiles", "set_examples"}
+    optional |= {"set_quantiles", "set_examples", "ood_data", "ood_data_sha256"}
     if not fields - optional <= set(saved) <= fields:
         raise InputError(f"a saved calibration has the fields {sorted(fields)}; this one has {sorted(saved)}")
     try:
@@ -342,6 +358,8 @@ def _calibration_from_dict(saved: Any) -> Calibration:
             set_classwise=bool(saved.get("set_classwise", False)),
             set_quantiles=tuple(math.inf if q is None else float(q) for q in saved.get("set_quantiles", ())),
             set_examples=int(saved.get("set_examples", 0)),
+            ood_data=str(saved.get("ood_data", "")),
+            ood_data_sha256=str(saved.get("ood_data_sha256", "")),
         )
     except (TypeError, ValueError) as exc:
         raise InputError(f"a saved calibration is malformed: {exc}") from None
@@ -478,6 +496,7 @@ def fit_calibration(
     set_method: str = "",
     set_alpha: float = 0.1,
     set_classwise: bool = False,
+    ood_data: str = "",
 ) -> tuple[Calibration, Predictions]:
     """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
     included) fit on labelled ID validation batches, with the predictions it was fit on; nothing
@@ -500,9 +519,11 @@ def fit_calibration(
         statistics = fit_statistics(model, train, precision=precision, progress=progress)
         train_sha256 = batches_digest(train)
     predictions = predict(model, batches, "calibration", progress=progress, precision=precision)
-    ood = None
+    ood, ood_sha256 = None, ""
     if ood_validation is not None and score == AUTO_SCORE:
-        ood = predict(model, list(ood_validation), "OOD validation", progress=progress, precision=precision)
+        ood_batches = list(ood_validation)
+        ood = predict(model, ood_batches, "OOD validation", progress=progress, precision=precision)
+        ood_sha256 = batches_digest(ood_batches)
     calibration = Calibration.fit(
         predictions,
         score,
@@ -518,6 +539,8 @@ def fit_calibration(
         set_method=set_method,
         set_alpha=set_alpha,
         set_classwise=set_classwise,
+        ood_data=ood_data,
+        ood_data_sha256=ood_sha256,
     )
     return calibration, predictions
 
@@ -538,6 +561,7 @@ def calibrate(
     set_method: str = "",
     set_alpha: float = 0.1,
     set_classwise: bool = False,
+    ood_data: str = "",
 ) -> Calibration:
     """Fit ``model``'s `Calibration` on labelled ID validation batches (`fit_calibration`, with
     the feature statistics where ``id_train`` is given), bind it to the model's weights and record
@@ -558,6 +582,7 @@ def calibrate(
         set_method=set_method,
         set_alpha=set_alpha,
         set_classwise=set_classwise,
+        ood_data=ood_data,
     )
     return record_calibration(model, fitted)
 

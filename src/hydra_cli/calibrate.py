@@ -1,0 +1,135 @@
+"""``hydra-ens calibrate``: fit a saved model's calibration again (temperature, feature statistics,
+flag score and threshold, prediction sets) on new validation data, without training anything,
+and save the model with it as a new folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hydra_ensembles.errors import InputError
+
+from .command import Command
+from .common import _data_batches, _load_methods, _say_precision
+from .options import PREPROCESSOR_HELP, _calibration_options, _data_options, _overwrite_option
+
+SAVED_KINDS = ("fused", "member", "ensemble")
+"""The library's saved formats `calibrate` writes again (beside Hugging Face classifier folders)."""
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from hydra_ensembles.evaluation import predict
+    from hydra_ensembles.evaluation.calibration import (
+        Calibration,
+        check_calibration_size,
+        fit_statistics,
+        record_calibration,
+        saved_calibration,
+        validation_aurocs,
+    )
+    from hydra_ensembles.hashing import batches_digest
+    from hydra_ensembles.precision import model_device, resolve_precision
+    from hydra_ensembles.saving.files import atomic_dir
+    from hydra_ensembles.saving.formats import saved_format
+    from hydra_ensembles.saving.loading import load_preprocessor
+
+    from .guards import check_output_dir
+
+    out = check_output_dir(args.out, finished="config.json", overwrite=args.overwrite, replaced=True)
+    found = saved_format(args.model)
+    if found is not None and found.kind not in SAVED_KINDS:
+        raise InputError(f"{args.model} is a saved {found.kind}: calibrate writes {', '.join(SAVED_KINDS)} "
+                         "folders and Hugging Face classifiers")  # fmt: skip
+    models, preprocessor = _load_methods(args.model, args)
+    if len(models) != 1:
+        raise InputError("calibrate takes one saved model (an explicit ensemble has no folder to save)")
+    model = models[0]
+    if args.preprocessor:
+        preprocessor = load_preprocessor(args.preprocessor)
+    sets = "" if args.sets == "none" else args.sets
+    val = _data_batches(args.val_data, args, preprocessor, model=model)[1]
+    check_calibration_size(val, sets)
+    train = _data_batches(args.data, args, preprocessor, model=model)[1] if args.data else None
+    ood = (
+        _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
+        if args.ood_data
+        else None
+    )
+    saved = saved_calibration(model)
+    statistics = saved.statistics if saved is not None and train is None else None
+    _say_precision(args)
+    if train is not None:
+        statistics = fit_statistics(model, train, precision=args.precision)
+    val_predictions = predict(model, val, "calibration", precision=args.precision)
+    ood_predictions = predict(model, ood, "OOD validation", precision=args.precision) if ood else None
+    kept = statistics is not None and train is None  # the saved statistics, named as saved
+    train_sha256 = saved.statistics_data_sha256 if kept else (batches_digest(train) if train else "")
+    fitted = Calibration.fit(
+        val_predictions, args.flag_score, args.keep, data=args.val_data, data_sha256=batches_digest(val),
+        precision=resolve_precision(args.precision, model_device(model)).name, statistics=statistics,
+        statistics_data=saved.statistics_data if kept else (args.data or ""),
+        statistics_data_sha256=train_sha256,
+        ood_validation=ood_predictions, ood_data=args.ood_data or "",
+        ood_data_sha256=batches_digest(ood) if ood else "", flag_method=args.flag_method,
+        set_method=sets, set_alpha=args.set_alpha, set_classwise=args.set_classwise,
+    )  # fmt: skip
+    if ood_predictions is not None:
+        aurocs = validation_aurocs(val_predictions, ood_predictions, statistics, fitted.temperature)
+        print(
+            "validation AUROC of each score, ID validation against OOD validation (higher separates better):"
+        )
+        for score, auroc in sorted(aurocs.items(), key=lambda item: -item[1]):
+            print(
+                f"  {score:<20} {100 * auroc:6.2f}" + ("  <- the flag score" if score == fitted.score else "")
+            )
+    calibration = record_calibration(model, fitted)
+    atomic_dir(out, lambda folder: _write(model, found, folder, preprocessor), marker=True)
+    print(f"calibration: {calibration.describe()}")
+    print(f"saved the model with its new calibration to {out}")
+    return 0
+
+
+def _write(model, found, folder: Path, preprocessor) -> None:
+    """``model`` in the format it was read in: the library's own (a fused model, a member, an
+    ensemble of members: each writes its statistics and checksums), or a Hugging Face classifier
+    folder as ``finetune`` writes it (weights, config, statistics, preprocessor, checksums last)."""
+    from hydra_ensembles.build import save_preprocessor
+    from hydra_ensembles.members import save_member
+    from hydra_ensembles.ood.storage import write_statistics
+    from hydra_ensembles.saving.formats import write_folder_checksums
+
+    save_preprocessor(preprocessor, folder)  # first: the model's checksums then cover it
+    if found is None:  # a Hugging Face classifier
+        model.save_pretrained(folder)
+        write_statistics(model, folder)
+        write_folder_checksums(folder)
+    elif found.kind == "member":
+        save_member(model, folder)
+    else:
+        model.save_pretrained(folder)
+
+
+def _add_calibrate_command(sub) -> argparse.ArgumentParser:
+    cal = sub.add_parser(
+        "calibrate",
+        help="fit a saved model's calibration again on new data (temperature, statistics, flag, sets) "
+        "without training; saved with the model to a new folder",
+    )
+    cal.add_argument("model", help="a saved Hydra model, member or ensemble (build's hydra/, members/), or "
+                     "a Hugging Face classifier folder (finetune's output)")  # fmt: skip
+    cal.add_argument(
+        "--val-data", required=True, help="labelled ID validation data the calibration is fit on"
+    )
+    cal.add_argument(
+        "--data",
+        help="labelled ID training data: fit the feature statistics on it (default: keep the saved ones)",
+    )
+    _calibration_options(cal, "--val-data")
+    cal.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    cal.add_argument("--out", required=True, help="the output folder: the model with its new calibration")
+    _overwrite_option(cal)
+    _data_options(cal)
+    return cal
+
+
+COMMAND = Command("calibrate", add_parser=_add_calibrate_command, run=_cmd_calibrate)
