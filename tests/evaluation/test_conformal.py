@@ -413,3 +413,26 @@ def test_a_calibrations_description_gives_the_spread_of_one_draw():
     assert "under 7.2% for 95% of draws of 300 validation inputs" in said
     sets = "sets: lac, coverage at least 90% in expectation, above 85.8% for 95% of draws of 150 inputs"
     assert sets in said
+
+
+def test_a_calibration_saved_with_the_rounded_rule_loads_and_flags_by_its_p_values():
+    """Earlier versions set k = ceil((n + 1) keep - 1e-12), which moved a level within 1e-12 of a
+    grid point onto it; such a saved record still loads (with a warning) and then flags exactly
+    where its p-values are <= the level."""
+    from hydra_ensembles.evaluation import Calibration, Predictions
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(1, 42, 3))
+    labels = logits[0].argmax(-1)
+    keep = 0.9534883720930333  # 1 - keep sits 1.3e-14 below 2/43
+    fitted = Calibration.fit(Predictions(logits, labels), "msp", keep)
+    scores = fitted.calibration_scores
+    legacy = scores[math.ceil(43 * keep - 1e-12) - 1]
+    assert legacy != fitted.threshold  # the two rules differ at this level
+    saved = {**fitted.to_dict(), "threshold": legacy}
+    saved.pop("record_sha256")
+    with pytest.warns(UserWarning, match="grid point"):
+        again = Calibration.from_dict(saved)
+    assert again.threshold == fitted.threshold
+    probe = np.concatenate([np.asarray(scores), rng.uniform(0, 1, 50)])
+    assert (flags(probe, again.threshold) == (again.p_values(probe) <= 1 - keep)).all()
