@@ -90,6 +90,13 @@ def _print_parity(parity: dict) -> None:
         print(
             f"ID flag rate: {parity['flag_rate_fp32']:.2%} (float32) -> {parity['flag_rate_quantized']:.2%} "
             f"at the float32 threshold -> {parity['flag_rate_refit']:.2%} at the refit one"
+            + (
+                f" ({parity['flag_rate_held_out']:.2%} on validation inputs it was not fit on; 95% of "
+                f"calibration draws stay under {parity['flag_rate_ceiling']:.2%})"
+                if parity.get("flag_rate_held_out") is not None
+                and parity.get("flag_rate_ceiling") is not None
+                else ""
+            )
         )
     if parity.get("ood_auroc_fp32") is not None:
         before, after = parity["ood_auroc_fp32"], parity["ood_auroc_quantized"]

@@ -101,6 +101,33 @@ def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, qu
     assert parity["ece_quantized"] == pytest.approx(M.ece(p_int8, labels), rel=1e-6)
     msp = 1 - p_ref.max(-1)
     assert parity["flag_rate_fp32"] == pytest.approx(float(np.mean(msp > original.threshold)))
+    # the held-out rate: refit on one half of the validation inputs, measured on the other
+    from hydra_ensembles.serving.quantization import _held_out_flag_rate
+
+    refitted = Calibration.from_dict(json.loads((folder / "calibration.json").read_text())["calibration"])
+    expected = _held_out_flag_rate(refitted, int8, labels)
+    assert parity["flag_rate_held_out"] == pytest.approx(expected["flag_rate_held_out"])
+    assert 0 <= parity["flag_rate_held_out"] <= 1
+
+
+def test_a_flag_whose_held_out_rate_drifts_is_measured_as_drifted():
+    """Scores that move unevenly (here: every odd-numbered validation input far above the even
+    ones) give a held-out rate above what a calibration draw of that size stays under, which is
+    what the export warns on; scores alike in both halves stay under it."""
+    from hydra_ensembles.serving.quantization import _held_out_flag_rate
+
+    rng = np.random.default_rng(0)
+    n = 200
+    logits = rng.normal(size=(n, 2, 3)).astype(np.float32)
+    labels = logits.mean(1).argmax(-1)
+    alike = {"logits_per_member": logits}
+    calibration = Calibration.fit(Predictions(logits.transpose(1, 0, 2), labels), "max_logit", 0.95)
+    report = _held_out_flag_rate(calibration, alike, labels)
+    assert report["flag_rate_held_out"] <= report["flag_rate_ceiling"]
+    drifted = logits.copy()
+    drifted[1::2] -= 50.0  # max_logit scores -max logit: the odd half scores far higher
+    report = _held_out_flag_rate(calibration, {"logits_per_member": drifted}, labels)
+    assert report["flag_rate_held_out"] > report["flag_rate_ceiling"]
 
 
 def test_the_parity_report_measures_the_flag_scores_auroc_on_ood_validation_data(saved, quantized, tmp_path):

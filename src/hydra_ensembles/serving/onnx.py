@@ -261,6 +261,15 @@ def _quantized(
         ood_batches = list(ood_validation)
         ood = tuple(run_graph(session, ood_batches, names) for session in sessions)
     report = parity(reference, outputs, labels, calibration, refitted, ood)
+    drifted = report.flag_rate_held_out is not None and report.flag_rate_ceiling is not None
+    if drifted and report.flag_rate_held_out > report.flag_rate_ceiling:
+        warnings.warn(
+            f"the int8 graph's refit flag raised {report.flag_rate_held_out:.1%} of validation inputs it "
+            f"was not fit on, above the {report.flag_rate_ceiling:.1%} a calibration of that size stays "
+            "under for 95% of draws: quantization moved the flag score unevenly; check the parity "
+            "report, or serve the float32 graph",
+            stacklevel=2,
+        )
     if report.agreement < min_agreement:
         raise ExportError(
             f"the int8 graph predicts another class than the float32 graph for {1 - report.agreement:.1%} "

@@ -28,6 +28,8 @@ from .. import metrics as M
 from ..batching import model_inputs
 from ..errors import InputError
 from ..evaluation.calibration import Calibration
+from ..evaluation.conformal import flags as raised
+from ..evaluation.conformal import one_draw_range
 from ..evaluation.predict import Predictions
 from ..ood.registry import feature_scores
 
@@ -60,6 +62,13 @@ class Parity:
     flag_rate_fp32: float | None = None
     flag_rate_quantized: float | None = None
     flag_rate_refit: float | None = None
+    flag_rate_held_out: float | None = None
+    """The refit flag's rate on validation inputs it was not fit on (refit on the even-numbered
+    inputs and measured on the odd ones, and the other way round): what the served graph's rate
+    is expected to be, unlike ``flag_rate_refit``, which is measured on the inputs it was fit on."""
+    flag_rate_ceiling: float | None = None
+    """The rate a calibration draw of that size stays under for 95% of draws
+    (`evaluation.conformal.one_draw_range`): a held-out rate above it has drifted."""
     ood_auroc_fp32: float | None = None
     ood_auroc_quantized: float | None = None
 
@@ -147,6 +156,31 @@ def refit(
     )
 
 
+def _held_out_flag_rate(calibration: Calibration, outputs: dict[str, np.ndarray], labels: np.ndarray) -> dict:
+    """``flag_rate_held_out`` and ``flag_rate_ceiling`` (see `Parity`), or nothing where half the
+    validation inputs cannot fit the calibration."""
+    import warnings
+
+    halves = (slice(0, None, 2), slice(1, None, 2))
+    rates = []
+    for fit_rows, test_rows in (halves, halves[::-1]):
+        part = {name: value[fit_rows] for name, value in outputs.items()}
+        try:
+            with warnings.catch_warnings():  # a half's small-sample warnings are not the export's
+                warnings.simplefilter("ignore")
+                fitted = refit(calibration, part, labels[fit_rows], "", "")
+        except InputError:
+            return {}
+        rest = {name: value[test_rows] for name, value in outputs.items()}
+        rates.append(float(np.mean(raised(flag_scores(rest, fitted), fitted.threshold))))
+    ceiling = (
+        one_draw_range(len(labels) // 2, calibration.alpha)[1]
+        if calibration.flag_method == "conformal"
+        else None
+    )
+    return {"flag_rate_held_out": float(np.mean(rates)), "flag_rate_ceiling": ceiling}
+
+
 def parity(
     reference: dict[str, np.ndarray],
     quantized: dict[str, np.ndarray],
@@ -167,9 +201,10 @@ def parity(
         ref_scores, quant_scores = flag_scores(reference, calibration), flag_scores(quantized, calibration)
         refit_scores = flag_scores(quantized, refitted)
         flags = {
-            "flag_rate_fp32": float(np.mean(ref_scores > calibration.threshold)),
-            "flag_rate_quantized": float(np.mean(quant_scores > calibration.threshold)),
-            "flag_rate_refit": float(np.mean(refit_scores > refitted.threshold)),
+            "flag_rate_fp32": float(np.mean(raised(ref_scores, calibration.threshold))),
+            "flag_rate_quantized": float(np.mean(raised(quant_scores, calibration.threshold))),
+            "flag_rate_refit": float(np.mean(raised(refit_scores, refitted.threshold))),
+            **_held_out_flag_rate(refitted, quantized, labels),
         }
         if ood is not None:
             aurocs = {
