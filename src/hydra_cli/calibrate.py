@@ -79,9 +79,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             "validation AUROC of each score, ID validation against OOD validation (higher separates better):"
         )
         for score, auroc in sorted(aurocs.items(), key=lambda item: -item[1]):
-            print(
-                f"  {score:<20} {100 * auroc:6.2f}" + ("  <- the flag score" if score == fitted.score else "")
-            )
+            note = "  <- the flag score" if score == fitted.score else ""
+            note = note or ("  (inverted: ranks the OOD data as more in-distribution)" if auroc < 0.5 else "")
+            print(f"  {score:<20} {100 * auroc:6.2f}{note}")
     calibration = record_calibration(model, fitted)
     atomic_dir(out, lambda folder: _write(model, found, folder, preprocessor), marker=True)
     print(f"calibration: {calibration.describe()}")

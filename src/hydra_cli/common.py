@@ -40,12 +40,13 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
 
 
 def _say_random_head(path: str, model) -> None:
-    """Warn, once per command, that ``model``'s head was initialised randomly, where it was."""
+    """Say, once per command, that ``model``'s head was initialised randomly, where it was."""
     from hydra_ensembles.models import untrained_weights
 
     if untrained := untrained_weights(model):
         print(
-            f"hydra-ens: warning: {path}: {', '.join(untrained)} initialised randomly (seeded)",
+            f"hydra-ens: note: {path} has no trained classifier for these classes: {', '.join(untrained)} "
+            "start from random values (seeded), as a new task head does",
             file=sys.stderr,
         )
 

@@ -46,7 +46,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         _print_parity(sidecar["quantization"]["parity"])
     print(
         f"exported {sidecar['members']} member(s) to {out / ONNX_NAME}: inputs {sidecar['inputs']}, "
-        f"outputs logits and logits_per_member; onnxruntime matches PyTorch within "
+        f"outputs {', '.join(sidecar['outputs'])}; onnxruntime matches PyTorch within "
         f"{sidecar['max_difference_from_pytorch']:.2g}"
         + (" (the float32 graph it was quantized from)" if args.quantize else "")
     )

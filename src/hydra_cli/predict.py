@@ -99,6 +99,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     if val_batches is not None:  # the saved calibration's settings, unless the options ask for others
         settings = _refit_settings(saved)
         settings.update({k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
+        feature = settings["score"] in FEATURE_SCORES  # only a feature score reads the statistics
         calibration, val = fit_calibration(
             model,
             val_batches,
@@ -106,13 +107,14 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
             settings.pop("keep"),
             data=args.val_data,
             precision=args.precision,
-            statistics=saved.statistics if saved is not None else None,  # feature scores' statistics
+            statistics=saved.statistics if saved is not None and feature else None,
             **settings,
         )
         source = "the saved calibration's" if saved is not None else "the defaults'"
+        was = f"; the saved temperature was {saved.temperature:.3f}" if saved is not None else ""
         print(
             f"calibration fit on --val-data (not saved with the model; settings not given as options are "
-            f"{source}): {calibration.describe()}"
+            f"{source}; the temperature is refit on --val-data{was}): {calibration.describe()}"
         )
         return calibration, val
     if calibration is not None:

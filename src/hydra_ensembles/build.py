@@ -203,6 +203,7 @@ def build_hydra(
             train=(train, train_name),
             ood_validation=ood_validation,
             config=config,
+            progress=progress,
         )
         if histories:  # the members' explicit ensemble, calibrated as one model
             say("calibrating the members' ensemble")
@@ -273,7 +274,7 @@ def _rank(model, validation, ood_validation, config: BuildConfig, progress: bool
     return extract_circuit(model, validation, list(ood_validation), settings, progress=progress)
 
 
-def _calibrate(model, *, data, train, ood_validation, config: BuildConfig) -> Calibration:
+def _calibrate(model, *, data, train, ood_validation, config: BuildConfig, progress: bool) -> Calibration:
     """``model``'s calibration on ``data`` = (validation batches, name), with feature statistics
     fit on ``train`` = (training batches or None, name)."""
     (validation, name), (train_batches, train_name) = data, train
@@ -284,7 +285,7 @@ def _calibrate(model, *, data, train, ood_validation, config: BuildConfig) -> Ca
         config.keep,
         data=name,
         precision=config.precision,
-        progress=False,
+        progress=progress,  # the statistics' and the validation data's forward passes
         id_train=train_batches or None,
         train_data=train_name,
         ood_validation=ood_validation,

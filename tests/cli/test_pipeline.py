@@ -305,6 +305,7 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     said = capsys.readouterr().out  # the score asked for; the saved level, flag method and sets kept
     assert "fit on --val-data (not saved with the model; settings not given as options are the saved" in said
     assert "ood_score_entropy >" in said and "conformal, level 0.1:" in said
+    assert f"the saved temperature was {saved.temperature:.3f}" in said and "feature statistics" not in said
     assert "ood_score_entropy" in next(csv.DictReader(out.open()))
 
     # what build saved serves through transformers' pipeline with predict's flags, computed in the

@@ -73,7 +73,7 @@ def test_a_finetuned_folder_changed_after_saving_is_refused_where_it_is_served(w
     assert main([*argv[:-2], *COMMON, "--out", str(tuned)]) == 0  # --epochs auto
     said = capsys.readouterr()
     assert "--epochs auto: 20 epochs of 3 optimizer steps" in said.out  # 24 texts
-    assert said.err.count("initialised randomly") == 1  # the new head, said once
+    assert said.err.count("start from random values") == 1  # the new head, said once
     assert (tuned / "checksums.json").is_file()
     served = pipeline("hydra-text-classification", model=str(tuned))(["goal match"])
     assert served[0]["label"] in ("food", "money", "sport")
@@ -93,7 +93,7 @@ def test_a_random_head_is_accepted_only_when_asked_and_is_reproducible(w, capsys
         main(["score", base, *args, "--num-labels", "3", "--allow-random-head", "--out", str(w / "a.json")])
         == 0
     )
-    assert "initialised randomly" in capsys.readouterr().err
+    assert "start from random values" in capsys.readouterr().err
     assert (
         main(["score", base, *args, "--num-labels", "3", "--allow-random-head", "--out", str(w / "b.json")])
         == 0

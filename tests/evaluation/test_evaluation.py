@@ -122,3 +122,12 @@ def test_a_temperature_the_validation_data_cannot_set_is_not_sent_to_zero():
     members[:, 4, (labels[4] + 1) % 3] += 20.0  # a unanimous error: the data sets a temperature
     fitted = fit_temperature(Predictions(members, labels))
     assert 0.05 <= fitted < 10
+
+
+def test_the_report_names_a_score_that_ranks_ood_as_more_in_distribution():
+    from hydra_ensembles.reporting.tables import _inverted_note
+
+    assert _inverted_note({"A": {"msp": 0.8, "rmds": 0.04}, "B": {"msp": 0.7, "rmds": None}}) != []
+    note = _inverted_note({"A": {"msp": 0.8, "rmds": 0.04}})[0]
+    assert note.startswith("Inverted here: rmds") and "msp" not in note.split("(")[0]
+    assert _inverted_note({"A": {"msp": 0.8, "mds": 0.5}}) == []

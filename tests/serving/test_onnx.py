@@ -149,6 +149,8 @@ def test_the_cli_exports_and_refuses_a_finished_output(saved, tmp_path, capsys):
     assert main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "onnx")]) == 0
     said = capsys.readouterr().out
     assert "exported 3 member(s)" in said and "temperature" in said
+    side = json.loads((tmp_path / "onnx" / "calibration.json").read_text())
+    assert f"outputs {', '.join(side['outputs'])};" in said  # every output the graph has, named
     assert (tmp_path / "onnx" / "model.onnx").is_file()
     with pytest.raises(SystemExit):  # argparse: only onnx is a format
         main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "x"), "--format", "tflite"])

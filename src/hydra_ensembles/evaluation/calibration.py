@@ -286,11 +286,10 @@ def _describe(c: Calibration) -> str:
     fit_on = f"{c.data or 'ID validation data'} ({c.examples} inputs, sha256 {c.data_sha256[:12]})"
     statistics = ""
     if c.statistics_sha256:
-        examples = f"{c.statistics.settings['examples']} inputs, " if c.statistics is not None else ""
-        statistics = (
-            f"; feature statistics fit on {c.statistics_data or 'ID training data'} ({examples}"
-            f"sha256 {c.statistics_data_sha256[:12]})"
-        )
+        about = [f"{c.statistics.settings['examples']} inputs"] if c.statistics is not None else []
+        about += [f"sha256 {c.statistics_data_sha256[:12]}"] if c.statistics_data_sha256 else []
+        named = c.statistics_data or "ID training data"
+        statistics = f"; feature statistics fit on {named}" + (f" ({', '.join(about)})" if about else "")
     level = f"keeps {c.keep:.0%} of ID validation"
     if c.flag_method == "conformal":
         ceiling = one_draw_range(len(c.calibration_scores), c.alpha)[1]

@@ -381,7 +381,23 @@ def _ood_sections(results: Mapping[str, Mapping[str, Any]], score: str | None) -
         body = [[m] + [_marked(key, v[s], best.get(s)) for s in score_names] for m, v in values.items()]
         title = f"## OOD average {label} by score (best per score in bold)"
         parts += [title, "", markdown_table(["Method", *score_names], body), ""]
+        if key == "auroc":
+            parts += _inverted_note(values)
     return parts
+
+
+def _inverted_note(aurocs: Mapping[str, Mapping[str, float | None]]) -> list[str]:
+    """A sentence naming the scores whose AUROC is below 50% for some method: they rank the OOD
+    sets as more in-distribution than the ID test (the score points the wrong way on this data)."""
+    inverted = sorted({s for v in aurocs.values() for s, a in v.items() if a is not None and a < 0.5})
+    if not inverted:
+        return []
+    return [
+        f"Inverted here: {', '.join(inverted)} (AUROC below 50% for some method): on this data the "
+        "score ranks the OOD inputs as *more* in-distribution than the ID test, so it flags the "
+        "wrong inputs; the flag score is never chosen by its reversal.",
+        "",
+    ]
 
 
 def _marked(key: str, value: float | None, best: float | None) -> str:
