@@ -529,3 +529,7 @@ def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(works
     served = pipeline("hydra-text-classification", model=str(out), truncation=True, max_length=12)
     assert f"ood_score_{calibration.score}" in served(rows[0]["text"])[0]
     assert main(["calibrate", str(tuned), "--val-data", str(w / "train.csv"), "--out", str(tuned)]) == 2
+    again = tmp_path / "again"  # on the data finetune calibrated on: finetune's calibration exactly
+    args = ["calibrate", str(tuned), "--val-data", str(w / "train.csv"), "--data", str(w / "train.csv")]
+    assert main([*args, "--out", str(again), *common]) == 0
+    assert saved_calibration(load_any(str(again))) == saved_calibration(old)
