@@ -31,8 +31,10 @@ from .options import (
 
 FINISHED = "hydra/hydra_config.json"
 """What a finished build's output holds."""
-OWNED = ("checkpoints", "members", "hydra", RUN_MARKER)
-"""What build writes in its output folder (and resumes from)."""
+WRITTEN = ("checkpoints", "members", "hydra")
+"""What build writes in its output folder step by step (and resumes from)."""
+OWNED = (*WRITTEN, RUN_MARKER)
+"""Everything build leaves in its output folder: what it writes and the marker of its run."""
 UNSETTING = ("out", "overwrite", "keep_checkpoints")
 """Options that do not change what a build computes (a rerun that differs only in them resumes)."""
 
@@ -88,7 +90,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         _print_history(result, dataclasses.replace(tuning, seed=args.seed + m), val)
         save_with_preprocessor(member, out / "members" / f"member-{m}", preprocessor)
 
-    with claim_run_dir(out, _settings_key(args), OWNED[:-1], restart=args.overwrite, beside=out != target):
+    with claim_run_dir(out, _settings_key(args), WRITTEN, restart=args.overwrite, beside=out != target):
         built = build_hydra(
             model,
             train,
