@@ -48,8 +48,9 @@ def checked_batches(
         raise error(f"{what} is empty: give at least one {'labelled ' if num_labels else ''}batch")
     for batch in batches:
         ids = batch.get("input_ids") if isinstance(batch, dict) else None
-        integer = isinstance(ids, torch.Tensor) and not ids.is_floating_point() and not ids.is_complex()
-        if isinstance(ids, torch.Tensor) and (not integer or ids.dtype == torch.bool):
+        if isinstance(ids, torch.Tensor) and (
+            ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
+        ):
             raise error(f"input_ids in {what} must be an integer tensor of token ids, got {ids.dtype}")
     if model is not None:
         check_padding(batches, model, what, error)

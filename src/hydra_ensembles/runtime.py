@@ -206,7 +206,7 @@ def machine_measurement(name: str, measure: Callable[[], float | None]) -> float
     from .saving.files import read_json
 
     try:  # a regular file only (a FIFO there would block every command), of a bounded size
-        cached = read_json(path, "machine measurements") if path.exists() else {}
+        cached = read_json(path, "machine measurements")  # missing: InputError, a ValueError
         cached = cached if isinstance(cached, dict) else {}
     except (OSError, ValueError):
         cached = {}

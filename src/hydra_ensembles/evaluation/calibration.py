@@ -98,8 +98,7 @@ class Calibration:
             raise InputError(f"unknown OOD score {self.score!r}; choose from {ood_score_names()}")
         if not math.isfinite(self.threshold):
             raise InputError(f"calibration threshold must be finite, got {self.threshold}")
-        if not 0 < self.keep <= 1:
-            raise InputError(f"keep must be in (0, 1], got {self.keep}")
+        _check_flag_settings(self.keep, self.flag_method)
         if self.examples < 1:
             raise InputError(f"a calibration is fit on at least one input, got {self.examples}")
         if self.score in feature_scores() and not self.statistics_sha256:
@@ -110,8 +109,6 @@ class Calibration:
             raise InputError("the feature statistics are not the ones this calibration records")
         if self.set_method and (self.set_method not in SET_METHODS or not self.set_quantiles):
             raise InputError(f"prediction sets need a method of {SET_METHODS} and their quantiles")
-        if self.flag_method not in FLAG_METHODS:
-            raise InputError(f"unknown flag method {self.flag_method!r}; choose from {FLAG_METHODS}")
         if self.flag_method == "conformal":
             object.__setattr__(self, "calibration_scores", tuple(sorted(map(float, self.calibration_scores))))
             if not self.calibration_scores:
@@ -191,10 +188,7 @@ class Calibration:
         ``ood_data_sha256`` name the OOD validation data the score was chosen on."""
         if id_scores is not None and score == AUTO_SCORE:
             raise InputError("id_scores are the values of one named score: name it, not 'auto'")
-        if not 0 < keep <= 1:
-            raise InputError(f"keep must be in (0, 1], got {keep}")
-        if flag_method not in FLAG_METHODS:
-            raise InputError(f"unknown flag method {flag_method!r}; choose from {FLAG_METHODS}")
+        _check_flag_settings(keep, flag_method)  # before any computation reads them
         id_validation.class_labels("ID validation predictions")
         sets_on = None
         if set_method:
@@ -271,6 +265,14 @@ class Calibration:
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; InputError naming what is wrong or missing."""
         return _calibration_from_dict(saved)
+
+
+def _check_flag_settings(keep: float, flag_method: str) -> None:
+    """InputError for a flag level or method a calibration cannot have."""
+    if not 0 < keep <= 1:
+        raise InputError(f"keep must be in (0, 1], got {keep}")
+    if flag_method not in FLAG_METHODS:
+        raise InputError(f"unknown flag method {flag_method!r}; choose from {FLAG_METHODS}")
 
 
 def _rounded_rule(scores: tuple[float, ...], keep: float) -> float:
