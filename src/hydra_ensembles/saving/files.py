@@ -153,7 +153,7 @@ def check_beside(path: str | os.PathLike) -> Path:
     except FileNotFoundError:
         return path
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a folder"
+        what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "a file, a FIFO or a device"
         raise OutputError(
             f"{path} is {what}, not a folder hydra-ens made: remove it (hydra-ens writes there and "
             "never through what it did not make)"
