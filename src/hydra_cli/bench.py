@@ -6,12 +6,15 @@ import argparse
 import os
 
 from hydra_ensembles.models import DEFAULT_TEXT_MODEL
+from hydra_experiments.bench import METHODS
 
 from .command import Command
 from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_option
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    from functools import partial
+
     import torch
 
     from hydra_ensembles.adapters import get_adapter
@@ -35,20 +38,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     adapter = get_adapter(model)
     config = adapter.encoder_config(model)
     count = config.num_attention_heads
-    heads = sample_members(  # a flat ranking: every head equally likely, so members are random
+    sample = partial(  # a flat ranking: every head equally likely, so members are random
+        sample_members,
         torch.zeros(adapter.num_layers(model), count),
         args.members,
         heads_per_layer=args.heads_per_layer,
         pool_size=count,
         seed=args.seed,
-        shared_layers=args.shared_layers,
     )
+    heads = sample()
+    trunk = sample(shared_layers=args.shared_layers) if args.shared_layers else None
     make_inputs = random_inputs(config, args.tokens, args.seed)
     setting = (
         f"{args.model}, M={args.members}, {args.heads_per_layer}/{config.num_attention_heads} heads per "
         f"layer (random, seed {args.seed}), {args.tokens} tokens, {args.repeats} interleaved runs, "
         f"device {args.device}"
         + (f", shared trunk of {args.shared_layers} layers" if args.shared_layers else "")
+        + (f", compiled ({args.compile})" if args.compile != "off" else "")
     )
     precision = "; ".join(str(p) for p in chosen)
     print(f"machine: {describe_machine()}\nsetting: {setting}\nprecision: {precision}")
@@ -62,6 +68,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         test_set=args.test_set,
         device=args.device,
         onnx=args.onnx,
+        trunk_head_sets=trunk,
+        methods=args.methods,
+        compile_mode=None if args.compile == "off" else args.compile,
     )
     mark_report_dir(out)
     atomic_write_json(
@@ -80,6 +89,15 @@ def _positive_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("give at least one number")
     return values
+
+
+def _method_list(text: str) -> list[str]:
+    """An argparse type: comma-separated keys of the benchmark's methods."""
+    keys = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [k for k in keys if k not in METHODS]
+    if not keys or unknown:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(METHODS)}")
+    return keys
 
 
 def _device(text: str) -> str:
@@ -120,7 +138,22 @@ def _add_bench_command(sub) -> argparse.ArgumentParser:
         "--shared-layers",
         type=COUNT,
         default=0,
-        help="members share their first K layers' heads, which then run once (a shared trunk)",
+        help="also time Hydra with a shared trunk: the same members, sharing their first K layers' heads, "
+        "which then run once",
+    )
+    bench.add_argument(
+        "--methods",
+        type=_method_list,
+        default=None,
+        help=f"comma-separated, from {','.join(METHODS)} (default: all; Single is always timed; "
+        "trunk with --shared-layers)",
+    )
+    bench.add_argument(
+        "--compile",
+        choices=("off", "default", "reduce-overhead", "max-autotune"),
+        default="off",
+        help="time every model torch.compile'd in this mode, static shapes (reduce-overhead replays "
+        "CUDA graphs on a GPU); compiling takes minutes",
     )
     bench.add_argument("--seed", type=int, default=0)
     _num_labels_option(bench)

@@ -9,8 +9,14 @@ import hydra_ensembles as he
 import hydra_ensembles.cost
 from hydra_cli import main
 from hydra_ensembles import sample_members
-from hydra_experiments.bench import bench_report, check_targets, peak_memory, run_bench
+from hydra_ensembles.baselines.packed import PACKED_KEY
+from hydra_experiments.bench import bench_report, check_targets, packed_model, peak_memory, run_bench
 from tests.factories import VOCAB, tiny_bert
+
+
+def _make(batch):
+    ids = torch.randint(1, VOCAB, (batch, 8))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def test_peak_memory_counts_new_tensors_and_frees():
@@ -44,8 +50,18 @@ def test_run_bench_reports_every_method(tmp_path):
         progress=lambda _: None,
     )
     table = results["dtypes"]["float32"]
-    assert set(table) == {"Single", "Deep Ensemble", "Members one by one", "Hydra (fused)", "BatchEnsemble"}
+    assert set(table) == {
+        "Single",
+        "Deep Ensemble",
+        "Members one by one",
+        "Hydra (fused)",
+        "BatchEnsemble",
+        "Packed-Ensembles",
+    }
     assert table["BatchEnsemble"]["gmacs_per_input"] >= table["Deep Ensemble"]["gmacs_per_input"]
+    packed = packed_model(model, 3)  # 4 heads x alpha 2 do not split into 3 members: alpha 3
+    assert getattr(packed.config, PACKED_KEY)["alpha"] == 3
+    assert table["Packed-Ensembles"]["params"] == he.cost.count_parameters(packed)
     assert table["Deep Ensemble"]["params"] == 3 * table["Single"]["params"]
     assert table["Hydra (fused)"]["params"] == he.cost.count_parameters(he.fuse(model, heads))
     assert table["Hydra (fused)"]["gmacs_per_input"] == table["Members one by one"]["gmacs_per_input"]
@@ -79,6 +95,8 @@ def test_bench_command(tmp_path, capsys):
                 "--out",
                 str(tmp_path / "b"),
                 "--onnx",
+                "--shared-layers",
+                "1",
             ]
         )
         == 0
@@ -100,6 +118,8 @@ def test_bench_command(tmp_path, capsys):
     assert onnx["peak_memory_mb"] >= 0  # the resident memory a fresh session gains over one run
     assert "Hydra (fused) onnxruntime" not in timed["dtypes"]["bfloat16"]
     assert "| Hydra (fused) onnxruntime |" in (tmp_path / "b" / "bench.md").read_text()
+    assert "| Hydra (shared trunk) |" in (tmp_path / "b" / "bench.md").read_text()
+    assert "**Packed-Ensembles**: alpha 3, gamma 1" in (tmp_path / "b" / "bench.md").read_text()
     for name in ("Single onnxruntime", "Single onnxruntime int8", "Hydra (fused) onnxruntime int8"):
         row, source = timed["dtypes"]["float32"][name], timed["dtypes"]["float32"][name.split(" onnx")[0]]
         assert row["latency"]["2"]["median_ms"] > 0 and row["gmacs_per_input"] == source["gmacs_per_input"]
@@ -118,16 +138,52 @@ def test_bad_bench_requests_are_clear_errors(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "b").exists()
 
 
+def test_shared_trunk_row_and_a_chosen_subset_of_methods():
+    """The shared-trunk members are timed as one more fused model, with fewer multiply-adds than
+    full Hydra (the trunk runs once); ``methods`` times only what it names, and Single."""
+    model = tiny_bert(layers=2, heads=4, head_dim=4)
+    heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
+    trunk = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4, shared_layers=1)
+    quiet = {"dtypes": ("float32",), "repeats": 1, "progress": lambda _: None}
+    results = run_bench(model, heads, _make, (2,), trunk_head_sets=trunk, methods=["hydra", "trunk"], **quiet)
+    table = results["dtypes"]["float32"]
+    assert list(table) == ["Single", "Hydra (fused)", "Hydra (shared trunk)"]
+    assert table["Hydra (shared trunk)"]["gmacs_per_input"] < table["Hydra (fused)"]["gmacs_per_input"]
+    assert check_targets(results) == []  # no deep ensemble to compare with, not a GPU
+    with pytest.raises(he.InputError, match="unknown bench method"):
+        run_bench(model, heads, _make, (2,), methods=["hydra", "lora"], **quiet)
+    with pytest.raises(he.InputError, match="--shared-layers"):
+        run_bench(model, heads, _make, (2,), methods=["trunk"], **quiet)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_run_bench_on_cuda():
     model = tiny_bert(layers=2, heads=4, head_dim=4)
-
-    def make(batch):
-        ids = torch.randint(1, VOCAB, (batch, 8))
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
     heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
     results = run_bench(
-        model, heads, make, (1, 2), ("float32", "bfloat16"), repeats=1, progress=print, device="cuda"
+        model, heads, _make, (1, 2), ("float32", "bfloat16"), repeats=1, progress=print, device="cuda"
     )
     assert results["device"] == "cuda" and "hydra_bf16_vs_single_fp32" in results
+    for row in results["dtypes"]["float32"].values():  # the CUDA allocator's peak over the weights
+        assert row["peak_memory_mb"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_run_bench_compiled_with_cuda_graphs():
+    model = tiny_bert(layers=2, heads=4, head_dim=8)
+    heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
+    results = run_bench(
+        model,
+        heads,
+        _make,
+        (2,),
+        ("bfloat16",),
+        repeats=2,
+        progress=print,
+        device="cuda",
+        methods=["hydra"],
+        compile_mode="reduce-overhead",
+    )
+    table = results["dtypes"]["bfloat16"]
+    assert results["compile"] == "reduce-overhead" and list(table) == ["Single", "Hydra (fused)"]
+    assert table["Hydra (fused)"]["latency"]["2"]["median_ms"] > 0

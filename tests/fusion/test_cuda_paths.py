@@ -1,0 +1,138 @@
+"""On a CUDA GPU (skipped elsewhere): the fused model equals its members run one by one under each
+of PyTorch's attention kernels (flash, memory-efficient, math) on the member-stacked batch, with
+padding masks where the kernel takes one; a shared trunk and a dual encoder fused on the GPU equal
+their explicit members; a model saved from the GPU loads on the CPU with the same outputs; feature
+statistics, flags and conformal sets fitted on the GPU equal the CPU's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import hydra_ensembles as he
+from hydra_ensembles.evaluation import calibrate
+from hydra_ensembles.precision import DTYPES
+from hydra_ensembles.zero_shot import fuse_dual_encoder
+from tests.factories import (
+    image_inputs,
+    labelled,
+    rounding_tolerance,
+    text_inputs,
+    tiny_bert,
+    tiny_clip_zero_shot,
+)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+RAGGED = [he.HeadSet({0: [0, 2], 1: []}), he.HeadSet({0: [1, 2, 3]}), he.HeadSet({0: [0], 1: [3]})]
+"""Ragged members, a layer with no head, heads shared between members."""
+TRUNK = [he.HeadSet({0: [0, 1], 1: [2]}), he.HeadSet({0: [0, 1], 1: [0, 3]}), he.HeadSet({0: [0, 1], 1: [1]})]
+"""Members that share their first layer's heads: fused with a shared trunk of one layer."""
+KERNELS = {
+    "flash": (SDPBackend.FLASH_ATTENTION, ("bf16", "fp16"), False),
+    "efficient": (SDPBackend.EFFICIENT_ATTENTION, ("fp32", "bf16", "fp16"), True),
+    "math": (SDPBackend.MATH, ("fp32", "bf16", "fp16"), True),
+}
+"""Kernel -> (backend, precisions it computes in, whether it takes a padding mask)."""
+CASES = [(k, p) for k, (_, precisions, _) in KERNELS.items() for p in precisions]
+
+
+def _on(inputs: dict, device: str = "cuda") -> dict:
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def _explicit(model, head_sets, x, dtype):
+    members = [he.prune(model, hs).eval().to("cuda", dtype) for hs in head_sets]
+    return torch.stack([m(**x).logits for m in members]).float().cpu()
+
+
+@pytest.mark.parametrize(("kernel", "precision"), CASES)
+def test_fused_equals_members_under_each_attention_kernel(kernel, precision):
+    """Only the named kernel may run (`sdpa_kernel` raises where it cannot): flash takes no mask,
+    so its batch is unpadded; the others read a padded batch of ragged rows."""
+    backend, _, masked = KERNELS[kernel]
+    model = tiny_bert(layers=2, heads=4, head_dim=16, init_range=0.3, dropout=0.0).eval()
+    x = text_inputs(batch=6, tokens=11, seed=4, padded=masked)
+    if not masked:
+        x.pop("attention_mask")
+    dtype = DTYPES[precision]
+    with torch.no_grad():
+        exact = torch.stack([he.prune(model, hs).eval()(**x).logits for hs in RAGGED])
+        fused_model = he.fuse(model, RAGGED).eval().to("cuda", dtype)
+        gx = _on(x)
+        with sdpa_kernel([backend]):
+            fused = fused_model(**gx).member_logits.float().cpu()
+            explicit = _explicit(model, RAGGED, gx, dtype)
+    tol = rounding_tolerance(precision, exact, layers=2, fp32=1e-4)
+    assert torch.isfinite(fused).all()
+    assert (fused - explicit).abs().max().item() <= tol
+    assert (fused - exact).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_shared_trunk_fused_on_the_gpu_equals_its_members(precision):
+    model = tiny_bert(layers=2, heads=4, head_dim=8, init_range=0.3, dropout=0.0).eval()
+    x = text_inputs(batch=4, tokens=9, seed=5)
+    dtype = DTYPES[precision]
+    with torch.no_grad():
+        exact = torch.stack([he.prune(model, hs).eval()(**x).logits for hs in TRUNK])
+        fused_model = he.fuse(model, TRUNK).eval().to("cuda", dtype)
+        assert fused_model.trunk_layers == 1
+        fused = fused_model(**_on(x)).member_logits.float().cpu()
+    tol = rounding_tolerance(precision, exact, layers=2, fp32=1e-4)
+    assert (fused - exact).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_dual_encoder_fused_on_the_gpu_equals_its_members(precision):
+    model = tiny_clip_zero_shot(classes=3, templates=2).eval()
+    head_sets = [he.HeadSet({0: [0, 1], 3: []}), he.HeadSet({1: [2], 2: [0]}), he.HeadSet({1: [0, 3]})]
+    x = image_inputs(4, seed=6)
+    dtype = DTYPES[precision]
+    with torch.no_grad():
+        exact = torch.stack([he.prune(model, hs)(**x).logits for hs in head_sets])
+        fused = fuse_dual_encoder(model, head_sets).eval().to("cuda", dtype)
+        out = fused(**_on(x)).member_logits.float().cpu()
+    tol = rounding_tolerance(precision, exact, layers=4, fp32=1e-4)
+    assert (out - exact).abs().max().item() <= tol
+
+
+def test_a_model_saved_from_the_gpu_loads_on_the_cpu_with_the_same_outputs(tmp_path):
+    model = tiny_bert(layers=2, heads=4, head_dim=4, init_range=0.3).eval()
+    on_cpu = he.fuse(model, RAGGED).eval()
+    on_cpu.to("cuda").save_pretrained(tmp_path / "hydra")
+    loaded = he.HydraModel.from_pretrained(tmp_path / "hydra")
+    assert next(loaded.parameters()).device.type == "cpu"
+    x = text_inputs(batch=4, seed=7)
+    with torch.no_grad():
+        assert torch.equal(loaded(**x).member_logits, on_cpu.cpu()(**x).member_logits)
+
+
+@pytest.mark.parametrize("score", ["mds", "knn"])
+def test_feature_statistics_flags_and_sets_fitted_on_the_gpu_equal_the_cpus(score):
+    """`calibrate` on a GPU model and GPU batches (fp32) fits the same statistics, threshold and
+    conformal set quantile as on the CPU, within float rounding."""
+    model = tiny_bert(layers=2, heads=4, head_dim=4, init_range=0.3).eval()
+    train = [labelled(text_inputs(batch=40, seed=s), labels=3, seed=s) for s in (10, 11)]
+    val = [labelled(text_inputs(batch=40, seed=s), labels=3, seed=s) for s in (12, 13)]
+    fitted = {}
+    for device in ("cpu", "cuda"):
+        fused = he.fuse(model, RAGGED).eval().to(device)
+        fitted[device] = calibrate(
+            fused,
+            [_on(b, device) for b in val],
+            score,
+            0.9,
+            precision="fp32",
+            progress=False,
+            id_train=[_on(b, device) for b in train],
+            set_method="lac",
+        )
+    cpu, gpu = fitted["cpu"], fitted["cuda"]
+    assert np.isclose(gpu.threshold, cpu.threshold, rtol=1e-4, atol=1e-5)
+    assert np.isclose(gpu.temperature, cpu.temperature, rtol=1e-3)
+    assert np.allclose(gpu.set_quantiles, cpu.set_quantiles, rtol=1e-3, atol=1e-5)
+    assert np.allclose(gpu.calibration_scores, cpu.calibration_scores, rtol=1e-3, atol=1e-5)
+    assert gpu.statistics is not None and gpu.statistics_sha256
