@@ -57,5 +57,5 @@ step training 50 "python3 benchmarks/training_devices.py --model /tmp/minilm-l6-
 TAIL=30 step bench-compiled 70 "$HYDRA bench /tmp/minilm-l6-random --device cuda --precision bf16 \
   --batch-sizes 1,64 --test-set 0 --repeats 30 --methods deep-ensemble,hydra --compile reduce-overhead \
   --out $OUT/bench-compiled"
-TAIL=25 step suite 90 "python3 -m pytest -q -p no:cacheprovider -n 16 -m 'not slow and not real_model' \
+TAIL=25 step suite 80 "python3 -m pytest -q -p no:cacheprovider -n 16 -m 'not slow and not real_model' \
   --timeout 80 --continue-on-collection-errors"
