@@ -6,6 +6,7 @@
 # its own time limit, so a slow step costs only itself; logs and reports go to $OUT.
 #
 #   OUT=runs/gpu bash benchmarks/gpu_check.sh
+#   STEPS="models suite" OUT=runs/gpu bash benchmarks/gpu_check.sh    # only the steps named
 #
 # Python packages: those of pyproject.toml; where the machine lacks some, put wheels in .whl/
 # (installed into /tmp/site) and packages to import as they are in .gpu/site/.
@@ -13,13 +14,14 @@ set -u
 OUT=${OUT:-runs/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-if ls .whl/*.whl >/dev/null 2>&1; then
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="/tmp/site:$PWD/.gpu/site:$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 HYDRA="python3 -c 'import sys; from hydra_cli import main; sys.exit(main())'"
 step() {  # step NAME SECONDS COMMAND: run with a limit, log to $OUT/NAME.log, say how it ended
     local name=$1 limit=$2; shift 2
+    if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
     local start=$SECONDS
     timeout "$limit" bash -c "$*" >"$OUT/$name.log" 2>&1
     local rc=$?
@@ -53,9 +55,10 @@ step profile 30 "python3 benchmarks/gpu_profile.py --model /tmp/minilm-l6-random
   python3 benchmarks/gpu_profile.py --model /tmp/vit-b16-random --batch 64 --precision bf16"
 TAIL=70 step bench-vit 90 "$HYDRA bench /tmp/vit-b16-random --device cuda --precision fp32,bf16,fp16 \
   --batch-sizes 1,8,64,256 --test-set 0 --repeats 10 --shared-layers 6 --out $OUT/bench-vit"
-step training 50 "python3 benchmarks/training_devices.py --model /tmp/minilm-l6-random --budget 12"
+step training 50 "python3 benchmarks/training_devices.py --model /tmp/minilm-l6-random --devices cuda,cpu \
+  --train 160 --budget 4"
 TAIL=30 step bench-compiled 70 "$HYDRA bench /tmp/minilm-l6-random --device cuda --precision bf16 \
-  --batch-sizes 1,64 --test-set 0 --repeats 30 --methods deep-ensemble,hydra --compile reduce-overhead \
+  --batch-sizes 1,64 --test-set 0 --repeats 30 --methods deep-ensemble,hydra,trunk --shared-layers 3 --compile reduce-overhead \
   --out $OUT/bench-compiled"
-TAIL=25 step suite 80 "python3 -m pytest -q -p no:cacheprovider -n 16 -m 'not slow and not real_model' \
-  --timeout 80 --continue-on-collection-errors"
+TAIL=25 step suite 110 "python3 -m pytest -q -p no:cacheprovider -n 16 -m 'not slow and not real_model' \
+  --timeout 80 --continue-on-collection-errors -rf --tb=line -p no:benchmark"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from collections.abc import Sequence
@@ -156,6 +155,7 @@ class HydraModel(nn.Module):
                     layer.register_forward_pre_hook(self._to_trunk, with_kwargs=True)
             for layer in layers[self.trunk_layers :]:
                 layer.register_forward_pre_hook(self._fan_out, with_kwargs=True)
+        self.feature_tap()  # its hooks registered now: a compiled forward pass then registers none
 
     def _fan_out(self, _module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """After the shared trunk: repeat every batch-shaped layer input M times (hidden states
@@ -205,8 +205,11 @@ class HydraModel(nn.Module):
 
     def inputs_per_chunk(self, inputs: dict[str, Any], batch: int) -> int:
         """How many inputs one forward chunk takes (``batch``: no chunking); chunks are balanced
-        (8 inputs in two chunks of 4, not 5 + 3)."""
-        rows = None if torch.is_grad_enabled() else self.chunk_token_rows()
+        (8 inputs in two chunks of 4, not 5 + 3). Training and compiled code run the whole batch
+        (the compiler fuses the element-wise work whose activations chunks keep in cache, and
+        sizing chunks reads the machine, which it cannot trace)."""
+        chunked = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        rows = self.chunk_token_rows() if chunked else None
         if rows is None:
             return batch
         tokens = self.adapter.tokens_per_input(self.model, inputs)
@@ -229,7 +232,8 @@ class HydraModel(nn.Module):
         model without one output layer giving the logits (a base model, DeiT's two heads)."""
         if not hasattr(self, "_feature_tap"):
             try:
-                self._feature_tap: FeatureTap | None = FeatureTap(self.model, self.num_members)
+                tap = FeatureTap(self.model, self.num_members, persistent=True)
+                self._feature_tap: FeatureTap | None = tap
             except FeatureError:
                 self._feature_tap = None
         return self._feature_tap
@@ -240,17 +244,22 @@ class HydraModel(nn.Module):
         self._batch = batch
         inputs = {**self.adapter.call_options, **inputs}
         tap = self.feature_tap() if self.record_features else None
-        with tap if tap is not None else contextlib.nullcontext():
+        if tap is not None:  # the tap's hooks stay registered (compiled code registers none)
+            tap.start()
+        try:
             if self.trunk_layers and not self._stacked_trunk:  # the trunk runs once on B rows; hooks fan out
                 output = self.model(**inputs)
             else:
                 output = self.model(**self.stack_inputs(inputs, batch))
+        finally:
+            if tap is not None:
+                tap.stop()
         m = self.num_members
-        outputs = {
-            name: value.view(m, batch, *value.shape[1:])
-            for name, value in output.items()
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == m * batch
-        }
+        outputs = {}
+        for name in output.keys():  # noqa: SIM118 (torch.compile cannot iterate a ModelOutput's items)
+            value = output[name]
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == m * batch:
+                outputs[name] = value.view(m, batch, *value.shape[1:])
         if tap is not None and "logits" in outputs:
             outputs["member_features"] = tap.features(inputs, batch)
         return outputs
@@ -258,8 +267,8 @@ class HydraModel(nn.Module):
     def forward(self, **inputs: Any) -> EnsembleOutput:
         labels = inputs.pop("labels", None)
         batch = self.batch_size(inputs)
-        if next(self.model.parameters()).device.type == "cpu":
-            ensure_cpu_allocator_tuned()
+        if next(self.model.parameters()).device.type == "cpu" and not torch.compiler.is_compiling():
+            ensure_cpu_allocator_tuned()  # once per process, before the first pass (not traceable)
         per = self.inputs_per_chunk(inputs, batch)
         if per >= batch:
             members = self._member_outputs(inputs, batch)

@@ -47,6 +47,15 @@ def member_attention_ops() -> Iterator[None]:
         _MEMBER_ATTENTION_OPS.reset(token)
 
 
+def _per_member_export() -> bool:
+    """Whether `member_attention_ops` is on. ``torch.compile`` cannot trace a context variable
+    (a graph break in every layer, which also keeps CUDA graphs from capturing the pass); it is
+    only ever on while exporting, so compiled code never reads it."""
+    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        return False
+    return _MEMBER_ATTENTION_OPS.get()
+
+
 @torch.library.custom_op("hydra_ensembles::member_attention", mutates_args=())
 def member_attention(
     x: torch.Tensor,
@@ -180,7 +189,7 @@ class FusedMultiHeadAttention(nn.Module):
         if h == 0:  # no member keeps a head here: attention adds only each member's W_O bias
             bias = self.o_bias.to(hidden_states.dtype).view(m, 1, hidden)
             return bias.expand(m, rows // m * tokens, hidden).reshape(rows, tokens, hidden), None
-        if _MEMBER_ATTENTION_OPS.get() and position_bias is None:
+        if _per_member_export() and position_bias is None:
             per_member = self._per_member_ops(hidden_states, attention_mask)
             if per_member is not None:
                 return per_member, None

@@ -84,25 +84,54 @@ class FeatureTap:
     gives ``(M, batch, D)``. Only what the output layer already received is kept: recording adds
     no computation to the forward pass (a decoder's last token is gathered afterwards)."""
 
-    def __init__(self, model: nn.Module, num_members: int = 1, layers: Sequence[nn.Module] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        num_members: int = 1,
+        layers: Sequence[nn.Module] | None = None,
+        persistent: bool = False,
+    ):
+        """``persistent``: the hooks are registered once, now, and record only inside ``with``
+        (a model that keeps its tap: no hook is registered during a forward pass, which
+        ``torch.compile`` cannot trace); otherwise each ``with`` registers and removes them."""
         self.model, self.num_members = model, int(num_members)
         self.layers = list(layers) if layers is not None else logits_layers(model, self.num_members)
         self.calls: list[tuple[nn.Module, torch.Tensor]] = []
         self._handles: list[Any] = []
+        self.persistent, self._active = persistent, False
+        if persistent:
+            self._register()
 
-    def __enter__(self) -> FeatureTap:
-        self.calls.clear()
+    def _register(self) -> None:
         for layer in self.layers:
             self._handles.append(layer.register_forward_hook(self._record))
-        return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def start(self) -> None:
+        """Record from now on (what ``with`` does on entering)."""
+        self.calls.clear()
+        self._active = True
+        if not self.persistent:
+            self._register()
+
+    def stop(self) -> None:
+        """Stop recording (what ``with`` does on leaving); the recorded calls stay."""
+        self._active = False
+        if self.persistent:
+            return
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
 
+    def __enter__(self) -> FeatureTap:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
     def _record(self, module: nn.Module, args: tuple, _output: Any) -> None:
-        self.calls.append((module, args[0].detach()))
+        if self._active:
+            self.calls.append((module, args[0].detach()))
 
     def features(self, inputs: dict[str, Any], batch: int) -> torch.Tensor:
         """The recorded calls' features as ``(M, batch, D)`` (cleared afterwards)."""
