@@ -2,7 +2,8 @@
 of PyTorch's attention kernels (flash, memory-efficient, math) on the member-stacked batch, with
 padding masks where the kernel takes one; a shared trunk and a dual encoder fused on the GPU equal
 their explicit members; a model saved from the GPU loads on the CPU with the same outputs; feature
-statistics, flags and conformal sets fitted on the GPU equal the CPU's."""
+statistics, flags and conformal sets fitted on the GPU equal the CPU's; circuit extraction on the
+GPU removes the heads it removes on the CPU."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import calibrate
 from hydra_ensembles.precision import DTYPES
+from hydra_ensembles.scoring import extract_circuit
 from hydra_ensembles.zero_shot import fuse_dual_encoder
 from tests.factories import (
     image_inputs,
@@ -136,3 +138,19 @@ def test_feature_statistics_flags_and_sets_fitted_on_the_gpu_equal_the_cpus(scor
     assert np.allclose(gpu.set_quantiles, cpu.set_quantiles, rtol=1e-3, atol=1e-5)
     assert np.allclose(gpu.calibration_scores, cpu.calibration_scores, rtol=1e-3, atol=1e-5)
     assert gpu.statistics is not None and gpu.statistics_sha256
+
+
+@pytest.mark.parametrize("objective", ["acc", "ood", "avg"])
+def test_circuit_extraction_on_the_gpu_removes_the_cpus_heads(objective):
+    model = tiny_bert(layers=2, heads=4, head_dim=8, init_range=0.3, dropout=0.0).eval()
+    id_val = [labelled(text_inputs(batch=12, seed=20), labels=3, seed=20)]
+    ood_val = [text_inputs(batch=12, seed=21)]
+    orders = {}
+    for device in ("cpu", "cuda"):
+        on = model.to(device)
+        order = extract_circuit(
+            on, [_on(b, device) for b in id_val], [_on(b, device) for b in ood_val],
+            budget=4, objective=objective, precision="fp32", progress=False,
+        )  # fmt: skip
+        orders[device] = order.removed
+    assert orders["cuda"] == orders["cpu"]

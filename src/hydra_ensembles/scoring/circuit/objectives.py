@@ -20,7 +20,7 @@ def objective_value(
         return acc
     msp_id = 1.0 - id_logits.double().softmax(-1).max(-1).values
     msp_ood = 1.0 - ood_logits.double().softmax(-1).max(-1).values
-    separation = auroc(msp_id.numpy(), msp_ood.numpy())
+    separation = auroc(msp_id.cpu().numpy(), msp_ood.cpu().numpy())  # logits may be on a GPU
     return separation if objective == "ood" else 0.5 * (acc + separation)
 
 
@@ -79,7 +79,7 @@ def objective_bounds(
     def msp_range(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         p = logits.double().softmax(-1).max(-1).values
         low, high = p * math.exp(-2 * error), (p * math.exp(2 * error)).clamp(max=1.0)
-        return (1.0 - high).numpy(), (1.0 - low).numpy()  # the OOD score 1 - p: low, high
+        return (1.0 - high).cpu().numpy(), (1.0 - low).cpu().numpy()  # the OOD score 1 - p: low, high
 
     id_low, id_high = msp_range(id_logits)
     ood_low, ood_high = msp_range(ood_logits)
