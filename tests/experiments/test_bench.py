@@ -187,4 +187,3 @@ def test_run_bench_compiled_with_cuda_graphs():
     table = results["dtypes"]["bfloat16"]
     assert results["compile"] == "reduce-overhead" and list(table) == ["Single", "Hydra (fused)"]
     assert table["Hydra (fused)"]["latency"]["2"]["median_ms"] > 0
-
