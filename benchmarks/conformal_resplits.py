@@ -90,9 +90,8 @@ def main() -> None:
         order = rng.permutation(len(pool.labels))
         calibration_part, test = _part(pool, order[:n]), _part(pool, order[n:])
         fitted = Calibration.fit(
-            calibration_part, saved.score, saved.keep, statistics=saved.statistics,
-            statistics_data=saved.statistics_data, flag_method="conformal", set_method=saved.set_method,
-            set_alpha=saved.set_alpha, set_classwise=saved.set_classwise,
+            calibration_part, saved.config.replace(flag_method="conformal"), statistics=saved.statistics,
+            statistics_data=saved.statistics_data,
         )  # fmt: skip
         sets = fitted.sets(test)
         covered.append(int(sets[np.arange(m), test.class_labels()].sum()))

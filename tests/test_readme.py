@@ -18,7 +18,7 @@ def _python_blocks(page: str) -> list[str]:
 
 def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     readme, api = _python_blocks("README.md"), _python_blocks("docs/python-api.md")
-    assert len(readme) == 3 and len(api) == 4, "the Python blocks changed: keep this test in step"
+    assert len(readme) == 3 and len(api) == 5, "the Python blocks changed: keep this test in step"
     monkeypatch.chdir(tmp_path)
     # the quick start on one's own CSV: a classifier `finetune` made, train.csv and val.csv
     classifier = load_classifier("minilm-l6", num_labels=2)
@@ -59,6 +59,10 @@ def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     feature = namespace["calibration"]
     assert feature.statistics is not None and feature.statistics_data == "bbc-news:train"
     assert namespace["preds"].member_features.shape == (3, 16, 384)
+    exec(compile(api[3], "docs/python-api.md", "exec"), namespace)  # one record of the settings
+    strict = namespace["calibration"]
+    assert (strict.score, strict.keep, strict.set_method, strict.set_alpha) == ("mds", 0.9, "aps", 0.2)
+    assert strict.set_quantiles and strict.statistics is not None
     # the serving example, on what the CSV quick start built
     exec(compile(readme[2], "README.md", "exec"), namespace)
     served = namespace["uncertain"]("The match ended in a draw.")[0]
@@ -74,7 +78,7 @@ def test_the_documented_experiments_example_names_what_exists():
 
     import hydra_experiments
 
-    block = _python_blocks("docs/python-api.md")[3]
+    block = _python_blocks("docs/python-api.md")[4]
     compile(block, "docs/python-api.md", "exec")
     config = hydra_experiments.DemoConfig.preset("text", out_dir="runs/my-demo")
     cache = hydra_experiments.Cache(config.cache_dir, enabled=True)

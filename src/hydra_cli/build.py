@@ -27,6 +27,7 @@ from .options import (
     _overwrite_option,
     _random_head_option,
     _training_options,
+    calibration_config,
 )
 
 FINISHED = "hydra/hydra_config.json"
@@ -134,12 +135,7 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
         shared_layers=args.shared_layers,
         fine_tune=tuning,
         mlp=args.mlp,
-        flag_score=args.flag_score,
-        keep=args.keep,
-        flag_method=args.flag_method,
-        sets="" if args.sets == "none" else args.sets,
-        set_alpha=args.set_alpha,
-        set_classwise=args.set_classwise,
+        calibration=calibration_config(args),
         precision=args.precision,
     )
 

@@ -11,7 +11,13 @@ from hydra_ensembles.errors import InputError
 
 from .command import Command
 from .common import _data_batches, _load_methods, _say_precision
-from .options import PREPROCESSOR_HELP, _calibration_options, _data_options, _overwrite_option
+from .options import (
+    PREPROCESSOR_HELP,
+    _calibration_options,
+    _data_options,
+    _overwrite_option,
+    calibration_config,
+)
 
 SAVED_KINDS = ("fused", "member", "ensemble")
 """The library's saved formats `calibrate` writes again (beside Hugging Face classifier folders)."""
@@ -46,9 +52,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     model = models[0]
     if args.preprocessor:
         preprocessor = load_preprocessor(args.preprocessor)
-    sets = "" if args.sets == "none" else args.sets
+    config = calibration_config(args)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1]
-    check_calibration_size(val, sets)
+    check_calibration_size(val, config.set_method)
     train = _data_batches(args.data, args, preprocessor, model=model)[1] if args.data else None
     ood = (
         _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
@@ -65,13 +71,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     kept = statistics is not None and train is None  # the saved statistics, named as saved
     train_sha256 = saved.statistics_data_sha256 if kept else (batches_digest(train) if train else "")
     fitted = Calibration.fit(
-        val_predictions, args.flag_score, args.keep, data=args.val_data, data_sha256=batches_digest(val),
+        val_predictions, config, data=args.val_data, data_sha256=batches_digest(val),
         precision=resolve_precision(args.precision, model_device(model)).name, statistics=statistics,
         statistics_data=saved.statistics_data if kept else (args.data or ""),
         statistics_data_sha256=train_sha256,
         ood_validation=ood_predictions, ood_data=args.ood_data or "",
-        ood_data_sha256=batches_digest(ood) if ood else "", flag_method=args.flag_method,
-        set_method=sets, set_alpha=args.set_alpha, set_classwise=args.set_classwise,
+        ood_data_sha256=batches_digest(ood) if ood else "",
     )  # fmt: skip
     if ood_predictions is not None:
         aurocs = validation_aurocs(val_predictions, ood_predictions, statistics, fitted.temperature)

@@ -9,6 +9,8 @@ import sys
 from hydra_ensembles.errors import InputError
 from hydra_ensembles.saving.metadata import write_metadata
 
+from .options import calibration_config
+
 DEFAULT_MAX_LENGTH = 128
 """Tokens per text where neither ``--max-length`` nor the model says."""
 
@@ -155,18 +157,13 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
     calibration = calibrate(
         model,
         batches,
-        args.flag_score,
-        args.keep,
+        calibration_config(args),
         data=data,
         precision=args.precision,
         id_train=train,
         train_data=args.data if train is not None else "",
         ood_validation=ood,
         ood_data=getattr(args, "ood_data", None) or "",
-        flag_method=args.flag_method,
-        set_method="" if args.sets == "none" else args.sets,
-        set_alpha=args.set_alpha,
-        set_classwise=args.set_classwise,
     )
     print(f"calibration: {calibration.describe()}")
     return calibration

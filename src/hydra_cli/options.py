@@ -169,6 +169,20 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
     )
 
 
+def calibration_config(args: argparse.Namespace):
+    """The `CalibrationConfig` the options of `_calibration_options` ask for."""
+    from hydra_ensembles.evaluation import CalibrationConfig
+
+    return CalibrationConfig(
+        score=args.flag_score,
+        keep=args.keep,
+        flag_method=args.flag_method,
+        set_method="" if args.sets == "none" else args.sets,
+        set_alpha=args.set_alpha,
+        set_classwise=args.set_classwise,
+    )
+
+
 def _data_options(p: argparse.ArgumentParser, precision: bool = True) -> None:
     """Options of every command that reads data: precision (where it computes in PyTorch),
     columns, batch size, length."""

@@ -83,7 +83,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     """The calibration to predict with, and the ID validation predictions where it was fit here:
     fit on ``--val-data``, else the one saved with a single model (refused where ``--flag-score``
     or ``--keep`` ask for another), else none (with a warning)."""
-    from hydra_ensembles.evaluation import fit_calibration, saved_calibration
+    from hydra_ensembles.evaluation import CalibrationConfig, fit_calibration, saved_calibration
 
     saved = saved_calibration(model) if num_models == 1 else None
     calibration = None if val_batches is not None else saved
@@ -97,18 +97,16 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
         )
     _say_precision(args)
     if val_batches is not None:  # the saved calibration's settings, unless the options ask for others
-        settings = _refit_settings(saved)
-        settings.update({k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
-        feature = settings["score"] in FEATURE_SCORES  # only a feature score reads the statistics
+        config = saved.config if saved is not None else CalibrationConfig()  # msp, keep 0.95, no sets
+        config = config.replace(**{k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
+        feature = config.score in FEATURE_SCORES  # only a feature score reads the statistics
         calibration, val = fit_calibration(
             model,
             val_batches,
-            settings.pop("score"),
-            settings.pop("keep"),
+            config,
             data=args.val_data,
             precision=args.precision,
             statistics=saved.statistics if saved is not None and feature else None,
-            **settings,
         )
         source = "the saved calibration's" if saved is not None else "the defaults'"
         was = f"; the saved temperature was {saved.temperature:.3f}" if saved is not None else ""
@@ -127,21 +125,6 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
             file=sys.stderr,
         )
     return calibration, None
-
-
-def _refit_settings(saved) -> dict:
-    """The flag and set settings of a refit: the saved calibration's, else the defaults (msp,
-    keep 0.95, a conformal flag, no sets)."""
-    if saved is None:
-        return {"score": "msp", "keep": 0.95}
-    return {
-        "score": saved.score,
-        "keep": saved.keep,
-        "flag_method": saved.flag_method,
-        "set_method": saved.set_method,
-        "set_alpha": saved.set_alpha,
-        "set_classwise": saved.set_classwise,
-    }
 
 
 def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[str]:

@@ -29,7 +29,13 @@ import torch
 from torch import nn
 
 from .errors import InputError
-from .evaluation.calibration import Calibration, calibrate, check_calibration_size
+from .evaluation.calibration import (
+    AUTO_SCORE,
+    Calibration,
+    CalibrationConfig,
+    calibrate,
+    check_calibration_size,
+)
 from .fusion import fuse
 from .fusion.model import HydraModel
 from .heads import HeadSet
@@ -52,6 +58,11 @@ __all__ = [
 Ranking = CircuitOrder | torch.Tensor
 
 
+BUILD_CALIBRATION = CalibrationConfig(score=AUTO_SCORE, set_method="lac")
+"""How `build_hydra` calibrates by default: the flag score chosen by `choose_flag_score`, a
+conformal flag keeping 95% of ID inputs, LAC prediction sets at level 0.1."""
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """How `build_hydra` builds: give exactly one of ``num_pruned`` (heads each member prunes in
@@ -61,9 +72,10 @@ class BuildConfig:
     None leaves the members untrained (fusion is then exact); member m trains
     with seed ``fine_tune.seed + m``. ``shared_layers=k`` gives every member member 0's heads in
     the first k layers and fine-tunes only the blocks after them (a shared trunk, which `fuse`
-    runs once: the cost knob of the fused model). ``flag_score`` and ``keep`` set the OOD
-    flag (`Calibration`; ``"auto"``: `evaluation.choose_flag_score`, a feature score where
-    training data is given)."""
+    runs once: the cost knob of the fused model). ``calibration`` (`CalibrationConfig`) sets the
+    OOD flag and the prediction sets; by default the flag score is ``"auto"``
+    (`evaluation.choose_flag_score`, a feature score where training data is given) and the sets
+    are ``lac`` at level 0.1."""
 
     num_members: int = 3
     num_pruned: int | None = None
@@ -74,13 +86,7 @@ class BuildConfig:
     shared_layers: int = 0
     fine_tune: FineTuneConfig | None = None
     mlp: str = "merge"
-    flag_score: str = "auto"
-    keep: float = 0.95
-    flag_method: str = "conformal"
-    sets: str = "lac"
-    """Conformal prediction sets saved with the calibration (``""``: none; `evaluation.conformal`)."""
-    set_alpha: float = 0.1
-    set_classwise: bool = False
+    calibration: CalibrationConfig = field(default_factory=lambda: BUILD_CALIBRATION)
     precision: str = "auto"
     circuit: CircuitConfig | None = None
     """The circuit extraction's other settings (objective, method, cache, ...) where heads are
@@ -157,7 +163,7 @@ def build_hydra(
     ranks heads by Taylor importance when no ``ranking`` or ``ood_validation`` is given, stops
     fine-tuning with ``patience`` and fits the calibration, whose feature statistics are fit on
     ``train`` where given); ``ood_validation`` unlabelled OOD batches for circuit extraction
-    (and, with ``flag_score="auto"``, for choosing the flag score). ``classes`` names the
+    (and, with the flag score ``"auto"``, for choosing it). ``classes`` names the
     model's classes in every member's configuration. ``checkpoint_dir``: each member's fine-tuning checkpoints
     (``member-<m>/``), so a rerun resumes. ``on_member(m, member, result)`` is called after each
     member's fine-tuning, ``log`` with one line per step. ``make_member(m, head_set)`` replaces
@@ -169,7 +175,7 @@ def build_hydra(
     train = train and checked_batches(train, "train", classes_of_model, model=model)
     validation = validation and checked_batches(validation, "validation", classes_of_model, model=model)
     if validation:
-        check_calibration_size(validation, config.sets)
+        check_calibration_size(validation, config.calibration.set_method)
     if config.fine_tune is not None and not train:
         raise InputError("fine-tuning members needs labelled training batches (train)")
     if ranking is None:
@@ -281,18 +287,13 @@ def _calibrate(model, *, data, train, ood_validation, config: BuildConfig, progr
     return calibrate(
         model,
         validation,
-        config.flag_score,
-        config.keep,
+        config.calibration,
         data=name,
         precision=config.precision,
         progress=progress,  # the statistics' and the validation data's forward passes
         id_train=train_batches or None,
         train_data=train_name,
         ood_validation=ood_validation,
-        flag_method=config.flag_method,
-        set_method=config.sets,
-        set_alpha=config.set_alpha,
-        set_classwise=config.set_classwise,
     )
 
 

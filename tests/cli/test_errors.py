@@ -257,7 +257,7 @@ def _saved_ensembles(root, model, tokenizer) -> None:
     members = [he.prune(model, he.HeadSet({0: [0, 1]})), he.prune(model, he.HeadSet({1: [2, 3]}))]
     ensemble = DeepEnsemble(members)
     batch = dict(tokenizer(["a text", "another one", "third", "fourth"], padding=True, return_tensors="pt"))
-    calibrate(ensemble, [{**batch, "labels": torch.tensor([0, 1, 0, 1])}], "msp", progress=False)
+    calibrate(ensemble, [{**batch, "labels": torch.tensor([0, 1, 0, 1])}], score="msp", progress=False)
     tokenizer.save_pretrained(root / "ens")  # first: the index's checksums cover it
     ensemble.save_pretrained(root / "ens")
     for name in ("ens-edited", "ens-twice", "ens-swapped", "ens-tokenizer-edited"):

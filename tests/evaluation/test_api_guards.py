@@ -116,10 +116,10 @@ def test_calibration_fit_refuses_a_level_outside_its_range_and_another_models_oo
 
     val = _preds(members=2, n=40, classes=3)
     with pytest.raises(he.InputError, match=r"keep must be in \(0, 1\]"):
-        Calibration.fit(val, "msp", 1.5)
+        Calibration.fit(val, score="msp", keep=1.5)
     other = _preds(members=2, n=30, classes=4, labels=False)  # another model's (4 classes)
     with pytest.raises(he.InputError, match="not of the model of the ID ones"):
-        Calibration.fit(val, "auto", 0.9, ood_validation=other)
+        Calibration.fit(val, score="auto", keep=0.9, ood_validation=other)
 
 
 def test_build_hydra_checks_its_batches_before_any_work():

@@ -11,6 +11,7 @@ import torch
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import (
     Calibration,
+    CalibrationConfig,
     Predictions,
     calibrate,
     fit_temperature,
@@ -38,7 +39,7 @@ def _val(batches: int = 3, batch: int = 24) -> list[dict]:
 def test_fit_is_the_temperature_then_the_threshold_at_it():
     rng = np.random.default_rng(0)
     preds = Predictions(rng.normal(size=(3, 80, 4)) * 3, rng.integers(0, 4, 80))
-    calibration = Calibration.fit(preds, "entropy", keep=0.9, data="v.csv", data_sha256="ab" * 32)
+    calibration = Calibration.fit(preds, score="entropy", keep=0.9, data="v.csv", data_sha256="ab" * 32)
     temperature = fit_temperature(preds)
     assert calibration.temperature == pytest.approx(temperature, rel=1e-12)
     scores = ood_scores(preds, "entropy", calibration.temperature)
@@ -52,7 +53,7 @@ def test_fit_is_the_temperature_then_the_threshold_at_it():
     assert [r["ood_p_value"] <= 0.1 for r in records] == [r["flagged"] for r in records]
     assert np.mean([r["flagged"] for r in expected]) <= 0.1 + 1e-9
     assert Calibration.from_dict(json.loads(json.dumps(calibration.to_dict()))) == calibration
-    plain = Calibration.fit(preds, "entropy", keep=0.9, flag_method="quantile")  # the plain quantile
+    plain = Calibration.fit(preds, score="entropy", keep=0.9, flag_method="quantile")  # the plain quantile
     assert plain.threshold == flag_threshold(preds, "entropy", 0.9, plain.temperature)
     assert "ood_p_value" not in plain.records(preds)[0]
 
@@ -63,15 +64,15 @@ def test_a_flag_fit_on_scores_computed_elsewhere_is_the_flag_fit_on_the_same_sco
     rng = np.random.default_rng(1)
     preds = Predictions(rng.normal(size=(2, 60, 3)) * 2, rng.integers(0, 3, 60))
     for method in ("conformal", "quantile"):
-        own = Calibration.fit(preds, "energy", keep=0.9, flag_method=method)
+        own = Calibration.fit(preds, score="energy", keep=0.9, flag_method=method)
         scores = ood_scores(preds, "energy", own.temperature)
-        assert Calibration.fit(preds, "energy", keep=0.9, flag_method=method, id_scores=scores) == own
-    shifted = Calibration.fit(preds, "energy", keep=0.9, flag_method="quantile", id_scores=scores + 1.0)
+        assert Calibration.fit(preds, score="energy", keep=0.9, flag_method=method, id_scores=scores) == own
+    shifted = Calibration.fit(preds, score="energy", keep=0.9, flag_method="quantile", id_scores=scores + 1.0)
     assert shifted.threshold == pytest.approx(own.threshold + 1.0)
     with pytest.raises(ValueError, match="one score per ID validation input, 60"):
-        Calibration.fit(preds, "energy", id_scores=scores[:10])
+        Calibration.fit(preds, score="energy", id_scores=scores[:10])
     with pytest.raises(ValueError, match="not 'auto'"):
-        Calibration.fit(preds, "auto", id_scores=scores)
+        Calibration.fit(preds, score="auto", id_scores=scores)
 
 
 @pytest.mark.parametrize(
@@ -100,7 +101,7 @@ def test_a_malformed_saved_calibration_is_refused(change, message):
 
 def test_calibrate_records_what_it_fit_on_in_the_configuration():
     model, val = tiny_bert(labels=3, init_range=0.3), _val()
-    calibration = calibrate(model, val, "msp", data="val.csv", progress=False)  # the run's precision
+    calibration = calibrate(model, val, score="msp", data="val.csv", progress=False)  # the run's precision
     assert saved_calibration(model) == calibration
     assert calibration.data == "val.csv" and calibration.data_sha256 == batches_digest(val)
     precision = resolve_precision("auto").name
@@ -132,7 +133,7 @@ def test_every_saved_model_carries_its_calibration(tmp_path):
     }
     assert saved_calibration(models["hydra"]) is None
     for name, model in models.items():
-        fitted = calibrate(model, val, "energy", keep=0.8, data=name, progress=False)
+        fitted = calibrate(model, val, score="energy", keep=0.8, data=name, progress=False)
         {
             "hf": lambda m, p: m.save_pretrained(p),
             "member": he.save_member,
@@ -181,3 +182,31 @@ def test_a_calibration_holds_for_its_weights_only():
         model.classifier.bias.add_(0.5)  # shifts every logit: the old temperature no longer holds
     with pytest.raises(ValueError, match="fit on other weights"):
         saved_calibration(model)
+
+
+def test_one_settings_record_from_the_options_to_the_fit():
+    """`CalibrationConfig` is what `Calibration.fit`, `fit_calibration`, `calibrate` and
+    `BuildConfig` take; keywords replace single fields; a fitted calibration gives it back."""
+    rng = np.random.default_rng(3)
+    preds = Predictions(rng.normal(size=(2, 120, 4)) * 3, rng.integers(0, 4, 120))
+    config = CalibrationConfig(score="entropy", keep=0.9, set_method="aps", set_alpha=0.2)
+    fitted = Calibration.fit(preds, config)
+    assert fitted == Calibration.fit(preds, score="entropy", keep=0.9, set_method="aps", set_alpha=0.2)
+    assert fitted.config == config and fitted.set_quantiles
+    assert Calibration.fit(preds, config, keep=0.8).config == config.replace(keep=0.8)
+    assert Calibration.from_dict(fitted.to_dict()).config == config  # saved and read back
+    assert he.BuildConfig().calibration == CalibrationConfig(score="auto", set_method="lac")
+    for bad, match in (
+        ({"keep": 1.5}, "keep"),
+        ({"flag_method": "maybe"}, "flag"),
+        ({"set_method": "lacs"}, "prediction-set method"),
+        ({"set_alpha": 0.0}, "set_alpha"),
+        ({"score": ""}, "flag score"),
+        ({"set_classwise": 1}, "set_classwise"),
+    ):
+        with pytest.raises(he.InputError, match=match):
+            CalibrationConfig(**bad)
+    with pytest.raises(TypeError, match="unknown calibration settings"):
+        Calibration.fit(preds, config, sets="lac")
+    with pytest.raises(TypeError, match="must be a CalibrationConfig"):
+        Calibration.fit(preds, "entropy")

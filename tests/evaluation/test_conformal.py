@@ -175,7 +175,7 @@ def test_a_calibration_with_prediction_sets_keeps_the_temperature_and_the_sets_a
     rng = np.random.default_rng(5)
     probs, labels = _draw(rng, 200, classes=4)
     preds = Predictions(np.log(probs)[None] * 2.0, labels)
-    calibration = Calibration.fit(preds, "msp", 0.9, set_method="aps", set_alpha=0.2)
+    calibration = Calibration.fit(preds, score="msp", keep=0.9, set_method="aps", set_alpha=0.2)
     even = Predictions(preds.member_logits[:, 0::2], labels[0::2])
     assert calibration.temperature == pytest.approx(fit_temperature(even), rel=1e-12)
     odd_probs = Predictions(preds.member_logits[:, 1::2], labels[1::2]).probs(calibration.temperature)
@@ -189,7 +189,9 @@ def test_a_calibration_with_prediction_sets_keeps_the_temperature_and_the_sets_a
     ]
     again = Calibration.from_dict(json.loads(json.dumps(calibration.to_dict())))
     assert again == calibration and again.records(preds, ["a", "b", "c", "d"]) == records
-    few = Calibration.fit(Predictions(preds.member_logits[:, :10], labels[:10]), "msp", 0.5, set_method="lac")
+    few = Calibration.fit(
+        Predictions(preds.member_logits[:, :10], labels[:10]), score="msp", keep=0.5, set_method="lac"
+    )
     assert few.set_quantiles == (np.inf,) * 4  # 5 inputs cannot set a 0.1-level quantile: every class
 
 
@@ -409,7 +411,7 @@ def test_a_calibrations_description_gives_the_spread_of_one_draw():
     logits = rng.normal(size=(1, 300, 3)) * 3
     labels = logits[0].argmax(-1)
     labels[::7] = (labels[::7] + 1) % 3
-    said = Calibration.fit(Predictions(logits, labels), "msp", 0.95, set_method="lac").describe()
+    said = Calibration.fit(Predictions(logits, labels), score="msp", keep=0.95, set_method="lac").describe()
     assert "under 7.2% for 95% of draws of 300 validation inputs" in said
     sets = "sets: lac, coverage at least 90% in expectation, above 85.8% for 95% of draws of 150 inputs"
     assert sets in said
@@ -425,7 +427,7 @@ def test_a_calibration_saved_with_the_rounded_rule_loads_and_flags_by_its_p_valu
     logits = rng.normal(size=(1, 42, 3))
     labels = logits[0].argmax(-1)
     keep = 0.9534883720930333  # 1 - keep sits 1.3e-14 below 2/43
-    fitted = Calibration.fit(Predictions(logits, labels), "msp", keep)
+    fitted = Calibration.fit(Predictions(logits, labels), score="msp", keep=keep)
     scores = fitted.calibration_scores
     legacy = scores[math.ceil(43 * keep - 1e-12) - 1]
     assert legacy != fitted.threshold  # the two rules differ at this level

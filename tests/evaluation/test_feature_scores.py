@@ -63,7 +63,7 @@ def test_ood_validation_data_that_separates_nothing_chooses_nothing_and_says_so(
 def test_a_calibration_on_a_feature_score_records_its_statistics():
     train, val = _preds(120, seed=1), _preds(90, seed=2)
     stats = FeatureStatistics.fit(train.member_features, train.labels, 3)
-    calibration = Calibration.fit(val, "mds", 0.9, statistics=stats, statistics_data="train.csv")
+    calibration = Calibration.fit(val, score="mds", keep=0.9, statistics=stats, statistics_data="train.csv")
     assert calibration.statistics_sha256 == stats.digest() and calibration.score == "mds"
     share = np.mean(ood_scores(val, "mds", statistics=stats) <= calibration.threshold)
     assert share == pytest.approx(0.9, abs=0.02)
@@ -74,10 +74,10 @@ def test_a_calibration_on_a_feature_score_records_its_statistics():
     records = calibration.records(_preds(5, seed=4))
     assert {"ood_score_mds", "ood_score_mds_spread", "flagged"} <= set(records[0])
     with pytest.raises(ValueError, match="reads feature statistics"):
-        Calibration.fit(val, "knn", 0.9)
+        Calibration.fit(val, score="knn", keep=0.9)
     older = {  # saved before feature scores and the record's checksum existed
         k: v
-        for k, v in Calibration.fit(val, "msp").to_dict().items()
+        for k, v in Calibration.fit(val, score="msp").to_dict().items()
         if not k.startswith(("statistics", "record"))
     }
     assert Calibration.from_dict(older).score == "msp"

@@ -125,8 +125,8 @@ def test_feature_statistics_flags_and_sets_fitted_on_the_gpu_equal_the_cpus(scor
         fitted[device] = calibrate(
             fused,
             [_on(b, device) for b in val],
-            score,
-            0.9,
+            score=score,
+            keep=0.9,
             precision="fp32",
             progress=False,
             id_train=[_on(b, device) for b in train],

@@ -67,13 +67,13 @@ def saved(tmp_path_factory):
         tokenizer.save_pretrained(folders[name])
     calibrated = he.fuse(members)
     calibrate(
-        calibrated, validation(tokenizer), "msp", keep=0.75, data="val", precision="fp32", progress=False,
-        set_method="lac", set_alpha=0.2,
+        calibrated, validation(tokenizer), score="msp", keep=0.75, data="val", precision="fp32",
+        progress=False, set_method="lac", set_alpha=0.2,
     )  # fmt: skip
     calibrated.save_pretrained(folders["calibrated"])
     he.fuse(members).save_pretrained(folders["fused"])
     he.save_member(members[1], folders["member"])
     ensemble = DeepEnsemble(members)
-    calibrate(ensemble, validation(tokenizer), "entropy", data="val", precision="fp32", progress=False)
+    calibrate(ensemble, validation(tokenizer), score="entropy", data="val", precision="fp32", progress=False)
     ensemble.save_pretrained(folders["ensemble"])
     return folders

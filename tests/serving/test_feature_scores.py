@@ -52,7 +52,7 @@ def built(tmp_path_factory):
     for score in FEATURE_SCORES:
         model = he.fuse(members)
         calibrate(
-            model, validation(tokenizer), score, 0.8, data="val", precision="fp32", progress=False,
+            model, validation(tokenizer), score=score, keep=0.8, data="val", precision="fp32", progress=False,
             id_train=_train(tokenizer), train_data="train",
         )  # fmt: skip
         folder = root / score / "hydra"

@@ -68,15 +68,11 @@ def test_the_int8_graph_is_calibrated_on_its_own_outputs(saved, quantized):
     original = saved_calibration(load_any(str(saved["calibrated"])))
     expected = Calibration.fit(
         Predictions(outputs["logits_per_member"].transpose(1, 0, 2), labels),
-        original.score,
-        original.keep,
+        original.config,
         data="val",
         data_sha256=batches_digest(val),
         precision="int8",
         model_sha256=original.model_sha256,
-        flag_method=original.flag_method,
-        set_method=original.set_method,
-        set_alpha=original.set_alpha,
     )
     assert Calibration.from_dict(side["calibration"]) == expected
     assert Calibration.from_dict(side["quantization"]["calibration_fp32"]) == original
@@ -121,7 +117,9 @@ def test_a_flag_whose_held_out_rate_drifts_is_measured_as_drifted():
     logits = rng.normal(size=(n, 2, 3)).astype(np.float32)
     labels = logits.mean(1).argmax(-1)
     alike = {"logits_per_member": logits}
-    calibration = Calibration.fit(Predictions(logits.transpose(1, 0, 2), labels), "max_logit", 0.95)
+    calibration = Calibration.fit(
+        Predictions(logits.transpose(1, 0, 2), labels), score="max_logit", keep=0.95
+    )
     report = _held_out_flag_rate(calibration, alike, labels)
     assert report["flag_rate_held_out"] <= report["flag_rate_ceiling"]
     drifted = logits.copy()

@@ -2,6 +2,7 @@
 
 from .calibration import (
     Calibration,
+    CalibrationConfig,
     calibrate,
     choose_flag_score,
     fit_calibration,
@@ -41,6 +42,7 @@ __all__ = [
     "SEVERITIES",
     "TEXT_CORRUPTIONS",
     "Calibration",
+    "CalibrationConfig",
     "EvalData",
     "MethodPredictions",
     "Predictions",

@@ -64,6 +64,43 @@ DEFAULT_FEATURE_SCORE = "mds"
 
 
 @dataclass(frozen=True)
+class CalibrationConfig:
+    """How a model is calibrated: the settings of `Calibration.fit`, `fit_calibration`,
+    `calibrate`, ``BuildConfig.calibration`` and the commands' options, one name each.
+
+    ``score``: the OOD score that decides the flag (`ood_score_names`, or ``"auto"``:
+    `choose_flag_score`); ``keep``: the share of ID inputs left unflagged (the flag's level is
+    1 - keep); ``flag_method``: ``"conformal"`` (the (n + 1)-corrected threshold, with p-values) or
+    ``"quantile"``; ``set_method``: conformal prediction sets (``lac``, ``aps``, ``raps``; ``""``:
+    none) at level ``set_alpha``, per class with ``set_classwise`` (Mondrian)."""
+
+    score: str = "msp"
+    keep: float = 0.95
+    flag_method: str = "conformal"
+    set_method: str = ""
+    set_alpha: float = 0.1
+    set_classwise: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.score, str) or not self.score:
+            raise InputError(f"the flag score must be a name, got {self.score!r}")
+        _check_flag_settings(self.keep, self.flag_method)
+        if self.set_method not in ("", *SET_METHODS):
+            raise InputError(f"unknown prediction-set method {self.set_method!r}; choose from {SET_METHODS}")
+        if not 0 < self.set_alpha < 1:
+            raise InputError(f"set_alpha must be in (0, 1), got {self.set_alpha}")
+        if not isinstance(self.set_classwise, bool):
+            raise InputError(f"set_classwise must be True or False, got {self.set_classwise!r}")
+
+    def replace(self, **settings: Any) -> CalibrationConfig:
+        """This configuration with the named settings replaced (TypeError for an unknown name)."""
+        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"unknown calibration settings {unknown}")
+        return dataclasses.replace(self, **settings)
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Temperature, OOD score and flag threshold of one model, and the data they were fit on."""
 
@@ -154,8 +191,7 @@ class Calibration:
     def fit(
         cls,
         id_validation: Predictions,
-        score: str = "msp",
-        keep: float = 0.95,
+        config: CalibrationConfig | None = None,
         *,
         data: str = "",
         data_sha256: str = "",
@@ -165,30 +201,32 @@ class Calibration:
         statistics_data: str = "",
         statistics_data_sha256: str = "",
         ood_validation: Predictions | None = None,
-        flag_method: str = "conformal",
-        set_method: str = "",
-        set_alpha: float = 0.1,
-        set_classwise: bool = False,
         id_scores: Any = None,
         ood_data: str = "",
         ood_data_sha256: str = "",
+        **settings: Any,
     ) -> Calibration:
-        """Fit on labelled ID validation predictions: the temperature minimising their NLL, then the
-        threshold of ``score`` (at that temperature; ``"auto"``: `choose_flag_score`, which
-        may read ``ood_validation``): ``flag_method="conformal"`` flags at level 1 - ``keep`` with
-        the (n + 1) correction (`evaluation.conformal`; the ID scores are kept for p-values),
-        ``"quantile"`` at the scores' plain ``keep`` quantile. ``statistics``: the feature
-        statistics of the feature scores, fit on ``statistics_data``. With ``set_method`` (``lac``,
-        ``aps``, ``raps``), conformal prediction sets at level ``set_alpha`` (``set_classwise``:
-        Mondrian, per class): the validation inputs are split by position, the even ones fitting
-        the temperature and the odd ones the sets' quantiles at it, so that the sets' guarantee
-        holds (`split_for_sets`). ``id_scores``: the values of ``score`` on ``id_validation``
-        where they were computed elsewhere (an exported graph's ``ood_score``: its features are
-        not in ``id_validation``); the flag is then fit on them. ``ood_data`` and
-        ``ood_data_sha256`` name the OOD validation data the score was chosen on."""
+        """Fit on labelled ID validation predictions with ``config`` (`CalibrationConfig`; keyword
+        ``settings`` replace single fields of it: ``Calibration.fit(val, score="mds", keep=0.9)``):
+        the temperature minimising their NLL, then the threshold of the flag score (at that
+        temperature; ``"auto"``: `choose_flag_score`, which may read ``ood_validation``): a
+        conformal flag at level 1 - ``keep`` with the (n + 1) correction (`evaluation.conformal`;
+        the ID scores are kept for p-values), or the scores' plain ``keep`` quantile.
+        ``statistics``: the feature statistics of the feature scores, fit on ``statistics_data``.
+        With a ``set_method``, conformal prediction sets at level ``set_alpha``: the validation
+        inputs are split by position, the even ones fitting the temperature and the odd ones the
+        sets' quantiles at it, so that the sets' guarantee holds (`split_for_sets`).
+        ``id_scores``: the values of the flag score on ``id_validation`` where they were computed
+        elsewhere (an exported graph's ``ood_score``: its features are not in ``id_validation``);
+        the flag is then fit on them. ``ood_data`` and ``ood_data_sha256`` name the OOD
+        validation data the score was chosen on."""
+        if config is not None and not isinstance(config, CalibrationConfig):
+            raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
+        config = (config or CalibrationConfig()).replace(**settings)
+        score, keep, flag_method = config.score, config.keep, config.flag_method
+        set_method, set_alpha, set_classwise = config.set_method, config.set_alpha, config.set_classwise
         if id_scores is not None and score == AUTO_SCORE:
             raise InputError("id_scores are the values of one named score: name it, not 'auto'")
-        _check_flag_settings(keep, flag_method)  # before any computation reads them
         id_validation.class_labels("ID validation predictions")
         sets_on = None
         if set_method:
@@ -226,11 +264,36 @@ class Calibration:
             )
             quantiles = tuple(float(q) for q in fitted)
         return cls(
-            temperature, score, threshold, keep, data, data_sha256, examples, precision, model_sha256,
-            digest, statistics_data, statistics_data_sha256, flag_method, kept, set_method, set_alpha,
-            set_classwise, quantiles, 0 if sets_on is None else len(sets_on.labels),
-            *((ood_data, ood_data_sha256) if ood_validation is not None else ("", "")), statistics,
-        )  # fmt: skip
+            temperature=temperature,
+            score=score,
+            threshold=threshold,
+            keep=keep,
+            data=data,
+            data_sha256=data_sha256,
+            examples=examples,
+            precision=precision,
+            model_sha256=model_sha256,
+            statistics_sha256=digest,
+            statistics_data=statistics_data,
+            statistics_data_sha256=statistics_data_sha256,
+            flag_method=flag_method,
+            calibration_scores=kept,
+            set_method=set_method,
+            set_alpha=set_alpha,
+            set_classwise=set_classwise,
+            set_quantiles=quantiles,
+            set_examples=0 if sets_on is None else len(sets_on.labels),
+            ood_data=ood_data if ood_validation is not None else "",
+            ood_data_sha256=ood_data_sha256 if ood_validation is not None else "",
+            statistics=statistics,
+        )
+
+    @property
+    def config(self) -> CalibrationConfig:
+        """The settings this calibration was fit with (its flag score as chosen: never ``auto``)."""
+        return CalibrationConfig(
+            self.score, self.keep, self.flag_method, self.set_method, self.set_alpha, self.set_classwise
+        )
 
     def records(self, predictions: Predictions, classes: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """One record per input (`per_example`), calibrated and flagged with these settings; a
@@ -483,8 +546,7 @@ def validation_aurocs(
 def fit_calibration(
     model: Any,
     id_validation: Iterable[dict[str, Any]],
-    score: str = "msp",
-    keep: float = 0.95,
+    config: CalibrationConfig | None = None,
     *,
     data: str = "",
     precision: str = "auto",
@@ -493,19 +555,21 @@ def fit_calibration(
     train_data: str = "",
     ood_validation: Iterable[dict[str, Any]] | None = None,
     statistics: FeatureStatistics | None = None,
-    flag_method: str = "conformal",
-    set_method: str = "",
-    set_alpha: float = 0.1,
-    set_classwise: bool = False,
     ood_data: str = "",
+    **settings: Any,
 ) -> tuple[Calibration, Predictions]:
     """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
-    included) fit on labelled ID validation batches, with the predictions it was fit on; nothing
-    is recorded in the model (`calibrate` does, for one model). With labelled ID training
-    batches ``id_train`` (named ``train_data``), the feature statistics are fit on them and the
-    feature scores can flag; ``score="auto"`` chooses the flag score by `choose_flag_score`, from
-    the unlabelled OOD validation batches ``ood_validation`` where given. Without ``id_train``,
-    ``statistics`` fit earlier (a saved calibration's) serve the feature scores."""
+    included) fit on labelled ID validation batches with ``config`` (keyword ``settings`` replace
+    single fields of it), with the predictions it was fit on; nothing is recorded in the model
+    (`calibrate` does, for one model). With labelled ID training batches ``id_train`` (named
+    ``train_data``), the feature statistics are fit on them and the feature scores can flag;
+    ``score="auto"`` chooses the flag score by `choose_flag_score`, from the unlabelled OOD
+    validation batches ``ood_validation`` where given. Without ``id_train``, ``statistics`` fit
+    earlier (a saved calibration's) serve the feature scores."""
+    if config is not None and not isinstance(config, CalibrationConfig):
+        raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
+    config = (config or CalibrationConfig()).replace(**settings)
+    score = config.score
     batches = list(id_validation)
     if not batches or not all("labels" in batch for batch in batches):
         raise InputError("calibration needs labelled ID validation batches (every batch with labels)")
@@ -527,8 +591,7 @@ def fit_calibration(
         ood_sha256 = batches_digest(ood_batches)
     calibration = Calibration.fit(
         predictions,
-        score,
-        keep,
+        config,
         data=data,
         data_sha256=batches_digest(batches),
         precision=compute.name,
@@ -536,10 +599,6 @@ def fit_calibration(
         statistics_data=train_data,
         statistics_data_sha256=train_sha256,
         ood_validation=ood,
-        flag_method=flag_method,
-        set_method=set_method,
-        set_alpha=set_alpha,
-        set_classwise=set_classwise,
         ood_data=ood_data,
         ood_data_sha256=ood_sha256,
     )
@@ -549,8 +608,7 @@ def fit_calibration(
 def calibrate(
     model: Any,
     id_validation: Iterable[dict[str, Any]],
-    score: str = "msp",
-    keep: float = 0.95,
+    config: CalibrationConfig | None = None,
     *,
     data: str = "",
     precision: str = "auto",
@@ -558,32 +616,26 @@ def calibrate(
     id_train: Iterable[dict[str, Any]] | None = None,
     train_data: str = "",
     ood_validation: Iterable[dict[str, Any]] | None = None,
-    flag_method: str = "conformal",
-    set_method: str = "",
-    set_alpha: float = 0.1,
-    set_classwise: bool = False,
     ood_data: str = "",
+    **settings: Any,
 ) -> Calibration:
-    """Fit ``model``'s `Calibration` on labelled ID validation batches (`fit_calibration`, with
-    the feature statistics where ``id_train`` is given), bind it to the model's weights and record
-    it in the model (saved with it from then on). ``model`` is a Hydra model, a member, an
-    ensemble of members or a Hugging Face classifier; ``data`` names the batches' source."""
+    """Fit ``model``'s `Calibration` on labelled ID validation batches with ``config`` (keyword
+    ``settings`` replace single fields of it; `fit_calibration`, with the feature statistics
+    where ``id_train`` is given), bind it to the model's weights and record it in the model
+    (saved with it from then on). ``model`` is a Hydra model, a member, an ensemble of members or
+    a Hugging Face classifier; ``data`` names the batches' source."""
     fitted, _ = fit_calibration(
         model,
         id_validation,
-        score,
-        keep,
+        config,
         data=data,
         precision=precision,
         progress=progress,
         id_train=id_train,
         train_data=train_data,
         ood_validation=ood_validation,
-        flag_method=flag_method,
-        set_method=set_method,
-        set_alpha=set_alpha,
-        set_classwise=set_classwise,
         ood_data=ood_data,
+        **settings,
     )
     return record_calibration(model, fitted)
 

@@ -139,8 +139,7 @@ def refit(
     scores = outputs["ood_score"] if calibration.score in feature_scores() else None
     return Calibration.fit(
         predictions,
-        calibration.score,
-        calibration.keep,
+        calibration.config,
         data=data,
         data_sha256=digest,
         precision="int8",
@@ -148,10 +147,6 @@ def refit(
         statistics=calibration.statistics,
         statistics_data=calibration.statistics_data,
         statistics_data_sha256=calibration.statistics_data_sha256,
-        flag_method=calibration.flag_method,
-        set_method=calibration.set_method,
-        set_alpha=calibration.set_alpha,
-        set_classwise=calibration.set_classwise,
         id_scores=scores,
     )
 
