@@ -206,85 +206,46 @@ class Calibration:
         ood_data_sha256: str = "",
         **settings: Any,
     ) -> Calibration:
-        """Fit on labelled ID validation predictions with ``config`` (`CalibrationConfig`; keyword
-        ``settings`` replace single fields of it: ``Calibration.fit(val, score="mds", keep=0.9)``):
-        the temperature minimising their NLL, then the threshold of the flag score (at that
-        temperature; ``"auto"``: `choose_flag_score`, which may read ``ood_validation``): a
-        conformal flag at level 1 - ``keep`` with the (n + 1) correction (`evaluation.conformal`;
-        the ID scores are kept for p-values), or the scores' plain ``keep`` quantile.
-        ``statistics``: the feature statistics of the feature scores, fit on ``statistics_data``.
-        With a ``set_method``, conformal prediction sets at level ``set_alpha``: the validation
-        inputs are split by position, the even ones fitting the temperature and the odd ones the
-        sets' quantiles at it, so that the sets' guarantee holds (`split_for_sets`).
-        ``id_scores``: the values of the flag score on ``id_validation`` where they were computed
-        elsewhere (an exported graph's ``ood_score``: its features are not in ``id_validation``);
-        the flag is then fit on them. ``ood_data`` and ``ood_data_sha256`` name the OOD
-        validation data the score was chosen on."""
-        if config is not None and not isinstance(config, CalibrationConfig):
-            raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
-        config = (config or CalibrationConfig()).replace(**settings)
-        score, keep, flag_method = config.score, config.keep, config.flag_method
-        set_method, set_alpha, set_classwise = config.set_method, config.set_alpha, config.set_classwise
-        if id_scores is not None and score == AUTO_SCORE:
+        """Fit on labelled ID validation predictions with ``config`` (keyword ``settings`` replace
+        its fields: ``Calibration.fit(val, score="mds", keep=0.9)``): the temperature minimising
+        their NLL, then the flag's threshold at it (`CalibrationConfig`; ``"auto"``:
+        `choose_flag_score`, which may read ``ood_validation``, named by ``ood_data``), and the
+        prediction sets' quantiles (the inputs split by position: `split_for_sets`).
+        ``statistics``: the feature scores' statistics, fit on ``statistics_data``. ``id_scores``:
+        the flag score's values on ``id_validation`` where computed elsewhere (an exported graph's
+        ``ood_score``); the flag is then fit on them."""
+        config = _config(config, settings)
+        if id_scores is not None and config.score == AUTO_SCORE:
             raise InputError("id_scores are the values of one named score: name it, not 'auto'")
-        id_validation.class_labels("ID validation predictions")
-        sets_on = None
-        if set_method:
+        n = len(id_validation.class_labels("ID validation predictions"))
+        temperature_on, sets_on = (id_validation, None)
+        if config.set_method:  # half the inputs fit the temperature, the other half the sets
             temperature_on, sets_on = split_for_sets(id_validation)
-            temperature = float(fit_temperature(temperature_on))
-        else:
-            temperature = float(fit_temperature(id_validation))
+        temperature = float(fit_temperature(temperature_on))
+        score = config.score
         if score == AUTO_SCORE:
             score = choose_flag_score(id_validation, statistics, ood_validation, temperature)
-        kept: tuple[float, ...] = ()
-        n = len(id_validation.labels)
-        if flag_method == "conformal" and 1 - keep < smallest_alpha(n):
-            warnings.warn(
-                f"{n} ID validation inputs cannot flag at level {1 - keep:.3g} with its guarantee (that "
-                f"needs at least {math.ceil(1 / (1 - keep)) - 1 if keep < 1 else 'infinitely many'}): "
-                "the plain quantile sets the threshold, without the guarantee",
-                stacklevel=2,
-            )
-            flag_method = "quantile"
         if id_scores is None:
             id_scores = ood_scores(id_validation, score, temperature, statistics)
         elif np.shape(id_scores) != (n,):
             raise InputError(f"id_scores must hold one score per ID validation input, {n} of them")
-        if flag_method == "conformal":
-            kept = tuple(float(s) for s in id_scores)
-            threshold = conformal_threshold(kept, 1 - keep)
-        else:
-            threshold = quantile_threshold(id_scores, keep)
-        examples = len(id_validation.labels)
-        digest = statistics.digest() if statistics is not None else ""
-        quantiles: tuple[float, ...] = ()
-        if sets_on is not None:
-            fitted = fit_set_quantiles(
-                sets_on.probs(temperature), sets_on.class_labels(), set_alpha, set_method, set_classwise
-            )
-            quantiles = tuple(float(q) for q in fitted)
+        flag = _fit_flag(np.asarray(id_scores, dtype=float), config.keep, config.flag_method)
+        chosen_on = (ood_data, ood_data_sha256) if ood_validation is not None else ("", "")
         return cls(
+            **dataclasses.asdict(config.replace(score=score, flag_method=flag.pop("flag_method"))),
+            **flag,
+            **_fit_sets(sets_on, temperature, config),
             temperature=temperature,
-            score=score,
-            threshold=threshold,
-            keep=keep,
             data=data,
             data_sha256=data_sha256,
-            examples=examples,
+            examples=n,
             precision=precision,
             model_sha256=model_sha256,
-            statistics_sha256=digest,
+            statistics_sha256=statistics.digest() if statistics is not None else "",
             statistics_data=statistics_data,
             statistics_data_sha256=statistics_data_sha256,
-            flag_method=flag_method,
-            calibration_scores=kept,
-            set_method=set_method,
-            set_alpha=set_alpha,
-            set_classwise=set_classwise,
-            set_quantiles=quantiles,
-            set_examples=0 if sets_on is None else len(sets_on.labels),
-            ood_data=ood_data if ood_validation is not None else "",
-            ood_data_sha256=ood_data_sha256 if ood_validation is not None else "",
+            ood_data=chosen_on[0],
+            ood_data_sha256=chosen_on[1],
             statistics=statistics,
         )
 
@@ -328,6 +289,47 @@ class Calibration:
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; InputError naming what is wrong or missing."""
         return _calibration_from_dict(saved)
+
+
+def _config(config: CalibrationConfig | None, settings: dict[str, Any]) -> CalibrationConfig:
+    """``config`` (default `CalibrationConfig()`) with keyword ``settings`` replacing its fields."""
+    if config is not None and not isinstance(config, CalibrationConfig):
+        raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
+    return (config or CalibrationConfig()).replace(**settings)
+
+
+def _fit_flag(id_scores: np.ndarray, keep: float, flag_method: str) -> dict[str, Any]:
+    """The flag's ``threshold``, ``flag_method`` and kept ``calibration_scores`` on the ID scores:
+    conformal where ``len(id_scores)`` inputs can give level 1 - ``keep`` its guarantee, else the
+    plain quantile (with a warning)."""
+    n = len(id_scores)
+    if flag_method == "conformal" and 1 - keep < smallest_alpha(n):
+        warnings.warn(
+            f"{n} ID validation inputs cannot flag at level {1 - keep:.3g} with its guarantee (that "
+            f"needs at least {math.ceil(1 / (1 - keep)) - 1 if keep < 1 else 'infinitely many'}): "
+            "the plain quantile sets the threshold, without the guarantee",
+            stacklevel=3,
+        )
+        flag_method = "quantile"
+    if flag_method == "conformal":
+        kept = tuple(float(s) for s in id_scores)
+        return {"threshold": conformal_threshold(kept, 1 - keep), "flag_method": flag_method,
+                "calibration_scores": kept}  # fmt: skip
+    return {
+        "threshold": quantile_threshold(id_scores, keep),
+        "flag_method": flag_method,
+        "calibration_scores": (),
+    }
+
+
+def _fit_sets(sets_on: Predictions | None, temperature: float, config: CalibrationConfig) -> dict[str, Any]:
+    """The prediction sets' ``set_quantiles`` and ``set_examples``, fit on ``sets_on`` (None: no
+    sets) at ``temperature``."""
+    if sets_on is None:
+        return {"set_quantiles": (), "set_examples": 0}
+    probs, labels = sets_on.probs(temperature), sets_on.class_labels()
+    quantiles = fit_set_quantiles(probs, labels, config.set_alpha, config.set_method, config.set_classwise)
+    return {"set_quantiles": tuple(float(q) for q in quantiles), "set_examples": len(labels)}
 
 
 def _check_flag_settings(keep: float, flag_method: str) -> None:
