@@ -13,12 +13,7 @@ from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_opti
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from functools import partial
-
-    import torch
-
     from hydra_ensembles.adapters import get_adapter
-    from hydra_ensembles.members import sample_members
     from hydra_ensembles.precision import resolve_precision
     from hydra_ensembles.runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
     from hydra_ensembles.saving.files import atomic_write_json, atomic_write_text
@@ -35,19 +30,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if len(chosen) == 1 and args.precision == "auto" and chosen[0].reduced:
         chosen.insert(0, resolve_precision("fp32", args.device))  # auto's pick beside fp32
     model = load_any(args.model, args.num_labels).eval()
-    adapter = get_adapter(model)
-    config = adapter.encoder_config(model)
-    count = config.num_attention_heads
-    sample = partial(  # a flat ranking: every head equally likely, so members are random
-        sample_members,
-        torch.zeros(adapter.num_layers(model), count),
-        args.members,
-        heads_per_layer=args.heads_per_layer,
-        pool_size=count,
-        seed=args.seed,
-    )
-    heads = sample()
-    trunk = sample(shared_layers=args.shared_layers) if args.shared_layers else None
+    config = get_adapter(model).encoder_config(model)
+    heads, trunk = _random_members(model, args)
     make_inputs = random_inputs(config, args.tokens, args.seed)
     setting = (
         f"{args.model}, M={args.members}, {args.heads_per_layer}/{config.num_attention_heads} heads per "
@@ -81,6 +65,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     atomic_write_text(out / "bench.md", table)
     print(table)
     return 0
+
+
+def _random_members(model, args: argparse.Namespace) -> tuple[list, list | None]:
+    """The benchmark's members: ``--members`` head sets keeping ``--heads-per-layer`` heads, every
+    head equally likely (a flat ranking, seeded), and with ``--shared-layers K`` the same members
+    sharing member 0's heads in the first K layers (else None)."""
+    from functools import partial
+
+    import torch
+
+    from hydra_ensembles.adapters import get_adapter
+    from hydra_ensembles.members import sample_members
+
+    adapter = get_adapter(model)
+    count = adapter.encoder_config(model).num_attention_heads
+    sample = partial(
+        sample_members,
+        torch.zeros(adapter.num_layers(model), count),
+        args.members,
+        heads_per_layer=args.heads_per_layer,
+        pool_size=count,
+        seed=args.seed,
+    )
+    return sample(), (sample(shared_layers=args.shared_layers) if args.shared_layers else None)
 
 
 def _positive_list(text: str) -> list[int]:

@@ -122,16 +122,11 @@ def run_bench(
     compile_mode: str | None = None,
 ) -> dict[str, Any]:
     """Measure every method on ``device``; ``make_inputs(batch)`` builds one input batch (on CPU).
-
-    ``dtypes`` (torch dtype names): default float32, plus bfloat16/float16 where ``auto``
-    precision picks it on ``device``. ``onnx``: the fused model exported to ONNX (`serving.onnx`)
-    and run by onnxruntime is timed beside the others (float32 on a CPU; its multiply-adds are the
-    fused model's, its peak memory is not measured: onnxruntime allocates outside torch).
-    ``trunk_head_sets``: head sets whose members share their first layers' heads, timed as one
-    more fused model (`SHARED_TRUNK`). ``methods``: the keys of `METHODS` to time (default: all;
-    Single is always timed, the ratios' reference). ``compile_mode``: every timed model is
-    ``torch.compile``d in this mode (``default``, ``reduce-overhead``: CUDA graphs on a GPU,
-    ``max-autotune``), with static shapes; multiply-adds are counted on the eager models."""
+    ``dtypes`` (torch dtype names): default float32, plus the reduced precision ``auto`` picks on
+    ``device``. ``onnx``: also the fused model run by onnxruntime (float32, CPU; peak memory not
+    measured). ``trunk_head_sets``: members sharing their first layers, timed as `SHARED_TRUNK`.
+    ``methods``: keys of `METHODS` (default all; Single always). ``compile_mode``: every model
+    ``torch.compile``d in this mode, static shapes (multiply-adds counted eagerly)."""
     device = torch.device(device)
     chosen = _chosen_methods(methods, trunk_head_sets is not None)
     if dtypes is None:
@@ -164,20 +159,24 @@ def run_bench(
             table = _dtype_table(methods, eager, params, batch_sizes, setting, dtype_name)
             if test_set:
                 progress(f"[{dtype_name}] whole test set: {test_set} inputs in batches of {test_batch}")
-                sizes = [min(test_batch, test_set - i) for i in range(0, test_set, test_batch)]
-                chunks = [setting.inputs(n) for n in sizes]
-                totals = interleaved_latency(
-                    {n: partial(_each, f, chunks) for n, f in methods.items()},
-                    repeats=1,
-                    warmup=0,
-                    sync=setting.sync,
-                )
-                for name, values in totals.items():
-                    table[name]["test_set_s"] = values[0]
+                for name, seconds in _test_set_seconds(methods, setting, test_set, test_batch).items():
+                    table[name]["test_set_s"] = seconds
             results["dtypes"][dtype_name] = table
         if {"float32", "bfloat16"} <= set(built) and HYDRA in chosen:
             results["hydra_bf16_vs_single_fp32"] = _bf16_vs_fp32(built, max(batch_sizes), setting)
     return results
+
+
+def _test_set_seconds(
+    methods: dict[str, Callable[[dict], Any]], setting: _Setting, inputs: int, batch: int
+) -> dict[str, float]:
+    """Seconds each method takes over ``inputs`` random inputs in batches of ``batch`` (once,
+    interleaved)."""
+    sizes = [min(batch, inputs - i) for i in range(0, inputs, batch)]
+    chunks = [setting.inputs(n) for n in sizes]
+    runs = {n: partial(_each, f, chunks) for n, f in methods.items()}
+    totals = interleaved_latency(runs, repeats=1, warmup=0, sync=setting.sync)
+    return {name: values[0] for name, values in totals.items()}
 
 
 SINGLE, DEEP, MEMBERS, HYDRA = "Single", "Deep Ensemble", "Members one by one", "Hydra (fused)"
