@@ -1,6 +1,6 @@
-"""Feature scores are registered classes: the built-in ones in their order, and a toy score from
-docs/ood.md (one module, one registration) fit, saved, scored, calibrated on and served in
-records like the built-in ones."""
+"""OOD scores are registered classes: the built-in ones in their order, and the toy feature and
+logit scores of docs/ood.md (one module, one registration each) fit, saved, scored, calibrated on
+and served in records like the built-in ones."""
 
 from __future__ import annotations
 
@@ -11,21 +11,35 @@ import numpy as np
 import pytest
 import torch
 
-from hydra_ensembles.evaluation import Calibration, Predictions, ood_scores
+from hydra_ensembles.evaluation import LOGIT_SCORES, Calibration, Predictions, applicable_scores, ood_scores
 from hydra_ensembles.ood import FEATURE_SCORES, FeatureStatistics, registry
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "ood.md"
 
 
-@pytest.fixture
-def toy():
-    """The page's toy score, registered; taken back afterwards."""
-    section = PAGE.read_text().split("## Adding a feature score", 1)[1]
-    (code,) = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
+def _page_score(section: str, name: str, registered: dict):
+    """Run the page's module under ``section``, which registers the score ``name``; yield its
+    namespace; take the registration back afterwards."""
+    text = PAGE.read_text().split(section, 1)[1]
+    (code,) = re.findall(r"```python\n(.*?)```", text.split("\n## ", 1)[0], flags=re.S)
     namespace: dict = {}
     exec(compile(code, str(PAGE), "exec"), namespace)
-    yield namespace["FeatureNorm"]
-    registry._REGISTRY.pop("norm", None)
+    yield namespace
+    registered.pop(name, None)
+
+
+@pytest.fixture
+def toy():
+    """The page's toy feature score, registered; taken back afterwards."""
+    for namespace in _page_score("## Adding a feature score", "norm", registry._REGISTRY):
+        yield namespace["FeatureNorm"]
+
+
+@pytest.fixture
+def margin():
+    """The page's toy logit score, registered; taken back afterwards."""
+    for namespace in _page_score("## Adding a logit score", "margin", registry._LOGIT_REGISTRY):
+        yield namespace["Margin"]
 
 
 def _features(members=2, n=60, width=5, seed=0, shift=0.0):
@@ -69,4 +83,33 @@ def test_a_toy_score_is_one_module_and_one_registration(toy, tmp_path):
     records = calibration.records(Predictions(test_logits, None, test), ["a", "b", "c"])
     scores = ood_scores(Predictions(test_logits, None, test), "norm", statistics=stats)
     assert [r["ood_score_norm"] for r in records] == pytest.approx(scores.tolist())
+    assert [r["flagged"] for r in records] == [bool(s > calibration.threshold) for s in scores]
+
+
+def test_the_built_in_logit_scores_are_registered_in_their_order():
+    assert registry.logit_scores()[:6] == LOGIT_SCORES
+    assert LOGIT_SCORES == ("msp", "max_logit", "energy", "entropy", "mutual_information", "gen")
+    single = Predictions(np.random.default_rng(0).normal(size=(1, 5, 3)))
+    assert "mutual_information" not in applicable_scores(single)  # a single model has no disagreement
+    with pytest.raises(ValueError, match="needs an ensemble"):
+        ood_scores(single, "mutual_information")
+    with pytest.raises(ValueError, match="registered already"):  # one namespace for both kinds
+
+        @registry.register_logit_score
+        class Clash(registry.LogitScore):
+            name = "mds"
+
+
+def test_a_toy_logit_score_is_one_module_and_one_registration(margin):
+    rng = np.random.default_rng(4)
+    val = Predictions(rng.normal(size=(3, 80, 4)) * 2, rng.integers(0, 4, 80))
+    test = Predictions(rng.normal(size=(3, 9, 4)))
+    assert "margin" in registry.logit_scores() and "margin" in applicable_scores(test)
+    calibration = Calibration.fit(val, score="margin", keep=0.9)
+    top = np.sort(test.probs(calibration.temperature), axis=-1)
+    expected = 1.0 - (top[:, -1] - top[:, -2])
+    scores = ood_scores(test, "margin", calibration.temperature)
+    np.testing.assert_allclose(scores, expected, rtol=1e-12)
+    records = calibration.records(test, ["a", "b", "c", "d"])
+    assert [r["ood_score_margin"] for r in records] == pytest.approx(scores.tolist())
     assert [r["flagged"] for r in records] == [bool(s > calibration.threshold) for s in scores]

@@ -11,19 +11,20 @@ import numpy as np
 from .. import metrics as M
 from ..errors import InputError
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
-from ..ood.registry import feature_scores
+from ..ood.registry import LogitView, feature_scores, logit_score, logit_scores
 from .predict import Predictions
 
-LOGIT_SCORES = ("msp", "max_logit", "energy", "entropy", "mutual_information", "gen")
-"""Scores of the ensemble's (calibrated) probabilities or mean logits."""
+LOGIT_SCORES = logit_scores()
+"""The built-in scores of the ensemble's (calibrated) probabilities or mean logits
+(`ood.scores`), in their order."""
 OOD_SCORES = (*LOGIT_SCORES, *FEATURE_SCORES)
 """The built-in OOD scores; the feature scores (`ood.detectors`) read statistics fit on ID
 training data. `ood_score_names` adds every feature score registered since (`ood.registry`)."""
 
 
 def ood_score_names() -> tuple[str, ...]:
-    """Every OOD score: the logit scores and every registered feature score."""
-    return (*LOGIT_SCORES, *feature_scores())
+    """Every OOD score: every registered logit score, then every registered feature score."""
+    return (*logit_scores(), *feature_scores())
 
 
 Kind = Literal["near", "far"]
@@ -39,21 +40,9 @@ def ood_scores(
     the mean of the members' scores on their own features under ``statistics``."""
     if score in feature_scores():
         return member_feature_scores(predictions, score, statistics).mean(0)
-    if score == "msp":
-        return M.msp_score(predictions.probs(temperature))
-    if score == "gen":
-        return M.gen_score(predictions.probs(temperature))
-    if score == "entropy":
-        return M.entropy_score(predictions.probs(temperature))
-    if score == "mutual_information":
-        if predictions.num_members < 2:
-            raise InputError("mutual information measures members' disagreement: it needs an ensemble")
-        return M.mutual_information_score(predictions.member_probs(temperature))
-    mean_logits = predictions.member_logits.mean(0)
-    if score == "max_logit":
-        return M.max_logit_score(mean_logits)
-    if score == "energy":
-        return M.energy_score(mean_logits)
+    if score in logit_scores():
+        view = LogitView(predictions.member_logits, predictions.member_probs(temperature))
+        return logit_score(score).score(view)
     raise InputError(f"unknown OOD score {score!r}; choose from {ood_score_names()}")
 
 
@@ -77,9 +66,11 @@ def member_feature_scores(
 def applicable_scores(
     predictions: Predictions, statistics: FeatureStatistics | None = None
 ) -> tuple[str, ...]:
-    """The OOD scores these predictions can be scored with: every logit score (mutual information
-    for ensembles only) and, with features and statistics, every feature score they compute."""
-    logit = tuple(s for s in LOGIT_SCORES if s != "mutual_information" or predictions.num_members > 1)
+    """The OOD scores these predictions can be scored with: every logit score (those of an
+    ensemble's disagreement for ensembles only) and, with features and statistics, every feature
+    score they compute."""
+    ensemble = predictions.num_members > 1
+    logit = tuple(s for s in logit_scores() if ensemble or not logit_score(s).ensemble_only)
     has_features = statistics is not None and predictions.member_features is not None
     return logit + (statistics.scores if has_features else ())
 

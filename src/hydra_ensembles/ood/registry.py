@@ -34,10 +34,15 @@ from ..errors import InputError
 __all__ = [
     "FeatureScore",
     "FitContext",
+    "LogitScore",
+    "LogitView",
     "ScoreContext",
     "feature_score",
     "feature_scores",
+    "logit_score",
+    "logit_scores",
     "register_feature_score",
+    "register_logit_score",
 ]
 
 
@@ -94,14 +99,7 @@ _REGISTRY: dict[str, FeatureScore] = {}
 def register_feature_score(cls: type[FeatureScore]) -> type[FeatureScore]:
     """Register the score ``cls`` under ``cls.name`` (a class decorator); a name taken by another
     class is refused."""
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name or "." in name:
-        raise InputError(f"a feature score needs a name without dots, got {name!r}")
-    if name in _REGISTRY and type(_REGISTRY[name]) is not cls:
-        raise InputError(
-            f"the feature score {name!r} is registered already ({type(_REGISTRY[name]).__name__})"
-        )
-    _REGISTRY[name] = cls()
+    _register(_REGISTRY, cls, "feature score")
     return cls
 
 
@@ -115,3 +113,69 @@ def feature_score(name: str) -> FeatureScore:
     if name not in _REGISTRY:
         raise InputError(f"unknown feature score {name!r}; choose from {feature_scores()}")
     return _REGISTRY[name]
+
+
+@dataclass(frozen=True)
+class LogitView:
+    """What a logit score reads: the members' logits (M, N, C) and their softmax probabilities at
+    the calibration's temperature (M, N, C)."""
+
+    member_logits: np.ndarray
+    member_probs: np.ndarray
+
+    @property
+    def probs(self) -> np.ndarray:
+        """The ensemble's probabilities (N, C): the mean of the members' (never of their logits)."""
+        return self.member_probs.mean(0)
+
+    @property
+    def mean_logits(self) -> np.ndarray:
+        """The members' mean logits (N, C)."""
+        return self.member_logits.mean(0)
+
+
+class LogitScore:
+    """One OOD score of an ensemble's logits or probabilities (higher = more likely OOD), needing
+    nothing fit: ``name`` names it; `score` computes it (float64 numpy, (N,)); ``ensemble_only``:
+    it measures the members' disagreement, so a single model has none. The built-in ones are
+    `scores/msp.py` and its neighbours; register a new one with `register_logit_score`."""
+
+    name: ClassVar[str]
+    ensemble_only: ClassVar[bool] = False
+
+    def score(self, view: LogitView) -> np.ndarray:
+        raise NotImplementedError
+
+
+_LOGIT_REGISTRY: dict[str, LogitScore] = {}
+
+
+def register_logit_score(cls: type[LogitScore]) -> type[LogitScore]:
+    """Register the logit score ``cls`` under ``cls.name`` (a class decorator); a name taken by
+    another class, of either kind of score, is refused."""
+    _register(_LOGIT_REGISTRY, cls, "logit score")
+    return cls
+
+
+def logit_scores() -> tuple[str, ...]:
+    """Every registered logit score, in the order of registration."""
+    return tuple(_LOGIT_REGISTRY)
+
+
+def logit_score(name: str) -> LogitScore:
+    """The registered logit score ``name``; InputError naming the registered ones otherwise."""
+    if name not in _LOGIT_REGISTRY:
+        raise InputError(f"unknown logit score {name!r}; choose from {logit_scores()}")
+    return _LOGIT_REGISTRY[name]
+
+
+def _register(registry: dict[str, Any], cls: type, kind: str) -> None:
+    """``cls`` (its instance) under its ``name`` in ``registry``: one namespace for both kinds of
+    score, so that a name means one score wherever it is written."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or "." in name:
+        raise InputError(f"a {kind} needs a name without dots, got {name!r}")
+    for other in (_REGISTRY, _LOGIT_REGISTRY):
+        if name in other and type(other[name]) is not cls:
+            raise InputError(f"the score {name!r} is registered already ({type(other[name]).__name__})")
+    registry[name] = cls()
