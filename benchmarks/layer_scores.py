@@ -34,9 +34,12 @@ from sklearn.linear_model import LogisticRegression
 
 from hydra_ensembles.build import BuildConfig, build_hydra
 from hydra_ensembles.evaluation import predict
+from hydra_ensembles.fusion import fuse
+from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.metrics import auroc
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.ood import FeatureStatistics
+from hydra_ensembles.surgery import prune
 from hydra_experiments.config import DemoConfig
 from hydra_experiments.stages import pruned_member, rank_heads, start_run, trained_single
 
@@ -142,23 +145,29 @@ def compare(results: dict[str, dict], oods: list[str], seed: int) -> dict[str, d
     table = {}
     for detector in results["Single"]:
         row = {m: float(np.mean([_auroc(results[m][detector], o) for o in oods])) for m in results}
-        diffs = []
-        for _ in range(BOOTSTRAP):
-            draws = []
-            for o in oods:
-                n_id, n_ood = len(results["Single"][detector]["test"]), len(results["Single"][detector][o])
-                index = (rng.integers(0, n_id, n_id), rng.integers(0, n_ood, n_ood))
-                draws.append(
-                    _auroc(results["Hydra (Circ)"][detector], o, index)
-                    - _auroc(results["Single"][detector], o, index)
-                )
-            diffs.append(np.mean(draws))
-        row["Hydra - Single"] = [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
+        row["Hydra - Single"] = _paired(results, "Hydra (Circ)", detector, oods, rng)
+        for other in [m for m in results if m.startswith("Hydra (Circ),")]:
+            row[f"{other} - Single"] = _paired(results, other, detector, oods, rng)
         table[detector] = row
     return table
 
 
-def run_seed(seed: int, cache: Path) -> dict:
+def _paired(results: dict, model: str, detector: str, oods: list[str], rng) -> list[float]:
+    """The paired bootstrap 95% interval of ``model`` minus Single's mean AUROC over ``oods``."""
+    diffs = []
+    for _ in range(BOOTSTRAP):
+        draws = []
+        for o in oods:
+            n_id, n_ood = len(results["Single"][detector]["test"]), len(results["Single"][detector][o])
+            index = (rng.integers(0, n_id, n_id), rng.integers(0, n_ood, n_ood))
+            draws.append(
+                _auroc(results[model][detector], o, index) - _auroc(results["Single"][detector], o, index)
+            )
+        diffs.append(np.mean(draws))
+    return [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
+
+
+def run_seed(seed: int, cache: Path, variants: bool = False) -> dict:
     config = DemoConfig.preset("text", seed=seed, out_dir=cache / f"seed-{seed}", cache_dir=cache / "models")
     run = start_run(config)
     singles = [trained_single(run, s) for s in range(config.members)]
@@ -171,14 +180,18 @@ def run_seed(seed: int, cache: Path) -> dict:
         seed=config.seed,
         mlp="merge",
     )
-    hydra = build_hydra(
+    built = build_hydra(
         base,
         config=settings,
         ranking=rankings.circuit,
         make_member=lambda m, hs: pruned_member(run, base, f"circ member {m}", hs, m),
-    ).hydra.eval()
+    )
     classes = len(run.task.classes)
-    models = {"Single": base, "Deep Ensemble": singles, "Hydra (Circ)": hydra}
+    models = {"Single": base, "Deep Ensemble": singles, "Hydra (Circ)": built.hydra.eval()}
+    if variants:  # the same fine-tuned members fused otherwise (the paper averages their MLPs)
+        models["Hydra (Circ), exact members"] = fuse(built.members, mlp="exact").eval()
+        whole = prune(base, HeadSet({}))  # Single itself, as a member that keeps every head
+        models["Hydra (Circ), base as member 0"] = fuse([whole, *built.members[1:]], mlp="exact").eval()
     results = {name: detectors(model, run, classes) for name, model in models.items()}
     return compare(results, list(run.bench.oods), seed)
 
@@ -188,17 +201,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--cache", default="runs/layer-scores")
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="also Hydra (Circ)'s members fused exactly (each its own MLP) and with Single as member 0",
+    )
     args = parser.parse_args()
     offline_by_default()
     cache = Path(args.cache)
     per_seed = {}
     for seed in (int(s) for s in args.seeds.split(",")):
-        per_seed[seed] = run_seed(seed, cache)
+        per_seed[seed] = run_seed(seed, cache, args.variants)
         print(f"\nseed {seed}: mean AUROC over the OOD test sets (Hydra - Single: paired bootstrap 95%)")
         for detector, row in per_seed[seed].items():
-            low, high = row["Hydra - Single"]
-            cells = ", ".join(f"{m} {v:.2f}" for m, v in row.items() if m != "Hydra - Single")
-            print(f"  {detector:17s} {cells}; Hydra - Single [{low:+.2f}, {high:+.2f}]")
+            cells = ", ".join(f"{m} {v:.2f}" for m, v in row.items() if not m.endswith(" - Single"))
+            gaps = "; ".join(
+                f"{m} [{v[0]:+.2f}, {v[1]:+.2f}]" for m, v in row.items() if m.endswith(" - Single")
+            )
+            print(f"  {detector:17s} {cells}; {gaps}")
         (cache / "layer_scores.json").write_text(json.dumps(per_seed, indent=1))
 
 
