@@ -91,7 +91,8 @@ def _print_parity(parity: dict) -> None:
             f"ID flag rate: {parity['flag_rate_fp32']:.2%} (float32) -> {parity['flag_rate_quantized']:.2%} "
             f"at the float32 threshold -> {parity['flag_rate_refit']:.2%} at the refit one"
             + (
-                f" ({parity['flag_rate_held_out']:.2%} on validation inputs it was not fit on; 95% of "
+                f" ({parity['flag_rate_held_out']:.2%} on validation inputs it was not fit on, its flag "
+                f"deciding as float32's on {parity['flag_agreement_held_out']:.2%} of them; 95% of "
                 f"calibration draws stay under {parity['flag_rate_ceiling']:.2%})"
                 if parity.get("flag_rate_held_out") is not None
                 and parity.get("flag_rate_ceiling") is not None

@@ -104,6 +104,17 @@ def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, qu
     expected = _held_out_flag_rate(refitted, int8, labels)
     assert parity["flag_rate_held_out"] == pytest.approx(expected["flag_rate_held_out"])
     assert 0 <= parity["flag_rate_held_out"] <= 1
+    # and how often the served graphs' flags agree there: the int8 flag refit on one half against
+    # the float32 graph's own flag (msp at its calibration), on the other half
+    from hydra_ensembles.serving.quantization import refit
+
+    halves = (slice(0, None, 2), slice(1, None, 2))
+    agree = []
+    for fit_rows, test_rows in (halves, halves[::-1]):
+        half = refit(refitted, {k: v[fit_rows] for k, v in int8.items()}, labels[fit_rows], "", "")
+        p_half = Predictions(int8["logits_per_member"][test_rows].transpose(1, 0, 2)).probs(half.temperature)
+        agree.append(np.mean((1 - p_half.max(-1) > half.threshold) == (msp[test_rows] > original.threshold)))
+    assert parity["flag_agreement_held_out"] == pytest.approx(float(np.mean(agree)))
 
 
 def test_a_flag_whose_held_out_rate_drifts_is_measured_as_drifted():

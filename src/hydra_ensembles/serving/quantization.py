@@ -69,6 +69,9 @@ class Parity:
     flag_rate_ceiling: float | None = None
     """The rate a calibration draw of that size stays under for 95% of draws
     (`evaluation.conformal.one_draw_range`): a held-out rate above it has drifted."""
+    flag_agreement_held_out: float | None = None
+    """On those same held-out inputs, the share the refit int8 flag decides as the float32
+    graph's flag does (at its own calibration): how often the served graphs' flags agree."""
     ood_auroc_fp32: float | None = None
     ood_auroc_quantized: float | None = None
 
@@ -151,13 +154,19 @@ def refit(
     )
 
 
-def _held_out_flag_rate(calibration: Calibration, outputs: dict[str, np.ndarray], labels: np.ndarray) -> dict:
-    """``flag_rate_held_out`` and ``flag_rate_ceiling`` (see `Parity`), or nothing where half the
-    validation inputs cannot fit the calibration."""
+def _held_out_flag_rate(
+    calibration: Calibration,
+    outputs: dict[str, np.ndarray],
+    labels: np.ndarray,
+    reference: tuple[dict[str, np.ndarray], Calibration] | None = None,
+) -> dict:
+    """``flag_rate_held_out``, ``flag_rate_ceiling`` and, with the float32 graph's outputs and
+    calibration as ``reference``, ``flag_agreement_held_out`` (see `Parity`); nothing where half
+    the validation inputs cannot fit the calibration."""
     import warnings
 
     halves = (slice(0, None, 2), slice(1, None, 2))
-    rates = []
+    rates, agreeing = [], []
     for fit_rows, test_rows in (halves, halves[::-1]):
         part = {name: value[fit_rows] for name, value in outputs.items()}
         try:
@@ -167,13 +176,20 @@ def _held_out_flag_rate(calibration: Calibration, outputs: dict[str, np.ndarray]
         except InputError:
             return {}
         rest = {name: value[test_rows] for name, value in outputs.items()}
-        rates.append(float(np.mean(raised(flag_scores(rest, fitted), fitted.threshold))))
+        flagged = raised(flag_scores(rest, fitted), fitted.threshold)
+        rates.append(float(np.mean(flagged)))
+        if reference is not None:
+            (ref_outputs, ref_calibration) = reference
+            ref_rest = {name: value[test_rows] for name, value in ref_outputs.items()}
+            ref_flagged = raised(flag_scores(ref_rest, ref_calibration), ref_calibration.threshold)
+            agreeing.append(float(np.mean(flagged == ref_flagged)))
     ceiling = (
         one_draw_range(len(labels) // 2, calibration.alpha)[1]
         if calibration.flag_method == "conformal"
         else None
     )
-    return {"flag_rate_held_out": float(np.mean(rates)), "flag_rate_ceiling": ceiling}
+    agreement = {"flag_agreement_held_out": float(np.mean(agreeing))} if agreeing else {}
+    return {"flag_rate_held_out": float(np.mean(rates)), "flag_rate_ceiling": ceiling, **agreement}
 
 
 def parity(
@@ -199,7 +215,7 @@ def parity(
             "flag_rate_fp32": float(np.mean(raised(ref_scores, calibration.threshold))),
             "flag_rate_quantized": float(np.mean(raised(quant_scores, calibration.threshold))),
             "flag_rate_refit": float(np.mean(raised(refit_scores, refitted.threshold))),
-            **_held_out_flag_rate(refitted, quantized, labels),
+            **_held_out_flag_rate(refitted, quantized, labels, (reference, calibration)),
         }
         if ood is not None:
             aurocs = {
