@@ -20,11 +20,12 @@ graph is run by onnxruntime on the export's inputs and compared with PyTorch bef
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from .onnx_ops import (
     runtime_settings,
     translation_table,
 )
-from .quantization import MIN_AGREEMENT, QUANTIZATIONS, parity, quantize_int8, refit, run_graph
+from .quantization import MIN_AGREEMENT, QUANTIZATIONS, Parity, parity, quantize_int8, refit, run_graph
 
 ONNX_NAME = "model.onnx"
 SIDECAR_NAME = "calibration.json"
@@ -103,6 +104,91 @@ def _refused_as_nan(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid.reshape(shape), x, torch.full_like(x, float("nan")))
 
 
+def _check_quantization(quantize: str | None, validation: Any) -> None:
+    """ExportError for an unknown quantization, or one without the validation data it is
+    calibrated again on."""
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ExportError(f"unknown quantization {quantize!r}; choose from {QUANTIZATIONS}")
+    if quantize is not None and not validation:
+        raise ExportError(
+            "a quantized graph is calibrated again on its own outputs: give labelled ID validation "
+            "batches (--val-data)"
+        )
+
+
+@contextlib.contextmanager
+def _as_exported(wrapped: HydraPreTrainedModel) -> Iterator[None]:
+    """While exporting: the fused models run the whole batch in one forward (chunks would fix the
+    batch size in the graph) and the wrapper computes in fp32; both restored afterwards."""
+    hydra = [m for m in wrapped.modules() if isinstance(m, HydraModel)]
+    chunking = [h.chunk_rows for h in hydra]
+    for h in hydra:
+        h.chunk_rows = None
+    served_in, wrapped.precision = wrapped.precision, "fp32"
+    try:
+        yield
+    finally:
+        for h, rows in zip(hydra, chunking, strict=True):
+            h.chunk_rows = rows
+        wrapped.precision = served_in
+
+
+def _exported_model(model: Any, preprocessor: Any) -> tuple[HydraPreTrainedModel, Any, Path | None]:
+    """The model to export as the served wrapper, in eval mode and float32 (a folder: loaded, with
+    its saved preprocessor where none is given; in memory: refused unless float32), the
+    preprocessor, and the folder it came from (None in memory)."""
+    source = None
+    if isinstance(model, (str, os.PathLike)):
+        source = Path(model)
+        wrapped = _load(source)
+        if preprocessor is None:
+            preprocessor = saved_preprocessor(source)
+        wrapped.float()  # loaded for the export alone
+    elif isinstance(model, HydraPreTrainedModel):
+        wrapped = model
+    else:
+        wrapped = HydraPreTrainedModel.from_ensemble(model)
+    if any(p.dtype != torch.float32 for p in wrapped.parameters()):
+        raise ExportError("the graph is exported in fp32: give a float32 model (model.float())")
+    return wrapped.eval(), preprocessor, source
+
+
+def _warn_calibration_precision(wrapped: HydraPreTrainedModel, quantize: str | None) -> None:
+    """Warn where a float32 graph is served with a calibration fit on bf16 or fp16 outputs."""
+    fit_in = wrapped.calibration.precision if wrapped.calibration is not None else ""
+    if quantize is None and fit_in not in ("", "fp32"):
+        warnings.warn(
+            f"the calibration was fit on {fit_in} outputs and the graph computes in fp32: its "
+            f"probabilities and scores differ from {fit_in}'s by that format's rounding (a "
+            "calibration fit in fp32: build or calibrate with --precision fp32)",
+            stacklevel=3,
+        )
+
+
+def _write_export(
+    out: Path, source: Path | None, model_bytes: bytes, sidecar: dict, preprocessor: Any
+) -> Path:
+    """The export folder ``out``, written as a whole (atomically): the graph, the preprocessor
+    (cut to the calibrated length), the sidecar and the checksums; never inside ``source``."""
+    if source is not None and (
+        out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
+    ):
+        raise ExportError(f"{out} is or lies inside the model folder {source}: choose another output")
+    length = sidecar["max_length"]
+
+    def write(folder: Path) -> None:
+        (folder / ONNX_NAME).write_bytes(model_bytes)
+        if preprocessor is not None:
+            saved = copy.deepcopy(preprocessor)
+            if length is not None and hasattr(saved, "model_max_length"):
+                saved.model_max_length = length  # truncation=True cuts to what was calibrated
+            saved.save_pretrained(folder)
+        atomic_write_json(folder / SIDECAR_NAME, sidecar)
+        write_folder_checksums(folder)  # the graph, the sidecar, the preprocessor: checked where read
+
+    return atomic_dir(out, write, marker=True)
+
+
 def export_onnx(
     model: nn.Module | str | os.PathLike,
     out: str | os.PathLike,
@@ -118,69 +204,32 @@ def export_onnx(
     log: Callable[[str], None] | None = None,
 ) -> Path:
     """Write ``model.onnx``, ``calibration.json`` and the preprocessor into the folder ``out``
-    (replaced as a whole, atomically) and return it.
-
-    ``model``: a folder saved by the library or a model in memory (its recorded calibration is
-    used). ``preprocessor``: the tokenizer or image processor (default: the one saved in the
-    model's folder); its ``model_input_names`` name the graph's inputs unless ``input_names`` does.
-    ``check``: run the graph with onnxruntime on several batch sizes (and sequence lengths) and
-    raise `ExportError` where an output differs from PyTorch's by more than 1e-4 (the largest
-    difference is recorded in ``calibration.json``). A model in memory must be float32. ``out``
-    must be new, empty or an earlier export: a folder of other files is refused before any work.
-
-    ``quantize="int8"``: the graph written has int8 weights (`serving.quantization`); its
-    calibration is fit again on its own outputs for the labelled ID batches ``validation`` (named
-    ``validation_name``), and ``calibration.json`` records what quantization changed (``parity``,
-    with ``ood_validation``'s batches: the flag score's AUROC too). Refused (`ExportError`, nothing
-    written) where its top-1 predictions agree with the float32 graph's on fewer than
-    ``min_agreement`` of the validation inputs. ``log`` is called with one line as each step
-    starts.
+    (replaced as a whole, atomically; new, empty or an earlier export: a folder of other files is
+    refused before any work) and return it. ``model``: a folder saved by the library or a float32
+    model in memory (its recorded calibration is used). ``preprocessor``: default, the one saved
+    with the model; its ``model_input_names`` name the graph's inputs unless ``input_names`` does.
+    ``check``: run the graph in onnxruntime on several batch sizes and lengths, `ExportError` where
+    an output differs from PyTorch's by more than 1e-4 (the largest difference is recorded).
+    ``quantize="int8"``: int8 weights (`serving.quantization`); the calibration is fit again on the
+    graph's own outputs for the labelled ID batches ``validation`` (named ``validation_name``), and
+    ``calibration.json`` records what changed (``parity``; with ``ood_validation``, the flag
+    score's AUROC too). Refused, nothing written, where its top-1 predictions agree with the
+    float32 graph's on fewer than ``min_agreement`` of the inputs. ``log``: one line per step.
     """
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ExportError(f"unknown quantization {quantize!r}; choose from {QUANTIZATIONS}")
-    if quantize is not None and not validation:
-        raise ExportError(
-            "a quantized graph is calibrated again on its own outputs: give labelled ID validation "
-            "batches (--val-data)"
-        )
+    _check_quantization(quantize, validation)
     check_replaceable_dir(out)  # never a folder of the user's own files
-    source = None
-    if isinstance(model, (str, os.PathLike)):
-        source = Path(model)
-        wrapped = _load(source)
-        if preprocessor is None:
-            preprocessor = saved_preprocessor(source)
-        wrapped.float()  # loaded for the export alone
-    elif isinstance(model, HydraPreTrainedModel):
-        wrapped = model
-    else:
-        wrapped = HydraPreTrainedModel.from_ensemble(model)
-    if any(p.dtype != torch.float32 for p in wrapped.parameters()):
-        raise ExportError("the graph is exported in fp32: give a float32 model (model.float())")
+    wrapped, preprocessor, source = _exported_model(model, preprocessor)
     if quantize is not None and wrapped.calibration is not None:  # before both graphs are run
         check_calibration_size(validation, wrapped.calibration.set_method)
-    wrapped.eval()
-    fit_in = wrapped.calibration.precision if wrapped.calibration is not None else ""
-    if quantize is None and fit_in not in ("", "fp32"):
-        warnings.warn(
-            f"the calibration was fit on {fit_in} outputs and the graph computes in fp32: its "
-            f"probabilities and scores differ from {fit_in}'s by that format's rounding (a "
-            "calibration fit in fp32: build or calibrate with --precision fp32)",
-            stacklevel=2,
-        )
+    _warn_calibration_precision(wrapped, quantize)
     config = _base_config(wrapped)
     vision = config.model_type in VISION_MODEL_TYPES
     names = list(input_names or _input_names(preprocessor, vision))
     example = _example_inputs(config, names, vision, batch=2, tokens=8)
-    hydra = [m for m in wrapped.modules() if isinstance(m, HydraModel)]
     runtime = _runtime_settings(wrapped, dict(zip(names, example, strict=True)))
-    chunking = [h.chunk_rows for h in hydra]
-    for h in hydra:  # one forward for the whole batch: chunks would fix the batch size in the graph
-        h.chunk_rows = None
-    served_in, wrapped.precision = wrapped.precision, "fp32"  # the graph computes in fp32
+    say = log or (lambda line: None)
     quantized = None
-    try:
-        say = log or (lambda line: None)
+    with _as_exported(wrapped):
         say("exporting the graph (torch.export, then the ONNX exporter)")
         graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
         program = _export(graph, example, names, vision, opset)
@@ -194,34 +243,12 @@ def export_onnx(
                 validation, ood_validation, validation_name, min_agreement, say,
             )  # fmt: skip
             model_bytes = quantized["model"]
-    finally:
-        for h, rows in zip(hydra, chunking, strict=True):
-            h.chunk_rows = rows
-        wrapped.precision = served_in
     sidecar = _sidecar(wrapped, config, names, difference, graph.output_names, vision)
     sidecar["onnxruntime"] = {**runtime, **_input_limits(config, vision)}
     if quantized is not None:
         sidecar["calibration"] = quantized["calibration"]
         sidecar["quantization"] = quantized["report"]
-    out = Path(out)
-    if source is not None and (
-        out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
-    ):
-        raise ExportError(f"{out} is or lies inside the model folder {source}: choose another output")
-
-    length = sidecar["max_length"]
-
-    def write(folder: Path) -> None:
-        (folder / ONNX_NAME).write_bytes(model_bytes)
-        if preprocessor is not None:
-            saved = copy.deepcopy(preprocessor)
-            if length is not None and hasattr(saved, "model_max_length"):
-                saved.model_max_length = length  # truncation=True cuts to what was calibrated
-            saved.save_pretrained(folder)
-        atomic_write_json(folder / SIDECAR_NAME, sidecar)
-        write_folder_checksums(folder)  # the graph, the sidecar, the preprocessor: checked where read
-
-    return atomic_dir(out, write, marker=True)
+    return _write_export(Path(out), source, model_bytes, sidecar, preprocessor)
 
 
 def _quantized(
@@ -261,31 +288,10 @@ def _quantized(
         ood_batches = list(ood_validation)
         ood = tuple(run_graph(session, ood_batches, names) for session in sessions)
     report = parity(reference, outputs, labels, calibration, refitted, ood)
-    drifted = report.flag_rate_held_out is not None and report.flag_rate_ceiling is not None
-    if drifted and report.flag_rate_held_out > report.flag_rate_ceiling:
-        warnings.warn(
-            f"the int8 graph's refit flag raised {report.flag_rate_held_out:.1%} of validation inputs it "
-            f"was not fit on, above the {report.flag_rate_ceiling:.1%} a calibration of that size stays "
-            "under for 95% of draws: quantization moved the flag score unevenly; check the parity "
-            "report, or serve the float32 graph",
-            stacklevel=2,
-        )
-    if report.agreement < min_agreement:
-        raise ExportError(
-            f"the int8 graph predicts another class than the float32 graph for {1 - report.agreement:.1%} "
-            f"of the {report.examples} validation inputs (at most {1 - min_agreement:.1%} accepted): not "
-            "written; a lower --min-agreement accepts it"
-        )
+    _check_parity(report, min_agreement)
     if refitted is not None and refitted.temperature != calibration.temperature:
         say("exporting and quantizing again with the refit temperature (part of the graph)")
-        wrapped.calibration = refitted  # the temperature is part of the graph
-        try:
-            graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
-            int8 = quantize_int8(
-                _export(graph, example, names, vision, opset).model_proto.SerializeToString()
-            )
-        finally:
-            wrapped.calibration = calibration
+        int8 = _quantized_again(wrapped, refitted, config, names, vision, opset, example)
         again = run_graph(inference_session(int8), validation[:1], names)["logits_per_member"]
         if not np.array_equal(again, outputs["logits_per_member"][: len(again)]):
             raise ExportError("quantizing the graph again gave other weights: not written")
@@ -300,6 +306,37 @@ def _quantized(
             "calibration_fp32": None if calibration is None else calibration.to_dict(),
         },
     }
+
+
+def _check_parity(report: Parity, min_agreement: float) -> None:
+    """Warn where the refit int8 flag's held-out rate drifted above what a calibration of that size
+    stays under; ExportError where fewer than ``min_agreement`` of the inputs keep their class."""
+    drifted = report.flag_rate_held_out is not None and report.flag_rate_ceiling is not None
+    if drifted and report.flag_rate_held_out > report.flag_rate_ceiling:
+        warnings.warn(
+            f"the int8 graph's refit flag raised {report.flag_rate_held_out:.1%} of validation inputs it "
+            f"was not fit on, above the {report.flag_rate_ceiling:.1%} a calibration of that size stays "
+            "under for 95% of draws: quantization moved the flag score unevenly; check the parity "
+            "report, or serve the float32 graph",
+            stacklevel=3,
+        )
+    if report.agreement < min_agreement:
+        raise ExportError(
+            f"the int8 graph predicts another class than the float32 graph for {1 - report.agreement:.1%} "
+            f"of the {report.examples} validation inputs (at most {1 - min_agreement:.1%} accepted): not "
+            "written; a lower --min-agreement accepts it"
+        )
+
+
+def _quantized_again(wrapped, calibration, config, names, vision, opset, example) -> bytes:
+    """The int8 graph exported again with ``calibration`` in it (its temperature is part of the
+    graph); the wrapper's own calibration is restored afterwards."""
+    saved, wrapped.calibration = wrapped.calibration, calibration
+    try:
+        graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
+        return quantize_int8(_export(graph, example, names, vision, opset).model_proto.SerializeToString())
+    finally:
+        wrapped.calibration = saved
 
 
 OUTPUTS = {
