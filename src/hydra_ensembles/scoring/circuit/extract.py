@@ -81,58 +81,72 @@ def extract_circuit(
     ``config`` (`CircuitConfig`) holds the settings; keyword ``settings`` replace single fields
     of it (``extract_circuit(model, val, ood, budget=12)``).
     """
+    config = _circuit_config(config, settings)
+    adapter = get_adapter(model)
+    heads = adapter.original_heads_per_layer(model)
+    id_batches, ood_batches = _checked_inputs(model, heads, id_val, ood_val, config.objective)
+    _check_budget(heads, config.budget, config.min_heads_per_layer)
+    run, key = _extraction(model, adapter, heads, id_batches, ood_batches, config)
+    was_training = run.model.training
+    run.model.eval()
+    try:
+        order = run.extract(config.budget, checkpoint, key, progress)
+    finally:
+        run.masks.remove()
+        if run.exact is not None:
+            run.exact.close()
+        run.model.train(was_training)
+    order.removed, order.scores = order.removed[: config.budget], order.scores[: config.budget]
+    return order
+
+
+def _circuit_config(config: CircuitConfig | None, settings: dict[str, Any]) -> CircuitConfig:
+    """``config`` (default `CircuitConfig()`) with keyword ``settings`` replacing its fields."""
     if config is not None and not isinstance(config, CircuitConfig):
         raise TypeError(f"config must be a CircuitConfig (settings by keyword), got {config!r:.40}")
     unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(CircuitConfig)})
     if unknown:
         raise TypeError(f"extract_circuit has no setting {unknown[0]!r}")
-    config = dataclasses.replace(config or CircuitConfig(), **settings)
-    objective, budget, min_heads_per_layer = config.objective, config.budget, config.min_heads_per_layer
-    method, candidate_chunk, cache_gb = config.method, config.candidate_chunk, config.cache_gb
-    lazy = _lazy_settings(objective, method, config.shortlist, config.refresh_every)
-    adapter = get_adapter(model)
-    original_heads_per_layer = adapter.original_heads_per_layer(model)
-    id_batches, ood_batches = _checked_inputs(model, original_heads_per_layer, id_val, ood_val, objective)
-    _check_budget(original_heads_per_layer, budget, min_heads_per_layer)
+    return dataclasses.replace(config or CircuitConfig(), **settings)
+
+
+def _extraction(
+    model, adapter, heads, id_batches, ood_batches, config: CircuitConfig
+) -> tuple[Extraction, str]:
+    """The greedy search over ``model`` in its computing precision (with an fp32 copy for exact
+    re-scoring in a reduced one), and the key of its checkpoints."""
+    lazy = _lazy_settings(config.objective, config.method, config.shortlist, config.refresh_every)
     compute = resolve_precision(config.precision, model_device(model))
     rescore = config.rescore and compute.reduced
     exact_model = in_precision(model, Precision("fp32", "exact re-scoring")) if rescore else None
     model = in_precision(model, compute)
     name = f"{compute.name}, fp32 re-scoring" if rescore else compute.name
-    settings = [name, objective, min_heads_per_layer, *([lazy] if lazy else [])]
+    settings = [name, config.objective, config.min_heads_per_layer, *([lazy] if lazy else [])]
     key = _run_key(model, settings, id_batches, ood_batches)  # exact methods share checkpoints
-    was_training = model.training
-    model.eval()
-    cache = SuffixCache(last_layers(adapter), cache_gb * 2**30)
     masks = CandidateMasks(model)
+    limit = config.cache_gb * 2**30
     exact = None
     if exact_model is not None:
-        exact_cache = SuffixCache(last_layers(adapter), cache_gb * 2**30)
-        exact = ExactRescoring(exact_model, adapter, masks, method, candidate_chunk, exact_cache)
+        exact_cache = SuffixCache(last_layers(adapter), limit)
+        exact = ExactRescoring(
+            exact_model, adapter, masks, config.method, config.candidate_chunk, exact_cache
+        )
     run = Extraction(
         model=model,
         adapter=adapter,
         masks=masks,
-        original_heads_per_layer=original_heads_per_layer,
+        original_heads_per_layer=heads,
         id_batches=id_batches,
         ood_batches=ood_batches,
-        objective=objective,
-        min_heads_per_layer=min_heads_per_layer,
-        method=method,
-        chunk=candidate_chunk,
+        objective=config.objective,
+        min_heads_per_layer=config.min_heads_per_layer,
+        method=config.method,
+        chunk=config.candidate_chunk,
         lazy=lazy,
-        cache=None if method == "reference" else cache,
+        cache=None if config.method == "reference" else SuffixCache(last_layers(adapter), limit),
         exact=exact,
     )
-    try:
-        order = run.extract(budget, checkpoint, key, progress)
-    finally:
-        run.masks.remove()
-        if exact is not None:
-            exact.close()
-        model.train(was_training)
-    order.removed, order.scores = order.removed[:budget], order.scores[:budget]
-    return order
+    return run, key
 
 
 def _lazy_settings(objective: str, method: str, shortlist: int, refresh_every: int) -> dict[str, Any] | None:
