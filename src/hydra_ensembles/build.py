@@ -158,26 +158,16 @@ def build_hydra(
     log: Callable[[str], None] | None = None,
     progress: bool = True,
 ) -> Build:
-    """Build a fused, calibrated Hydra model from ``model`` (a fine-tuned classifier; see the module
-    docstring). ``train`` and ``validation`` are labelled batches (``validation`` is ID data: it
-    ranks heads by Taylor importance when no ``ranking`` or ``ood_validation`` is given, stops
-    fine-tuning with ``patience`` and fits the calibration, whose feature statistics are fit on
-    ``train`` where given); ``ood_validation`` unlabelled OOD batches for circuit extraction
-    (and, with the flag score ``"auto"``, for choosing it). ``classes`` names the
-    model's classes in every member's configuration. ``checkpoint_dir``: each member's fine-tuning checkpoints
-    (``member-<m>/``), so a rerun resumes. ``on_member(m, member, result)`` is called after each
-    member's fine-tuning, ``log`` with one line per step. ``make_member(m, head_set)`` replaces
-    pruning and fine-tuning member m (a cache of trained members, such as the demo's, plugs in
-    here; ``config.fine_tune`` is then not used)."""
+    """Build a fused, calibrated Hydra model from ``model``, a fine-tuned classifier (the module
+    docstring). ``train``, ``validation``: labelled batches; ``validation`` (ID) ranks heads by
+    Taylor importance without ``ranking`` or ``ood_validation``, stops fine-tuning (``patience``)
+    and fits the calibration (its statistics on ``train``); ``ood_validation``: unlabelled OOD
+    batches for circuit extraction and the ``"auto"`` flag score. ``classes`` name the classes;
+    ``checkpoint_dir`` keeps each member's checkpoints (``member-<m>/``: a rerun resumes);
+    ``on_member(m, member, result)`` follows each member's training, ``log`` gets one line per step;
+    ``make_member(m, head_set)`` replaces pruning and training member m (a cache plugs in here)."""
     say = log or (_to_stderr if progress else (lambda line: None))  # each step said as it starts
-    train, validation = _listed(train), _listed(validation)
-    classes_of_model = int(model.config.num_labels)  # labelled batches checked before any work
-    train = train and checked_batches(train, "train", classes_of_model, model=model)
-    validation = validation and checked_batches(validation, "validation", classes_of_model, model=model)
-    if validation:
-        check_calibration_size(validation, config.calibration.set_method)
-    if config.fine_tune is not None and not train:
-        raise InputError("fine-tuning members needs labelled training batches (train)")
+    train, validation = _checked_data(model, train, validation, config)
     if ranking is None:
         ranking = _rank(model, validation, ood_validation, config, progress, say)
     say(f"sampling {config.num_members} members' head sets from the ranking")
@@ -194,9 +184,7 @@ def build_hydra(
     if make_member is not None:
         members = [make_member(m, hs) for m, hs in enumerate(head_sets)]
     else:
-        members = [prune(model, hs) for hs in head_sets]
-        for member in members:
-            name_classes(member, classes)
+        members = [name_classes(prune(model, hs), classes) for hs in head_sets]
         if config.fine_tune is not None:
             train_one = functools.partial(fine_tune, train=train, val=validation, progress=progress)
             histories = _fine_tune_members(members, train_one, config, checkpoint_dir, on_member, say)
@@ -211,12 +199,32 @@ def build_hydra(
             config=config,
             progress=progress,
         )
-        if histories:  # the members' explicit ensemble, calibrated as one model
-            say("calibrating the members' ensemble")
-            built.members_calibration = calibrate_one(DeepEnsemble(members))
-        say("calibrating the fused model" + (" (feature statistics on the training data)" if train else ""))
-        built.calibration = calibrate_one(built.hydra)
+        _calibrate_built(built, calibrate_one, bool(train), say)
     return built
+
+
+def _calibrate_built(built: Build, calibrate_one: Callable, statistics: bool, say: Callable) -> None:
+    """Calibrate the fused model and, for fine-tuned members, their explicit ensemble (as one
+    model), recording both in ``built``."""
+    if built.histories:
+        say("calibrating the members' ensemble")
+        built.members_calibration = calibrate_one(DeepEnsemble(built.members))
+    say("calibrating the fused model" + (" (feature statistics on the training data)" if statistics else ""))
+    built.calibration = calibrate_one(built.hydra)
+
+
+def _checked_data(model: nn.Module, train, validation, config: BuildConfig) -> tuple[list, list]:
+    """The labelled training and validation batches as lists, checked against the model's classes
+    (and the validation data's size against the prediction sets) before any work."""
+    train, validation = _listed(train), _listed(validation)
+    classes_of_model = int(model.config.num_labels)
+    train = train and checked_batches(train, "train", classes_of_model, model=model)
+    validation = validation and checked_batches(validation, "validation", classes_of_model, model=model)
+    if validation:
+        check_calibration_size(validation, config.calibration.set_method)
+    if config.fine_tune is not None and not train:
+        raise InputError("fine-tuning members needs labelled training batches (train)")
+    return train, validation
 
 
 def _to_stderr(line: str) -> None:
@@ -297,12 +305,13 @@ def _calibrate(model, *, data, train, ood_validation, config: BuildConfig, progr
     )
 
 
-def name_classes(model: nn.Module, classes: Sequence[str] | None) -> None:
+def name_classes(model: nn.Module, classes: Sequence[str] | None) -> nn.Module:
     """Record class names in ``model.config`` (where they fit its head), so saved models and
-    pipelines name their predictions."""
+    pipelines name their predictions; returns ``model``."""
     if classes and len(classes) == model.config.num_labels:
         model.config.id2label = dict(enumerate(classes))
         model.config.label2id = {name: i for i, name in enumerate(classes)}
+    return model
 
 
 def save_with_preprocessor(model: nn.Module, folder: Path, preprocessor: Any = None) -> Path:
