@@ -92,44 +92,17 @@ def evaluate_predictions(
     members' spread). Intervals: `evaluation.intervals`.
     """
     id_labels = id_test.class_labels("ID test predictions")
-    others = [("OOD set " + name, p) for name, (_, p) in (ood or {}).items()]
-    others += [(f"shift {name}@{severity}", p) for (name, severity), p in (shift or {}).items()]
-    for what, preds in others:
-        if (preds.num_members, preds.num_classes) != (id_test.num_members, id_test.num_classes):
-            raise InputError(
-                f"{what}: predictions of {preds.num_members} members over {preds.num_classes} classes, "
-                f"the ID test's of {id_test.num_members} over {id_test.num_classes}: not one model's"
-            )
+    _check_same_model(id_test, ood, shift)
     ensemble = id_test.num_members > 1  # diversity (mutual information, disagreement) needs members
     result: dict[str, Any] = {"classification": M.classification(id_test.probs(temperature), id_labels)}
     if ensemble:
         result["diversity"] = {"id": M.diversity(id_test.member_probs(temperature))}
     if ood:
-        usable = set(applicable_scores(id_test, statistics))
-        id_scores = {s: ood_scores(id_test, s, temperature, statistics) for s in scores if s in usable}
-        id_members = {
-            s: member_feature_scores(id_test, s, statistics)
-            for s in id_scores
-            if ensemble and s in feature_scores()
-        }
-        per_set: dict[str, Any] = {}
-        for name, (kind, preds) in ood.items():
-            if kind not in ("near", "far"):
-                raise InputError(f"OOD set {name!r}: kind must be 'near' or 'far', got {kind!r}")
-            per_set[name] = {"kind": kind, "scores": {}}
-            for score, id_s in id_scores.items():
-                per_set[name]["scores"][score] = M.ood(
-                    id_s, ood_scores(preds, score, temperature, statistics)
-                )
-            for score, id_m in id_members.items():
-                theirs = member_feature_scores(preds, score, statistics)
-                per_set[name].setdefault("member_auroc", {})[score] = [
-                    M.auroc(id_m[m], theirs[m]) for m in range(len(id_m))
-                ]
-            if ensemble:
+        result["ood"] = _ood_sets(id_test, ood, temperature, scores, statistics)
+        result["ood_summary"] = summarise_ood(result["ood"])
+        if ensemble:
+            for name, (_, preds) in ood.items():
                 result["diversity"][name] = M.diversity(preds.member_probs(temperature))
-        result["ood"] = per_set
-        result["ood_summary"] = summarise_ood(per_set)
     if shift:
         result["shift"] = {
             f"{name}@{severity}": {
@@ -144,6 +117,48 @@ def evaluate_predictions(
             for (name, severity), p in shift.items()
         }
     return result
+
+
+def _check_same_model(id_test: Predictions, ood, shift) -> None:
+    """InputError where OOD or shifted predictions are not of the ID test's model (other member or
+    class counts)."""
+    others = [("OOD set " + name, p) for name, (_, p) in (ood or {}).items()]
+    others += [(f"shift {name}@{severity}", p) for (name, severity), p in (shift or {}).items()]
+    for what, preds in others:
+        if (preds.num_members, preds.num_classes) != (id_test.num_members, id_test.num_classes):
+            raise InputError(
+                f"{what}: predictions of {preds.num_members} members over {preds.num_classes} classes, "
+                f"the ID test's of {id_test.num_members} over {id_test.num_classes}: not one model's"
+            )
+
+
+def _ood_sets(
+    id_test: Predictions,
+    ood: Mapping[str, tuple[Kind, Predictions]],
+    temperature: float | np.ndarray,
+    scores: tuple[str, ...],
+    statistics: FeatureStatistics | None,
+) -> dict[str, Any]:
+    """Per OOD set: its kind, every usable score's metrics against the ID test and, for an
+    ensemble, every feature score's AUROC member by member."""
+    usable = set(applicable_scores(id_test, statistics))
+    id_scores = {s: ood_scores(id_test, s, temperature, statistics) for s in scores if s in usable}
+    ensemble = id_test.num_members > 1
+    per_member = [s for s in id_scores if ensemble and s in feature_scores()]
+    id_members = {s: member_feature_scores(id_test, s, statistics) for s in per_member}
+    per_set: dict[str, Any] = {}
+    for name, (kind, preds) in ood.items():
+        if kind not in ("near", "far"):
+            raise InputError(f"OOD set {name!r}: kind must be 'near' or 'far', got {kind!r}")
+        per_set[name] = {"kind": kind, "scores": {}}
+        for score, id_s in id_scores.items():
+            per_set[name]["scores"][score] = M.ood(id_s, ood_scores(preds, score, temperature, statistics))
+        for score, id_m in id_members.items():
+            theirs = member_feature_scores(preds, score, statistics)
+            per_set[name].setdefault("member_auroc", {})[score] = [
+                M.auroc(id_m[m], theirs[m]) for m in range(len(id_m))
+            ]
+    return per_set
 
 
 def main_row(result: Mapping[str, Any], score: str | None = None) -> dict[str, float]:
