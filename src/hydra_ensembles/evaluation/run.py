@@ -154,6 +154,41 @@ def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
     return FeatureStatistics.fit(train.member_features, labels, train.num_classes, preds.heads)
 
 
+def _as_served(preds: MethodPredictions, served: Any, temperature, stats) -> dict[str, Any]:
+    """What a saved calibration serves on the test sets: the share each set's inputs its flag
+    raises (``flagged``) and, with prediction sets, their coverage and size on the ID test."""
+    flagged = {"ID test": preds.test, **{k: p for k, (_, p) in preds.ood.items()}}
+    out: dict[str, Any] = {
+        "flagged": {
+            k: float(np.mean(flags(ood_scores(p, served.score, temperature, stats), served.threshold)))
+            for k, p in flagged.items()
+        }
+    }
+    if served.set_method:
+        members, labels = served.sets(preds.test), preds.test.class_labels("ID test predictions")
+        out["sets"] = {
+            "method": served.set_method,
+            "alpha": served.set_alpha,
+            "one_draw_floor": 1 - one_draw_range(served.set_examples, served.set_alpha)[1],
+            **set_summary(members, labels, per_class=True),
+        }
+    return out
+
+
+def _flag_score_by_rule(preds: MethodPredictions, statistics, scores, temperature, row: dict) -> str:
+    """The flag score `choose_flag_score` picks on the validation (and OOD validation) predictions,
+    recording in ``row`` the validation AUROCs it chose by; without validation data, the rule's
+    default (``mds`` where the statistics allow, else ``msp``)."""
+    if preds.val is None:
+        return DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in scores else "msp"
+    chosen = choose_flag_score(preds.val, statistics, preds.ood_val, temperature)
+    if preds.ood_val is not None:  # what it was chosen by (validation sets only)
+        row["flag_score_validation_auroc"] = validation_aurocs(
+            preds.val, preds.ood_val, statistics, temperature
+        )
+    return chosen
+
+
 def evaluate_method(
     name: str, preds: MethodPredictions, bootstrap: int = 0, seed: int = 0, saved: Any = None
 ) -> tuple[dict[str, Any], dict[str, float | list[float]], dict[str, dict[str, np.ndarray]]]:
@@ -176,27 +211,9 @@ def evaluate_method(
         row = evaluate_predictions(preds.test, preds.ood, preds.shift, temperature, statistics=stats)
         if served is not None:  # what the saved calibration flags, as served
             row["flag_score"] = chosen = served.score
-            flagged = {"ID test": preds.test, **{k: p for k, (_, p) in preds.ood.items()}}
-            row["flagged"] = {
-                k: float(np.mean(flags(ood_scores(p, chosen, temperature, stats), served.threshold)))
-                for k, p in flagged.items()
-            }
-            if served.set_method:  # the prediction sets on the ID test: coverage and size
-                members, labels = served.sets(preds.test), preds.test.class_labels("ID test predictions")
-                row["sets"] = {
-                    "method": served.set_method,
-                    "alpha": served.set_alpha,
-                    "one_draw_floor": 1 - one_draw_range(served.set_examples, served.set_alpha)[1],
-                    **set_summary(members, labels, per_class=True),
-                }
-        elif preds.val is not None:
-            chosen = choose_flag_score(preds.val, statistics, preds.ood_val, temperature)
-            if preds.ood_val is not None:  # what it was chosen by (validation sets only)
-                row["flag_score_validation_auroc"] = validation_aurocs(
-                    preds.val, preds.ood_val, statistics, temperature
-                )
-        else:  # the rule without validation data
-            chosen = DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in scores else "msp"
+            row.update(_as_served(preds, served, temperature, stats))
+        else:
+            chosen = _flag_score_by_rule(preds, statistics, scores, temperature, row)
         row["flag_score"] = chosen
         if served is None and preds.val is not None and smallest_alpha(len(preds.val.labels)) <= FLAG_LEVEL:
             row["flag_rate"] = id_false_flag_rate(preds.val, preds.test, chosen, temperature, stats)
