@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra_ensembles.errors import InputError
 
 from .command import Command
-from .common import _data_batches, _load_methods, _say_precision
+from .common import _data_batches, _load_methods, _say_precision, _write_classifier
 from .options import (
     PREPROCESSOR_HELP,
     _calibration_options,
@@ -100,15 +100,12 @@ def _write(model, found, folder: Path, preprocessor) -> None:
     folder as ``finetune`` writes it (weights, config, statistics, preprocessor, checksums last)."""
     from hydra_ensembles.build import save_preprocessor
     from hydra_ensembles.members import save_member
-    from hydra_ensembles.ood.storage import write_statistics
-    from hydra_ensembles.saving.formats import write_folder_checksums
 
-    save_preprocessor(preprocessor, folder)  # first: the model's checksums then cover it
     if found is None:  # a Hugging Face classifier
-        model.save_pretrained(folder)
-        write_statistics(model, folder)
-        write_folder_checksums(folder)
-    elif found.kind == "member":
+        _write_classifier(model, folder, preprocessor)
+        return
+    save_preprocessor(preprocessor, folder)  # first: the model's checksums then cover it
+    if found.kind == "member":
         save_member(model, folder)
     else:
         model.save_pretrained(folder)

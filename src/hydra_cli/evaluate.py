@@ -28,36 +28,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         predict_method,
         saved_calibration,
     )
-    from hydra_ensembles.saving.loading import load_preprocessor, preprocessing_signature
 
     from .guards import check_report_dir, mark_report_dir
 
     out = check_report_dir(args.out, args.overwrite)
-    items = [item.partition("=") for item in args.method]
-    bad = [f"{n}{sep}{paths}" for n, sep, paths in items if not (n and sep and paths)]
-    if bad:
-        raise InputError(f"--method wants NAME=PATH[,PATH...], got {bad[0]!r}")
-    oods_named = [_ood_option(item) for item in args.ood or []]
-    for option, names in (("--method", [n for n, _, _ in items]), ("--ood", [n for n, _, _ in oods_named])):
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise InputError(f"{option} names {repeated[0]!r} twice: give every {option} its own name")
+    items, oods_named = _named_options(args)
     methods: dict[str, list] = {}
     preprocessors: dict[str, object] = {}
     for name, _, paths in items:
         methods[name], preprocessors[name] = _load_methods(paths, args)
     models = [m for group in methods.values() for m in group]  # mapping labels checks they agree
-    if args.preprocessor:
-        preprocessors = dict.fromkeys(methods, load_preprocessor(args.preprocessor))
-    known = [p for p in preprocessors.values() if p is not None]
-    preprocessors = {
-        name: p if p is not None else (known[0] if known else None) for name, p in preprocessors.items()
-    }
-    signatures = {name: preprocessing_signature(p) for name, p in preprocessors.items()}
-    datasets: dict = {}  # each method reads its data through its own preprocessor, made once per kind
-    for name, signature in signatures.items():
-        if signature not in datasets:
-            datasets[signature] = _eval_data(args, preprocessors[name], models, oods_named)
+    signatures, datasets = _data_per_preprocessor(args, preprocessors, models, oods_named)
     _say_precision(args)
     results, preds, draws = {}, {}, {}
     for name, group in methods.items():
@@ -93,6 +74,41 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     reporting.method_plots(out / "plots", preds, list(preds), list(preds))
     print((out / "report.md").read_text())
     return 0
+
+
+def _named_options(args: argparse.Namespace) -> tuple[list, list]:
+    """``--method NAME=PATH[,PATH...]`` and ``--ood NAME=PATH`` parsed; InputError for a malformed
+    one or a name given twice."""
+    items = [item.partition("=") for item in args.method]
+    bad = [f"{n}{sep}{paths}" for n, sep, paths in items if not (n and sep and paths)]
+    if bad:
+        raise InputError(f"--method wants NAME=PATH[,PATH...], got {bad[0]!r}")
+    oods_named = [_ood_option(item) for item in args.ood or []]
+    for option, names in (("--method", [n for n, _, _ in items]), ("--ood", [n for n, _, _ in oods_named])):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise InputError(f"{option} names {repeated[0]!r} twice: give every {option} its own name")
+    return items, oods_named
+
+
+def _data_per_preprocessor(args: argparse.Namespace, preprocessors: dict, models: list, oods_named: list):
+    """Each method's preprocessing signature, and the evaluation data read once per signature
+    (each method reads its data through its own preprocessor; ``--preprocessor`` replaces them,
+    and a method without one borrows another's)."""
+    from hydra_ensembles.saving.loading import load_preprocessor, preprocessing_signature
+
+    if args.preprocessor:
+        preprocessors = dict.fromkeys(preprocessors, load_preprocessor(args.preprocessor))
+    known = [p for p in preprocessors.values() if p is not None]
+    preprocessors = {
+        name: p if p is not None else (known[0] if known else None) for name, p in preprocessors.items()
+    }
+    signatures = {name: preprocessing_signature(p) for name, p in preprocessors.items()}
+    datasets: dict = {}
+    for name, signature in signatures.items():
+        if signature not in datasets:
+            datasets[signature] = _eval_data(args, preprocessors[name], models, oods_named)
+    return signatures, datasets
 
 
 def _training_line(methods: dict[str, list]) -> str:

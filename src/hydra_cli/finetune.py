@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from hydra_ensembles.errors import InputError
 
@@ -18,6 +17,7 @@ from .common import (
     _resolve_epochs,
     _say_precision,
     _say_random_head,
+    _write_classifier,
 )
 from .options import (
     POSITIVE,
@@ -26,7 +26,31 @@ from .options import (
     _data_options,
     _overwrite_option,
     _training_options,
+    calibration_config,
 )
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """InputError for options that contradict each other before any work."""
+    if args.ood_data and not args.val_data:
+        raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
+    if args.val_data and args.flag_score == "mutual_information":
+        raise InputError(
+            "--flag-score mutual_information measures members' disagreement: a single fine-tuned "
+            "model has none to calibrate; choose msp, max_logit, energy or entropy"
+        )
+
+
+def _model_for(args: argparse.Namespace, classes: int):
+    """``--model`` loaded, with a fresh head of ``classes`` outputs where it has no trained head
+    of that size and ``--num-labels`` does not say otherwise."""
+    from hydra_ensembles.models import untrained_weights
+
+    model = _load_model(args.model, args, num_labels=args.num_labels, quiet=True)
+    if untrained_weights(model) and args.num_labels is None and model.config.num_labels != classes:
+        model = _load_model(args.model, args, num_labels=classes, quiet=True)  # a fresh head for the data
+    _say_random_head(args.model, model)
+    return model
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
@@ -38,10 +62,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from hydra_ensembles.data import load_spec
     from hydra_ensembles.data.labels import check_trainable
     from hydra_ensembles.evaluation.calibration import check_calibration_size
-    from hydra_ensembles.models import untrained_weights
-    from hydra_ensembles.ood.storage import write_statistics
     from hydra_ensembles.saving.files import atomic_dir, check_beside
-    from hydra_ensembles.saving.formats import write_folder_checksums
     from hydra_ensembles.saving.loading import load_preprocessor
     from hydra_ensembles.training import FineTuneConfig, fine_tune
 
@@ -50,27 +71,17 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     out = check_output_dir(
         args.out, finished="config.json", resumable=(), overwrite=args.overwrite, replaced=True
     )
-    if args.ood_data and not args.val_data:
-        raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
-    if args.val_data and args.flag_score == "mutual_information":
-        raise InputError(
-            "--flag-score mutual_information measures members' disagreement: a single fine-tuned "
-            "model has none to calibrate; choose msp, max_logit, energy or entropy"
-        )
+    _check_options(args)
     dataset = load_spec(args.data, args.text_column, args.label_column)
-    classes = len(dataset.classes)
-    if not classes:
+    if not dataset.classes:
         raise InputError(f"{args.data} has no labels; fine-tuning needs labelled data")
     check_trainable(dataset.labels, dataset.classes, args.data)
-    model = _load_model(args.model, args, num_labels=args.num_labels, quiet=True)
-    if untrained_weights(model) and args.num_labels is None and model.config.num_labels != classes:
-        model = _load_model(args.model, args, num_labels=classes, quiet=True)  # a fresh head for the data
-    _say_random_head(args.model, model)
+    model = _model_for(args, len(dataset.classes))
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
     if val is not None:
-        check_calibration_size(val, "" if args.sets == "none" else args.sets)
+        check_calibration_size(val, calibration_config(args).set_method)
     ood = None
     if args.ood_data:
         ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
@@ -90,15 +101,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     _record_length(model, args)  # the length it was trained and calibrated at, saved with it
     if val is not None:
         _calibrate(model, val, args, args.val_data, train=train, ood=ood)
-
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder)  # safetensors + config.json (with the class names)
-        write_statistics(model, folder)  # the feature statistics its calibration names
-        if preprocessor is not None:
-            preprocessor.save_pretrained(folder)
-        write_folder_checksums(folder)  # last: loaders refuse the folder once a file changes
-
-    atomic_dir(out, write, marker=True)
+    atomic_dir(out, lambda folder: _write_classifier(model, folder, preprocessor), marker=True)
     if not args.keep_checkpoints:
         shutil.rmtree(checkpoint, ignore_errors=True)
     print(f"saved the fine-tuned classifier ({len(dataset.classes)} classes) to {out}")
