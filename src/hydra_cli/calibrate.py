@@ -27,7 +27,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from hydra_ensembles.evaluation import predict
     from hydra_ensembles.evaluation.calibration import (
         Calibration,
-        check_calibration_size,
         fit_statistics,
         record_calibration,
         saved_calibration,
@@ -53,14 +52,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.preprocessor:
         preprocessor = load_preprocessor(args.preprocessor)
     config = calibration_config(args)
-    val = _data_batches(args.val_data, args, preprocessor, model=model)[1]
-    check_calibration_size(val, config.set_method)
-    train = _data_batches(args.data, args, preprocessor, model=model)[1] if args.data else None
-    ood = (
-        _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
-        if args.ood_data
-        else None
-    )
+    val, train, ood = _calibration_data(args, preprocessor, model, config)
     saved = saved_calibration(model)
     statistics = saved.statistics if saved is not None and train is None else None
     _say_precision(args)
@@ -79,19 +71,39 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         ood_data_sha256=batches_digest(ood) if ood else "",
     )  # fmt: skip
     if ood_predictions is not None:
-        aurocs = validation_aurocs(val_predictions, ood_predictions, statistics, fitted.temperature)
-        print(
-            "validation AUROC of each score, ID validation against OOD validation (higher separates better):"
+        _print_aurocs(
+            validation_aurocs(val_predictions, ood_predictions, statistics, fitted.temperature), fitted
         )
-        for score, auroc in sorted(aurocs.items(), key=lambda item: -item[1]):
-            note = "  <- the flag score" if score == fitted.score else ""
-            note = note or ("  (inverted: ranks the OOD data as more in-distribution)" if auroc < 0.5 else "")
-            print(f"  {score:<20} {100 * auroc:6.2f}{note}")
     calibration = record_calibration(model, fitted)
     atomic_dir(out, lambda folder: _write(model, found, folder, preprocessor), marker=True)
     print(f"calibration: {calibration.describe()}")
     print(f"saved the model with its new calibration to {out}")
     return 0
+
+
+def _calibration_data(args: argparse.Namespace, preprocessor, model, config) -> tuple:
+    """The labelled ID validation batches (checked against the sets' size), and the labelled
+    training and unlabelled OOD validation batches where given (else None)."""
+    from hydra_ensembles.evaluation.calibration import check_calibration_size
+
+    val = _data_batches(args.val_data, args, preprocessor, model=model)[1]
+    check_calibration_size(val, config.set_method)
+    train = _data_batches(args.data, args, preprocessor, model=model)[1] if args.data else None
+    ood = (
+        _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
+        if args.ood_data
+        else None
+    )
+    return val, train, ood
+
+
+def _print_aurocs(aurocs: dict[str, float], fitted) -> None:
+    """Every candidate score's validation AUROC, best first, the flag score and inverted ones named."""
+    print("validation AUROC of each score, ID validation against OOD validation (higher separates better):")
+    for score, auroc in sorted(aurocs.items(), key=lambda item: -item[1]):
+        note = "  <- the flag score" if score == fitted.score else ""
+        note = note or ("  (inverted: ranks the OOD data as more in-distribution)" if auroc < 0.5 else "")
+        print(f"  {score:<20} {100 * auroc:6.2f}{note}")
 
 
 def _write(model, found, folder: Path, preprocessor) -> None:
