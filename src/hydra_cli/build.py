@@ -57,7 +57,6 @@ def _cmd_build(args: argparse.Namespace) -> int:
     import shutil
 
     from hydra_ensembles.build import build_hydra, save_with_preprocessor
-    from hydra_ensembles.data.labels import check_trainable
     from hydra_ensembles.saving.files import claim_run_dir, replace_dir
     from hydra_ensembles.saving.loading import load_preprocessor
     from hydra_ensembles.scoring.files import read_ranking
@@ -74,16 +73,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     ranking = read_ranking(args.scores, model)
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     _say_precision(args)
-    train, classes = None, None
-    if args.data:
-        dataset, train = _data_batches(args.data, args, preprocessor, model=model)
-        check_trainable(dataset.labels, dataset.classes, args.data)
-        classes = list(dataset.classes)  # saved models name their classes (predict, pipelines)
-    val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    train, classes, val, ood = _build_data(args, preprocessor, model)
     _record_length(model, args)  # the members and the fused model inherit it, saved with them
-    ood = None
-    if args.ood_data:
-        ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
     config = _build_config(args, train)
     tuning = config.fine_tune
 
@@ -114,6 +105,23 @@ def _cmd_build(args: argparse.Namespace) -> int:
         replace_dir(target, out)
     print(f"saved the fused model to {target / 'hydra'}")
     return 0
+
+
+def _build_data(args: argparse.Namespace, preprocessor, model) -> tuple:
+    """The labelled training batches and their class names (None without ``--data``), the labelled
+    validation batches and the unlabelled OOD validation batches (None where not given)."""
+    from hydra_ensembles.data.labels import check_trainable
+
+    train, classes = None, None
+    if args.data:
+        dataset, train = _data_batches(args.data, args, preprocessor, model=model)
+        check_trainable(dataset.labels, dataset.classes, args.data)
+        classes = list(dataset.classes)  # saved models name their classes (predict, pipelines)
+    val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
+    ood = None
+    if args.ood_data:
+        ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
+    return train, classes, val, ood
 
 
 def _build_config(args: argparse.Namespace, train: list[dict] | None):

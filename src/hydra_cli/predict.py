@@ -35,22 +35,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         preprocessor = load_preprocessor(args.preprocessor)
     model = models[0] if len(models) == 1 else models
     dataset, batches = _data_batches(args.data, args, preprocessor, labels=args.labelled, model=models)
-    classes = dataset.classes if args.labelled and dataset.classes else None
-    if classes is None:
-        id2label = getattr(models[0].config, "id2label", None) or {}
-        classes = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))] or None
+    classes = _class_names(args, dataset, models[0])
     val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
     calibration, val = _calibration(args, model, len(models), val_batches)
-    flag_score = calibration.score if calibration is not None else args.flag_score or "msp"
-    if calibration is None and flag_score in FEATURE_SCORES:
-        raise InputError(
-            f"--flag-score {flag_score} reads the feature statistics of a calibration: give --val-data "
-            "for a model saved with them (build or finetune with --data and --val-data)"
-        )
-    if args.fdr is not None and (calibration is None or calibration.flag_method != "conformal"):
-        raise InputError(
-            "--fdr selects by conformal p-values: it needs a conformal calibration (saved or --val-data)"
-        )
+    flag_score = _flag_score(args, calibration)
     preds = partial(predict_any, precision=args.precision)(model, batches, "predict")
     if calibration is not None:
         records = calibration.records(preds, classes)
@@ -77,6 +65,30 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     atomic_write_records(out, rows)
     print("\n".join([f"{len(rows)} predictions -> {out}", *summary, *_summary(rows, calibration, args)]))
     return 0
+
+
+def _class_names(args: argparse.Namespace, dataset, model) -> list[str] | None:
+    """The class names of the records: the data's where it is labelled, else the model's."""
+    if args.labelled and dataset.classes:
+        return dataset.classes
+    id2label = getattr(model.config, "id2label", None) or {}
+    return [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))] or None
+
+
+def _flag_score(args: argparse.Namespace, calibration) -> str:
+    """The score the records flag on (the calibration's, else ``--flag-score`` or msp); InputError
+    where it or ``--fdr`` needs a calibration that is not there."""
+    flag_score = calibration.score if calibration is not None else args.flag_score or "msp"
+    if calibration is None and flag_score in FEATURE_SCORES:
+        raise InputError(
+            f"--flag-score {flag_score} reads the feature statistics of a calibration: give --val-data "
+            "for a model saved with them (build or finetune with --data and --val-data)"
+        )
+    if args.fdr is not None and (calibration is None or calibration.flag_method != "conformal"):
+        raise InputError(
+            "--fdr selects by conformal p-values: it needs a conformal calibration (saved or --val-data)"
+        )
+    return flag_score
 
 
 def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: list[dict] | None):
