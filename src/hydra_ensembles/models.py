@@ -148,22 +148,11 @@ def load_classifier(
     ``num_labels`` that contradicts a saved head.
     """
     from safetensors import SafetensorError
-    from transformers import (
-        AutoConfig,
-        AutoModelForImageClassification,
-        AutoModelForSequenceClassification,
-    )
+    from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     path = resolve_model_path(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(
-            f"no model at {name_or_path!r}: give a model directory (with config.json), a saved member "
-            f"or Hydra model, a hub id in the local cache, or {DEFAULT_TEXT_MODEL}"
-        ) from exc
-    check_attention_implementation(config, name_or_path)
+    config = _checked_config(path, name_or_path)
     vision = config.model_type in VISION_MODEL_TYPES
     auto = AutoModelForImageClassification if vision else AutoModelForSequenceClassification
     if Path(path).is_dir():
@@ -198,6 +187,22 @@ def load_classifier(
 
         read_statistics(model, path)
     return model
+
+
+def _checked_config(path: str, name_or_path: str) -> Any:
+    """The configuration at ``path`` (ModelNotFoundError where there is none), its attention
+    implementation checked (`check_attention_implementation`)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"no model at {name_or_path!r}: give a model directory (with config.json), a saved member "
+            f"or Hydra model, a hub id in the local cache, or {DEFAULT_TEXT_MODEL}"
+        ) from exc
+    check_attention_implementation(config, name_or_path)
+    return config
 
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")

@@ -55,6 +55,29 @@ FORMAT = "hydra-ensembles/ood-statistics"
 __all__ = ["BANK_SIZE", "FEATURE_SCORES", "KNN_K", "STATISTICS_NAME", "FeatureStatistics", "vim_dimension"]
 
 
+def _checked_fit_inputs(
+    member_features: Any, labels: Any, num_classes: int, knn_k: int, bank_size: int, scores: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The training features as float64 (M, N, D) and their class ids (N,); InputError for a
+    setting, a score, a shape or a value `FeatureStatistics.fit` cannot fit on."""
+    for name, value in (("knn_k", knn_k), ("bank_size", bank_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be a positive whole number, got {value!r}")
+    unknown = sorted(set(scores) - set(feature_scores()))
+    if unknown or not scores:
+        raise InputError(f"unknown feature scores {unknown}; choose from {feature_scores()}")
+    feats = np.asarray(torch.as_tensor(member_features).double().cpu(), dtype=np.float64)
+    y = class_ids(labels, num_classes, "the training data").reshape(-1)
+    if feats.ndim != 3 or feats.shape[1] != len(y) or len(y) < 2:
+        raise InputError(
+            f"feature statistics need (members, N >= 2, width) features and N labels, got "
+            f"{feats.shape} and {len(y)}"
+        )
+    if not np.isfinite(feats).all():
+        raise InputError("the training features hold NaN or Inf: the model diverged or overflowed")
+    return feats, y
+
+
 @dataclass(frozen=True)
 class FeatureStatistics:
     """What the feature scores of one model read, fit on its labelled ID training features:
@@ -88,21 +111,7 @@ class FeatureStatistics:
         Classes without an example have no mean (a warning says so). ``scores``: the feature
         scores to fit (all by default; fewer store less, e.g. ``("mds",)`` one precision matrix
         per member). ValueError where features are not finite or labels out of range."""
-        for name, value in (("knn_k", knn_k), ("bank_size", bank_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"{name} must be a positive whole number, got {value!r}")
-        unknown = sorted(set(scores) - set(feature_scores()))
-        if unknown or not scores:
-            raise InputError(f"unknown feature scores {unknown}; choose from {feature_scores()}")
-        feats = np.asarray(torch.as_tensor(member_features).double().cpu(), dtype=np.float64)
-        y = class_ids(labels, num_classes, "the training data").reshape(-1)
-        if feats.ndim != 3 or feats.shape[1] != len(y) or len(y) < 2:
-            raise InputError(
-                f"feature statistics need (members, N >= 2, width) features and N labels, got "
-                f"{feats.shape} and {len(y)}"
-            )
-        if not np.isfinite(feats).all():
-            raise InputError("the training features hold NaN or Inf: the model diverged or overflowed")
+        feats, y = _checked_fit_inputs(member_features, labels, num_classes, knn_k, bank_size, scores)
         missing = sorted(set(range(num_classes)) - set(y.tolist()))
         if missing:
             warnings.warn(
