@@ -164,6 +164,23 @@ def last_layers(adapter: ArchitectureAdapter) -> list[int]:
     return [span[-1] for span in adapter.spans.values() for _ in span]
 
 
+def _group_inputs(masks, capture, cache, group: list[Head], start: int, own: bool, index: int):
+    """The stacked hidden states a group of candidates runs from at layer ``start`` and the
+    attention core to replay (None: none). In their own layer (``own``) each candidate's head is
+    masked on a copy of the layer's input, sharing its Q/K/V and attention (``masks.active``);
+    ablated below ``start``, they resume from their stored states with their permanent masks."""
+    if not own:
+        return torch.cat([cache.states[c][index][start] for c in group]), None
+    group_masks = masks.mask[start].repeat(len(group), 1)
+    group_masks[torch.arange(len(group)), torch.tensor([h for _, h in group])] = 0.0
+    masks.active = (start, group_masks)
+    hidden = capture.layer_inputs[start]
+    hidden = hidden.repeat(len(group), *([1] * (hidden.dim() - 1)))
+    replay = capture.contexts[start]  # one copy; the mask hook stacks it per candidate
+    masks.shared = replay is not None
+    return hidden, replay
+
+
 def run_candidates(
     model, adapter, masks, candidates, batches, chunk, cache
 ) -> dict[Head, list[torch.Tensor]]:
@@ -186,24 +203,13 @@ def run_candidates(
     for index, batch in enumerate(batches):
         inputs = model_inputs(batch)
         capture = capture_layer_inputs(model, adapter, inputs)
-        layer_inputs, contexts = capture.layer_inputs, capture.contexts
         for cand in complete:  # its tower's output is current: score it against the other tower
             output = cache.outputs[cand][index]
             logits[cand].append(adapter.logits_from_stack(model, cand[0], output, capture.embeddings).float())
         for (start, own), members in sorted(groups.items()):
             for lo in range(0, len(members), chunk):
                 group = members[lo : lo + chunk]
-                replay = None
-                if own:  # ablate each candidate's head in its own layer; share Q/K/V and attention
-                    group_masks = masks.mask[start].repeat(len(group), 1)
-                    group_masks[torch.arange(len(group)), torch.tensor([h for _, h in group])] = 0.0
-                    masks.active = (start, group_masks)
-                    hidden = layer_inputs[start]
-                    hidden = hidden.repeat(len(group), *([1] * (hidden.dim() - 1)))
-                    replay = contexts[start]  # one copy; the mask hook stacks it per candidate
-                    masks.shared = replay is not None
-                else:  # ablated below `start`: resume from the stored states, permanent masks only
-                    hidden = torch.cat([cache.states[c][index][start] for c in group])
+                hidden, replay = _group_inputs(masks, capture, cache, group, start, own, index)
                 keep = cache is not None and cache.enabled  # store this group's states for later steps
                 try:
                     with (
