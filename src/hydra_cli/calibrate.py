@@ -25,12 +25,11 @@ SAVED_KINDS = ("fused", "member", "ensemble")
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from hydra_ensembles.evaluation import predict
-    from hydra_ensembles.evaluation.calibration import (
-        Calibration,
+    from hydra_ensembles.evaluation.calibration import Calibration, validation_aurocs
+    from hydra_ensembles.evaluation.model_calibration import (
         fit_statistics,
         record_calibration,
         saved_calibration,
-        validation_aurocs,
     )
     from hydra_ensembles.hashing import batches_digest
     from hydra_ensembles.precision import model_device, resolve_precision

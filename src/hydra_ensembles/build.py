@@ -29,13 +29,8 @@ import torch
 from torch import nn
 
 from .errors import InputError
-from .evaluation.calibration import (
-    AUTO_SCORE,
-    Calibration,
-    CalibrationConfig,
-    calibrate,
-    check_calibration_size,
-)
+from .evaluation.calibration import AUTO_SCORE, Calibration, CalibrationConfig, check_calibration_size
+from .evaluation.model_calibration import calibrate
 from .fusion import fuse
 from .fusion.model import HydraModel
 from .heads import HeadSet

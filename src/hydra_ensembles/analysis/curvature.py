@@ -248,11 +248,7 @@ def proposition1(
 
     grad_n = step(lambda: gradient(model, noisy, params))
     grad_t = step(lambda: gradient(model, clean, params))
-    curvature = {}
-    for name, delta in deltas.items():
-        (h_n,) = step(lambda d=delta: hessian_vector_products(model, noisy, params, [d]))
-        (h_t,) = step(lambda d=delta: hessian_vector_products(model, clean, params, [d]))
-        curvature[name] = 0.5 * (_dot(delta, h_n) - _dot(delta, h_t))
+    curvature = _curvature_gaps(model, clean, noisy, params, deltas, step)
 
     per_probe, gap_sum = _diagonal_gaps(model, clean, noisy, params, supports, probes, seed, bar.update)
     losses = _losses(model, clean, noisy, heads)
@@ -281,6 +277,17 @@ def proposition1(
             loss_noisy=before[0],
         )
     return results
+
+
+def _curvature_gaps(model, clean, noisy, params, deltas: dict, step: Callable) -> dict[str, float]:
+    """Per head set, half the curvature gap along its perturbation ``delta``:
+    ``(delta^T H_n delta - delta^T H_t delta) / 2``, by Hessian-vector products (each a ``step``)."""
+    curvature = {}
+    for name, delta in deltas.items():
+        (h_n,) = step(lambda d=delta: hessian_vector_products(model, noisy, params, [d]))
+        (h_t,) = step(lambda d=delta: hessian_vector_products(model, clean, params, [d]))
+        curvature[name] = 0.5 * (_dot(delta, h_n) - _dot(delta, h_t))
+    return curvature
 
 
 def _perturbations(

@@ -1,15 +1,6 @@
 """Evaluation: predictions of any model or ensemble, temperature scaling, metrics, shift."""
 
-from .calibration import (
-    Calibration,
-    CalibrationConfig,
-    calibrate,
-    choose_flag_score,
-    fit_calibration,
-    fit_statistics,
-    record_calibration,
-    saved_calibration,
-)
+from .calibration import Calibration, CalibrationConfig, choose_flag_score
 from .evaluate import (
     LOGIT_SCORES,
     OOD_SCORES,
@@ -21,6 +12,13 @@ from .evaluate import (
     summarise_ood,
 )
 from .intervals import MAIN_METRICS, add_comparisons, add_intervals, add_score_comparisons, bootstrap_draws
+from .model_calibration import (
+    calibrate,
+    fit_calibration,
+    fit_statistics,
+    record_calibration,
+    saved_calibration,
+)
 from .predict import Predictions, predict
 from .run import EvalData, MethodPredictions, evaluate_method, method_statistics, predict_method
 from .shift import (

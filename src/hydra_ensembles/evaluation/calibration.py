@@ -10,8 +10,8 @@ the model's training data was given, it also holds the feature statistics of the
 OOD scores (`ood.FeatureStatistics`, fit on the members' features of that data), named by their
 digest and by the data they were fit on; the flag score is then chosen by `choose_flag_score`.
 
-`calibrate` fits it and records it in the model's metadata (`saving.metadata`;
-pruning, fusing and fine-tuning a model leave the new model without it),
+`model_calibration.calibrate` fits it on a model and records it in the model's metadata
+(`saving.metadata`; pruning, fusing and fine-tuning a model leave the new model without it),
 which `save_pretrained` of a Hugging Face model, `save_member` and `HydraModel.save_pretrained`
 write with the configuration (and so cover by their checksums); `saved_calibration` reads it back
 from a loaded model. `hydra-ens predict` and `Calibration.records` then give calibrated, flagged
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,14 +31,9 @@ import numpy as np
 
 from .. import metrics as M
 from ..errors import InputError
-from ..hashing import batches_digest, json_digest
-from ..members.ensemble import as_ensemble
+from ..hashing import json_digest
 from ..ood.detectors import FeatureStatistics
-from ..ood.features import ensemble_heads
 from ..ood.registry import feature_scores
-from ..precision import model_device, resolve_precision
-from ..saving.metadata import read_metadata, write_metadata
-from ..surgery import STATISTICS_ATTRIBUTE, fingerprint
 from .conformal import (
     FLAG_METHODS,
     SET_METHODS,
@@ -51,7 +46,7 @@ from .conformal import (
     smallest_alpha,
 )
 from .evaluate import applicable_scores, ood_score_names, ood_scores
-from .predict import Predictions, predict
+from .predict import Predictions
 from .temperature import fit_temperature
 from .uncertainty import per_example
 
@@ -461,32 +456,6 @@ def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions
     return part(0), part(1)
 
 
-def fit_statistics(
-    model: Any,
-    id_train: Iterable[dict[str, Any]],
-    *,
-    precision: str = "auto",
-    progress: bool = True,
-) -> FeatureStatistics:
-    """The feature statistics of ``model`` (any model or ensemble `predict` takes) fit on the
-    members' features of labelled ID training batches (`ood.FeatureStatistics.fit`; ViM also
-    reads each member's output layer). ValueError for a model whose logits are not one affine
-    map of one feature vector per member."""
-    batches = list(id_train)
-    if not batches or not all("labels" in batch for batch in batches):
-        raise InputError("feature statistics need labelled ID training batches (every batch with labels)")
-    train = predict(model, batches, "feature statistics", progress=progress, precision=precision)
-    if train.member_features is None:
-        raise InputError(
-            f"{type(model).__name__}'s logits are not one affine map of one feature vector per member: "
-            "it has no features for the feature scores"
-        )
-    heads = ensemble_heads(as_ensemble(model))
-    return FeatureStatistics.fit(
-        train.member_features, train.class_labels("ID training data"), train.num_classes, heads
-    )
-
-
 def choose_flag_score(
     id_validation: Predictions,
     statistics: FeatureStatistics | None = None,
@@ -543,129 +512,3 @@ def validation_aurocs(
         )
         for s in usable
     }
-
-
-def fit_calibration(
-    model: Any,
-    id_validation: Iterable[dict[str, Any]],
-    config: CalibrationConfig | None = None,
-    *,
-    data: str = "",
-    precision: str = "auto",
-    progress: bool = True,
-    id_train: Iterable[dict[str, Any]] | None = None,
-    train_data: str = "",
-    ood_validation: Iterable[dict[str, Any]] | None = None,
-    statistics: FeatureStatistics | None = None,
-    ood_data: str = "",
-    **settings: Any,
-) -> tuple[Calibration, Predictions]:
-    """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
-    included) fit on labelled ID validation batches with ``config`` (keyword ``settings`` replace
-    single fields of it), with the predictions it was fit on; nothing is recorded in the model
-    (`calibrate` does, for one model). With labelled ID training batches ``id_train`` (named
-    ``train_data``), the feature statistics are fit on them and the feature scores can flag;
-    ``score="auto"`` chooses the flag score by `choose_flag_score`, from the unlabelled OOD
-    validation batches ``ood_validation`` where given. Without ``id_train``, ``statistics`` fit
-    earlier (a saved calibration's) serve the feature scores."""
-    if config is not None and not isinstance(config, CalibrationConfig):
-        raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
-    config = (config or CalibrationConfig()).replace(**settings)
-    score = config.score
-    batches = list(id_validation)
-    if not batches or not all("labels" in batch for batch in batches):
-        raise InputError("calibration needs labelled ID validation batches (every batch with labels)")
-    if score not in (*ood_score_names(), AUTO_SCORE):
-        raise InputError(f"unknown OOD score {score!r}; choose from {(AUTO_SCORE, *ood_score_names())}")
-    if score in feature_scores() and id_train is None and statistics is None:
-        raise InputError(f"the flag score {score!r} reads feature statistics: give the ID training data")
-    compute = resolve_precision(precision, model_device(model))
-    train_sha256 = ""
-    if id_train is not None:
-        train = list(id_train)
-        statistics = fit_statistics(model, train, precision=precision, progress=progress)
-        train_sha256 = batches_digest(train)
-    predictions = predict(model, batches, "calibration", progress=progress, precision=precision)
-    ood, ood_sha256 = None, ""
-    if ood_validation is not None and score == AUTO_SCORE:
-        ood_batches = list(ood_validation)
-        ood = predict(model, ood_batches, "OOD validation", progress=progress, precision=precision)
-        ood_sha256 = batches_digest(ood_batches)
-    calibration = Calibration.fit(
-        predictions,
-        config,
-        data=data,
-        data_sha256=batches_digest(batches),
-        precision=compute.name,
-        statistics=statistics,
-        statistics_data=train_data,
-        statistics_data_sha256=train_sha256,
-        ood_validation=ood,
-        ood_data=ood_data,
-        ood_data_sha256=ood_sha256,
-    )
-    return calibration, predictions
-
-
-def calibrate(
-    model: Any,
-    id_validation: Iterable[dict[str, Any]],
-    config: CalibrationConfig | None = None,
-    *,
-    data: str = "",
-    precision: str = "auto",
-    progress: bool = True,
-    id_train: Iterable[dict[str, Any]] | None = None,
-    train_data: str = "",
-    ood_validation: Iterable[dict[str, Any]] | None = None,
-    ood_data: str = "",
-    **settings: Any,
-) -> Calibration:
-    """Fit ``model``'s `Calibration` on labelled ID validation batches with ``config`` (keyword
-    ``settings`` replace single fields of it; `fit_calibration`, with the feature statistics
-    where ``id_train`` is given), bind it to the model's weights and record it in the model
-    (saved with it from then on). ``model`` is a Hydra model, a member, an ensemble of members or
-    a Hugging Face classifier; ``data`` names the batches' source."""
-    fitted, _ = fit_calibration(
-        model,
-        id_validation,
-        config,
-        data=data,
-        precision=precision,
-        progress=progress,
-        id_train=id_train,
-        train_data=train_data,
-        ood_validation=ood_validation,
-        ood_data=ood_data,
-        **settings,
-    )
-    return record_calibration(model, fitted)
-
-
-def record_calibration(model: Any, calibration: Calibration) -> Calibration:
-    """Bind ``calibration`` to ``model``'s weights and record it (and its feature statistics) in
-    the model: what its savers write and `saved_calibration` reads."""
-    calibration = dataclasses.replace(calibration, model_sha256=fingerprint(model))
-    write_metadata(model, calibration=calibration.to_dict())
-    setattr(model, STATISTICS_ATTRIBUTE, calibration.statistics)
-    return calibration
-
-
-def saved_calibration(model: Any) -> Calibration | None:
-    """The `Calibration` recorded in ``model`` (with its feature statistics), or None where it has
-    none; ValueError where it was fit on other weights or its statistics are not the recorded ones."""
-    saved = read_metadata(model).calibration
-    if saved is None:
-        return None
-    calibration = Calibration.from_dict(saved)
-    if calibration.model_sha256 != fingerprint(model):
-        raise InputError(
-            "the calibration recorded in the model's configuration was fit on other weights (the model "
-            "was trained, pruned or cast since): fit it again (evaluation.calibrate, or --val-data)"
-        )
-    statistics = getattr(model, STATISTICS_ATTRIBUTE, None)
-    if not calibration.statistics_sha256:
-        return calibration
-    if statistics is None:
-        raise InputError("the model's calibration names feature statistics, but the model holds none")
-    return dataclasses.replace(calibration, statistics=statistics)

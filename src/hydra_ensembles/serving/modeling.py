@@ -38,7 +38,8 @@ from transformers import (
 from transformers.utils import ModelOutput
 
 from ..configuration import HydraConfig, register_config
-from ..evaluation.calibration import Calibration, saved_calibration
+from ..evaluation.calibration import Calibration
+from ..evaluation.model_calibration import saved_calibration
 from ..fusion.model import HydraModel
 from ..members.ensemble import DeepEnsemble, as_ensemble
 from ..members.storage import save_member

@@ -38,7 +38,8 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from ..data.registry import position_limit, saved_length
 from ..data.text import check_text_input
 from ..errors import InputError
-from ..evaluation.calibration import Calibration, saved_calibration
+from ..evaluation.calibration import Calibration
+from ..evaluation.model_calibration import saved_calibration
 from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
 from ..inputs import check_padding
