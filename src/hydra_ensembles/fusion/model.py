@@ -155,7 +155,10 @@ class HydraModel(nn.Module):
                     layer.register_forward_pre_hook(self._to_trunk, with_kwargs=True)
             for layer in layers[self.trunk_layers :]:
                 layer.register_forward_pre_hook(self._fan_out, with_kwargs=True)
-        self.feature_tap()  # its hooks registered now: a compiled forward pass then registers none
+        try:  # the tap's hooks registered now: a compiled forward pass then registers none
+            self._feature_tap: FeatureTap | None = FeatureTap(model, self.num_members, persistent=True)
+        except FeatureError:  # no single output layer giving the logits (a base model, DeiT)
+            self._feature_tap = None
 
     def _fan_out(self, _module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """After the shared trunk: repeat every batch-shaped layer input M times (hidden states
@@ -228,14 +231,7 @@ class HydraModel(nn.Module):
         return inference_chunk_rows(width, weight.element_size(), where, share)
 
     def feature_tap(self) -> FeatureTap | None:
-        """What records the members' features in a forward pass (`ood.features`), or None for a
-        model without one output layer giving the logits (a base model, DeiT's two heads)."""
-        if not hasattr(self, "_feature_tap"):
-            try:
-                tap = FeatureTap(self.model, self.num_members, persistent=True)
-                self._feature_tap: FeatureTap | None = tap
-            except FeatureError:
-                self._feature_tap = None
+        """What records the members' features in a forward pass (`ood.features`), or None."""
         return self._feature_tap
 
     def _member_outputs(self, inputs: dict[str, Any], batch: int) -> dict[str, torch.Tensor]:
@@ -291,24 +287,7 @@ class HydraModel(nn.Module):
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Write ``hydra_config.json`` and ``model.safetensors`` (atomically) to ``path``, then the
         ``config.json`` that routes ``transformers``' Auto classes and ``pipeline`` to it."""
-        dtypes = {str(p.dtype).removeprefix("torch.") for p in self.model.parameters()}
-        config = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "library_version": __version__,
-            "model_class": type(self.model).__name__,
-            "base_config": self.model.config.to_dict(),
-            "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
-            "dtype": dtypes.pop() if len(dtypes) == 1 else None,
-            "head_sets": [hs.to_dict() for hs in self.head_sets],
-            "policy": self.policy.to_dict(),
-            "layout": list(self.layout),
-            "trunk_layers": self.trunk_layers,
-        }
-        write_statistics(self, path)  # before the config, whose checksums then cover it
-        saved = write_saved(path, CONFIG_NAME, config, self.model.state_dict())
-        write_hf_config(saved, self.model.config, "fused")
-        return saved
+        return _save_hydra(self, path)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device | None = None) -> HydraModel:
@@ -394,3 +373,26 @@ def _empty_grouped(model: nn.Module, entry: dict[str, Any], num_members: int) ->
 
 
 register_saved_format(SavedFormat("fused", CONFIG_NAME, load_hydra))
+
+
+def _save_hydra(model: HydraModel, path: str | os.PathLike) -> Path:
+    """`HydraModel.save_pretrained`: the statistics, the weights and ``hydra_config.json``, then
+    the Hugging Face ``config.json`` (last: a folder without it is unfinished)."""
+    dtypes = {str(p.dtype).removeprefix("torch.") for p in model.model.parameters()}
+    config = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "library_version": __version__,
+        "model_class": type(model.model).__name__,
+        "base_config": model.model.config.to_dict(),
+        "attn_implementation": getattr(model.model.config, "_attn_implementation", None),
+        "dtype": dtypes.pop() if len(dtypes) == 1 else None,
+        "head_sets": [hs.to_dict() for hs in model.head_sets],
+        "policy": model.policy.to_dict(),
+        "layout": list(model.layout),
+        "trunk_layers": model.trunk_layers,
+    }
+    write_statistics(model, path)  # before the config, whose checksums then cover it
+    saved = write_saved(path, CONFIG_NAME, config, model.model.state_dict())
+    write_hf_config(saved, model.model.config, "fused")
+    return saved
