@@ -25,7 +25,6 @@ paired bootstrap of Hydra minus Single on the same inputs. Nothing is chosen on 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.metrics import auroc
 from hydra_ensembles.models import offline_by_default
 from hydra_ensembles.ood import FeatureStatistics
+from hydra_ensembles.saving.files import atomic_write_json
 from hydra_ensembles.surgery import prune
 from hydra_experiments.config import DemoConfig
 from hydra_experiments.stages import pruned_member, rank_heads, start_run, trained_single
@@ -219,7 +219,7 @@ def main() -> None:
                 f"{m} [{v[0]:+.2f}, {v[1]:+.2f}]" for m, v in row.items() if m.endswith(" - Single")
             )
             print(f"  {detector:17s} {cells}; {gaps}")
-        (cache / "layer_scores.json").write_text(json.dumps(per_seed, indent=1))
+        atomic_write_json(cache / "layer_scores.json", per_seed)
 
 
 if __name__ == "__main__":
