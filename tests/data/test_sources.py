@@ -105,3 +105,34 @@ def test_missing_data_says_how_to_install(tmp_path):
         load_spam_assassin(tmp_path)
     with pytest.raises(MissingDataError, match="apt-get install dataset-fashion-mnist"):
         load_fashion_mnist("train", root=tmp_path)
+
+
+def test_named_sources_are_registered_and_their_parts_checked(monkeypatch):
+    """A name on the command line is a registered source (`register_data_source`): its part
+    chosen by ``:PART`` (its first part by default), a part it does not have refused, and so is a
+    part given to a source that has none (it used to be ignored)."""
+    from hydra_ensembles.data import registry
+    from hydra_ensembles.data.text import TextDataset
+
+    assert registry.BUILTIN == (
+        "bbc-news", "bbc-tech", "drug-reviews", "fortunes", "spam-assassin", "fashion-mnist", "mnist",
+        "textures", "elpv",
+    )  # fmt: skip
+    monkeypatch.setattr(registry, "DATA_SOURCES", dict(registry.DATA_SOURCES))
+    made = []
+
+    def toy(part: str) -> TextDataset:
+        made.append(part)
+        return TextDataset([f"{part} text"], [0], [f"{part}/0"], ["only"])
+
+    registry.register_data_source("toy", toy, ("small", "large"))
+    assert registry.load_spec("toy").texts == ["small text"]
+    assert registry.load_spec("toy:large").ids == ["large/0"]
+    assert made == ["small", "large"]
+    with pytest.raises(ValueError, match=r"toy has parts \['large', 'small'\], not 'huge'"):
+        registry.load_spec("toy:huge")
+    registry.register_data_source("plain", lambda _: toy("plain"))
+    with pytest.raises(ValueError, match="plain has no parts"):
+        registry.load_spec("plain:test")
+    with pytest.raises(ValueError, match="without ':'"):
+        registry.register_data_source("a:b", toy)

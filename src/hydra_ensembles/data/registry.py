@@ -6,12 +6,13 @@ Built-in: ``bbc-news[:train|val|test]`` (the text benchmark's 4 ID topics and it
 and gravel), ``elpv`` (solar cells). Files: ``.csv``/``.tsv``/``.jsonl`` (text), ``.npz`` (images),
 or a directory of ``<class>/<image>`` files. Hugging Face datasets (`data.hf`): a
 ``save_to_disk`` folder (``FOLDER[:SPLIT]``), a ``.parquet``/``.arrow`` file, or
-``hf:ID[@CONFIG][:SPLIT]`` for a hub dataset in the local cache.
+``hf:ID[@CONFIG][:SPLIT]`` for a hub dataset in the local cache. A named source is one
+registration (`register_data_source`: its loader and its parts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +39,48 @@ from .text import (
     load_text_table,
 )
 
-BUILTIN = (
-    "bbc-news",
-    "bbc-tech",
-    "drug-reviews",
-    "fortunes",
-    "spam-assassin",
-    "fashion-mnist",
-    "mnist",
-    "textures",
-    "elpv",
-)
-IMAGE_SOURCES = {"mnist": load_mnist, "textures": load_texture_crops, "elpv": load_elpv}
-"""Built-in image sets without splits: name -> loader with its documented defaults."""
+Dataset = TextDataset | ImageDataset
+DATA_SOURCES: dict[str, tuple[Callable[[str], Dataset], tuple[str, ...]]] = {}
+"""Named datasets: name -> (loader of a part, its parts: the first is the default; none: the
+name alone). `register_data_source` adds one; the built-in ones are below."""
+
+
+def register_data_source(name: str, load: Callable[[str], Dataset], parts: tuple[str, ...] = ()) -> None:
+    """Let every command read ``name`` (``name:PART`` for one of ``parts``) as ``load(part)``
+    gives it (``part`` is ``""`` for a source without parts)."""
+    if not name or ":" in name:
+        raise InputError(f"a data source needs a name without ':', got {name!r}")
+    DATA_SOURCES[name] = (load, tuple(parts))
+
+
+def _bbc_news(part: str) -> TextDataset:
+    return bbc_news_splits()[0][part]  # only BBC News is read, no other corpus
+
+
+register_data_source("bbc-news", _bbc_news, ("test", "train", "val"))
+register_data_source("bbc-tech", lambda _: bbc_news_splits()[1])
+register_data_source("drug-reviews", lambda _: load_drug_reviews())
+register_data_source("fortunes", lambda _: load_fortunes())
+register_data_source("spam-assassin", lambda _: load_spam_assassin(data_dir() / "spam-assassin"))
+register_data_source("fashion-mnist", load_fashion_mnist, ("test", "train"))
+register_data_source("mnist", lambda _: load_mnist())
+register_data_source("textures", lambda _: load_texture_crops())
+register_data_source("elpv", lambda _: load_elpv())
+BUILTIN = tuple(DATA_SOURCES)
+"""The built-in data sources' names."""
+
+
+def _from_source(name: str, part: str) -> Dataset:
+    """The dataset a registered source gives for ``part`` (its default where empty); InputError
+    for a part it does not have."""
+    load, parts = DATA_SOURCES[name]
+    if not parts:
+        if part:
+            raise InputError(f"{name} has no parts: write {name}, not {name}:{part}")
+        return load("")
+    if (part or parts[0]) not in parts:
+        raise InputError(f"{name} has parts {sorted(parts)}, not {part!r}")
+    return load(part or parts[0])
 
 
 def load_spec(
@@ -66,28 +96,13 @@ def load_spec(
     if folder and is_saved_dataset(Path(folder)):
         return load_hf(folder, split, text_column, label_column, labelled)
     name, _, part = spec.partition(":")
-    if name in BUILTIN and Path(spec).exists():
+    if name in DATA_SOURCES and Path(spec).exists():
         raise InputError(
             f"{spec!r} names both a built-in dataset and a path here: write ./{spec} for the path "
             "(or run from another folder for the built-in data)"
         )
-    if name == "bbc-news" or name == "bbc-tech":  # only BBC News is read, no other corpus
-        parts, tech = bbc_news_splits()
-        if name == "bbc-tech":
-            return tech
-        if (part or "test") not in parts:
-            raise InputError(f"bbc-news has parts {sorted(parts)}, not {part!r}")
-        return parts[part or "test"]
-    if name == "drug-reviews":
-        return load_drug_reviews()
-    if name == "fortunes":
-        return load_fortunes()
-    if name == "spam-assassin":
-        return load_spam_assassin(data_dir() / "spam-assassin")
-    if name == "fashion-mnist":
-        return load_fashion_mnist(part or "test")
-    if name in IMAGE_SOURCES:
-        return IMAGE_SOURCES[name]()
+    if name in DATA_SOURCES:
+        return _from_source(name, part)
     path = Path(spec)
     if is_saved_dataset(path) or path.suffix in ARROW_SUFFIXES:
         return load_hf(spec, None, text_column, label_column, labelled)
@@ -100,7 +115,7 @@ def load_spec(
     if path.suffix in (".csv", ".tsv", ".jsonl", ".json"):
         return load_text_table(path, text_column or "text", (label_column or "label") if labelled else None)
     raise InputError(
-        f"unknown data {spec!r}: use one of {list(BUILTIN)}, a .csv/.tsv/.jsonl/.npz/.parquet file, an "
+        f"unknown data {spec!r}: use one of {list(DATA_SOURCES)}, a .csv/.tsv/.jsonl/.npz/.parquet file, an "
         "image folder, a Hugging Face save_to_disk folder, or hf:ID[@CONFIG][:SPLIT]"
     )
 
