@@ -154,3 +154,16 @@ def test_circuit_extraction_on_the_gpu_removes_the_cpus_heads(objective):
         )  # fmt: skip
         orders[device] = order.removed
     assert orders["cuda"] == orders["cpu"]
+
+
+def test_predict_feeds_cpu_batches_to_a_gpu_model():
+    """Batches made on the CPU (as the data loaders make them) are moved to the model's device."""
+    from hydra_ensembles.evaluation import predict
+
+    model = tiny_bert(layers=2, heads=4, head_dim=4, init_range=0.3).eval()
+    hydra = he.fuse(model, RAGGED).eval()
+    x = [labelled(text_inputs(batch=4, seed=30), labels=3, seed=30)]
+    on_cpu = predict(hydra, x, progress=False, precision="fp32")
+    on_gpu = predict(hydra.to("cuda"), x, progress=False, precision="fp32")
+    assert np.allclose(on_gpu.member_logits, on_cpu.member_logits, atol=1e-4)
+    assert np.allclose(on_gpu.member_features, on_cpu.member_features, atol=1e-4)

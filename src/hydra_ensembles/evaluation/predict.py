@@ -113,6 +113,7 @@ def predict(
     bf16 only where the device computes it natively). Logits are returned as float32 arrays; in
     bf16 or fp16 they carry that format's rounding (bf16: about 3 significant digits). fp32 on a
     model whose weights are bf16 or fp16 computes on an fp32 copy (autocast never upcasts).
+    Batches are moved to the model's device (batches made on the CPU feed a GPU model).
     """
     batches = list(batches)
     if not batches:
@@ -136,7 +137,7 @@ def predict(
         for batch in progress_bar(batches, desc=desc, leave=False, enabled=progress):
             if "labels" in batch:
                 labels.append(batch["labels"].cpu().numpy())
-            output = ensemble(**model_inputs(batch))
+            output = ensemble(**_on_device(model_inputs(batch), device))
             parts.append(output.member_logits.float().cpu().numpy())
             if output.member_features is not None:
                 features.append(output.member_features.float().cpu().numpy())
@@ -144,6 +145,11 @@ def predict(
     _check_finite_logits(logits, model, desc, compute.name)
     member_features = np.concatenate(features, axis=1) if len(features) == len(parts) else None
     return Predictions(logits, np.concatenate(labels) if labels else None, member_features)
+
+
+def _on_device(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The batch's tensors on the model's device (batches made on the CPU feed a GPU model)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def _check_finite_logits(logits: np.ndarray, model: Predictor, desc: str, precision: str) -> None:
