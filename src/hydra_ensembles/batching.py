@@ -15,6 +15,12 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in batch.items() if k != "labels"}
 
 
+def on_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """The batch with its tensors on ``device`` (batches are made on the CPU; a model may be on a
+    GPU); other values as they are."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 class ExamplePool:
     """The examples of some batches, pooled once, to be dealt into new batches of the same sizes
     in any order (`deal`): a new mix of examples per batch, so a class-sorted file no longer trains

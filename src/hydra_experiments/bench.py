@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten
 
 from hydra_ensembles.baselines.batch_ensemble import batch_ensemble
 from hydra_ensembles.baselines.packed import PACKED_KEY, packed_ensemble
+from hydra_ensembles.batching import on_device
 from hydra_ensembles.cost import count_parameters, interleaved_latency, measure, multiply_adds, synchronizer
 from hydra_ensembles.errors import InputError
 from hydra_ensembles.fusion import fuse
@@ -330,7 +331,7 @@ def _bf16_vs_fp32(built: dict[str, dict[str, Callable]], batch: int, setting: _S
 
 
 def _inputs_on(make_inputs: Callable[[int], dict], device: torch.device, batch: int) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in make_inputs(batch).items()}
+    return on_device(make_inputs(batch), device)
 
 
 def _build_methods(

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hydra_ensembles as he
+from hydra_ensembles.batching import on_device
 from hydra_ensembles.evaluation import predict
 from hydra_ensembles.precision import DTYPES
 from tests.factories import FAMILIES, rounding_tolerance
@@ -19,10 +20,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 HEAD_SETS = [he.HeadSet({0: [0, 2], 1: []}), he.HeadSet({0: [1, 2, 3]}), he.HeadSet({0: [0], 1: [3]})]
 """Ragged members, a layer with no head, heads shared between members."""
 TOL = 1e-4
-
-
-def _on(inputs: dict, device: str) -> dict:
-    return {k: v.to(device) for k, v in inputs.items()}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -36,7 +33,7 @@ def test_fused_model_equals_its_members_on_cuda(family, precision):
         cpu = he.fuse(model, HEAD_SETS).eval()(**x).member_logits
     tol = rounding_tolerance(precision, exact, layers=2, fp32=TOL)
     dtype = DTYPES[precision]
-    gx = _on(x, "cuda")
+    gx = on_device(x, "cuda")
     with torch.no_grad():
         fused = he.fuse(model, HEAD_SETS).eval().to("cuda", dtype)(**gx).member_logits
         members = [he.prune(model, hs).eval().to("cuda", dtype) for hs in HEAD_SETS]
@@ -57,7 +54,7 @@ def test_prediction_under_autocast_on_cuda(precision):
     x = inputs(batch=4, seed=2)
     hydra = he.fuse(model, HEAD_SETS).eval()
     exact = predict(hydra, [x], progress=False, precision="fp32")
-    out = predict(hydra.to("cuda"), [_on(x, "cuda")], progress=False, precision=precision)
+    out = predict(hydra.to("cuda"), [on_device(x, "cuda")], progress=False, precision=precision)
     assert out.member_logits.dtype == exact.member_logits.dtype == np.float32
     tol = rounding_tolerance(precision, torch.as_tensor(exact.member_logits), layers=2, fp32=TOL)
     assert np.abs(out.member_logits - exact.member_logits).max() <= tol

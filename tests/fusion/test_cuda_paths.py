@@ -13,6 +13,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import hydra_ensembles as he
+from hydra_ensembles.batching import on_device
 from hydra_ensembles.evaluation import calibrate
 from hydra_ensembles.precision import DTYPES
 from hydra_ensembles.scoring import extract_circuit
@@ -41,10 +42,6 @@ KERNELS = {
 CASES = [(k, p) for k, (_, precisions, _) in KERNELS.items() for p in precisions]
 
 
-def _on(inputs: dict, device: str = "cuda") -> dict:
-    return {k: v.to(device) for k, v in inputs.items()}
-
-
 def _explicit(model, head_sets, x, dtype):
     members = [he.prune(model, hs).eval().to("cuda", dtype) for hs in head_sets]
     return torch.stack([m(**x).logits for m in members]).float().cpu()
@@ -63,7 +60,7 @@ def test_fused_equals_members_under_each_attention_kernel(kernel, precision):
     with torch.no_grad():
         exact = torch.stack([he.prune(model, hs).eval()(**x).logits for hs in RAGGED])
         fused_model = he.fuse(model, RAGGED).eval().to("cuda", dtype)
-        gx = _on(x)
+        gx = on_device(x, "cuda")
         with sdpa_kernel([backend]):
             fused = fused_model(**gx).member_logits.float().cpu()
             explicit = _explicit(model, RAGGED, gx, dtype)
@@ -82,7 +79,7 @@ def test_shared_trunk_fused_on_the_gpu_equals_its_members(precision):
         exact = torch.stack([he.prune(model, hs).eval()(**x).logits for hs in TRUNK])
         fused_model = he.fuse(model, TRUNK).eval().to("cuda", dtype)
         assert fused_model.trunk_layers == 1
-        fused = fused_model(**_on(x)).member_logits.float().cpu()
+        fused = fused_model(**on_device(x, "cuda")).member_logits.float().cpu()
     tol = rounding_tolerance(precision, exact, layers=2, fp32=1e-4)
     assert (fused - exact).abs().max().item() <= tol
 
@@ -96,7 +93,7 @@ def test_dual_encoder_fused_on_the_gpu_equals_its_members(precision):
     with torch.no_grad():
         exact = torch.stack([he.prune(model, hs)(**x).logits for hs in head_sets])
         fused = fuse_dual_encoder(model, head_sets).eval().to("cuda", dtype)
-        out = fused(**_on(x)).member_logits.float().cpu()
+        out = fused(**on_device(x, "cuda")).member_logits.float().cpu()
     tol = rounding_tolerance(precision, exact, layers=4, fp32=1e-4)
     assert (out - exact).abs().max().item() <= tol
 
@@ -124,12 +121,12 @@ def test_feature_statistics_flags_and_sets_fitted_on_the_gpu_equal_the_cpus(scor
         fused = he.fuse(model, RAGGED).eval().to(device)
         fitted[device] = calibrate(
             fused,
-            [_on(b, device) for b in val],
+            [on_device(b, device) for b in val],
             score=score,
             keep=0.9,
             precision="fp32",
             progress=False,
-            id_train=[_on(b, device) for b in train],
+            id_train=[on_device(b, device) for b in train],
             set_method="lac",
         )
     cpu, gpu = fitted["cpu"], fitted["cuda"]
@@ -149,7 +146,7 @@ def test_circuit_extraction_on_the_gpu_removes_the_cpus_heads(objective):
     for device in ("cpu", "cuda"):
         on = model.to(device)
         order = extract_circuit(
-            on, [_on(b, device) for b in id_val], [_on(b, device) for b in ood_val],
+            on, [on_device(b, device) for b in id_val], [on_device(b, device) for b in ood_val],
             budget=4, objective=objective, precision="fp32", progress=False,
         )  # fmt: skip
         orders[device] = order.removed

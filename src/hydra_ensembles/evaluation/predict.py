@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..batching import model_inputs
+from ..batching import model_inputs, on_device
 from ..errors import InputError
 from ..inputs import check_padding, class_ids
 from ..members.ensemble import as_ensemble
@@ -137,7 +137,7 @@ def predict(
         for batch in progress_bar(batches, desc=desc, leave=False, enabled=progress):
             if "labels" in batch:
                 labels.append(batch["labels"].cpu().numpy())
-            output = ensemble(**_on_device(model_inputs(batch), device))
+            output = ensemble(**on_device(model_inputs(batch), device))
             parts.append(output.member_logits.float().cpu().numpy())
             if output.member_features is not None:
                 features.append(output.member_features.float().cpu().numpy())
@@ -145,11 +145,6 @@ def predict(
     _check_finite_logits(logits, model, desc, compute.name)
     member_features = np.concatenate(features, axis=1) if len(features) == len(parts) else None
     return Predictions(logits, np.concatenate(labels) if labels else None, member_features)
-
-
-def _on_device(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """The batch's tensors on the model's device (batches made on the CPU feed a GPU model)."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def _check_finite_logits(logits: np.ndarray, model: Predictor, desc: str, precision: str) -> None:

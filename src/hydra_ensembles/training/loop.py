@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from ..batching import ExamplePool, member_stacked, model_inputs
+from ..batching import ExamplePool, member_stacked, model_inputs, on_device
 from ..errors import InputError
 from ..inputs import checked_batches
 from ..outputs import EnsembleOutput, ensemble_log_probs
@@ -272,7 +272,7 @@ class Run:
         column of (B, M) labels)."""
         device = self.accelerator.device
         with self.precision.autocast(device):
-            output = self.model(**{k: v.to(device) for k, v in model_inputs(batch).items()})
+            output = self.model(**on_device(model_inputs(batch), device))
         labels = batch["labels"].to(device)
         logits = member_logits(output, labels.shape[0])
         # labels (B,): every member's; labels (B, M): member m's in column m (MIMO's mixed rows)
@@ -296,7 +296,7 @@ class Run:
     def _validate(self, epoch: int, record: dict[str, Any]) -> bool:
         """Validation NLL/accuracy into ``record``; True (and the weights kept) if the best yet."""
         device = self.accelerator.device
-        scores = evaluate_nll(self.model, [{k: v.to(device) for k, v in b.items()} for b in self.val_batches])
+        scores = evaluate_nll(self.model, [on_device(b, device) for b in self.val_batches])
         record.update({"val_nll": scores["nll"], "val_acc": scores["acc"]})
         state = self.state
         if scores["nll"] >= state.best_nll:
