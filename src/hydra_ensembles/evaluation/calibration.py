@@ -87,6 +87,14 @@ class CalibrationConfig:
         if not isinstance(self.set_classwise, bool):
             raise InputError(f"set_classwise must be True or False, got {self.set_classwise!r}")
 
+    @classmethod
+    def merged(cls, config: CalibrationConfig | None, settings: dict[str, Any]) -> CalibrationConfig:
+        """``config`` (default ``CalibrationConfig()``) with keyword ``settings`` replacing its
+        fields: what the functions taking a config and settings calibrate with."""
+        if config is not None and not isinstance(config, CalibrationConfig):
+            raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
+        return (config or cls()).replace(**settings)
+
     def replace(self, **settings: Any) -> CalibrationConfig:
         """This configuration with the named settings replaced (TypeError for an unknown name)."""
         unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(self)})
@@ -209,7 +217,7 @@ class Calibration:
         ``statistics``: the feature scores' statistics, fit on ``statistics_data``. ``id_scores``:
         the flag score's values on ``id_validation`` where computed elsewhere (an exported graph's
         ``ood_score``); the flag is then fit on them."""
-        config = _config(config, settings)
+        config = CalibrationConfig.merged(config, settings)
         if id_scores is not None and config.score == AUTO_SCORE:
             raise InputError("id_scores are the values of one named score: name it, not 'auto'")
         n = len(id_validation.class_labels("ID validation predictions"))
@@ -284,13 +292,6 @@ class Calibration:
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; InputError naming what is wrong or missing."""
         return _calibration_from_dict(saved)
-
-
-def _config(config: CalibrationConfig | None, settings: dict[str, Any]) -> CalibrationConfig:
-    """``config`` (default `CalibrationConfig()`) with keyword ``settings`` replacing its fields."""
-    if config is not None and not isinstance(config, CalibrationConfig):
-        raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
-    return (config or CalibrationConfig()).replace(**settings)
 
 
 def _fit_flag(id_scores: np.ndarray, keep: float, flag_method: str) -> dict[str, Any]:

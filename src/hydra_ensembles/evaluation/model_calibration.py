@@ -77,9 +77,7 @@ def fit_calibration(
     ``score="auto"`` chooses the flag score by `choose_flag_score`, from the unlabelled OOD
     validation batches ``ood_validation`` where given. Without ``id_train``, ``statistics`` fit
     earlier (a saved calibration's) serve the feature scores."""
-    if config is not None and not isinstance(config, CalibrationConfig):
-        raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
-    config = (config or CalibrationConfig()).replace(**settings)
+    config = CalibrationConfig.merged(config, settings)
     score = config.score
     batches = list(id_validation)
     if not batches or not all("labels" in batch for batch in batches):
