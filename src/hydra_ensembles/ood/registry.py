@@ -110,9 +110,7 @@ def feature_scores() -> tuple[str, ...]:
 
 def feature_score(name: str) -> FeatureScore:
     """The registered score ``name``; InputError naming the registered ones otherwise."""
-    if name not in _REGISTRY:
-        raise InputError(f"unknown feature score {name!r}; choose from {feature_scores()}")
-    return _REGISTRY[name]
+    return _registered(_REGISTRY, name, "feature score")
 
 
 @dataclass(frozen=True)
@@ -164,9 +162,13 @@ def logit_scores() -> tuple[str, ...]:
 
 def logit_score(name: str) -> LogitScore:
     """The registered logit score ``name``; InputError naming the registered ones otherwise."""
-    if name not in _LOGIT_REGISTRY:
-        raise InputError(f"unknown logit score {name!r}; choose from {logit_scores()}")
-    return _LOGIT_REGISTRY[name]
+    return _registered(_LOGIT_REGISTRY, name, "logit score")
+
+
+def _registered(registry: dict[str, Any], name: str, kind: str) -> Any:
+    if name not in registry:
+        raise InputError(f"unknown {kind} {name!r}; choose from {tuple(registry)}")
+    return registry[name]
 
 
 def _register(registry: dict[str, Any], cls: type, kind: str) -> None:
