@@ -158,11 +158,11 @@ def _held_out_flag_rate(
     calibration: Calibration,
     outputs: dict[str, np.ndarray],
     labels: np.ndarray,
-    reference: tuple[dict[str, np.ndarray], Calibration] | None = None,
+    reference_flags: np.ndarray | None = None,
 ) -> dict:
-    """``flag_rate_held_out``, ``flag_rate_ceiling`` and, with the float32 graph's outputs and
-    calibration as ``reference``, ``flag_agreement_held_out`` (see `Parity`); nothing where half
-    the validation inputs cannot fit the calibration."""
+    """``flag_rate_held_out``, ``flag_rate_ceiling`` and, with the float32 graph's flags on the
+    same inputs as ``reference_flags``, ``flag_agreement_held_out`` (see `Parity`); nothing where
+    half the validation inputs cannot fit the calibration."""
     import warnings
 
     halves = (slice(0, None, 2), slice(1, None, 2))
@@ -178,11 +178,8 @@ def _held_out_flag_rate(
         rest = {name: value[test_rows] for name, value in outputs.items()}
         flagged = raised(flag_scores(rest, fitted), fitted.threshold)
         rates.append(float(np.mean(flagged)))
-        if reference is not None:
-            (ref_outputs, ref_calibration) = reference
-            ref_rest = {name: value[test_rows] for name, value in ref_outputs.items()}
-            ref_flagged = raised(flag_scores(ref_rest, ref_calibration), ref_calibration.threshold)
-            agreeing.append(float(np.mean(flagged == ref_flagged)))
+        if reference_flags is not None:
+            agreeing.append(float(np.mean(flagged == reference_flags[test_rows])))
     ceiling = (
         one_draw_range(len(labels) // 2, calibration.alpha)[1]
         if calibration.flag_method == "conformal"
@@ -211,11 +208,12 @@ def parity(
     if calibration is not None and refitted is not None:
         ref_scores, quant_scores = flag_scores(reference, calibration), flag_scores(quantized, calibration)
         refit_scores = flag_scores(quantized, refitted)
+        ref_flags = raised(ref_scores, calibration.threshold)
         flags = {
-            "flag_rate_fp32": float(np.mean(raised(ref_scores, calibration.threshold))),
+            "flag_rate_fp32": float(np.mean(ref_flags)),
             "flag_rate_quantized": float(np.mean(raised(quant_scores, calibration.threshold))),
             "flag_rate_refit": float(np.mean(raised(refit_scores, refitted.threshold))),
-            **_held_out_flag_rate(refitted, quantized, labels, (reference, calibration)),
+            **_held_out_flag_rate(refitted, quantized, labels, ref_flags),
         }
         if ood is not None:
             aurocs = {
