@@ -33,7 +33,7 @@ from hydra_ensembles.data.labels import align_labels, model_class_names, num_mod
 from hydra_ensembles.data.registry import saved_length
 from hydra_ensembles.evaluation import Calibration, Predictions, ood_scores, predict, saved_calibration
 from hydra_ensembles.evaluation.conformal import flags
-from hydra_ensembles.saving.loading import load_any, load_preprocessor
+from hydra_ensembles.loading import load_any, load_preprocessor
 
 
 def _part(predictions: Predictions, rows: np.ndarray) -> Predictions:

@@ -23,9 +23,9 @@ from torch.profiler import ProfilerActivity, profile
 from hydra_ensembles.adapters import get_adapter
 from hydra_ensembles.cost import multiply_adds
 from hydra_ensembles.fusion import fuse
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import sample_members
 from hydra_ensembles.precision import DTYPES
-from hydra_ensembles.saving.loading import load_any
 from hydra_experiments.bench import random_inputs
 
 

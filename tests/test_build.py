@@ -11,8 +11,8 @@ from transformers import AutoModelForSequenceClassification
 
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import saved_calibration
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
-from hydra_ensembles.saving.loading import load_any
 from hydra_ensembles.scoring import CircuitConfig, CircuitOrder
 from hydra_ensembles.training import FineTuneConfig, fine_tune
 

@@ -61,3 +61,40 @@ def test_a_layer_violation_is_seen():
         "hydra_ensembles.heads": {"hydra_experiments.stages"},
         "hydra_experiments.stages": {"hydra_cli.main"},
     }
+
+
+def test_the_library_parts_form_layers():
+    """Each sub-package and top-level module of the library imports only parts below it, imports
+    inside functions included: saving (files, formats, metadata) is a floor no model package
+    sits under, and loading, which must know every model kind, sits above them."""
+    parts = import_graph.part_graph(import_graph.import_graph())
+    assert {"hydra_ensembles.saving", "hydra_ensembles.fusion", "hydra_ensembles.loading"} <= set(parts)
+    assert import_graph.find_cycle(parts) is None
+    layers = import_graph.part_layers(parts)
+    level = {part: i for i, names in enumerate(layers) for part in names}
+    for model_package in ("fusion", "members", "zero_shot", "models", "configuration"):
+        assert level["hydra_ensembles.saving"] < level[f"hydra_ensembles.{model_package}"]
+        assert level[f"hydra_ensembles.{model_package}"] < level["hydra_ensembles.loading"]
+
+
+def test_parts_importing_each_other_are_seen():
+    graph = {
+        "hydra_ensembles.saving.formats": {"hydra_ensembles.errors"},
+        "hydra_ensembles.saving.loader": {"hydra_ensembles.fusion.model"},
+        "hydra_ensembles.fusion.model": {"hydra_ensembles.saving.formats"},
+        "hydra_ensembles.errors": set(),
+        "hydra_ensembles": {"hydra_ensembles.fusion"},
+    }
+    parts = import_graph.part_graph(graph)
+    assert parts == {
+        "hydra_ensembles.saving": {"hydra_ensembles.errors", "hydra_ensembles.fusion"},
+        "hydra_ensembles.fusion": {"hydra_ensembles.saving"},
+        "hydra_ensembles.errors": set(),
+    }
+    assert set(import_graph.find_cycle(parts)) == {"hydra_ensembles.saving", "hydra_ensembles.fusion"}
+    del graph["hydra_ensembles.saving.loader"]
+    assert import_graph.part_layers(import_graph.part_graph(graph)) == [
+        ["hydra_ensembles.errors"],
+        ["hydra_ensembles.saving"],
+        ["hydra_ensembles.fusion"],
+    ]

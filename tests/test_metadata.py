@@ -92,7 +92,7 @@ def test_members_trained_for_different_step_counts_fuse_and_the_model_records_ea
 @pytest.mark.parametrize(
     ("old", "new", "name"),
     [
-        ("loading", "saving.loading", "load_any"),
+        ("saving.loading", "loading", "load_any"),
         ("serialization", "saving.formats", "write_saved"),
         ("io", "saving.files", "atomic_write_json"),
     ],

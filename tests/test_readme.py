@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_classifier, load_tokenizer
-from hydra_ensembles.saving.loading import load_any
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import as_ensemble
-from hydra_ensembles.saving.loading import load_any
 
 SAVED = Path(__file__).resolve().parent / "fixtures" / "saved"
 TOL = 1e-5
@@ -49,8 +49,8 @@ def test_every_format_is_there():
 def test_a_new_saved_format_is_one_registration(tmp_path):
     """A format registered with `register_saved_format` is found by its marker file and loaded by
     `load_any` and (as a classifier) `load_saved`; a second format claiming the marker is refused."""
+    from hydra_ensembles.loading import load_saved
     from hydra_ensembles.saving.formats import SAVED_FORMATS, SavedFormat, register_saved_format, saved_format
-    from hydra_ensembles.saving.loading import load_saved
     from tests.factories import text_inputs, tiny_bert
 
     model = tiny_bert(layers=1, heads=2).eval()

@@ -14,10 +14,10 @@ from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_opti
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from hydra_ensembles.adapters import get_adapter
+    from hydra_ensembles.loading import load_any
     from hydra_ensembles.precision import resolve_precision
     from hydra_ensembles.runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
     from hydra_ensembles.saving.files import atomic_write_json, atomic_write_text
-    from hydra_ensembles.saving.loading import load_any
     from hydra_experiments.bench import bench_report, random_inputs, run_bench
 
     from .guards import check_report_dir, mark_report_dir

@@ -57,8 +57,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     import shutil
 
     from hydra_ensembles.build import build_hydra, save_with_preprocessor
+    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.saving.files import claim_run_dir, replace_dir
-    from hydra_ensembles.saving.loading import load_preprocessor
     from hydra_ensembles.scoring.files import read_ranking
 
     from .guards import check_output_dir, overwrite_staging

@@ -32,10 +32,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         saved_calibration,
     )
     from hydra_ensembles.hashing import batches_digest
+    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.precision import model_device, resolve_precision
     from hydra_ensembles.saving.files import atomic_dir
     from hydra_ensembles.saving.formats import saved_format
-    from hydra_ensembles.saving.loading import load_preprocessor
 
     from .guards import check_output_dir
 

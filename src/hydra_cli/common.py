@@ -19,8 +19,8 @@ def _load_model(path: str, args: argparse.Namespace, num_labels: int | None = No
     """A model for a command that predicts with its head: refused where the head was initialised
     randomly (a base model) unless ``--allow-random-head`` says that is intended (and said,
     unless ``quiet``: a first look before the model is loaded again with the head it gets)."""
+    from hydra_ensembles.loading import load_any
     from hydra_ensembles.models import untrained_weights
-    from hydra_ensembles.saving.loading import load_any
 
     model = load_any(path, num_labels or getattr(args, "num_labels", None))
     classes = getattr(getattr(model, "config", None), "num_labels", None)
@@ -174,7 +174,7 @@ def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:
     image processor (saved beside them by build and finetune; else pass ``--tokenizer``); models saved
     with different preprocessors are refused as one ensemble, since one input would reach them as
     different token ids."""
-    from hydra_ensembles.saving.loading import load_preprocessor, preprocessing_signature
+    from hydra_ensembles.loading import load_preprocessor, preprocessing_signature
 
     paths = [p for p in spec.split(",") if p]
     if not paths:

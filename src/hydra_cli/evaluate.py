@@ -95,7 +95,7 @@ def _data_per_preprocessor(args: argparse.Namespace, preprocessors: dict, models
     """Each method's preprocessing signature, and the evaluation data read once per signature
     (each method reads its data through its own preprocessor; ``--preprocessor`` replaces them,
     and a method without one borrows another's)."""
-    from hydra_ensembles.saving.loading import load_preprocessor, preprocessing_signature
+    from hydra_ensembles.loading import load_preprocessor, preprocessing_signature
 
     if args.preprocessor:
         preprocessors = dict.fromkeys(preprocessors, load_preprocessor(args.preprocessor))

@@ -14,7 +14,7 @@ from .options import PREPROCESSOR_HELP, _data_options, _fraction, _overwrite_opt
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from hydra_ensembles.saving.loading import load_preprocessor
+    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
 
     from .guards import check_output_dir
@@ -62,8 +62,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _validation(args: argparse.Namespace, preprocessor) -> tuple[list, list | None]:
     """The labelled ID validation batches (and unlabelled OOD validation batches) a quantized
     graph is calibrated and compared on, read through the model's preprocessor."""
-    from hydra_ensembles.saving.loading import load_any
-    from hydra_ensembles.saving.loading import load_preprocessor as saved
+    from hydra_ensembles.loading import load_any
+    from hydra_ensembles.loading import load_preprocessor as saved
 
     from .common import _data_batches
 

@@ -62,8 +62,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from hydra_ensembles.data import load_spec
     from hydra_ensembles.data.labels import check_trainable
     from hydra_ensembles.evaluation.calibration import check_calibration_size
+    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.saving.files import atomic_dir, check_beside
-    from hydra_ensembles.saving.loading import load_preprocessor
     from hydra_ensembles.training import FineTuneConfig, fine_tune
 
     from .guards import check_output_dir

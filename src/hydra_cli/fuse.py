@@ -12,7 +12,7 @@ from .options import _num_labels_option, _overwrite_option, _random_head_option
 def _cmd_fuse(args: argparse.Namespace) -> int:
     from hydra_ensembles.fusion import fuse
     from hydra_ensembles.fusion.model import CONFIG_NAME
-    from hydra_ensembles.heads import read_head_sets
+    from hydra_ensembles.saving.metadata import read_head_sets
 
     from .guards import check_output_dir
 

@@ -19,8 +19,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from hydra_ensembles.baselines.registry import MEMBER_TRANSFORMS
     from hydra_ensembles.cost import count_parameters
     from hydra_ensembles.fusion import HydraModel
+    from hydra_ensembles.loading import load_any
     from hydra_ensembles.members.ensemble import DeepEnsemble
-    from hydra_ensembles.saving.loading import load_any
     from hydra_ensembles.surgery import kept_heads
 
     if args.families:

@@ -21,8 +21,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from hydra_ensembles.evaluation import ood_scores, per_example
     from hydra_ensembles.evaluation import predict as predict_any
     from hydra_ensembles.evaluation.conformal import benjamini_hochberg
+    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.saving.files import atomic_write_records
-    from hydra_ensembles.saving.loading import load_preprocessor
 
     from .guards import check_output_file
 

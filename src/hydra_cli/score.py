@@ -18,8 +18,8 @@ from .options import (
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
+    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.saving.files import atomic_write_json
-    from hydra_ensembles.saving.loading import load_preprocessor
     from hydra_ensembles.scoring import extract_circuit, taylor_head_set, taylor_scores
     from hydra_ensembles.scoring.taylor import DECIDING_PRECISION
 

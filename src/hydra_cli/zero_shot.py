@@ -20,10 +20,10 @@ from .options import (
 def _cmd_zero_shot(args: argparse.Namespace) -> int:
     from hydra_ensembles.build import save_preprocessor
     from hydra_ensembles.data import load_spec
+    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.members import member_overlap, sample_members
     from hydra_ensembles.models import load_image_processor, takes_images
     from hydra_ensembles.saving.files import atomic_write_json
-    from hydra_ensembles.saving.loading import load_preprocessor
     from hydra_ensembles.scoring import CircuitConfig, CircuitOrder, extract_circuit
     from hydra_ensembles.surgery import original_heads_per_layer
     from hydra_ensembles.zero_shot import fuse_dual_encoder, load_dual_encoder

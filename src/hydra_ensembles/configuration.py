@@ -21,8 +21,8 @@ from transformers import AutoConfig, PretrainedConfig
 
 from .errors import InputError
 from .saving.files import atomic_write_json
+from .saving.formats import HF_CONFIG_NAME
 
-HF_CONFIG_NAME = "config.json"
 MODEL_TYPE = "hydra-ensembles"
 SAVED_FORMATS = ("fused", "member", "ensemble")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -173,18 +172,3 @@ def _as_index(value: Any, what: str) -> int:
     if index < 0:
         raise HeadSetError(f"{what} must be non-negative, got {index}")
     return index
-
-
-def read_head_sets(path: str | os.PathLike) -> list[HeadSet]:
-    """The head sets a JSON file holds: one head set ``{layer: [heads]}`` or a non-empty list of
-    them. Raises `HeadSetError`, naming the file, for anything else."""
-    from .saving.files import read_json
-
-    data = read_json(path, "head-set file")
-    items = data if isinstance(data, list) else [data]
-    if not items or not all(isinstance(item, dict) for item in items):
-        raise HeadSetError(f"{path}: a head set {{layer: [heads]}} or a non-empty list of them is due")
-    try:
-        return [HeadSet.from_dict(item) for item in items]
-    except (HeadSetError, TypeError, ValueError) as exc:
-        raise HeadSetError(f"{path}: {exc}") from None

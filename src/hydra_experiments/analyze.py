@@ -44,10 +44,10 @@ from hydra_ensembles.evaluation import (
 )
 from hydra_ensembles.fusion import fuse
 from hydra_ensembles.heads import HeadSet
-from hydra_ensembles.members import DeepEnsemble, least_useful_first
+from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.runtime import describe_machine
 from hydra_ensembles.saving.files import atomic_write_json, atomic_write_text
-from hydra_ensembles.scoring import removal_ranking
+from hydra_ensembles.scoring import least_useful_first, removal_ranking
 from hydra_ensembles.surgery import original_heads_per_layer, prune
 
 from .cache import Cache, PredictionCache

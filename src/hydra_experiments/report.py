@@ -29,11 +29,10 @@ from hydra_ensembles.evaluation import (
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.members import member_overlap
 from hydra_ensembles.members.ensemble import DeepEnsemble, has_dropout
-from hydra_ensembles.members.sampling import least_useful_first
 from hydra_ensembles.precision import Precision, in_precision
 from hydra_ensembles.runtime import describe_machine
 from hydra_ensembles.saving.files import atomic_write_json
-from hydra_ensembles.scoring import removal_ranking
+from hydra_ensembles.scoring import least_useful_first, removal_ranking
 from hydra_ensembles.surgery import original_heads_per_layer, prune
 
 from .cache import PredictionCache

@@ -23,10 +23,10 @@ import hydra_ensembles as he
 from hydra_cli import main
 from hydra_ensembles.evaluation import calibrate
 from hydra_ensembles.hashing import config_digest
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.saving.formats import write_folder_checksums
-from hydra_ensembles.saving.loading import load_any
 
 TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
 

@@ -20,8 +20,8 @@ from transformers import BertConfig, BertForSequenceClassification
 
 import hydra_ensembles as he
 from hydra_cli import main
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
-from hydra_ensembles.saving.loading import load_any
 
 KILL = "os.kill(os.getpid(), signal.SIGKILL)"
 
@@ -164,7 +164,7 @@ def test_save_pretrained_killed_midway_never_loads_and_is_cleaned_by_the_next_sa
         f"""
         import hydra_ensembles as he
         from hydra_ensembles.saving import formats as serialization
-        from hydra_ensembles.saving.loading import load_any
+        from hydra_ensembles.loading import load_any
         original = serialization.save_file
         def half_then_die(state, path, *args, **kwargs):
             original(state, path, *args, **kwargs)

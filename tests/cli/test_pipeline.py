@@ -19,10 +19,10 @@ from hydra_cli import main
 from hydra_ensembles.data import load_spec, to_batches
 from hydra_ensembles.evaluation import predict, saved_calibration
 from hydra_ensembles.evaluation.conformal import benjamini_hochberg
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.precision import resolve_precision
-from hydra_ensembles.saving.loading import load_any
 from tests.factories import computing_in, rounding_tolerance
 
 

@@ -16,9 +16,9 @@ import torch
 from transformers import BertConfig, BertModel
 
 from hydra_cli import main
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer, untrained_weights
 from hydra_ensembles.saving.files import atomic_write_text
-from hydra_ensembles.saving.loading import load_any
 
 TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
 COMMON = ["--batch-size", "8", "--max-length", "12"]
@@ -66,7 +66,7 @@ def test_a_finetuned_folder_changed_after_saving_is_refused_where_it_is_served(w
 
     from transformers import pipeline
 
-    from hydra_ensembles.saving.loading import load_preprocessor
+    from hydra_ensembles.loading import load_preprocessor
 
     tuned = tmp_path / "tuned"
     argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "1"]

@@ -24,9 +24,9 @@ from hydra_ensembles.evaluation import (
 from hydra_ensembles.evaluation.calibration import RECORD_DIGEST
 from hydra_ensembles.evaluation.conformal import conformal_threshold
 from hydra_ensembles.hashing import batches_digest, fingerprint, json_digest
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.precision import resolve_precision
-from hydra_ensembles.saving.loading import load_any
 from hydra_ensembles.training import FineTuneConfig, fine_tune
 from hydra_ensembles.zero_shot import ZeroShotHydra, fuse_dual_encoder
 from tests.factories import image_inputs, labelled, text_inputs, tiny_bert, tiny_clip_zero_shot

@@ -16,9 +16,9 @@ from transformers import pipeline
 
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import calibrate, predict, saved_calibration
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.ood import FEATURE_SCORES, STATISTICS_NAME, FeatureStatistics
-from hydra_ensembles.saving.loading import load_any
 from hydra_ensembles.serving.onnx import export_onnx
 
 from .conftest import HEAD_SETS, tiny_text_classifier, validation

@@ -16,8 +16,8 @@ from transformers import AutoModelForSequenceClassification, ViTImageProcessor
 import hydra_ensembles as he
 from hydra_cli import main
 from hydra_ensembles.evaluation import Predictions, saved_calibration
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
-from hydra_ensembles.saving.loading import load_any
 from hydra_ensembles.serving.onnx import ExportError, export_onnx
 
 from .conftest import CLASSES, HEAD_SETS, tiny_image_classifier

@@ -17,8 +17,8 @@ from hydra_ensembles import metrics as M
 from hydra_ensembles.evaluation import Predictions, saved_calibration
 from hydra_ensembles.evaluation.calibration import Calibration
 from hydra_ensembles.hashing import batches_digest
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
-from hydra_ensembles.saving.loading import load_any
 from hydra_ensembles.serving import onnx as export_module
 from hydra_ensembles.serving.onnx import ExportError, export_onnx
 from hydra_ensembles.serving.onnx_ops import inference_session

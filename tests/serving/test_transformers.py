@@ -17,8 +17,8 @@ from transformers import (
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import Predictions, predict, saved_calibration
 from hydra_ensembles.evaluation.uncertainty import per_example
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
-from hydra_ensembles.saving.loading import load_any
 from hydra_ensembles.serving import HydraForSequenceClassification, HydraPreTrainedModel
 
 from ..factories import rounding_tolerance

@@ -19,24 +19,7 @@ import torch
 from ..errors import InputError
 from ..heads import HeadSet, HeadSetError
 from ..scoring.circuit import CircuitOrder
-
-
-def least_useful_first(
-    ranking: CircuitOrder | torch.Tensor | np.ndarray,
-) -> tuple[list[tuple[int, int]], list[int]]:
-    """All heads ordered from least to most useful, and the heads per layer."""
-    if isinstance(ranking, CircuitOrder):
-        heads = list(ranking.original_heads_per_layer)
-        rest = [
-            (lay, h) for lay, n in enumerate(heads) for h in range(n) if (lay, h) not in set(ranking.removed)
-        ]
-        return list(ranking.removed) + rest, heads  # unranked heads after the removed ones, in index order
-    scores = torch.as_tensor(np.asarray(ranking, dtype=np.float64))
-    if scores.dim() != 2:
-        raise InputError(f"scores must be (layers, heads), got shape {tuple(scores.shape)}")
-    heads = [int((~torch.isnan(row)).sum()) for row in scores]
-    entries = [(scores[lay, h].item(), lay, h) for lay, n in enumerate(heads) for h in range(n)]
-    return [(lay, h) for _, lay, h in sorted(entries)], heads
+from ..scoring.ranking import least_useful_first
 
 
 def sample_members(

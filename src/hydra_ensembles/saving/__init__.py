@@ -9,8 +9,8 @@
 - `metadata`: `ModelMetadata`, what the library records about a model beside Hugging Face's
   configuration (the heads surgery kept, the base model's fingerprint, the calibration, the
   training record, the token length, the member transforms of the baselines).
-- `loading`: ``load_saved`` and ``load_any``, which load whatever a folder holds (imported on
-  first use here: it sits above the model packages whose formats it reads).
+Loading whatever a folder holds (``load_saved``, ``load_any``) must know every model kind, so it
+sits above the model packages, in `hydra_ensembles.loading`; this package imports none of them.
 
 Nothing is ever unpickled and no code is loaded from files.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._moved import moved_to
 from .files import OutputError, atomic_dir, atomic_write, atomic_write_json, read_json
 from .formats import SavedFormat, read_saved, register_saved_format, saved_format, write_saved
 from .metadata import ModelMetadata, read_metadata, write_metadata
@@ -30,8 +31,6 @@ __all__ = [
     "atomic_dir",
     "atomic_write",
     "atomic_write_json",
-    "load_any",
-    "load_saved",
     "read_json",
     "read_metadata",
     "read_saved",
@@ -42,9 +41,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("load_any", "load_saved"):
-        from . import loading
+_MOVED_UP = moved_to(__name__, "hydra_ensembles.loading")
 
-        return getattr(loading, name)
+
+def __getattr__(name: str) -> Any:
+    if name in ("load_any", "load_saved"):  # deprecated here: they live above the model packages
+        return _MOVED_UP(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,12 +19,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..configuration import HF_CONFIG_NAME
 from ..errors import InputError
 from ..hashing import config_digest, sha256_file
 from .files import atomic_write, atomic_write_json, read_json
 
 WEIGHTS_NAME = "model.safetensors"
+HF_CONFIG_NAME = "config.json"  # Hugging Face's configuration, which routes the Auto classes
 
 
 def write_saved(

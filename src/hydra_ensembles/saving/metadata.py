@@ -15,11 +15,13 @@ transform registers its key here).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..heads import HeadSet
+from ..heads import HeadSet, HeadSetError
+from .files import read_json
 
 CONFIG_KEYS: dict[str, str] = {
     "kept_heads": "hydra_kept_heads",
@@ -124,3 +126,16 @@ def split_metadata(values: Mapping[str, Any]) -> tuple[ModelMetadata, dict[str, 
     record = _from_fields(values)
     ours = {*CONFIG_KEYS.values(), *TRANSFORM_KEYS}
     return record, {k: v for k, v in values.items() if k not in ours}
+
+
+def read_head_sets(path: str | os.PathLike) -> list[HeadSet]:
+    """The head sets a JSON file holds: one head set ``{layer: [heads]}`` or a non-empty list of
+    them. Raises `HeadSetError`, naming the file, for anything else."""
+    data = read_json(path, "head-set file")
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(item, dict) for item in items):
+        raise HeadSetError(f"{path}: a head set {{layer: [heads]}} or a non-empty list of them is due")
+    try:
+        return [HeadSet.from_dict(item) for item in items]
+    except (HeadSetError, TypeError, ValueError) as exc:
+        raise HeadSetError(f"{path}: {exc}") from None

@@ -8,6 +8,7 @@ from .circuit import (
     objective_value,
     removal_ranking,
 )
+from .ranking import least_useful_first
 from .taylor import taylor_head_set, taylor_scores
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "CircuitError",
     "CircuitOrder",
     "extract_circuit",
+    "least_useful_first",
     "objective_value",
     "removal_ranking",
     "taylor_head_set",

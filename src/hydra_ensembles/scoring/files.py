@@ -11,14 +11,13 @@ from ..adapters import get_adapter
 from ..errors import InputError
 from ..saving.files import read_json
 from .circuit import CircuitOrder
+from .ranking import least_useful_first
 
 
 def read_ranking(path: str | os.PathLike, model: nn.Module) -> torch.Tensor | CircuitOrder:
     """The head ranking a scores file holds (Taylor scores or a circuit order), checked against
     ``model``'s heads per layer. Raises ValueError, naming the file, where it is no scores file,
     is damaged or ranks another model."""
-    from ..members.sampling import least_useful_first
-
     data = read_json(path, "scores file")
     method = data.get("method") if isinstance(data, dict) else None
     if method not in ("taylor", "circuit"):

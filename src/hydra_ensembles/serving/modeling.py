@@ -41,12 +41,12 @@ from ..configuration import HydraConfig, register_config
 from ..evaluation.calibration import Calibration
 from ..evaluation.model_calibration import saved_calibration
 from ..fusion.model import HydraModel
+from ..loading import load_saved
 from ..members.ensemble import DeepEnsemble, as_ensemble
 from ..members.storage import save_member
 from ..ood.registry import feature_scores
 from ..outputs import ensemble_log_probs
 from ..precision import check_precision, model_device, resolve_precision
-from ..saving.loading import load_saved
 
 __all__ = [
     "HydraClassifierOutput",

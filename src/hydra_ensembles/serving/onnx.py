@@ -37,11 +37,11 @@ from ..errors import InputError
 from ..evaluation.calibration import check_calibration_size
 from ..fusion.model import HydraModel
 from ..layers.attention import member_attention_ops
+from ..loading import load_any, saved_preprocessor
 from ..models import VISION_MODEL_TYPES
 from ..ood.registry import feature_scores
 from ..saving.files import atomic_dir, atomic_write_json, check_replaceable_dir
 from ..saving.formats import write_folder_checksums
-from ..saving.loading import load_any, saved_preprocessor
 from .modeling import HydraPreTrainedModel
 from .onnx_ops import (
     GRAPH_CACHE_SHARE,
