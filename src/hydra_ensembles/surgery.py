@@ -22,11 +22,6 @@ from .hashing import fingerprint
 from .heads import HeadSet, HeadSetError
 from .saving.metadata import read_metadata, write_metadata
 
-STATISTICS_ATTRIBUTE = "hydra_ood_statistics"
-"""Where a model holds the feature statistics its calibration was fit with (`ood.FeatureStatistics`,
-arrays too large for the configuration: saved beside the weights, ``ood_statistics.safetensors``,
-and named by their digest in the calibration)."""
-
 
 # --------------------------------------------------------------------------- records
 def kept_heads(model: nn.Module) -> HeadSet:
@@ -91,9 +86,7 @@ def forget_calibration(model: nn.Module) -> None:
     """Remove the calibration from ``model``'s configuration: its function changed (pruned, fused,
     trained), so the temperature and flag threshold fit for the old one no longer hold."""
     if getattr(model, "config", None) is not None:
-        write_metadata(model, calibration=None)
-    if getattr(model, STATISTICS_ATTRIBUTE, None) is not None:
-        setattr(model, STATISTICS_ATTRIBUTE, None)
+        write_metadata(model, calibration=None, statistics=None)
 
 
 def slice_projections(

@@ -144,13 +144,41 @@ def test_every_saved_model_carries_its_calibration(tmp_path):
     assert saved_calibration(models["member"]) is not None and saved_calibration(members[1]) is None
 
 
-def test_a_zero_shot_hydra_carries_its_calibration(tmp_path):
+@pytest.mark.parametrize("score", ["msp", "mds"])
+def test_a_zero_shot_hydra_carries_its_calibration(tmp_path, score):
+    """Its calibration and (for a feature score) the statistics it was fit with, as every other
+    saved model: loaded equal, and refused without them."""
     dual = tiny_clip_zero_shot()
     model = fuse_dual_encoder(dual, [he.HeadSet({0: [0]}), he.HeadSet({1: [1]})])
     batches = [labelled(image_inputs(20), labels=3)]
-    fitted = calibrate(model, batches, progress=False)
+    train = [labelled(image_inputs(24, seed=1), labels=3)]
+    fitted = calibrate(model, batches, score=score, id_train=train if score == "mds" else None, progress=False)
     model.save_pretrained(tmp_path / "zs")
-    assert saved_calibration(ZeroShotHydra.from_pretrained(tmp_path / "zs")) == fitted
+    loaded = saved_calibration(ZeroShotHydra.from_pretrained(tmp_path / "zs"))
+    assert loaded == fitted
+    if score == "mds":
+        assert loaded.statistics.digest() == fitted.statistics.digest() == fitted.statistics_sha256
+        (tmp_path / "zs" / "ood_statistics.safetensors").unlink()
+        with pytest.raises(ValueError, match="ood_statistics.safetensors"):
+            ZeroShotHydra.from_pretrained(tmp_path / "zs")
+
+
+def test_the_statistics_are_metadata_held_by_the_model():
+    """``ModelMetadata.statistics``: read and written like every field, held by the model (a
+    configuration cannot hold tensors), and forgotten with the calibration."""
+    from hydra_ensembles.saving.metadata import read_metadata, write_metadata
+    from hydra_ensembles.surgery import forget_calibration
+
+    model, val = tiny_bert(labels=3, init_range=0.3), _val()
+    fitted = calibrate(model, val, score="mds", id_train=val, progress=False)
+    metadata = read_metadata(model)
+    assert metadata.statistics is fitted.statistics and metadata.calibration is not None
+    assert read_metadata(model.config).statistics is None
+    assert set(metadata.to_config()) == {"hydra_calibration"}  # the configuration's JSON: no tensors
+    with pytest.raises(TypeError, match="configuration"):
+        write_metadata(model.config, statistics=fitted.statistics)
+    forget_calibration(model)
+    assert read_metadata(model).statistics is None and read_metadata(model).calibration is None
 
 
 def test_an_edited_calibration_is_refused_by_the_checksum(tmp_path):

@@ -18,7 +18,7 @@ from ..ood.features import ensemble_heads
 from ..ood.registry import feature_scores
 from ..precision import model_device, resolve_precision
 from ..saving.metadata import read_metadata, write_metadata
-from ..surgery import STATISTICS_ATTRIBUTE, fingerprint
+from ..surgery import fingerprint
 from .calibration import (
     AUTO_SCORE,
     Calibration,
@@ -153,15 +153,15 @@ def record_calibration(model: Any, calibration: Calibration) -> Calibration:
     """Bind ``calibration`` to ``model``'s weights and record it (and its feature statistics) in
     the model: what its savers write and `saved_calibration` reads."""
     calibration = dataclasses.replace(calibration, model_sha256=fingerprint(model))
-    write_metadata(model, calibration=calibration.to_dict())
-    setattr(model, STATISTICS_ATTRIBUTE, calibration.statistics)
+    write_metadata(model, calibration=calibration.to_dict(), statistics=calibration.statistics)
     return calibration
 
 
 def saved_calibration(model: Any) -> Calibration | None:
     """The `Calibration` recorded in ``model`` (with its feature statistics), or None where it has
     none; ValueError where it was fit on other weights or its statistics are not the recorded ones."""
-    saved = read_metadata(model).calibration
+    metadata = read_metadata(model)
+    saved = metadata.calibration
     if saved is None:
         return None
     calibration = Calibration.from_dict(saved)
@@ -170,7 +170,7 @@ def saved_calibration(model: Any) -> Calibration | None:
             "the calibration recorded in the model's configuration was fit on other weights (the model "
             "was trained, pruned or cast since): fit it again (evaluation.calibrate, or --val-data)"
         )
-    statistics = getattr(model, STATISTICS_ATTRIBUTE, None)
+    statistics = metadata.statistics
     if not calibration.statistics_sha256:
         return calibration
     if statistics is None:

@@ -32,7 +32,6 @@ from ..outputs import EnsembleOutput
 from ..saving.files import atomic_write_json, read_json
 from ..saving.formats import SavedFormat, check_companions, companion_digests, register_saved_format
 from ..saving.metadata import read_metadata, write_metadata
-from ..surgery import STATISTICS_ATTRIBUTE
 from .storage import CONFIG_NAME as MEMBER_CONFIG
 from .storage import MemberLoadError, load_member, save_member
 
@@ -88,8 +87,8 @@ class DeepEnsemble(nn.Module):
         names = [f"member-{m}" for m in range(self.num_members)]
         for name, member in zip(names, self.members, strict=True):
             save_member(member, path / name)
-        statistics = getattr(self, STATISTICS_ATTRIBUTE, None)
-        return write_ensemble_index(path, names, self.config, read_metadata(self).calibration, statistics)
+        metadata = read_metadata(self)
+        return write_ensemble_index(path, names, self.config, metadata.calibration, metadata.statistics)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:

@@ -2,7 +2,7 @@
 
 A model's calibration (its metadata's, `saving.metadata`) names the statistics it was fit with by their
 digest (``statistics_sha256``); the statistics themselves are held by the model
-(`surgery.STATISTICS_ATTRIBUTE`) and written by every saver before the file that marks the save
+(`ModelMetadata.statistics`) and written by every saver before the file that marks the save
 complete, so the folder's checksums cover them. Reading checks them against the digest the
 calibration records: statistics edited, swapped or taken from another model are refused.
 """
@@ -15,8 +15,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import InputError
-from ..saving.metadata import read_metadata
-from ..surgery import STATISTICS_ATTRIBUTE
+from ..saving.metadata import read_metadata, write_metadata
 from .detectors import STATISTICS_NAME, FeatureStatistics
 
 __all__ = ["read_statistics", "recorded_digest", "write_statistics"]
@@ -30,7 +29,7 @@ def recorded_digest(model: nn.Module) -> str:
 
 def write_statistics(model: nn.Module, folder: str | os.PathLike) -> Path | None:
     """Write the statistics ``model`` holds into ``folder`` (nothing where it holds none)."""
-    statistics = getattr(model, STATISTICS_ATTRIBUTE, None)
+    statistics = read_metadata(model).statistics
     if statistics is None or not recorded_digest(model):
         return None
     return statistics.save(Path(folder) / STATISTICS_NAME)
@@ -51,4 +50,4 @@ def read_statistics(
         statistics = FeatureStatistics.load(path, digest)
     except ValueError as exc:
         raise error(str(exc)) from None
-    setattr(model, STATISTICS_ATTRIBUTE, statistics)
+    write_metadata(model, statistics=statistics)

@@ -6,8 +6,13 @@ A model the library pruned, trained, calibrated or turned into a baseline's memb
 model loaded by ``transformers`` itself keeps it. Code reads it with `read_metadata` and changes
 it with `write_metadata`, never by the attribute names.
 
+The one field that is not JSON, ``statistics`` (the OOD feature statistics the calibration was fit
+with: tensors), is held by the model itself, not its configuration; its savers write it beside the
+weights (`ood.storage`), checked against the digest the calibration records.
+
 Each field is bound to something: ``kept_heads`` and ``base_fingerprint`` to the pruning,
-``calibration`` to the weights (a model made from a calibrated one starts without one),
+``calibration`` and ``statistics`` to the weights (a model made from a calibrated one starts
+without them),
 ``training`` to the fine-tunes since the pretrained weights, ``max_length`` to the data the model
 was fit on, ``member_transforms`` to the baselines' layers (`baselines.registry`: each member
 transform registers its key here).
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..heads import HeadSet, HeadSetError
@@ -30,7 +35,10 @@ CONFIG_KEYS: dict[str, str] = {
     "training": "hydra_training",
     "max_length": "hydra_max_length",
 }
-"""Each `ModelMetadata` field's key in the configuration (``member_transforms`` have their own)."""
+"""Each `ModelMetadata` field's key in the configuration (``member_transforms`` have their own;
+``statistics`` is held by the model, under `STATISTICS_ATTRIBUTE`, which nothing else names)."""
+
+STATISTICS_ATTRIBUTE = "hydra_ood_statistics"
 
 TRANSFORM_KEYS: list[str] = []
 """The configuration keys of the member transforms, in registration order (`register_transform_key`)."""
@@ -44,7 +52,8 @@ class ModelMetadata:
     model it descends from (`hashing.fingerprint`); ``calibration``: `evaluation.Calibration`'s
     dictionary; ``training``: the fine-tuning record (`training.record_training`); ``max_length``:
     the token length the model was trained and calibrated at; ``member_transforms``: each
-    baseline transform's record by its key.
+    baseline transform's record by its key; ``statistics``: the `ood.FeatureStatistics` the
+    calibration was fit with (held by the model; None read from a configuration).
     """
 
     kept_heads: HeadSet | None = None
@@ -53,6 +62,7 @@ class ModelMetadata:
     training: dict[str, Any] | None = None
     max_length: int | None = None
     member_transforms: Mapping[str, Any] = field(default_factory=dict)
+    statistics: Any = None
 
     def to_config(self) -> dict[str, Any]:
         """The configuration fields that record it (unrecorded fields left out)."""
@@ -93,18 +103,27 @@ def read_metadata(source: Any) -> ModelMetadata:
         return _from_fields(source)
     config = getattr(source, "config", source)
     keys = [*CONFIG_KEYS.values(), *TRANSFORM_KEYS]
-    return _from_fields({k: getattr(config, k) for k in keys if hasattr(config, k)})
+    record = _from_fields({k: getattr(config, k) for k in keys if hasattr(config, k)})
+    statistics = getattr(source, STATISTICS_ATTRIBUTE, None) if config is not source else None
+    return record if statistics is None else replace(record, statistics=statistics)
 
 
 def write_metadata(target: Any, **changes: Any) -> None:
     """Set the named `ModelMetadata` fields on a model's (or a configuration's) configuration;
-    None removes a field. ``member_transforms`` sets the transforms it names."""
+    None removes a field. ``member_transforms`` sets the transforms it names; ``statistics`` is
+    set on the model itself (TypeError for a configuration, which cannot hold tensors)."""
     config = getattr(target, "config", target)
     known = {f.name for f in fields(ModelMetadata)}
     unknown = set(changes) - known
     if unknown:
         raise TypeError(f"no metadata field {sorted(unknown)}; the fields are {sorted(known)}")
     for name, value in changes.items():
+        if name == "statistics":
+            if config is target and value is not None:
+                raise TypeError("statistics are held by a model, not by its configuration")
+            if value is not None or getattr(target, STATISTICS_ATTRIBUTE, None) is not None:
+                setattr(target, STATISTICS_ATTRIBUTE, value)
+            continue
         if name == "member_transforms":
             for key, record in value.items():
                 if key not in TRANSFORM_KEYS:

@@ -47,7 +47,7 @@ from ..ood.features import FeatureError, FeatureTap
 from ..ood.storage import read_statistics, recorded_digest
 from ..precision import check_precision
 from ..saving.formats import check_folder_checksums
-from ..surgery import STATISTICS_ATTRIBUTE
+from ..saving.metadata import read_metadata
 from .modeling import HydraPreTrainedModel, serving_precision
 
 TEXT_TASK = "hydra-text-classification"
@@ -79,10 +79,7 @@ class _UncertaintyRecords:
     def _calibration(self) -> Calibration | None:
         if not hasattr(self, "_cached_calibration"):
             model = self.model
-            if (
-                not isinstance(model, HydraPreTrainedModel)
-                and getattr(model, STATISTICS_ATTRIBUTE, None) is None
-            ):
+            if not isinstance(model, HydraPreTrainedModel) and read_metadata(model).statistics is None:
                 folder = getattr(model, "name_or_path", "") or ""
                 if recorded_digest(model) and os.path.isdir(folder):  # a classifier loaded by transformers
                     read_statistics(model, folder)

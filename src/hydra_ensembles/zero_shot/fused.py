@@ -23,6 +23,7 @@ from ..adapters import get_adapter
 from ..errors import InputError
 from ..fusion import HydraModel, fuse
 from ..heads import HeadSet
+from ..ood.storage import read_statistics, write_statistics
 from ..outputs import EnsembleOutput
 from ..progress import progress_bar
 from ..saving.formats import SavedFormat, read_saved, register_saved_format, write_saved
@@ -98,6 +99,7 @@ class ZeroShotHydra(nn.Module):
             "head_sets": [hs.to_dict() for hs in self.head_sets],
             "calibration": read_metadata(self).calibration,
         }
+        write_statistics(self, path)  # before the config, whose checksums then cover it
         return write_saved(path, CONFIG_NAME, config, {"class_embeddings": self.class_embeddings})
 
     @classmethod
@@ -128,6 +130,7 @@ class ZeroShotHydra(nn.Module):
         except ValueError as exc:
             raise ZeroShotLoadError(f"{path}: {exc}") from exc
         write_metadata(model, calibration=config.get("calibration"))  # `evaluation.calibrate`'s record
+        read_statistics(model, path, ZeroShotLoadError)
         return model.to(device or "cpu").eval()
 
     def extra_repr(self) -> str:
