@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import hydra_ensembles as he
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import as_ensemble
 
@@ -68,6 +69,64 @@ def test_a_new_saved_format_is_one_registration(tmp_path):
     x = text_inputs(batch=2)
     with torch.no_grad():
         assert load_any(str(SAVED / "member"))(**x).logits.shape == (2, 3)
+
+
+def test_a_registered_format_saves_serves_and_loads(tmp_path):
+    """One registration binds a model class to its saver and loader: `save_model`, the served
+    Auto class (its ``saved_format`` and ``save_pretrained``), `HydraConfig` and `load_saved` all
+    take it without a change elsewhere."""
+    from torch import nn
+
+    from hydra_ensembles.configuration import HydraConfig
+    from hydra_ensembles.loading import load_saved
+    from hydra_ensembles.saving.formats import (
+        SAVED_FORMATS,
+        SavedFormat,
+        format_of,
+        register_saved_format,
+        save_model,
+    )
+    from hydra_ensembles.serving import HydraPreTrainedModel
+    from tests.factories import text_inputs, tiny_bert
+
+    class Toy(nn.Module):
+        def __init__(self, member: nn.Module) -> None:
+            super().__init__()
+            self.member, self.config, self.num_members = member, member.config, 1
+
+        def forward(self, **inputs):
+            return he.EnsembleOutput.from_member_logits(self.member(**inputs).logits[None])
+
+    def save(model: Toy, folder):
+        he.save_member(model.member, folder / "inner")
+        (folder / "toy_config.json").write_text("{}")
+        return folder
+
+    loaded = []
+
+    def load(folder):
+        loaded.append(folder)
+        return Toy(he.load_member(folder / "inner"))
+
+    toy = Toy(tiny_bert(layers=1, heads=2).eval())
+    with pytest.raises(ValueError, match="saved_format must be one of"):
+        HydraConfig(saved_format="toy")
+    register_saved_format(SavedFormat("toy", "toy_config.json", load, model_class=Toy, save=save))
+    try:
+        assert format_of(toy).kind == "toy" and format_of(toy.member).kind == "member"
+        assert HydraConfig(saved_format="toy").saved_format == "toy"
+        save_model(toy, tmp_path / "a")
+        assert isinstance(load_saved(tmp_path / "a")[0], Toy) and load_saved(tmp_path / "a")[1] == "toy"
+        served = HydraPreTrainedModel.from_ensemble(toy)
+        assert served.config.saved_format == "toy"
+        served.save_pretrained(tmp_path / "b")
+        again = HydraPreTrainedModel.from_pretrained(tmp_path / "b")
+        x = text_inputs(batch=2)
+        with torch.no_grad():
+            assert torch.equal(again(**x).logits, served(**x).logits)
+        assert loaded[-1] == tmp_path / "b"
+    finally:
+        SAVED_FORMATS.pop("toy")
 
 
 def test_the_library_registers_its_saved_formats():

@@ -35,8 +35,9 @@ from .fusion import fuse
 from .fusion.model import HydraModel
 from .heads import HeadSet
 from .inputs import checked_batches
-from .members import sample_members, save_member
+from .members import sample_members
 from .members.ensemble import DeepEnsemble, write_ensemble_index
+from .saving.formats import save_model
 from .scoring import CircuitConfig, CircuitOrder, extract_circuit, taylor_scores
 from .surgery import original_heads_per_layer, prune
 from .training import FineTuneConfig, FineTuneResult, describe_epoch, fine_tune
@@ -311,11 +312,9 @@ def name_classes(model: nn.Module, classes: Sequence[str] | None) -> nn.Module:
 
 def save_with_preprocessor(model: nn.Module, folder: Path, preprocessor: Any = None) -> Path:
     """The preprocessor first (its files are then covered by the model's checksums), then the
-    model in the library's format (`save_member` for a member, else its own ``save_pretrained``)."""
+    model in its saved format (`saving.formats.save_model`)."""
     save_preprocessor(preprocessor, folder)
-    if isinstance(model, HydraModel):
-        return model.save_pretrained(folder)
-    return save_member(model, folder)
+    return save_model(model, folder)
 
 
 def save_preprocessor(preprocessor: Any, folder: Path) -> None:

@@ -21,14 +21,14 @@ from transformers import AutoConfig, PretrainedConfig
 
 from .errors import InputError
 from .saving.files import atomic_write_json
-from .saving.formats import HF_CONFIG_NAME
+from .saving.formats import HF_CONFIG_NAME, classifier_kinds
 
 MODEL_TYPE = "hydra-ensembles"
-SAVED_FORMATS = ("fused", "member", "ensemble")
 
 
 class HydraConfig(PretrainedConfig):
-    """A saved model's format (``saved_format``: fused, member or ensemble), the family of the model
+    """A saved model's format (``saved_format``: a registered classifier format, `saving.formats`:
+    fused, member, ensemble, ...), the family of the model
     it was made from (``base_model_type``) and its classes (``id2label``)."""
 
     model_type = MODEL_TYPE
@@ -41,8 +41,8 @@ class HydraConfig(PretrainedConfig):
                 f"a malformed {HF_CONFIG_NAME} of a hydra-ens folder ({exc}); it only routes the Auto "
                 "classes, so saving the model again restores it"
             ) from None
-        if saved_format not in SAVED_FORMATS:
-            raise InputError(f"saved_format must be one of {SAVED_FORMATS}, got {saved_format!r}")
+        if saved_format not in classifier_kinds():
+            raise InputError(f"saved_format must be one of {classifier_kinds()}, got {saved_format!r}")
         self.saved_format = saved_format
         self.base_model_type = base_model_type
         _first_use()

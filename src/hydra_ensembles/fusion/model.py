@@ -372,9 +372,6 @@ def _empty_grouped(model: nn.Module, entry: dict[str, Any], num_members: int) ->
     return grouped.empty_like(model.get_submodule(entry["path"]), num_members)
 
 
-register_saved_format(SavedFormat("fused", CONFIG_NAME, load_hydra))
-
-
 def _save_hydra(model: HydraModel, path: str | os.PathLike) -> Path:
     """`HydraModel.save_pretrained`: the statistics, the weights and ``hydra_config.json``, then
     the Hugging Face ``config.json`` (last: a folder without it is unfinished)."""
@@ -396,3 +393,6 @@ def _save_hydra(model: HydraModel, path: str | os.PathLike) -> Path:
     saved = write_saved(path, CONFIG_NAME, config, model.model.state_dict())
     write_hf_config(saved, model.model.config, "fused")
     return saved
+
+
+register_saved_format(SavedFormat("fused", CONFIG_NAME, load_hydra, model_class=HydraModel, save=_save_hydra))

@@ -276,5 +276,12 @@ def _first_member(folder: Path) -> Path:
 
 
 register_saved_format(
-    SavedFormat("ensemble", CONFIG_NAME, DeepEnsemble.from_pretrained, preprocessor_folder=_first_member)
+    SavedFormat(
+        "ensemble",
+        CONFIG_NAME,
+        DeepEnsemble.from_pretrained,
+        preprocessor_folder=_first_member,
+        model_class=DeepEnsemble,
+        save=DeepEnsemble.save_pretrained,
+    )
 )

@@ -103,4 +103,4 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     return model.eval().to(torch.device("cpu"))
 
 
-register_saved_format(SavedFormat("member", CONFIG_NAME, load_member))
+register_saved_format(SavedFormat("member", CONFIG_NAME, load_member, save=save_member))  # any classifier

@@ -234,18 +234,25 @@ def check_finite(
 
 @dataclass(frozen=True)
 class SavedFormat:
-    """One kind of folder the library saves, as loading recognises it: by the file that marks it
-    (``config_name``), loaded by ``load(folder)``. A new format is one module that saves its folder
-    and calls `register_saved_format`; `loading.load_any` then loads it."""
+    """One kind of model the library saves: the class it saves (``model_class``), how
+    (``save(model, folder)``), the file that marks its folders (``config_name``) and how they load
+    (``load(folder)``). A new format is one module that defines them and calls
+    `register_saved_format`; `save_model`, `loading.load_any`, the served Auto classes
+    (``HydraConfig.saved_format``) and the ONNX export then take it, with no change elsewhere."""
 
     kind: str
     """Its name, as `loading.load_saved` returns it (``"fused"``, ``"member"``, ...)."""
     config_name: str
     load: Callable[[Path], Any]
     classifier: bool = True
-    """Loaded by `loading.load_saved` (a classifier); False: by `loading.load_any` only."""
+    """A classifier: loaded by `loading.load_saved` and served (pipelines, Auto classes, ONNX);
+    False: by `loading.load_any` only."""
     preprocessor_folder: Callable[[Path], Path] | None = None
     """Where its tokenizer or image processor is saved when the folder holds none of its own."""
+    model_class: type | None = None
+    """The class of the models it saves; None: any classifier no other format claims (a member)."""
+    save: Callable[[Any, Path], Path] | None = None
+    """Writes a model into a folder (atomically, marker file last) and returns the folder."""
 
 
 SAVED_FORMATS: dict[str, SavedFormat] = {}
@@ -259,6 +266,27 @@ def register_saved_format(saved: SavedFormat) -> SavedFormat:
             raise ValueError(f"{saved.config_name} marks {other.kind} folders already")
     SAVED_FORMATS[saved.kind] = saved
     return saved
+
+
+def format_of(model: Any) -> SavedFormat:
+    """The format that saves ``model``: the one registered for its class (or a base class), else
+    the one for any other classifier (`SavedFormat.model_class` None)."""
+    claimed = [f for f in SAVED_FORMATS.values() if f.model_class is not None and f.save is not None]
+    found = next((f for f in claimed if isinstance(model, f.model_class)), None)
+    found = found or next((f for f in SAVED_FORMATS.values() if f.model_class is None and f.save), None)
+    if found is None:
+        raise InputError(f"no saved format saves a {type(model).__name__}")
+    return found
+
+
+def save_model(model: Any, folder: str | os.PathLike) -> Path:
+    """Save ``model`` in its format (`format_of`): the one way the library saves a model."""
+    return format_of(model).save(model, Path(folder))
+
+
+def classifier_kinds() -> list[str]:
+    """The kinds of the registered classifier formats (what ``HydraConfig.saved_format`` names)."""
+    return [kind for kind, f in SAVED_FORMATS.items() if f.classifier]
 
 
 def saved_format(folder: str | os.PathLike) -> SavedFormat | None:

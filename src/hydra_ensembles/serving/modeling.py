@@ -40,13 +40,12 @@ from transformers.utils import ModelOutput
 from ..configuration import HydraConfig, register_config
 from ..evaluation.calibration import Calibration
 from ..evaluation.model_calibration import saved_calibration
-from ..fusion.model import HydraModel
 from ..loading import load_saved
-from ..members.ensemble import DeepEnsemble, as_ensemble
-from ..members.storage import save_member
+from ..members.ensemble import as_ensemble
 from ..ood.registry import feature_scores
 from ..outputs import ensemble_log_probs
 from ..precision import check_precision, model_device, resolve_precision
+from ..saving.formats import SAVED_FORMATS, format_of
 
 __all__ = [
     "HydraClassifierOutput",
@@ -124,15 +123,7 @@ class HydraPreTrainedModel(PreTrainedModel):
     def from_ensemble(cls, model: nn.Module, saved_format: str | None = None) -> HydraPreTrainedModel:
         """Wrap a model in memory with the calibration recorded in it (`evaluation.calibrate`)."""
         base = model.config
-        if saved_format is None:
-            saved_format = (
-                "fused"
-                if isinstance(model, HydraModel)
-                else "ensemble"
-                if isinstance(model, DeepEnsemble)
-                else "member"
-            )
-        config = HydraConfig.describing(base, saved_format)
+        config = HydraConfig.describing(base, saved_format or format_of(model).kind)
         config.name_or_path = getattr(base, "name_or_path", "")
         return cls(config, model, saved_calibration(model))
 
@@ -176,10 +167,9 @@ class HydraPreTrainedModel(PreTrainedModel):
         """Save in the library's format the model was loaded from (Hugging Face saving options
         are ignored); the calibration stays recorded in the model's configuration."""
         model = self.ensemble
-        if self.config.saved_format == "member" and isinstance(model, DeepEnsemble):
-            save_member(model.members[0], save_directory)
-        else:
-            model.save_pretrained(save_directory)
+        if self.config.saved_format == "member" and len(getattr(model, "members", ())) == 1:
+            model = model.members[0]  # a member is served as an ensemble of one
+        SAVED_FORMATS[self.config.saved_format].save(model, Path(save_directory))
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> HydraClassifierOutput:
         inputs = {k: v for k, v in inputs.items() if v is not None}

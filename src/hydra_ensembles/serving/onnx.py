@@ -35,7 +35,6 @@ from torch import nn
 from ..data.registry import saved_length
 from ..errors import InputError
 from ..evaluation.calibration import check_calibration_size
-from ..fusion.model import HydraModel
 from ..layers.attention import member_attention_ops
 from ..loading import load_any, saved_preprocessor
 from ..models import VISION_MODEL_TYPES
@@ -120,7 +119,7 @@ def _check_quantization(quantize: str | None, validation: Any) -> None:
 def _as_exported(wrapped: HydraPreTrainedModel) -> Iterator[None]:
     """While exporting: the fused models run the whole batch in one forward (chunks would fix the
     batch size in the graph) and the wrapper computes in fp32; both restored afterwards."""
-    hydra = [m for m in wrapped.modules() if isinstance(m, HydraModel)]
+    hydra = [m for m in wrapped.modules() if hasattr(m, "chunk_rows")]  # models that run members stacked
     chunking = [h.chunk_rows for h in hydra]
     for h in hydra:
         h.chunk_rows = None
@@ -380,7 +379,7 @@ def _runtime_settings(wrapped: HydraPreTrainedModel, example: dict[str, torch.Te
     from ..runtime import inference_chunk_rows
 
     ensemble = wrapped.ensemble
-    if isinstance(ensemble, HydraModel):
+    if hasattr(ensemble, "chunk_token_rows"):  # members stacked in one pass (a fused model)
         rows, members = ensemble.chunk_token_rows("cpu", GRAPH_CACHE_SHARE), ensemble.num_members
         model, adapter = ensemble.model, ensemble.adapter
     else:

@@ -190,4 +190,13 @@ def fuse_dual_encoder(
     return fused
 
 
-register_saved_format(SavedFormat("zero-shot", CONFIG_NAME, ZeroShotHydra.from_pretrained, classifier=False))
+register_saved_format(
+    SavedFormat(
+        "zero-shot",
+        CONFIG_NAME,
+        ZeroShotHydra.from_pretrained,
+        classifier=False,
+        model_class=ZeroShotHydra,
+        save=ZeroShotHydra.save_pretrained,
+    )
+)
