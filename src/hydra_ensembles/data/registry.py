@@ -1,9 +1,8 @@
-"""Naming data on the command line: built-in datasets by name, users' files by path.
+"""Naming data on the command line: registered data sources by name, users' files by path.
 
-Built-in: ``bbc-news[:train|val|test]`` (the text benchmark's 4 ID topics and its hash split),
-``bbc-tech`` (its near-OOD topic), ``drug-reviews``, ``fortunes``, ``spam-assassin``,
-``fashion-mnist[:train|test]``, ``mnist`` (5,000 digits), ``textures`` (600 crops of brick, grass
-and gravel), ``elpv`` (solar cells). Files: ``.csv``/``.tsv``/``.jsonl`` (text), ``.npz`` (images),
+Named sources: whatever `register_data_source` added (the applications register the paper's
+offline data sets, `hydra_experiments.datasets`: ``bbc-news[:train|val|test]``, ``mnist``, ...;
+every ``hydra-ens`` command has them). Files: ``.csv``/``.tsv``/``.jsonl`` (text), ``.npz`` (images),
 or a directory of ``<class>/<image>`` files. Hugging Face datasets (`data.hf`): a
 ``save_to_disk`` folder (``FOLDER[:SPLIT]``), a ``.parquet``/``.arrow`` file, or
 ``hf:ID[@CONFIG][:SPLIT]`` for a hub dataset in the local cache. A named source is one
@@ -18,31 +17,13 @@ from typing import Any
 
 from ..errors import InputError
 from .hf import ARROW_SUFFIXES, is_saved_dataset, load_hf
-from .images import (
-    ImageDataset,
-    image_batches,
-    load_elpv,
-    load_fashion_mnist,
-    load_image_folder,
-    load_mnist,
-    load_npz,
-    load_texture_crops,
-)
-from .text import (
-    TextDataset,
-    batches,
-    bbc_news_splits,
-    data_dir,
-    load_drug_reviews,
-    load_fortunes,
-    load_spam_assassin,
-    load_text_table,
-)
+from .images import ImageDataset, image_batches, load_image_folder, load_npz
+from .text import TextDataset, batches, load_text_table
 
 Dataset = TextDataset | ImageDataset
 DATA_SOURCES: dict[str, tuple[Callable[[str], Dataset], tuple[str, ...]]] = {}
 """Named datasets: name -> (loader of a part, its parts: the first is the default; none: the
-name alone). `register_data_source` adds one; the built-in ones are below."""
+name alone). `register_data_source` adds one."""
 
 
 def register_data_source(name: str, load: Callable[[str], Dataset], parts: tuple[str, ...] = ()) -> None:
@@ -51,23 +32,6 @@ def register_data_source(name: str, load: Callable[[str], Dataset], parts: tuple
     if not name or ":" in name:
         raise InputError(f"a data source needs a name without ':', got {name!r}")
     DATA_SOURCES[name] = (load, tuple(parts))
-
-
-def _bbc_news(part: str) -> TextDataset:
-    return bbc_news_splits()[0][part]  # only BBC News is read, no other corpus
-
-
-register_data_source("bbc-news", _bbc_news, ("test", "train", "val"))
-register_data_source("bbc-tech", lambda _: bbc_news_splits()[1])
-register_data_source("drug-reviews", lambda _: load_drug_reviews())
-register_data_source("fortunes", lambda _: load_fortunes())
-register_data_source("spam-assassin", lambda _: load_spam_assassin(data_dir() / "spam-assassin"))
-register_data_source("fashion-mnist", load_fashion_mnist, ("test", "train"))
-register_data_source("mnist", lambda _: load_mnist())
-register_data_source("textures", lambda _: load_texture_crops())
-register_data_source("elpv", lambda _: load_elpv())
-BUILTIN = tuple(DATA_SOURCES)
-"""The built-in data sources' names."""
 
 
 def _from_source(name: str, part: str) -> Dataset:
