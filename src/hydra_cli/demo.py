@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from hydra_ensembles.errors import InputError
@@ -10,7 +11,7 @@ from hydra_ensembles.models import DEFAULT_TEXT_MODEL
 from hydra_experiments.pretrained import DEFAULT_IMAGE_MODEL
 
 from .command import Command
-from .options import precision_option
+from .options import POSITIVE, precision_option
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -37,6 +38,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.out:
         overrides["out_dir"] = Path(args.out)
     config = DemoConfig.preset(args.task, full=args.full, **overrides)
+    if args.member_epochs is not None:
+        config = replace(config, recipe=replace(config.recipe, member_epochs=args.member_epochs))
     if args.seeds and args.task == "zero-shot":
         raise InputError("--seeds runs the supervised demos (text, image)")
     with output_lock(config.out_dir):  # its default folder too: one demo writes it at a time
@@ -95,6 +98,12 @@ def _add_demo_command(sub) -> argparse.ArgumentParser:
         "--seeds",
         help="comma-separated seeds, e.g. 0,1,2: the demo once per seed (cached models are reused), "
         "then mean ± std over the seeds (seeds.md)",
+    )
+    demo.add_argument(
+        "--member-epochs",
+        type=POSITIVE,
+        help="epochs each pruned member is fine-tuned from the base (default: the preset's, text 1, "
+        "image 2): a member-training study",
     )
     demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
     demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")

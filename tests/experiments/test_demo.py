@@ -234,3 +234,20 @@ def test_reduced_dinov2_demo_with_every_opt_in_baseline(tmp_path):
     assert cost["MIMO (M=3, ρ=0.5, batch repeat 4)"]["gmacs"] < 1.1 * cost["Single"]["gmacs"]  # one pass
     packed = cost["Packed-Ensembles (M=3, α=3, from pretrained)"]  # three full-width members
     assert packed["params"] == pytest.approx(cost["Deep Ensemble"]["params"], rel=0.01)
+
+
+def test_member_epochs_reach_the_recipe(monkeypatch, tmp_path):
+    """``demo --member-epochs N`` trains each pruned member N epochs (the recipe every stage
+    reads); 0 is refused before anything runs."""
+    import hydra_experiments
+    from hydra_cli import main
+
+    seen = []
+    monkeypatch.setattr(hydra_experiments, "run_demo", lambda config: seen.append(config))
+    assert main(["demo", "--member-epochs", "3", "--out", str(tmp_path / "d"), "--no-cache"]) == 0
+    assert seen[0].recipe.member_epochs == 3
+    assert seen[0].recipe.epochs == DemoConfig.preset("text").recipe.epochs  # the base model's unchanged
+    assert seen[0].recipe.config(0, member=True).epochs == 3
+    with pytest.raises(SystemExit):
+        main(["demo", "--member-epochs", "0", "--out", str(tmp_path / "e")])
+    assert len(seen) == 1
