@@ -108,6 +108,36 @@ def test_a_shared_trunk_is_a_build_setting_kept_shared_through_fine_tuning_and_s
         assert torch.equal(loaded(**x).member_logits, built.hydra(**x).member_logits)
 
 
+def test_bootstrap_members_train_on_their_own_resamples_as_by_hand():
+    """``bootstrap=True``: member m fine-tunes on the bootstrap resample of seed ``seed + m``
+    (`bootstrap_batches`), as by hand; the resamples differ between members, hold as many
+    examples, draw only training examples, and repeat some."""
+    from hydra_ensembles.batching import bootstrap_batches
+
+    model, train, val = tiny_bert(), _batches(3, seed=41), _batches(1, seed=51)
+    tuning = FineTuneConfig(epochs=1, lr=1e-3, seed=3)
+    config = he.BuildConfig(
+        num_members=2, num_pruned=2, pool_size=4, fine_tune=tuning, bootstrap=True, precision="fp32"
+    )
+    built = he.build_hydra(model, train, val, config=config, progress=False)
+    rows = {tuple(r.tolist()) for b in train for r in b["input_ids"]}
+    resamples = [bootstrap_batches(train, 3 + m) for m in range(2)]
+    drawn = [[tuple(r.tolist()) for b in res for r in b["input_ids"]] for res in resamples]
+    for res in resamples:
+        assert [b["labels"].shape[0] for b in res] == [b["labels"].shape[0] for b in train]
+    assert drawn[0] != drawn[1] and all(len(set(d)) < len(d) for d in drawn)
+    assert all(r in rows for d in drawn for r in d)
+    x = text_inputs(batch=4, seed=9)
+    for m, (member, hs) in enumerate(zip(built.members, built.head_sets, strict=True)):
+        by_hand = he.prune(model, hs)
+        settings = dataclasses.replace(tuning, seed=3 + m, precision="fp32")
+        fine_tune(by_hand, resamples[m], val, settings, progress=False)
+        with torch.no_grad():
+            assert torch.allclose(member(**x).logits, by_hand(**x).logits, atol=1e-6)
+    with pytest.raises(ValueError, match="needs fine_tune"):
+        he.BuildConfig(num_pruned=2, bootstrap=True)
+
+
 def test_bad_requests_are_refused_before_any_work():
     model = tiny_bert()
     with pytest.raises(ValueError, match="training batches"):

@@ -67,6 +67,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
     if args.fine_tune and not args.data:
         raise InputError("--fine-tune needs --data (labelled training data)")
+    if args.bootstrap and not args.fine_tune:
+        raise InputError("--bootstrap resamples the members' training data: it needs --fine-tune")
     if args.ood_data and not args.val_data:
         raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
     model = _load_model(args.model, args)
@@ -142,6 +144,7 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
         seed=args.seed,
         shared_layers=args.shared_layers,
         fine_tune=tuning,
+        bootstrap=args.bootstrap,
         mlp=args.mlp,
         calibration=calibration_config(args),
         precision=args.precision,
@@ -189,6 +192,12 @@ def _add_build_command(sub) -> argparse.ArgumentParser:
     )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
+    build.add_argument(
+        "--bootstrap",
+        action="store_true",
+        help="with --fine-tune: each member trains on its own bootstrap resample of --data (as many "
+        "texts drawn with replacement; bagging, for members that differ in their data too)",
+    )
     build.add_argument(
         "--data",
         help="labelled training data: for --fine-tune, and for the feature statistics of the OOD "

@@ -27,6 +27,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "cache_dir": Path(args.cache_dir),
         "use_cache": not args.no_cache,
         "trunk_study": args.trunk_study,
+        "bootstrap": args.bootstrap,
         "batch_ensemble": args.batch_ensemble,
         "oba": args.oba,
         "wanda": args.wanda,
@@ -104,6 +105,12 @@ def _add_demo_command(sub) -> argparse.ArgumentParser:
         type=POSITIVE,
         help="epochs each pruned member is fine-tuned from the base (default: the preset's, text 1, "
         "image 2): a member-training study",
+    )
+    demo.add_argument(
+        "--bootstrap",
+        action="store_true",
+        help="each pruned member trains on its own bootstrap resample of the training data "
+        "(bagging, build --bootstrap): a member-diversity study",
     )
     demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
     demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")

@@ -72,6 +72,20 @@ class ExamplePool:
         return out
 
 
+BOOTSTRAP_SALT = 7_919
+"""Mixed into a bootstrap resample's seed, so that it draws apart from the training order of the
+same seed."""
+
+
+def bootstrap_batches(batches: list[dict[str, Any]], seed: int, pad_id: int = 0) -> list[dict[str, Any]]:
+    """A bootstrap resample of the examples of ``batches``: as many examples, drawn with replacement
+    (from ``seed``), dealt into batches of the same sizes (`ExamplePool`). Bagging: an ensemble's
+    members trained on resamples drawn from different seeds see different data."""
+    pool = ExamplePool(list(batches), pad_id)
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + BOOTSTRAP_SALT)
+    return pool.deal(torch.randint(len(pool), (len(pool),), generator=generator))
+
+
 def batch_rows(inputs: dict[str, Any]) -> int:
     """dim 0 of the first tensor input (the batch size). Never converted with ``int``: under
     ``torch.export`` it stays symbolic, so an exported graph keeps a dynamic batch axis."""

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .batching import bootstrap_batches
 from .errors import InputError
 from .evaluation.calibration import AUTO_SCORE, Calibration, CalibrationConfig, check_calibration_size
 from .evaluation.model_calibration import calibrate
@@ -68,7 +69,9 @@ class BuildConfig:
     None leaves the members untrained (fusion is then exact); member m trains
     with seed ``fine_tune.seed + m``. ``shared_layers=k`` gives every member member 0's heads in
     the first k layers and fine-tunes only the blocks after them (a shared trunk, which `fuse`
-    runs once: the cost knob of the fused model). ``calibration`` (`CalibrationConfig`) sets the
+    runs once: the cost knob of the fused model). ``bootstrap``: member m fine-tunes on its own
+    bootstrap resample of ``train`` (`batching.bootstrap_batches`, seed ``fine_tune.seed + m``):
+    bagging, for members that differ in their data too. ``calibration`` (`CalibrationConfig`) sets the
     OOD flag and the prediction sets; by default the flag score is ``"auto"``
     (`evaluation.choose_flag_score`, a feature score where training data is given) and the sets
     are ``lac`` at level 0.1."""
@@ -81,6 +84,7 @@ class BuildConfig:
     seed: int = 0
     shared_layers: int = 0
     fine_tune: FineTuneConfig | None = None
+    bootstrap: bool = False
     mlp: str = "merge"
     calibration: CalibrationConfig = field(default_factory=lambda: BUILD_CALIBRATION)
     precision: str = "auto"
@@ -92,6 +96,8 @@ class BuildConfig:
     def __post_init__(self) -> None:
         """``precision`` is the one precision of every step of a build: a nested setting that
         names another is refused rather than silently replaced (``auto`` defers to it)."""
+        if self.bootstrap and self.fine_tune is None:
+            raise InputError("bootstrap resamples the members' training data: it needs fine_tune")
         for name, nested in (("fine_tune", self.fine_tune), ("circuit", self.circuit)):
             if nested is not None and nested.precision not in ("auto", self.precision):
                 raise InputError(
@@ -182,7 +188,7 @@ def build_hydra(
     else:
         members = [name_classes(prune(model, hs), classes) for hs in head_sets]
         if config.fine_tune is not None:
-            train_one = functools.partial(fine_tune, train=train, val=validation, progress=progress)
+            train_one = functools.partial(_train_member, train, validation, config.bootstrap, progress)
             histories = _fine_tune_members(members, train_one, config, checkpoint_dir, on_member, say)
     say(f"fusing {len(members)} members into one model")
     built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking, histories)
@@ -227,6 +233,23 @@ def _to_stderr(line: str) -> None:
     print(f"build_hydra: {line}", file=sys.stderr, flush=True)
 
 
+def _train_member(
+    train: Sequence[dict[str, Any]],
+    validation: Sequence[dict[str, Any]] | None,
+    bootstrap: bool,
+    progress: bool,
+    member: nn.Module,
+    m: int,
+    config: FineTuneConfig,
+    **options: Any,
+) -> FineTuneResult:
+    """Fine-tune member ``m`` on ``train`` (its own bootstrap resample of it with ``bootstrap``)."""
+    if bootstrap:
+        pad_id = int(getattr(member.config, "pad_token_id", None) or 0)
+        train = bootstrap_batches(list(train), config.seed, pad_id)
+    return fine_tune(member, train=train, val=validation, config=config, progress=progress, **options)
+
+
 def _fine_tune_members(
     members: list[nn.Module],
     train_one: Callable[..., FineTuneResult],
@@ -255,7 +278,7 @@ def _fine_tune_members(
         def said(record: dict, m: int = m) -> None:
             say(f"member {m + 1}: {describe_epoch(record)}")
 
-        result = train_one(member, config=settings, checkpoint_dir=folder, on_epoch=said)
+        result = train_one(member, m, config=settings, checkpoint_dir=folder, on_epoch=said)
         histories.append(result)
         if on_member is not None:
             on_member(m, member, result)

@@ -237,6 +237,9 @@ class DemoConfig:
     bootstrap: int = 200
     """Bootstrap resamples of the test items for every row's 95% intervals and the paired
     differences of the methods a `Method` is compared with (``compare_with``); 0: none."""
+    bootstrap: bool = False
+    """Each pruned member fine-tunes on its own bootstrap resample of the training data (bagging,
+    `BuildConfig.bootstrap`): a member-diversity study; the other methods train as always."""
     trunk_study: bool = False
     """Also build Hydra (Circ) with a shared trunk of L/3 and L/2 layers (members diverse and
     fine-tuned only after it) and report its quality and cost beside full Hydra."""

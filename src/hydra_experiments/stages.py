@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from hydra_ensembles.baselines.unstructured import make_permanent, matched_sparsity, unstructured_prune
+from hydra_ensembles.batching import bootstrap_batches
 from hydra_ensembles.build import Build, BuildConfig, build_hydra
 from hydra_ensembles.cost import count_parameters
 from hydra_ensembles.heads import HeadSet
@@ -86,10 +87,10 @@ def pruned_member(
     settings = run.config.recipe.config(run.config.model_seed(seed), member=True)
     if trunk:  # the shared trunk stays as in the base: train only the later blocks
         settings = replace(settings, last_k_blocks=base.config.num_hidden_layers - trunk)
-    key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk)
-    return run.cached_model(
-        f"fine-tune {name}", "member", key, partial(prune_and_fine_tune, run, base, heads, settings)
-    )
+    bagged = {"bootstrap": True} if run.config.bootstrap else {}  # no key change for the usual members
+    key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk, **bagged)
+    train = partial(prune_and_fine_tune, run, base, heads, settings, run.config.bootstrap)
+    return run.cached_model(f"fine-tune {name}", "member", key, train)
 
 
 def train_baselines(run: DemoRun) -> Baselines:
@@ -311,11 +312,15 @@ def unstructured_meta(base: torch.nn.Module, pruned: PrunedModels) -> dict[str, 
 
 
 def prune_and_fine_tune(
-    run: DemoRun, base: torch.nn.Module, heads: HeadSet, settings: FineTuneConfig
+    run: DemoRun, base: torch.nn.Module, heads: HeadSet, settings: FineTuneConfig, bootstrap: bool = False
 ) -> torch.nn.Module:
-    """``base`` pruned to ``heads``, fine-tuned on the run's training batches (uncached)."""
+    """``base`` pruned to ``heads``, fine-tuned on the run's training batches (with ``bootstrap``:
+    on their bootstrap resample of the settings' seed, as `build_hydra` does) (uncached)."""
     member = prune(base, heads)
-    fine_tune(member, run.bench.train, None, settings, progress=True)
+    train = run.bench.train
+    if bootstrap:
+        train = bootstrap_batches(list(train), settings.seed, int(base.config.pad_token_id or 0))
+    fine_tune(member, train, None, settings, progress=True)
     return member
 
 

@@ -484,6 +484,7 @@ CASES = [
     # counts
     ("members-zero", lambda w: build(w, *HEADS_PER_LAYER, "--members", "0"), "--members", "built"),
     ("build-keeps-no-head", lambda w: build(w, "--heads-per-layer", "0"), "at least one head", "built"),
+    ("bootstrap-untrained", lambda w: build(w, *HEADS_PER_LAYER, "--bootstrap"), "--fine-tune", "built"),
     ("build-prunes-every-head", lambda w: build(w, "--num-pruned", "8"), "at least one of the 8", "built"),
     (
         "pool-smaller-than-pruned",

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from hydra_ensembles.precision import resolve_precision
 from hydra_experiments import Cache, DemoConfig, TrainingRecipe, run_demo
@@ -251,3 +252,28 @@ def test_member_epochs_reach_the_recipe(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         main(["demo", "--member-epochs", "0", "--out", str(tmp_path / "e")])
     assert len(seen) == 1
+
+
+def test_bootstrap_members_train_on_resamples_and_are_cached_apart(tmp_path):
+    """``demo --bootstrap``: a pruned member trains on the bootstrap resample `build_hydra` would
+    give it (same seed), under its own cache key; without it the key is the usual one."""
+    from types import SimpleNamespace
+
+    from hydra_ensembles.batching import bootstrap_batches
+    from hydra_ensembles.heads import HeadSet
+    from hydra_ensembles.training import FineTuneConfig, fine_tune
+    from hydra_experiments import stages
+    from tests.factories import labelled, text_inputs, tiny_bert
+
+    train = [labelled(text_inputs(batch=6, tokens=7, seed=s), seed=s) for s in range(2)]
+    base, heads = tiny_bert(), HeadSet({0: [0, 1], 1: [2, 3]})
+    settings = FineTuneConfig(epochs=1, lr=1e-3, seed=4, precision="fp32")
+    run = SimpleNamespace(bench=SimpleNamespace(train=train))
+    bagged = stages.prune_and_fine_tune(run, base, heads, settings, bootstrap=True)
+    plain = stages.prune_and_fine_tune(run, base, heads, settings)
+    by_hand = stages.prune(base, heads)
+    fine_tune(by_hand, bootstrap_batches(train, 4), None, settings, progress=False)
+    x = text_inputs(batch=3, seed=11)
+    with torch.no_grad():
+        assert torch.allclose(bagged(**x).logits, by_hand(**x).logits, atol=1e-6)
+        assert not torch.allclose(bagged(**x).logits, plain(**x).logits, atol=1e-4)
