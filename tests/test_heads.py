@@ -69,7 +69,7 @@ def test_bad_json():
 
 
 def test_read_head_sets_takes_one_head_set_or_a_list(tmp_path):
-    from hydra_ensembles.heads import read_head_sets
+    from hydra_ensembles.saving.metadata import read_head_sets
 
     one, two = HeadSet({0: [0, 1], 1: [2]}), HeadSet({0: [3], 1: [0, 1]})
     (tmp_path / "one.json").write_text(json.dumps(one.to_dict()))

@@ -27,7 +27,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "cache_dir": Path(args.cache_dir),
         "use_cache": not args.no_cache,
         "trunk_study": args.trunk_study,
-        "bootstrap": args.bootstrap,
+        "bagging": args.bagging,
         "batch_ensemble": args.batch_ensemble,
         "oba": args.oba,
         "wanda": args.wanda,
@@ -107,7 +107,7 @@ def _add_demo_command(sub) -> argparse.ArgumentParser:
         "image 2): a member-training study",
     )
     demo.add_argument(
-        "--bootstrap",
+        "--bagging",
         action="store_true",
         help="each pruned member trains on its own bootstrap resample of the training data "
         "(bagging, build --bootstrap): a member-diversity study",

@@ -237,7 +237,7 @@ class DemoConfig:
     bootstrap: int = 200
     """Bootstrap resamples of the test items for every row's 95% intervals and the paired
     differences of the methods a `Method` is compared with (``compare_with``); 0: none."""
-    bootstrap: bool = False
+    bagging: bool = False
     """Each pruned member fine-tunes on its own bootstrap resample of the training data (bagging,
     `BuildConfig.bootstrap`): a member-diversity study; the other methods train as always."""
     trunk_study: bool = False

@@ -87,9 +87,9 @@ def pruned_member(
     settings = run.config.recipe.config(run.config.model_seed(seed), member=True)
     if trunk:  # the shared trunk stays as in the base: train only the later blocks
         settings = replace(settings, last_k_blocks=base.config.num_hidden_layers - trunk)
-    bagged = {"bootstrap": True} if run.config.bootstrap else {}  # no key change for the usual members
+    bagged = {"bootstrap": True} if run.config.bagging else {}  # no key change for the usual members
     key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk, **bagged)
-    train = partial(prune_and_fine_tune, run, base, heads, settings, run.config.bootstrap)
+    train = partial(prune_and_fine_tune, run, base, heads, settings, run.config.bagging)
     return run.cached_model(f"fine-tune {name}", "member", key, train)
 
 
@@ -319,7 +319,8 @@ def prune_and_fine_tune(
     member = prune(base, heads)
     train = run.bench.train
     if bootstrap:
-        train = bootstrap_batches(list(train), settings.seed, int(base.config.pad_token_id or 0))
+        pad_id = int(getattr(base.config, "pad_token_id", None) or 0)
+        train = bootstrap_batches(list(train), settings.seed, pad_id)
     fine_tune(member, train, None, settings, progress=True)
     return member
 

@@ -109,7 +109,7 @@ def test_help_states_every_default():
 def test_a_bug_in_the_library_is_an_internal_error_not_bad_input(local_model, monkeypatch, capsys):
     """A TypeError raised inside the library ends in exit 1 with one line saying it is internal
     (HYDRA_DEBUG=1 lets the traceback through); a refusal of the input stays exit 2."""
-    from hydra_ensembles.saving import loading as loading
+    from hydra_ensembles import loading
 
     def broken(*args, **kwargs):
         raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
@@ -134,8 +134,7 @@ def test_a_plain_value_error_from_a_computation_is_internal_and_a_refusal_is_inp
 ):
     """Only the library's refusals (`InputError` and its subclasses) are bad input, exit 2; a
     plain ValueError raised inside a computation (numpy's, torch's) is a bug, exit 1."""
-    from hydra_ensembles import InputError
-    from hydra_ensembles.saving import loading
+    from hydra_ensembles import InputError, loading
 
     def shapes(*args, **kwargs):
         raise ValueError("operands could not be broadcast together with shapes (3,) (4,)")

@@ -249,9 +249,14 @@ def test_member_epochs_reach_the_recipe(monkeypatch, tmp_path):
     assert seen[0].recipe.member_epochs == 3
     assert seen[0].recipe.epochs == DemoConfig.preset("text").recipe.epochs  # the base model's unchanged
     assert seen[0].recipe.config(0, member=True).epochs == 3
+    assert (
+        seen[0].bootstrap == DemoConfig.preset("text").bootstrap > 0 and not seen[0].bagging
+    )  # intervals kept
+    assert main(["demo", "--bagging", "--out", str(tmp_path / "b"), "--no-cache"]) == 0
+    assert seen[1].bagging and seen[1].bootstrap == seen[0].bootstrap
     with pytest.raises(SystemExit):
         main(["demo", "--member-epochs", "0", "--out", str(tmp_path / "e")])
-    assert len(seen) == 1
+    assert len(seen) == 2
 
 
 def test_bootstrap_members_train_on_resamples_and_are_cached_apart(tmp_path):
