@@ -138,6 +138,39 @@ def test_bootstrap_members_train_on_their_own_resamples_as_by_hand():
         he.BuildConfig(num_pruned=2, bootstrap=True)
 
 
+def test_keep_base_makes_the_model_itself_member_0_and_trains_the_others_as_by_hand():
+    """``keep_base=True``: member 0 is the model, every head kept and not trained again; the other
+    members are sampled (M - 1 of them) and trained with seeds ``seed + m`` as always; the fused
+    model equals the members' explicit ensemble."""
+    model, train, val = tiny_bert(), _batches(2, seed=42), _batches(1, seed=52)
+    tuning = FineTuneConfig(epochs=1, lr=1e-3, seed=6)
+    config = he.BuildConfig(
+        num_members=3, num_pruned=2, pool_size=4, fine_tune=tuning, keep_base=True, precision="fp32"
+    )
+    ranking = he.taylor_scores(model, val, precision="fp32")
+    built = he.build_hydra(model, train, val, config=config, ranking=ranking, progress=False)
+    sampled = he.sample_members(ranking, 2, num_pruned=2, pool_size=4, seed=0)
+    assert built.head_sets[1:] == sampled and len(built.members) == 3
+    every_head = he.HeadSet({layer: [0, 1, 2, 3] for layer in range(2)})  # tiny_bert: 2 layers of 4
+    assert built.head_sets[0] == every_head and built.histories[0].optimizer_steps == 0
+    x = text_inputs(batch=4, seed=10)
+    with torch.no_grad():
+        assert torch.equal(built.members[0](**x).logits, model(**x).logits)
+    for m in (1, 2):
+        by_hand = he.prune(model, built.head_sets[m])
+        fine_tune(
+            by_hand, train, val, dataclasses.replace(tuning, seed=6 + m, precision="fp32"), progress=False
+        )
+        with torch.no_grad():
+            assert torch.allclose(built.members[m](**x).logits, by_hand(**x).logits, atol=1e-6)
+    explicit = DeepEnsemble(built.members).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(built.hydra.eval()(**x).probs, explicit(**x).probs, rtol=1e-5, atol=1e-6)
+    for bad in ({"num_members": 1}, {"shared_layers": 1}):
+        with pytest.raises(ValueError, match="keep_base"):
+            he.BuildConfig(num_pruned=2, keep_base=True, **bad)
+
+
 def test_bad_requests_are_refused_before_any_work():
     model = tiny_bert()
     with pytest.raises(ValueError, match="training batches"):

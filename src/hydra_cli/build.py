@@ -145,6 +145,7 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
         shared_layers=args.shared_layers,
         fine_tune=tuning,
         bootstrap=args.bootstrap,
+        keep_base=args.keep_base,
         mlp=args.mlp,
         calibration=calibration_config(args),
         precision=args.precision,
@@ -192,6 +193,12 @@ def _add_build_command(sub) -> argparse.ArgumentParser:
     )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
+    build.add_argument(
+        "--keep-base",
+        action="store_true",
+        help="member 1 is the model itself, unpruned and not trained again; the other members are "
+        "sampled and trained as usual (the single model inside the ensemble)",
+    )
     build.add_argument(
         "--bootstrap",
         action="store_true",

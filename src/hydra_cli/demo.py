@@ -28,6 +28,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "use_cache": not args.no_cache,
         "trunk_study": args.trunk_study,
         "bagging": args.bagging,
+        "keep_base": args.keep_base,
         "batch_ensemble": args.batch_ensemble,
         "oba": args.oba,
         "wanda": args.wanda,
@@ -105,6 +106,12 @@ def _add_demo_command(sub) -> argparse.ArgumentParser:
         type=POSITIVE,
         help="epochs each pruned member is fine-tuned from the base (default: the preset's, text 1, "
         "image 2): a member-training study",
+    )
+    demo.add_argument(
+        "--keep-base",
+        action="store_true",
+        help="each Hydra's member 1 is the fine-tuned base model itself beside M - 1 pruned members "
+        "(build --keep-base): a member-diversity study",
     )
     demo.add_argument(
         "--bagging",

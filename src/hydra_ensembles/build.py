@@ -71,7 +71,9 @@ class BuildConfig:
     the first k layers and fine-tunes only the blocks after them (a shared trunk, which `fuse`
     runs once: the cost knob of the fused model). ``bootstrap``: member m fine-tunes on its own
     bootstrap resample of ``train`` (`batching.bootstrap_batches`, seed ``fine_tune.seed + m``):
-    bagging, for members that differ in their data too. ``calibration`` (`CalibrationConfig`) sets the
+    bagging, for members that differ in their data too. ``keep_base``: member 0 is ``model``
+    itself, unpruned and not trained again (the single model inside the ensemble); the other
+    ``num_members - 1`` are sampled and trained as usual. ``calibration`` (`CalibrationConfig`) sets the
     OOD flag and the prediction sets; by default the flag score is ``"auto"``
     (`evaluation.choose_flag_score`, a feature score where training data is given) and the sets
     are ``lac`` at level 0.1."""
@@ -85,6 +87,7 @@ class BuildConfig:
     shared_layers: int = 0
     fine_tune: FineTuneConfig | None = None
     bootstrap: bool = False
+    keep_base: bool = False
     mlp: str = "merge"
     calibration: CalibrationConfig = field(default_factory=lambda: BUILD_CALIBRATION)
     precision: str = "auto"
@@ -96,6 +99,11 @@ class BuildConfig:
     def __post_init__(self) -> None:
         """``precision`` is the one precision of every step of a build: a nested setting that
         names another is refused rather than silently replaced (``auto`` defers to it)."""
+        if self.keep_base and (self.num_members < 2 or self.shared_layers):
+            raise InputError(
+                "keep_base adds pruned members to the model itself: it needs num_members >= 2 and "
+                "no shared_layers (the model keeps every head in every layer)"
+            )
         if self.bootstrap and self.fine_tune is None:
             raise InputError("bootstrap resamples the members' training data: it needs fine_tune")
         for name, nested in (("fine_tune", self.fine_tune), ("circuit", self.circuit)):
@@ -172,16 +180,22 @@ def build_hydra(
     train, validation = _checked_data(model, train, validation, config)
     if ranking is None:
         ranking = _rank(model, validation, ood_validation, config, progress, say)
-    say(f"sampling {config.num_members} members' head sets from the ranking")
+    sampled = config.num_members - config.keep_base
+    say(
+        f"sampling {sampled} members' head sets from the ranking"
+        + (" (member 1: the model)" if config.keep_base else "")
+    )
     head_sets = sample_members(
         ranking,
-        config.num_members,
+        sampled,
         heads_per_layer=config.heads_per_layer,
         num_pruned=config.num_pruned,
         pool_size=config.pool_size,
         seed=config.seed,
         shared_layers=config.shared_layers,
     )
+    if config.keep_base:
+        head_sets = [HeadSet(dict(enumerate(map(range, original_heads_per_layer(model))))), *head_sets]
     histories = []
     if make_member is not None:
         members = [make_member(m, hs) for m, hs in enumerate(head_sets)]
@@ -278,7 +292,11 @@ def _fine_tune_members(
         def said(record: dict, m: int = m) -> None:
             say(f"member {m + 1}: {describe_epoch(record)}")
 
-        result = train_one(member, m, config=settings, checkpoint_dir=folder, on_epoch=said)
+        if m == 0 and config.keep_base:
+            say("member 1 is the model itself: not trained again")
+            result = FineTuneResult()
+        else:
+            result = train_one(member, m, config=settings, checkpoint_dir=folder, on_epoch=said)
         histories.append(result)
         if on_member is not None:
             on_member(m, member, result)

@@ -237,6 +237,10 @@ class DemoConfig:
     bootstrap: int = 200
     """Bootstrap resamples of the test items for every row's 95% intervals and the paired
     differences of the methods a `Method` is compared with (``compare_with``); 0: none."""
+    keep_base: bool = False
+    """Each Hydra's member 0 is the fine-tuned base model itself (Single), unpruned and not trained
+    again, beside M - 1 pruned members (`BuildConfig.keep_base`): the single model inside the
+    ensemble, a member-diversity study."""
     bagging: bool = False
     """Each pruned member fine-tunes on its own bootstrap resample of the training data (bagging,
     `BuildConfig.bootstrap`): a member-diversity study; the other methods train as always."""

@@ -247,14 +247,16 @@ def build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pru
             seed=config.seed,
             shared_layers=trunk,
             mlp="merge",
+            keep_base=config.keep_base and not trunk,
         )
         suffix = f" (trunk {trunk})" if trunk else ""
-        return build_hydra(
-            base,
-            config=settings,
-            ranking=ranking,
-            make_member=lambda m, hs: member(f"{kind} member {m}{suffix}", hs, m, trunk),
-        )
+
+        def make(m: int, hs: HeadSet) -> torch.nn.Module:
+            if m == 0 and settings.keep_base:  # the base itself, as build_hydra makes it
+                return prune(base, hs)
+            return member(f"{kind} member {m}{suffix}", hs, m, trunk)
+
+        return build_hydra(base, config=settings, ranking=ranking, make_member=make)
 
     singles = {
         "Taylor": member("Taylor (single pruned)", rankings.taylor_single, 0),

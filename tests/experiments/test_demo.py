@@ -254,9 +254,11 @@ def test_member_epochs_reach_the_recipe(monkeypatch, tmp_path):
     )  # intervals kept
     assert main(["demo", "--bagging", "--out", str(tmp_path / "b"), "--no-cache"]) == 0
     assert seen[1].bagging and seen[1].bootstrap == seen[0].bootstrap
+    assert main(["demo", "--keep-base", "--out", str(tmp_path / "k"), "--no-cache"]) == 0
+    assert seen[2].keep_base and not seen[0].keep_base
     with pytest.raises(SystemExit):
         main(["demo", "--member-epochs", "0", "--out", str(tmp_path / "e")])
-    assert len(seen) == 2
+    assert len(seen) == 3
 
 
 def test_bootstrap_members_train_on_resamples_and_are_cached_apart(tmp_path):
