@@ -167,16 +167,8 @@ def _describe(built, model) -> None:
             print(f"the {what}: calibration: {calibration.describe()}")
 
 
-def _add_build_command(sub) -> argparse.ArgumentParser:
-    build = sub.add_parser(
-        "build", help="members from a ranking -> optional fine-tuning -> fused Hydra model"
-    )
-    build.add_argument("model", help="the model the ranking was computed on")
-    build.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
-    build.add_argument("--members", type=POSITIVE, default=3)
-    group = build.add_mutually_exclusive_group(required=True)
-    group.add_argument("--heads-per-layer", type=COUNT, help="heads each member keeps per layer")
-    group.add_argument("--num-pruned", type=COUNT, help="heads each member prunes in total")
+def _member_options(build: argparse.ArgumentParser) -> None:
+    """How the members are made: sampled heads, a shared trunk, their training and its data."""
     build.add_argument(
         "--pool-size",
         type=POSITIVE,
@@ -205,6 +197,19 @@ def _add_build_command(sub) -> argparse.ArgumentParser:
         help="with --fine-tune: each member trains on its own bootstrap resample of --data (as many "
         "texts drawn with replacement; bagging, for members that differ in their data too)",
     )
+
+
+def _add_build_command(sub) -> argparse.ArgumentParser:
+    build = sub.add_parser(
+        "build", help="members from a ranking -> optional fine-tuning -> fused Hydra model"
+    )
+    build.add_argument("model", help="the model the ranking was computed on")
+    build.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
+    build.add_argument("--members", type=POSITIVE, default=3)
+    group = build.add_mutually_exclusive_group(required=True)
+    group.add_argument("--heads-per-layer", type=COUNT, help="heads each member keeps per layer")
+    group.add_argument("--num-pruned", type=COUNT, help="heads each member prunes in total")
+    _member_options(build)
     build.add_argument(
         "--data",
         help="labelled training data: for --fine-tune, and for the feature statistics of the OOD "

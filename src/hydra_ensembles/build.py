@@ -180,22 +180,7 @@ def build_hydra(
     train, validation = _checked_data(model, train, validation, config)
     if ranking is None:
         ranking = _rank(model, validation, ood_validation, config, progress, say)
-    sampled = config.num_members - config.keep_base
-    say(
-        f"sampling {sampled} members' head sets from the ranking"
-        + (" (member 1: the model)" if config.keep_base else "")
-    )
-    head_sets = sample_members(
-        ranking,
-        sampled,
-        heads_per_layer=config.heads_per_layer,
-        num_pruned=config.num_pruned,
-        pool_size=config.pool_size,
-        seed=config.seed,
-        shared_layers=config.shared_layers,
-    )
-    if config.keep_base:
-        head_sets = [HeadSet(dict(enumerate(map(range, original_heads_per_layer(model))))), *head_sets]
+    head_sets = _head_sets(model, ranking, config, say)
     histories = []
     if make_member is not None:
         members = [make_member(m, hs) for m, hs in enumerate(head_sets)]
@@ -217,6 +202,30 @@ def build_hydra(
         )
         _calibrate_built(built, calibrate_one, bool(train), say)
     return built
+
+
+def _head_sets(
+    model: nn.Module, ranking: Ranking, config: BuildConfig, say: Callable[[str], None]
+) -> list[HeadSet]:
+    """The members' head sets: sampled from ``ranking`` (with ``keep_base``, every head of
+    ``model`` first, then M - 1 sampled)."""
+    sampled = config.num_members - config.keep_base
+    say(
+        f"sampling {sampled} members' head sets from the ranking"
+        + (" (member 1: the model)" if config.keep_base else "")
+    )
+    head_sets = sample_members(
+        ranking,
+        sampled,
+        heads_per_layer=config.heads_per_layer,
+        num_pruned=config.num_pruned,
+        pool_size=config.pool_size,
+        seed=config.seed,
+        shared_layers=config.shared_layers,
+    )
+    if config.keep_base:
+        head_sets = [HeadSet(dict(enumerate(map(range, original_heads_per_layer(model))))), *head_sets]
+    return head_sets
 
 
 def _calibrate_built(built: Build, calibrate_one: Callable, statistics: bool, say: Callable) -> None:
