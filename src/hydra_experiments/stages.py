@@ -370,5 +370,8 @@ def table_methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> l
     )
     if run.evaluation.reduced:  # how much does reduced precision move Hydra's numbers?
         methods.append(Method("Hydra (Circ), fp32 evaluation", circ, pruned_avg, precision="fp32"))
-    methods += [Method(name, hydra, pruned_avg, cost_name=name) for name, hydra in pruned.trunks.items()]
+    methods += [
+        Method(name, hydra, pruned_avg, cost_name=name, compare_with=("Single",))
+        for name, hydra in pruned.trunks.items()
+    ]
     return methods

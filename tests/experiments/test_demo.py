@@ -68,6 +68,8 @@ def test_reduced_demo_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
     assert "Wanda (unstructured, single pruned)" in results
     assert "Deep Ensemble (D, M=2)" in results
     assert "Hydra (Circ, shared trunk 3/6)" in results
+    trunk_vs_single = results["Hydra (Circ, shared trunk 3/6)"]["differences"]["Single"]["auroc"]
+    assert trunk_vs_single["low"] <= trunk_vs_single["difference"] <= trunk_vs_single["high"]  # paired
     # the fp32 comparison row exists exactly where the demo computed in a reduced precision
     assert ("Hydra (Circ), fp32 evaluation" in results) == reduced
     assert f"- **precision**: {resolve_precision('auto')}\n" in report
