@@ -62,8 +62,8 @@ def load_spec(
     name, _, part = spec.partition(":")
     if name in DATA_SOURCES and Path(spec).exists():
         raise InputError(
-            f"{spec!r} names both a built-in dataset and a path here: write ./{spec} for the path "
-            "(or run from another folder for the built-in data)"
+            f"{spec!r} names both a registered data source and a path here: write ./{spec} for the "
+            "path (or run from another folder for the named data)"
         )
     if name in DATA_SOURCES:
         return _from_source(name, part)
