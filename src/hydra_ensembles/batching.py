@@ -72,6 +72,12 @@ class ExamplePool:
         return out
 
 
+def pad_id(model: Any) -> int:
+    """The token id ``model`` pads with (its configuration's ``pad_token_id``; 0 where it has none,
+    as an image model)."""
+    return int(getattr(getattr(model, "config", None), "pad_token_id", None) or 0)
+
+
 BOOTSTRAP_SALT = 7_919
 """Mixed into a bootstrap resample's seed, so that it draws apart from the training order of the
 same seed."""

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .batching import bootstrap_batches
+from .batching import bootstrap_batches, pad_id
 from .errors import InputError
 from .evaluation.calibration import AUTO_SCORE, Calibration, CalibrationConfig, check_calibration_size
 from .evaluation.model_calibration import calibrate
@@ -224,7 +224,7 @@ def _head_sets(
         shared_layers=config.shared_layers,
     )
     if config.keep_base:
-        head_sets = [HeadSet(dict(enumerate(map(range, original_heads_per_layer(model))))), *head_sets]
+        head_sets = [HeadSet.full(original_heads_per_layer(model)), *head_sets]
     return head_sets
 
 
@@ -268,8 +268,7 @@ def _train_member(
 ) -> FineTuneResult:
     """Fine-tune member ``m`` on ``train`` (its own bootstrap resample of it with ``bootstrap``)."""
     if bootstrap:
-        pad_id = int(getattr(member.config, "pad_token_id", None) or 0)
-        train = bootstrap_batches(list(train), config.seed, pad_id)
+        train = bootstrap_batches(list(train), config.seed, pad_id(member))
     return fine_tune(member, train=train, val=validation, config=config, progress=progress, **options)
 
 

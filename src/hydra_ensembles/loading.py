@@ -9,17 +9,26 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
+from transformers import AutoConfig
 
 from . import fusion, members, zero_shot  # noqa: F401  (their saved formats register on import)
+from .configuration import MODEL_TYPE
 from .errors import InputError
-from .models import load_classifier, load_image_processor, load_tokenizer
+from .hashing import json_digest
+from .models import (
+    VISION_MODEL_TYPES,
+    load_classifier,
+    load_image_processor,
+    load_tokenizer,
+    resolve_model_path,
+)
 from .saving.formats import SAVED_FORMATS, saved_format
 
 
 def load_saved(path: str | os.PathLike) -> tuple[nn.Module, str]:
     """A classifier folder the library saved, with its format's kind: a fused Hydra model
     (``"fused"``), a member (``"member"``), an ensemble of members (``"ensemble"``, a
-    `DeepEnsemble`) or any registered format (`serialization.register_saved_format`); InputError
+    `DeepEnsemble`) or any registered format (`saving.register_saved_format`); InputError
     for any other folder."""
     folder = Path(path)
     found = saved_format(folder)
@@ -52,8 +61,6 @@ def preprocessing_signature(preprocessor: Any) -> str | None:
     """A digest of what ``preprocessor`` turns an input into (a tokenizer's whole definition:
     vocabulary, normalisation, special tokens, padding side; an image processor's settings):
     equal digests, equal model inputs. None for no preprocessor."""
-    from .hashing import json_digest
-
     if preprocessor is None:
         return None
     backend = getattr(preprocessor, "backend_tokenizer", None)
@@ -79,11 +86,6 @@ def load_preprocessor(path: str) -> Any:
     """What a model's inputs are made with: the tokenizer or image processor saved with it
     (`saved_preprocessor`; ``build`` saves them beside members and the fused model), else a hub
     model's or embedded name's own, else None (a model saved without one)."""
-    from transformers import AutoConfig
-
-    from .configuration import MODEL_TYPE
-    from .models import VISION_MODEL_TYPES, resolve_model_path
-
     found = saved_preprocessor(path)
     if found is not None or saved_format(path) is not None:
         return found

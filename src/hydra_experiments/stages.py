@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from hydra_ensembles.baselines.unstructured import make_permanent, matched_sparsity, unstructured_prune
-from hydra_ensembles.batching import bootstrap_batches
+from hydra_ensembles.batching import bootstrap_batches, pad_id
 from hydra_ensembles.build import Build, BuildConfig, build_hydra
 from hydra_ensembles.cost import count_parameters
 from hydra_ensembles.heads import HeadSet
@@ -321,8 +321,7 @@ def prune_and_fine_tune(
     member = prune(base, heads)
     train = run.bench.train
     if bootstrap:
-        pad_id = int(getattr(base.config, "pad_token_id", None) or 0)
-        train = bootstrap_batches(list(train), settings.seed, pad_id)
+        train = bootstrap_batches(list(train), settings.seed, pad_id(base))
     fine_tune(member, train, None, settings, progress=True)
     return member
 

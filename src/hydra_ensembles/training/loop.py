@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from ..batching import ExamplePool, member_stacked, model_inputs, on_device
+from ..batching import ExamplePool, member_stacked, model_inputs, on_device, pad_id
 from ..errors import InputError
 from ..inputs import checked_batches
 from ..outputs import EnsembleOutput, ensemble_log_probs
@@ -353,8 +353,7 @@ def start_run(model, train_batches, val_batches, config, checkpoint_dir, progres
         progress=progress,
     )
     if config.shuffle == "examples":
-        pad_id = int(getattr(getattr(unwrapped, "config", None), "pad_token_id", None) or 0)
-        run.examples = ExamplePool(train_batches, pad_id)
+        run.examples = ExamplePool(train_batches, pad_id(unwrapped))
     if checkpoint is not None and checkpoint.exists():
         run.state = checkpoint.load(unwrapped, optimizer, config)
         if loss_scale is not None:  # the scale the last finished epoch ended with
