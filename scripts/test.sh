@@ -19,7 +19,8 @@ fi
 PRECISION_PATHS=(
     tests/members tests/baselines tests/test_training.py tests/scoring tests/zero_shot tests/fusion
     tests/layers tests/evaluation tests/test_low_precision.py tests/cli/test_pipeline.py
-    tests/cli/test_zero_shot.py tests/experiments/test_prediction_cache.py tests/experiments/test_demos_tiny.py
+    tests/cli/test_zero_shot.py tests/cli/test_sweep.py tests/experiments/test_prediction_cache.py
+    tests/experiments/test_demos_tiny.py
 )
 for precision in bf16 fp16; do
     echo "--- the precision-dependent tests in $precision"

@@ -183,15 +183,20 @@ def _member_options(build: argparse.ArgumentParser) -> None:
         help="the first K layers are one trunk the members share: the same heads, not fine-tuned, "
         "run once for all members (less compute; less member diversity). Default 0",
     )
-    build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
     build.add_argument(
         "--keep-base",
         action="store_true",
         help="member 1 is the model itself, unpruned and not trained again; the other members are "
         "sampled and trained as usual (the single model inside the ensemble)",
     )
-    build.add_argument(
+    member_training_options(build)
+
+
+def member_training_options(parser: argparse.ArgumentParser) -> None:
+    """How members are trained, for every command that builds (``build``, ``sweep``)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fine-tune", action="store_true", help="fine-tune every member on --data")
+    parser.add_argument(
         "--bootstrap",
         action="store_true",
         help="with --fine-tune: each member trains on its own bootstrap resample of --data (as many "

@@ -27,6 +27,7 @@ from . import (
     info,
     predict,
     score,
+    sweep,
     zero_shot,
 )
 from .command import Command
@@ -38,6 +39,7 @@ COMMANDS: tuple[Command, ...] = tuple(
         fuse,
         score,
         build,
+        sweep,
         calibrate,
         finetune,
         evaluate,

@@ -23,6 +23,7 @@ __all__ = [
     "confidence_histograms",
     "console_table",
     "format_value",
+    "frontier_plot",
     "head_scatter",
     "heads_map",
     "interval_sections",
@@ -42,6 +43,7 @@ __all__ = [
 
 _PLOTS = {
     "confidence_histograms",
+    "frontier_plot",
     "head_scatter",
     "heads_map",
     "method_plots",
@@ -56,6 +58,7 @@ _PLOTS = {
 if TYPE_CHECKING:
     from .plots import (
         confidence_histograms,
+        frontier_plot,
         head_scatter,
         heads_map,
         method_plots,

@@ -145,6 +145,50 @@ def metrics_vs_pruned(
     return _save(fig, path)
 
 
+def frontier_plot(
+    rows: Sequence[Mapping],
+    on_frontier: Sequence[bool],
+    path,
+    metrics: Sequence[tuple[str, str]],
+    budget: float | None = None,
+    chosen: int | None = None,
+    title: str = "",
+) -> Path:
+    """Each configuration's quality against its cost (``latency_ratio``), one panel per
+    (metric key, axis label) of ``metrics``; the frontier's points joined and ringed, the budget a
+    dashed line, the chosen configuration a star."""
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.8), squeeze=False)
+    costs = np.array([float(r["latency_ratio"]) for r in rows])
+    for ax, (key, label) in zip(axes[0], metrics, strict=True):
+        values = np.array([np.nan if r.get(key) is None else float(r[key]) for r in rows])
+        ax.scatter(costs, values, color="tab:blue", zorder=2)
+        front = sorted(i for i, on in enumerate(on_frontier) if on)
+        front.sort(key=lambda i: costs[i])
+        ax.plot(costs[front], values[front], color="tab:orange", zorder=1, label="frontier")
+        ax.scatter(costs[front], values[front], s=90, facecolors="none", edgecolors="tab:orange", zorder=3)
+        if chosen is not None:
+            ax.scatter(
+                [costs[chosen]],
+                [values[chosen]],
+                marker="*",
+                s=220,
+                color="tab:red",
+                zorder=4,
+                label="chosen",
+            )
+        if budget is not None:
+            ax.axvline(budget, color="gray", linestyle="--", label=f"budget {budget:g}x")
+        for i, row in enumerate(rows):
+            ax.annotate(
+                str(row["name"]), (costs[i], values[i]), fontsize=6, xytext=(3, 3), textcoords="offset points"
+            )
+        ax.set(xlabel="latency / single model's (same run)", ylabel=label)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)
+
+
 def head_scatter(
     panels: Sequence[tuple[str, np.ndarray, np.ndarray]], path, columns: int = 3, labels=("ID", "OOD")
 ) -> Path:

@@ -1,0 +1,307 @@
+"""``hydra-ens sweep``: a grid of Hydra builds beside the single model, measured on the user's own
+held-out validation data and timed side by side; the cost/quality frontier; ``--budget`` saves the
+best configuration within a latency ratio."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.saving.files import RUN_MARKER
+
+from .build import member_training_options
+from .command import Command
+from .common import _data_batches, _load_model, _record_length, _resolve_epochs, _say_precision
+from .options import (
+    POSITIVE,
+    PREPROCESSOR_HELP,
+    _calibration_options,
+    _data_options,
+    _overwrite_option,
+    _random_head_option,
+    _training_options,
+    calibration_config,
+)
+
+FINISHED = "sweep.json"
+WRITTEN = ("configs", "chosen", "sweep.csv", "sweep.md", "frontier.png")
+OWNED = (*WRITTEN, FINISHED, RUN_MARKER)
+UNSETTING = ("out", "overwrite", "repeats", "batch_sizes", "budget")
+"""Options that change no candidate's model or measures (a rerun that differs only in them
+resumes: the timing and the choice are made again at the end of every run)."""
+HALVES = {"fit": 0.5, "held": 0.5}
+"""Each validation set's halves: one fits every calibration, the other measures."""
+
+
+def _int_list(minimum: int):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated whole numbers, got {text!r}"
+            ) from None
+        if not values or any(v < minimum for v in values):
+            raise argparse.ArgumentTypeError(f"expected whole numbers >= {minimum}, got {text!r}")
+        return values
+
+    return parse
+
+
+def _ratio(text: str) -> float:
+    """A latency ratio to the single model: a finite number >= 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 1 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a latency ratio to the single model is at least 1, got {text}")
+    return value
+
+
+def _settings_key(args: argparse.Namespace) -> str:
+    from hydra_ensembles.hashing import json_digest
+
+    plain = (str, int, float, bool, type(None), list, tuple)
+    return json_digest(
+        {k: v for k, v in sorted(vars(args).items()) if k not in UNSETTING and isinstance(v, plain)}
+    )
+
+
+def _halves(spec: str, args: argparse.Namespace, preprocessor, model, labels: bool) -> tuple[list, list]:
+    """The data ``spec`` names, split in two by a stable hash of each example's id (the same split
+    on every run), as batches: (fit half, held-out half)."""
+    from hydra_ensembles.data import load_spec, split_indices
+
+    dataset = load_spec(spec, args.text_column, args.label_column, labelled=labels)
+    parts = split_indices(dataset.ids, HALVES, salt="sweep")
+    if min(len(p) for p in parts.values()) < 2:
+        raise InputError(
+            f"{spec}: {len(dataset)} examples are too few to split into a fit and a held-out half"
+        )
+    return tuple(  # type: ignore[return-value]
+        _data_batches(spec, args, preprocessor, labels=labels, model=model, dataset=dataset.subset(parts[h]))[
+            1
+        ]
+        for h in HALVES
+    )
+
+
+def _sweep_data(args: argparse.Namespace, preprocessor, model):
+    from hydra_ensembles.data.labels import check_trainable
+    from hydra_ensembles.sweep import SweepData
+
+    train = None
+    if args.data:
+        dataset, train = _data_batches(args.data, args, preprocessor, model=model)
+        check_trainable(dataset.labels, dataset.classes, args.data)
+    fit, held = _halves(args.val_data, args, preprocessor, model, labels=True)
+    ood_fit = ood_held = None
+    if args.ood_data:
+        ood_fit, ood_held = _halves(args.ood_data, args, preprocessor, model, labels=False)
+    return SweepData(train, fit, held, ood_fit, ood_held)
+
+
+def _sweep_config(args: argparse.Namespace, train):
+    from hydra_ensembles.sweep import SweepConfig
+    from hydra_ensembles.training import FineTuneConfig
+
+    tuning = None
+    if args.fine_tune:
+        tuning = FineTuneConfig(
+            epochs=_resolve_epochs(args, train), lr=args.lr, seed=args.seed, patience=args.patience
+        )
+    return SweepConfig(
+        members=args.members,
+        num_pruned=args.num_pruned,
+        shared_layers=args.shared_layers,
+        keep_base=(False, True) if args.keep_base else (False,),
+        fine_tune=tuning,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+        calibration=calibration_config(args),
+        precision=args.precision,
+        batch_sizes=args.batch_sizes,
+        repeats=args.repeats,
+        budget=args.budget,
+    )
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from hydra_ensembles.loading import load_preprocessor
+    from hydra_ensembles.saving.files import claim_run_dir, replace_dir
+    from hydra_ensembles.scoring.files import read_ranking
+    from hydra_ensembles.sweep import run_sweep
+
+    from .guards import check_output_dir, overwrite_staging
+
+    target = check_output_dir(args.out, finished=FINISHED, resumable=OWNED, overwrite=args.overwrite)
+    out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
+    if args.fine_tune and not args.data:
+        raise InputError("--fine-tune needs --data (labelled training data)")
+    if args.bootstrap and not args.fine_tune:
+        raise InputError("--bootstrap resamples the members' training data: it needs --fine-tune")
+    model = _load_model(args.model, args)
+    ranking = read_ranking(args.scores, model)
+    preprocessor = load_preprocessor(args.preprocessor or args.model)
+    _say_precision(args)
+    data = _sweep_data(args, preprocessor, model)
+    _record_length(model, args)
+    config = _sweep_config(args, data.train)
+    with claim_run_dir(out, _settings_key(args), WRITTEN, restart=args.overwrite, beside=out != target):
+        result = run_sweep(
+            model,
+            ranking,
+            data,
+            config,
+            out,
+            preprocessor=preprocessor,
+            log=lambda line: print(line, file=sys.stderr),
+        )
+        _write_results(out, result, config, args)
+    if out != target:
+        replace_dir(target, out)
+    print((target / "sweep.md").read_text())
+    return 0
+
+
+def _write_results(out, result, config, args: argparse.Namespace) -> None:
+    """sweep.csv (every measure), sweep.md (the table and how it was made), frontier.png, and
+    sweep.json last (the marker of a finished sweep)."""
+    from hydra_ensembles import reporting
+    from hydra_ensembles.runtime import describe_machine
+    from hydra_ensembles.saving.files import atomic_write_json, atomic_write_records, atomic_write_text
+    from hydra_ensembles.sweep import quality_key
+
+    rows, chosen = result.rows, result.chosen
+    machine = describe_machine()
+    metrics = [("auroc", "flag's OOD AUROC (held out)")] if quality_key(rows)[0] == "auroc" else []
+    metrics.append(("nll", "NLL (held out, as served)"))
+    reporting.frontier_plot(
+        rows,
+        [r["frontier"] for r in rows],
+        out / "frontier.png",
+        metrics,
+        config.budget,
+        chosen,
+        title=f"hydra-ens sweep on {args.val_data}; {machine}",
+    )
+    atomic_write_records(out / "sweep.csv", rows)
+    atomic_write_text(out / "sweep.md", _markdown(rows, chosen, config, args, machine))
+    atomic_write_json(
+        out / FINISHED, {"rows": rows, "chosen": chosen, "machine": machine, "budget": config.budget}
+    )
+
+
+COLUMNS = (
+    ("GMACs/input", "gmacs_per_input", ".3g"),
+    ("weights MB", "weights_mb", ".1f"),
+    ("acc", "acc", ".3f"),
+    ("NLL", "nll", ".3f"),
+    ("NLL (T=1)", "nll_t1", ".3f"),
+    ("ECE", "ece", ".3f"),
+    ("flag", "flag_score", "s"),
+    ("AUROC", "auroc", ".3f"),
+    ("FPR95", "fpr95", ".3f"),
+    ("ID flagged", "id_flagged", ".3f"),
+    ("set size", "set_size", ".2f"),
+)
+"""The table's columns after the latency ratios: (header, row key, format)."""
+
+
+def _table(rows, chosen, sizes) -> str:
+    from hydra_ensembles.reporting import markdown_table
+
+    headers = ["configuration", "frontier", *[f"latency x{b}" for b in sizes], *[h for h, _, _ in COLUMNS]]
+    table = [
+        [
+            r["name"] + (" (chosen)" if i == chosen else ""),
+            "yes" if r["frontier"] else "",
+            *[f"{r[f'latency_ratio@{b}']:.2f}" for b in sizes],
+            *["" if r.get(key) is None else format(r[key], style) for _, key, style in COLUMNS],
+        ]
+        for i, r in enumerate(rows)
+    ]
+    return markdown_table(headers, table)
+
+
+def _markdown(rows, chosen, config, args: argparse.Namespace, machine: str) -> str:
+    sizes = sorted(config.batch_sizes)
+    lines = [
+        "# hydra-ens sweep",
+        "",
+        f"- **data**: training {args.data or 'none'}; ID validation {args.val_data} (one half fits every "
+        "calibration, the other half measures)"
+        + (f"; OOD validation {args.ood_data} (halved alike)" if args.ood_data else ""),
+        f"- **machine**: {machine}; precision {args.precision}",
+        f"- **latency**: median of {config.repeats} interleaved rounds per batch size, as a ratio to "
+        f"`single` in the same loop; the frontier ranks by the ratio at batch {sizes[-1]}",
+        "- **measures**: on the held-out halves, as each model is served (its saved temperature, flag "
+        "and sets); NLL (T=1): at temperature 1",
+        "",
+        _table(rows, chosen, sizes),
+        "",
+    ]
+    if chosen is not None:
+        lines.append(f"Chosen within {config.budget:g}x: `{rows[chosen]['name']}`, saved to chosen/.")
+    return "\n".join(lines) + "\n"
+
+
+def _add_sweep_command(sub) -> argparse.ArgumentParser:
+    sweep = sub.add_parser(
+        "sweep",
+        help="many Hydra configurations beside the single model on your data: cost/quality frontier, "
+        "and the best within a latency budget",
+    )
+    sweep.add_argument("model", help="the model the ranking was computed on (the single model)")
+    sweep.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
+    sweep.add_argument(
+        "--members", type=_int_list(2), default=(2, 3), help="members, e.g. 2,3 (default: 2,3)"
+    )
+    sweep.add_argument(
+        "--num-pruned", type=_int_list(1), required=True, help="heads each member prunes, e.g. 4,8"
+    )
+    sweep.add_argument(
+        "--shared-layers", type=_int_list(0), default=(0,), help="trunk depths to try, e.g. 0,2 (default: 0)"
+    )
+    sweep.add_argument(
+        "--keep-base", action="store_true", help="also try each build with the model itself as member 1"
+    )
+    member_training_options(sweep)
+    sweep.add_argument(
+        "--data", help="labelled training data: for --fine-tune and the feature scores' statistics"
+    )
+    sweep.add_argument(
+        "--val-data",
+        required=True,
+        help="labelled ID validation data: half fits every calibration, half measures every configuration",
+    )
+    _training_options(sweep)
+    sweep.add_argument(
+        "--batch-sizes", type=_int_list(1), default=(1, 64), help="timed batch sizes (default: 1,64)"
+    )
+    sweep.add_argument("--repeats", type=POSITIVE, default=5, help="interleaved timing rounds")
+    sweep.add_argument(
+        "--budget",
+        type=_ratio,
+        help="save the best configuration whose latency is at most this times the single model's (at the "
+        "largest batch size) to OUT/chosen",
+    )
+    sweep.add_argument(
+        "--out", required=True, help="output directory (configs/, sweep.md, frontier.png, chosen/)"
+    )
+    sweep.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
+    _calibration_options(sweep, "the validation data's fit half")
+    _random_head_option(sweep)
+    _overwrite_option(sweep)
+    _data_options(sweep)
+    return sweep
+
+
+COMMAND = Command(
+    "sweep",
+    add_parser=_add_sweep_command,
+    run=_cmd_sweep,
+    resume="rerun the same command to resume (finished configurations are kept)",
+)

@@ -1,0 +1,105 @@
+"""The configurations a sweep compares: the single model, and one Hydra build per point of a grid."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..build import BUILD_CALIBRATION, BuildConfig
+from ..errors import InputError
+from ..evaluation import CalibrationConfig
+from ..training import FineTuneConfig
+
+SINGLE = "single"
+"""The name of the model the sweep starts from (its calibration fit like every other candidate's:
+the single model with temperature scaling, its feature statistics and flag)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of a sweep: ``build`` None is the single model itself."""
+
+    name: str
+    build: BuildConfig | None = None
+
+    def describe(self) -> dict[str, object]:
+        """The settings a results table shows for this candidate."""
+        if self.build is None:
+            return {"members": 1, "num_pruned": 0, "shared_layers": 0, "keep_base": False}
+        b = self.build
+        return {
+            "members": b.num_members,
+            "num_pruned": b.num_pruned,
+            "shared_layers": b.shared_layers,
+            "keep_base": b.keep_base,
+        }
+
+
+def _values(name: str, values: tuple, minimum: int) -> tuple:
+    if not values:
+        raise InputError(f"the sweep's {name} need at least one value")
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < minimum]
+    if bad:
+        raise InputError(f"the sweep's {name} must be whole numbers >= {minimum}, got {bad[0]!r}")
+    if len(set(values)) != len(values):
+        raise InputError(f"the sweep's {name} list a value twice: {list(values)}")
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The grid of a sweep (`run_sweep`): every combination of ``members`` x ``num_pruned`` x
+    ``shared_layers`` x ``keep_base`` is one Hydra build (combinations `BuildConfig` refuses, a
+    shared trunk beside the unpruned model, are left out), beside the single model. Every build
+    shares ``fine_tune``, ``bootstrap``, ``seed``, ``calibration`` and ``precision``. The cost is
+    measured at ``batch_sizes`` with ``repeats`` interleaved rounds; ``budget``: the largest
+    latency ratio to the single model (at the largest batch size) of the configuration chosen."""
+
+    members: tuple[int, ...] = (2, 3)
+    num_pruned: tuple[int, ...] = ()
+    shared_layers: tuple[int, ...] = (0,)
+    keep_base: tuple[bool, ...] = (False,)
+    fine_tune: FineTuneConfig | None = None
+    bootstrap: bool = False
+    seed: int = 0
+    calibration: CalibrationConfig = field(default_factory=lambda: BUILD_CALIBRATION)
+    precision: str = "auto"
+    batch_sizes: tuple[int, ...] = (1, 64)
+    repeats: int = 5
+    budget: float | None = None
+
+    def __post_init__(self) -> None:
+        _values("members", self.members, 2)
+        _values("num_pruned", self.num_pruned, 1)
+        _values("shared_layers", self.shared_layers, 0)
+        _values("batch_sizes", self.batch_sizes, 1)
+        if not self.keep_base or len(set(self.keep_base)) != len(self.keep_base):
+            raise InputError(f"keep_base lists each of False/True at most once, got {self.keep_base}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise InputError(f"repeats must be a positive whole number, got {self.repeats!r}")
+        if self.budget is not None and not self.budget >= 1:
+            raise InputError(
+                f"the budget is a latency ratio to the single model, at least 1; got {self.budget}"
+            )
+
+    def candidates(self) -> list[Candidate]:
+        """The single model, then every build of the grid, named by its settings."""
+        out = [Candidate(SINGLE)]
+        grid = itertools.product(self.members, self.num_pruned, self.shared_layers, self.keep_base)
+        for members, pruned, trunk, keep in grid:
+            if keep and trunk:
+                continue
+            build = BuildConfig(
+                num_members=members,
+                num_pruned=pruned,
+                seed=self.seed,
+                shared_layers=trunk,
+                fine_tune=self.fine_tune,
+                bootstrap=self.bootstrap,
+                keep_base=keep,
+                calibration=self.calibration,
+                precision=self.precision,
+            )
+            name = f"hydra-m{members}-p{pruned}-t{trunk}" + ("-base" if keep else "")
+            out.append(Candidate(name, build))
+        return out

@@ -1,0 +1,268 @@
+"""`run_sweep`: build, calibrate and measure every configuration of a `SweepConfig` on the user's
+own data, then time them side by side, draw the frontier and choose within the budget.
+
+Every candidate is calibrated on one half of the ID validation data (and, with OOD validation
+data, chooses its flag score on one half of those) and measured on the other halves, so the
+measures that rank the candidates were never fit on. Each candidate's model and its measures are
+written to ``out/configs/<name>/`` as soon as they exist: a rerun of a killed sweep skips the
+finished candidates (and a build resumes its members' training), and its measures are those of a
+run never killed. Latency is measured last, every candidate beside the single model in one
+interleaved loop (`cost.measure`), so the ratios are of one machine at one time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..batching import model_inputs
+from ..build import build_hydra, save_with_preprocessor
+from ..cost import measure, synchronizer
+from ..errors import InputError
+from ..evaluation import (
+    EvalData,
+    calibrate,
+    evaluate_method,
+    main_row,
+    predict,
+    predict_method,
+    saved_calibration,
+)
+from ..loading import load_any
+from ..members.ensemble import as_ensemble
+from ..precision import model_device, resolve_precision
+from ..progress import progress_bar
+from ..saving.files import atomic_write_json
+from .frontier import choose, frontier
+from .grid import SINGLE, Candidate, SweepConfig
+
+Batches = list[dict[str, Any]]
+CONFIGS = "configs"
+"""Where the candidates' models and measures are kept, one folder each."""
+CHOSEN = "chosen"
+"""Where the configuration chosen within the budget is saved, as ``build`` saves a model."""
+OOD_SET = "OOD validation (held out)"
+
+
+@dataclass(frozen=True)
+class SweepData:
+    """The sweep's data as model-input batches: ``train`` (labelled: fine-tuning, feature
+    statistics), ``fit`` (labelled ID validation: every calibration and early stopping), ``held``
+    (labelled ID validation held out: every measure), and optionally unlabelled OOD validation
+    data: ``ood_fit`` (the flag score's choice) and ``ood_held`` (the flag's AUROC and FPR95)."""
+
+    train: Batches | None
+    fit: Batches
+    held: Batches
+    ood_fit: Batches | None = None
+    ood_held: Batches | None = None
+
+    def __post_init__(self) -> None:
+        if not self.fit or not self.held:
+            raise InputError("a sweep needs labelled validation data in both halves (fit and held out)")
+        if (self.ood_fit is None) != (self.ood_held is None) or (
+            self.ood_fit is not None and not (self.ood_fit and self.ood_held)
+        ):
+            raise InputError("OOD validation data need both halves (the flag's choice, and held out)")
+
+
+@dataclass
+class SweepResult:
+    """One row per candidate (settings, held-out measures, cost, ``frontier``), in the grid's
+    order, and the index of the row chosen within the budget (None without one)."""
+
+    rows: list[dict[str, Any]]
+    chosen: int | None = None
+
+
+def model_folder(out: Path, candidate: Candidate) -> Path:
+    """Where ``candidate``'s model is saved under the sweep's folder ``out``."""
+    folder = out / CONFIGS / candidate.name
+    return folder / "model" if candidate.build is None else folder / "build" / "hydra"
+
+
+def _make(
+    model: nn.Module,
+    ranking: Any,
+    candidate: Candidate,
+    data: SweepData,
+    config: SweepConfig,
+    out: Path,
+    preprocessor: Any,
+    log: Callable[[str], None],
+) -> None:
+    """Build (or, for the single model, calibrate a copy of) ``candidate`` and save it."""
+    folder = out / CONFIGS / candidate.name
+    if candidate.build is None:
+        single = copy.deepcopy(model)
+        calibration = calibrate(
+            single,
+            data.fit,
+            config.calibration,
+            data="validation (fit half)",
+            precision=config.precision,
+            id_train=data.train,
+            ood_validation=data.ood_fit,
+        )
+        log(f"{candidate.name}: calibration: {calibration.describe()}")
+        save_with_preprocessor(single, folder / "model", preprocessor)
+        return
+    built = build_hydra(
+        model,
+        data.train,
+        data.fit,
+        data.ood_fit,
+        config=candidate.build,
+        ranking=ranking,
+        checkpoint_dir=folder / "checkpoints",
+        log=log,
+    )
+    built.save_pretrained(folder / "build", preprocessor)
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+
+
+def _measure_quality(candidate: Candidate, folder: Path, data: SweepData, precision: str) -> dict[str, Any]:
+    """The saved model's measures on the held-out halves, as it is served (its saved temperature,
+    flag score, statistics and threshold), and its NLL and ECE at temperature 1."""
+    model = load_any(str(folder))
+    ood = {OOD_SET: ("far", data.ood_held)} if data.ood_held else {}
+
+    def predict_fn(m, batches, split):
+        return predict(m, batches, f"{candidate.name}: {split}", precision=precision)
+
+    preds = predict_method(model, EvalData(test=data.held, ood=ood), predict_fn)
+    served = saved_calibration(model)
+    rows, _, _ = evaluate_method(candidate.name, preds, saved=served)
+    plain, as_saved = rows[candidate.name], rows[f"{candidate.name} (as saved)"]
+    main = main_row(as_saved)
+    sets = as_saved.get("sets", {})
+    return {
+        "name": candidate.name,
+        **candidate.describe(),
+        "acc": main["acc"],
+        "nll": main["nll"],
+        "ece": main["ece"],
+        "nll_t1": plain["classification"]["nll"],
+        "ece_t1": plain["classification"]["ece"],
+        "flag_score": as_saved["flag_score"],
+        "auroc": main.get("auroc") if ood else None,
+        "fpr95": main.get("fpr95") if ood else None,
+        "id_flagged": as_saved["flagged"]["ID test"],
+        "set_size": sets.get("mean_size"),
+        "set_coverage": sets.get("coverage"),
+        "temperature": served.temperature if served is not None else 1.0,
+    }
+
+
+def _quality(model, ranking, candidate, data, config, out, preprocessor, log) -> dict[str, Any]:
+    """``candidate``'s measures: read back where a run finished them, else made and written."""
+    done = out / CONFIGS / candidate.name / "result.json"
+    if done.is_file():
+        log(f"{candidate.name}: finished earlier, kept")
+        return json.loads(done.read_text())
+    _make(model, ranking, candidate, data, config, out, preprocessor, log)
+    result = _measure_quality(candidate, model_folder(out, candidate), data, config.precision)
+    atomic_write_json(done, result)
+    return result
+
+
+def _timing_inputs(held: Batches, rows: int) -> dict[str, torch.Tensor]:
+    """``rows`` inputs cut from the first held-out batch (its rows repeated where it has fewer)."""
+    batch = model_inputs(held[0])
+    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
+    times = -(-rows // first.shape[0])
+    return {
+        k: v.repeat(times, *([1] * (v.dim() - 1)))[:rows] if isinstance(v, torch.Tensor) else v
+        for k, v in batch.items()
+    }
+
+
+def _cost(
+    candidates: Sequence[Candidate], out: Path, data: SweepData, config: SweepConfig
+) -> dict[str, dict]:
+    """Each candidate's latency at every batch size (median ms, and its ratio to the single
+    model's in the same interleaved loop), multiply-adds per input and weight memory."""
+    models = {c.name: as_ensemble(load_any(str(model_folder(out, c)))).eval() for c in candidates}
+    device = model_device(list(models.values()))
+    compute = resolve_precision(config.precision, device)
+    cost: dict[str, dict] = {
+        name: {"weights_mb": sum(p.numel() * p.element_size() for p in m.parameters()) / 2**20}
+        for name, m in models.items()
+    }
+    largest = max(config.batch_sizes)
+    for size in sorted(config.batch_sizes):
+        inputs = {k: v.to(device) for k, v in _timing_inputs(data.held, size).items()}
+        runs = {name: partial(m, **inputs) for name, m in models.items()}
+        with compute.autocast(device):
+            timed = measure(
+                runs, repeats=config.repeats, sync=synchronizer(device), count_macs=size == largest
+            )
+        for name, t in timed.items():
+            cost[name][f"ms@{size}"] = t["median_ms"]
+            cost[name][f"latency_ratio@{size}"] = t["median_ms"] / timed[SINGLE]["median_ms"]
+            if "gmacs" in t:
+                cost[name]["gmacs_per_input"] = t["gmacs"] / size
+    for name in cost:
+        cost[name]["latency_ratio"] = cost[name][f"latency_ratio@{largest}"]
+    return cost
+
+
+def run_sweep(
+    model: nn.Module,
+    ranking: Any,
+    data: SweepData,
+    config: SweepConfig,
+    out: str | Path,
+    *,
+    preprocessor: Any = None,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+) -> SweepResult:
+    """Build, calibrate and measure every candidate of ``config`` (the module docstring) in the
+    folder ``out`` (claimed by the caller), then time them; with ``config.budget``, save the chosen
+    one to ``out/chosen`` (`frontier.choose`). ``ranking``: what `build_hydra` samples members from."""
+    out = Path(out)
+    candidates = config.candidates()
+    rows = [
+        _quality(model, ranking, c, data, config, out, preprocessor, log)
+        for c in progress_bar(candidates, desc="sweep", unit="config", enabled=progress)
+    ]
+    log(f"timing {len(candidates)} configurations side by side at batch sizes {list(config.batch_sizes)}")
+    cost = _cost(candidates, out, data, config)
+    for row in rows:
+        row.update(cost[row["name"]])
+    for row, on in zip(rows, frontier(rows), strict=True):
+        row["frontier"] = on
+    chosen = None
+    if config.budget is not None:
+        chosen = choose(rows, config.budget)
+        _save_chosen(model_folder(out, candidates[chosen]), out / CHOSEN, out / CONFIGS)
+    return SweepResult(rows, chosen)
+
+
+def _save_chosen(source: Path, target: Path, staging_in: Path) -> Path:
+    """A copy of the chosen model's folder at ``target``, whole or not at all: copied into a new
+    folder under ``staging_in`` (inside the sweep's own folder, where a killed run's leftovers
+    stay out of the way), then renamed into place; a previous copy is removed first (a killed
+    run leaves ``target`` missing, never a mix, and the unfinished sweep makes it again)."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=staging_in))
+    try:
+        shutil.copytree(source, staging / target.name, symlinks=True)
+        if target.is_symlink() or target.is_file():
+            raise InputError(f"{target} is not a folder this sweep wrote: remove it or choose another --out")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging / target.name, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

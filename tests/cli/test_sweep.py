@@ -1,0 +1,187 @@
+"""hydra-ens sweep on a small local model and CSV data: the frontier table and plot, the measures
+against explicit computation on the held-out half, the budget's choice saved and served, a kill
+and a resume that give the same measures, and one-line refusals that write nothing."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hydra_cli import main
+from hydra_ensembles.data import load_spec, split_indices, to_batches
+from hydra_ensembles.errors import InputError
+from hydra_ensembles.evaluation import predict, saved_calibration
+from hydra_ensembles.loading import load_any, load_preprocessor
+from hydra_ensembles.metrics import classification
+from hydra_ensembles.sweep import SINGLE, SweepConfig, choose, frontier
+from tests.cli.test_interruption import child, killed_at_step
+from tests.cli.test_pipeline import _model_and_tokenizer
+
+COMMON = ["--batch-size", "8", "--max-length", "12"]
+QUALITY = ("name", "acc", "nll", "nll_t1", "ece", "flag_score", "auroc", "fpr95", "id_flagged", "set_size")
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    _model_and_tokenizer("bert", root / "model")
+    rows = [f"goal match team score {i},sport" for i in range(16)]
+    rows += [f"bank shares market profit {i},money" for i in range(16)]
+    (root / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    rows = [f"team goal player win {i},sport" for i in range(20)]
+    rows += [f"market bank loan rate {i},money" for i in range(20)]
+    (root / "val.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    (root / "ood.csv").write_text("text\n" + "\n".join(f"recipe with flour {i}" for i in range(20)) + "\n")
+    score = ["score", str(root / "model"), "--method", "taylor", "--data", str(root / "train.csv")]
+    assert main([*score, "--heads-per-layer", "2", "--out", str(root / "taylor.json"), *COMMON]) == 0
+    return root
+
+
+def one_error(capsys) -> str:
+    """The one error line a refused command printed (loading progress bars aside)."""
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+def sweep_args(w: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "sweep", str(w / "model"), "--scores", str(w / "taylor.json"), "--members", "2",
+        "--num-pruned", "2,3", "--data", str(w / "train.csv"), "--val-data", str(w / "val.csv"),
+        "--ood-data", str(w / "ood.csv"), "--flag-score", "mds", "--keep", "0.8", "--fine-tune",
+        "--epochs", "2", "--lr", "1e-3", "--batch-sizes", "1,8", "--repeats", "2", "--out", str(out),
+        *COMMON, *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def swept(w):
+    out = w / "swept"
+    assert main(sweep_args(w, out, "--keep-base", "--budget", "50")) == 0
+    return out
+
+
+def test_sweep_writes_every_configuration_its_frontier_and_the_choice(swept):
+    result = json.loads((swept / "sweep.json").read_text())
+    rows = result["rows"]
+    names = [r["name"] for r in rows]
+    assert names == [SINGLE, "hydra-m2-p2-t0", "hydra-m2-p2-t0-base", "hydra-m2-p3-t0", "hydra-m2-p3-t0-base"]
+    assert rows[0]["latency_ratio@1"] == rows[0]["latency_ratio@8"] == 1.0
+    assert [r["frontier"] for r in rows] == frontier(rows)
+    assert result["chosen"] == choose(rows, 50)
+    assert (swept / "frontier.png").stat().st_size > 1000
+    table = (swept / "sweep.md").read_text()
+    assert all(name in table for name in names) and "(chosen)" in table
+    assert (swept / "sweep.csv").read_text().splitlines()[0].startswith("name,")
+    assert not (swept / "configs" / "hydra-m2-p2-t0" / "checkpoints").exists()
+
+
+def test_sweep_measures_are_those_of_the_saved_models_on_the_held_out_half(w, swept):
+    """Accuracy, NLL at temperature 1 and as served, recomputed by hand on the held-out half."""
+    dataset = load_spec(str(w / "val.csv"))
+    held = dataset.subset(split_indices(dataset.ids, {"fit": 0.5, "held": 0.5}, salt="sweep")["held"])
+    rows = {r["name"]: r for r in json.loads((swept / "sweep.json").read_text())["rows"]}
+    for name, folder in (
+        (SINGLE, "configs/single/model"),
+        ("hydra-m2-p3-t0", "configs/hydra-m2-p3-t0/build/hydra"),
+    ):
+        model = load_any(str(swept / folder))
+        batches = list(to_batches(held, load_preprocessor(str(swept / folder)), 8, 12))
+        preds = predict(model, batches, progress=False)
+        labels = np.asarray(held.labels)
+        temperature = saved_calibration(model).temperature
+        assert rows[name]["temperature"] == pytest.approx(temperature)
+        for key, t in (("nll_t1", 1.0), ("nll", temperature)):
+            expected = classification(preds.probs(t), labels)["nll"]
+            assert rows[name][key] == pytest.approx(expected, rel=1e-5), (name, key)
+        assert rows[name]["acc"] == pytest.approx(
+            float((preds.probs(temperature).argmax(1) == labels).mean())
+        )
+
+
+def test_the_chosen_configuration_is_saved_whole_and_predicts_as_its_own_folder(w, swept, tmp_path):
+    rows = json.loads((swept / "sweep.json").read_text())
+    name = rows["rows"][rows["chosen"]]["name"]
+    folder = "configs/single/model" if name == SINGLE else f"configs/{name}/build/hydra"
+    for path in (swept / "chosen", swept / folder):
+        out = tmp_path / f"{path.name}.csv"
+        assert main(["predict", str(path), "--data", str(w / "val.csv"), "--out", str(out), *COMMON]) == 0
+    assert (tmp_path / "chosen.csv").read_text() == (tmp_path / f"{(swept / folder).name}.csv").read_text()
+
+
+def test_a_killed_sweep_resumes_to_the_same_measures(w, tmp_path):
+    straight = tmp_path / "straight"
+    assert main(sweep_args(w, straight)) == 0
+    out = tmp_path / "resumed"
+    # the single model and the first build's member 0 done (2 epochs of 4 steps); member 1 started
+    killed = killed_at_step(2 * 4 + 2, sweep_args(w, out))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (out / "configs" / SINGLE / "result.json").is_file() and not (out / "sweep.json").exists()
+    resumed = child(f"sys.exit(main({sweep_args(w, out)!r}))")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "finished earlier, kept" in resumed.stderr
+    first, again = (json.loads((p / "sweep.json").read_text())["rows"] for p in (straight, out))
+    assert [{k: r[k] for k in QUALITY} for r in again] == [{k: r[k] for k in QUALITY} for r in first]
+
+
+def test_sweep_refusals_are_one_line_and_write_nothing(w, tmp_path, capsys):
+    out = tmp_path / "refused"
+    untrained = [a for a in sweep_args(w, out, "--bootstrap") if a != "--fine-tune"]
+    assert main(untrained) == 2
+    assert "--bootstrap resamples" in one_error(capsys)
+    for option, value in (("--budget", "0.5"), ("--members", "1"), ("--num-pruned", "2,x")):
+        with pytest.raises(SystemExit):
+            main(sweep_args(w, out, option, value))
+        assert option in one_error(capsys)
+    tiny = tmp_path / "tiny.csv"
+    tiny.write_text("text,label\ngoal,sport\nbank,money\n")
+    args = sweep_args(w, out)
+    args[args.index("--val-data") + 1] = str(tiny)
+    assert main(args) == 2
+    assert "too few to split" in one_error(capsys)
+    assert not out.exists()
+
+
+def test_a_link_planted_where_the_sweep_saves_its_choice_is_refused(w, swept, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    out = tmp_path / "planted"
+    killed = killed_at_step(2 * 4 + 2, sweep_args(w, out, "--budget", "50"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    (out / "chosen").symlink_to(elsewhere, target_is_directory=True)
+    assert main(sweep_args(w, out, "--budget", "50")) == 2
+    assert "link" in capsys.readouterr().err
+    assert [p.name for p in elsewhere.iterdir()] == ["keep.txt"]
+
+
+def test_sweep_config_checks_its_grid_and_leaves_out_what_build_refuses():
+    config = SweepConfig(members=(2, 3), num_pruned=(4,), shared_layers=(0, 1), keep_base=(False, True))
+    names = [c.name for c in config.candidates()]
+    assert names == [SINGLE, "hydra-m2-p4-t0", "hydra-m2-p4-t0-base", "hydra-m2-p4-t1",
+                     "hydra-m3-p4-t0", "hydra-m3-p4-t0-base", "hydra-m3-p4-t1"]  # fmt: skip
+    for bad in ({"num_pruned": ()}, {"num_pruned": (4, 4)}, {"members": (1,)}, {"budget": 0.5},
+                {"num_pruned": (4,), "repeats": 0}):  # fmt: skip
+        with pytest.raises(InputError):
+            SweepConfig(**{"num_pruned": (4,), **bad})
+
+
+def test_frontier_and_choice_by_hand():
+    rows = [
+        {"name": "a", "latency_ratio": 1.0, "auroc": 0.90, "nll": 0.30},
+        {"name": "b", "latency_ratio": 1.4, "auroc": 0.93, "nll": 0.25},
+        {"name": "c", "latency_ratio": 1.6, "auroc": 0.92, "nll": 0.20},  # b is cheaper and better
+        {"name": "d", "latency_ratio": 2.5, "auroc": 0.95, "nll": 0.28},
+        {"name": "e", "latency_ratio": 1.4, "auroc": 0.93, "nll": 0.22},  # ties b, lower NLL
+    ]
+    assert frontier(rows) == [True, True, False, True, True]
+    assert choose(rows, 1.5) == 4 and choose(rows, 1.0) == 0 and choose(rows, 3) == 3
+    with pytest.raises(InputError, match="raise --budget"):
+        choose(rows, 0.9)
+    no_ood = [{**r, "auroc": None} for r in rows]
+    assert choose(no_ood, 2.0) == 2  # without OOD data: the lowest NLL
+    assert frontier(no_ood) == [True, False, True, False, True]
