@@ -28,8 +28,8 @@ FINISHED = "sweep.json"
 WRITTEN = ("configs", "chosen", "sweep.csv", "sweep.md", "frontier.png")
 OWNED = (*WRITTEN, FINISHED, RUN_MARKER)
 UNSETTING = ("out", "overwrite", "repeats", "batch_sizes", "budget")
-"""Options that change no candidate's model or measures (a rerun that differs only in them
-resumes: the timing and the choice are made again at the end of every run)."""
+"""Options that change no candidate's model or measures: a rerun that differs only in them
+resumes, or reuses a finished sweep's candidates, and times and chooses again."""
 HALVES = {"fit": 0.5, "held": 0.5}
 """Each validation set's halves: one fits every calibration, the other measures."""
 
@@ -130,13 +130,16 @@ def _sweep_config(args: argparse.Namespace, train):
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from hydra_ensembles.loading import load_preprocessor
-    from hydra_ensembles.saving.files import claim_run_dir, replace_dir
+    from hydra_ensembles.saving.files import claim_run_dir, recorded_run, replace_dir
     from hydra_ensembles.scoring.files import read_ranking
     from hydra_ensembles.sweep import run_sweep
 
     from .guards import check_output_dir, overwrite_staging
 
-    target = check_output_dir(args.out, finished=FINISHED, resumable=OWNED, overwrite=args.overwrite)
+    key = _settings_key(args)
+    again = not args.overwrite and recorded_run(args.out) == key  # the same sweep: timed and chosen anew
+    finished = None if again else FINISHED
+    target = check_output_dir(args.out, finished=finished, resumable=OWNED, overwrite=args.overwrite)
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
     if args.fine_tune and not args.data:
         raise InputError("--fine-tune needs --data (labelled training data)")
@@ -149,7 +152,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     data = _sweep_data(args, preprocessor, model)
     _record_length(model, args)
     config = _sweep_config(args, data.train)
-    with claim_run_dir(out, _settings_key(args), WRITTEN, restart=args.overwrite, beside=out != target):
+    with claim_run_dir(out, key, WRITTEN, restart=args.overwrite, beside=out != target):
+        if again:  # unfinished until the new timing and choice are written
+            (out / FINISHED).unlink(missing_ok=True)
         result = run_sweep(
             model,
             ranking,

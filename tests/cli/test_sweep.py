@@ -128,6 +128,21 @@ def test_a_killed_sweep_resumes_to_the_same_measures(w, tmp_path):
     assert [{k: r[k] for k in QUALITY} for r in again] == [{k: r[k] for k in QUALITY} for r in first]
 
 
+def test_a_finished_sweep_run_again_with_a_budget_only_times_and_chooses(w, tmp_path, capsys):
+    out = tmp_path / "again"
+    assert main(sweep_args(w, out)) == 0
+    assert not (out / "chosen").exists()
+    before = (out / "configs" / "hydra-m2-p3-t0" / "result.json").read_bytes()
+    assert main(sweep_args(w, out, "--budget", "50")) == 0
+    assert capsys.readouterr().err.count("finished earlier, kept") == 3
+    assert json.loads((out / "sweep.json").read_text())["chosen"] is not None and (out / "chosen").is_dir()
+    assert (out / "configs" / "hydra-m2-p3-t0" / "result.json").read_bytes() == before
+    assert main(sweep_args(w, out)) == 0  # no budget now: no stale choice is left
+    assert not (out / "chosen").exists()
+    assert main(sweep_args(w, out, "--lr", "2e-3")) == 2  # other settings: refused without --overwrite
+    assert "already holds a result" in one_error(capsys)
+
+
 def test_sweep_refusals_are_one_line_and_write_nothing(w, tmp_path, capsys):
     out = tmp_path / "refused"
     untrained = [a for a in sweep_args(w, out, "--bootstrap") if a != "--fine-tune"]

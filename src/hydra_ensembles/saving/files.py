@@ -143,6 +143,15 @@ def claim_run_dir(
         raise
 
 
+def recorded_run(path: str | os.PathLike) -> str | None:
+    """The settings key `RUN_MARKER` records in the folder ``path`` (None where there is no
+    folder or no marker; OutputError where the marker is not one hydra-ens writes)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return None
+    return _read_marker(path / RUN_MARKER, False)
+
+
 def check_beside(path: str | os.PathLike) -> Path:
     """``path``, a folder the library names beside an output (a checkpoint, a staging folder),
     where nothing is yet or a real folder is: OutputError in one line for a symbolic link, a

@@ -248,6 +248,8 @@ def run_sweep(
     if config.budget is not None:
         chosen = choose(rows, config.budget)
         _save_chosen(model_folder(out, candidates[chosen]), out / CHOSEN, out / CONFIGS)
+    elif (out / CHOSEN).is_dir() and not (out / CHOSEN).is_symlink():  # an earlier budget's choice
+        shutil.rmtree(out / CHOSEN)
     return SweepResult(rows, chosen)
 
 
