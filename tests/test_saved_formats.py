@@ -33,6 +33,25 @@ def test_a_model_saved_by_an_earlier_version_predicts_as_it_did(name):
     assert (logits - record["member_logits"]).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in SAVED.iterdir() if p.is_dir()))
+def test_every_saved_format_is_served_saved_again_and_served_the_same(name, tmp_path):
+    """The Auto class serves every format (a BatchEnsemble, Packed-Ensemble, MIMO and heads model
+    included, which answer for their members at once) with the logits the format's loader gives,
+    and `save_pretrained` writes it back in its own format, served the same again."""
+    from hydra_ensembles.serving import HydraPreTrainedModel
+
+    record = load_file(SAVED / f"{name}.safetensors")
+    inputs = {k.removeprefix("input."): v for k, v in record.items() if k.startswith("input.")}
+    served = HydraPreTrainedModel.from_pretrained(SAVED / name, precision="fp32")
+    with torch.no_grad():
+        first = served(**inputs).logits_per_member
+        assert (first.transpose(0, 1) - record["member_logits"]).abs().max().item() <= TOL
+        served.save_pretrained(tmp_path / "again")
+        again = HydraPreTrainedModel.from_pretrained(tmp_path / "again", precision="fp32")
+        assert again.config.saved_format == served.config.saved_format
+        assert torch.equal(again(**inputs).logits_per_member, first)
+
+
 def test_every_format_is_there():
     assert {p.name for p in SAVED.iterdir() if p.is_dir()} == {
         "hydra-bert",

@@ -270,6 +270,12 @@ def as_ensemble(model: nn.Module | Sequence[nn.Module], mc_samples: int = 0) -> 
     return DeepEnsemble([model])
 
 
+def unwrapped(ensemble: nn.Module) -> nn.Module:
+    """The one model `as_ensemble` wrapped to answer as an ensemble (a model answering for M
+    members at once, or one sampled with dropout), else ``ensemble`` itself: what is saved."""
+    return ensemble.model if isinstance(ensemble, (StackedMembers, MCDropout)) else ensemble
+
+
 def _first_member(folder: Path) -> Path:
     """Where a saved ensemble's preprocessor is: its first member's folder."""
     return folder / read_ensemble_index(folder)["members"][0]

@@ -41,7 +41,7 @@ from ..configuration import HydraConfig, register_config
 from ..evaluation.calibration import Calibration
 from ..evaluation.model_calibration import saved_calibration
 from ..loading import load_saved
-from ..members.ensemble import as_ensemble
+from ..members.ensemble import as_ensemble, unwrapped
 from ..ood.registry import feature_scores
 from ..outputs import ensemble_log_probs
 from ..precision import check_precision, model_device, resolve_precision
@@ -166,7 +166,7 @@ class HydraPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """Save in the library's format the model was loaded from (Hugging Face saving options
         are ignored); the calibration stays recorded in the model's configuration."""
-        model = self.ensemble
+        model = unwrapped(self.ensemble)  # a BatchEnsemble, Packed, MIMO or heads model: itself
         if self.config.saved_format == "member" and len(getattr(model, "members", ())) == 1:
             model = model.members[0]  # a member is served as an ensemble of one
         SAVED_FORMATS[self.config.saved_format].save(model, Path(save_directory))
