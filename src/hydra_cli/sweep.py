@@ -211,6 +211,8 @@ COLUMNS = (
     ("FPR95", "fpr95", ".3f"),
     ("ID flagged", "id_flagged", ".3f"),
     ("set size", "set_size", ".2f"),
+    ("disagreement", "disagreement", ".3f"),
+    ("score spread", "member_score_spread", ".2f"),
 )
 """The table's columns after the latency ratios: (header, row key, format)."""
 
@@ -218,17 +220,34 @@ COLUMNS = (
 def _table(rows, chosen, sizes) -> str:
     from hydra_ensembles.reporting import markdown_table
 
-    headers = ["configuration", "frontier", *[f"latency x{b}" for b in sizes], *[h for h, _, _ in COLUMNS]]
+    differences = [m for m in ("auroc", "nll") if f"{m}_vs_single" in rows[0]]
+    headers = [
+        "configuration",
+        "frontier",
+        *[f"latency x{b}" for b in sizes],
+        *[f"{m.upper()} - single [95%]" for m in differences],
+        *[h for h, _, _ in COLUMNS],
+    ]
     table = [
         [
             r["name"] + (" (chosen)" if i == chosen else ""),
             "yes" if r["frontier"] else "",
             *[f"{r[f'latency_ratio@{b}']:.2f}" for b in sizes],
+            *[_difference(r, m) for m in differences],
             *["" if r.get(key) is None else format(r[key], style) for _, key, style in COLUMNS],
         ]
         for i, r in enumerate(rows)
     ]
     return markdown_table(headers, table)
+
+
+def _difference(row, metric: str) -> str:
+    """``row``'s paired difference from the single model with its interval, e.g. ``+0.012 [-0.003,
+    +0.026]`` (empty for the single model itself)."""
+    key = f"{metric}_vs_single"
+    if row[key + "_low"] == row[key + "_high"] == 0:  # the single model itself
+        return ""
+    return f"{row[key]:+.3f} [{row[key + '_low']:+.3f}, {row[key + '_high']:+.3f}]"
 
 
 def _markdown(rows, chosen, config, args: argparse.Namespace, machine: str) -> str:
@@ -243,7 +262,11 @@ def _markdown(rows, chosen, config, args: argparse.Namespace, machine: str) -> s
         f"- **latency**: median of {config.repeats} interleaved rounds per batch size, as a ratio to "
         f"`single` in the same loop; the frontier ranks by the ratio at batch {sizes[-1]}",
         "- **measures**: on the held-out halves, as each model is served (its saved temperature, flag "
-        "and sets); NLL (T=1): at temperature 1",
+        "and sets); NLL (T=1): at temperature 1; `- single`: the paired difference from the single "
+        "model on the same inputs, with its 95% bootstrap interval (1,000 resamples); disagreement: "
+        "the share of held-out inputs on which two members' top classes differ (mean over pairs); "
+        "score spread: the members' spread of the flag's feature score per input over its spread "
+        "across inputs",
         "",
         _table(rows, chosen, sizes),
         "",

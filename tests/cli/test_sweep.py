@@ -73,6 +73,10 @@ def test_sweep_writes_every_configuration_its_frontier_and_the_choice(swept):
     assert rows[0]["latency_ratio@1"] == rows[0]["latency_ratio@8"] == 1.0
     assert [r["frontier"] for r in rows] == frontier(rows)
     assert result["chosen"] == choose(rows, 50)
+    for row in rows[1:]:  # paired differences from the single model, on the same held-out inputs
+        for metric in ("auroc", "nll"):
+            assert row[f"{metric}_vs_single"] == pytest.approx(row[metric] - rows[0][metric], abs=1e-9)
+            assert row[f"{metric}_vs_single_low"] <= row[f"{metric}_vs_single_high"]
     assert (swept / "frontier.png").stat().st_size > 1000
     table = (swept / "sweep.md").read_text()
     assert all(name in table for name in names) and "(chosen)" in table

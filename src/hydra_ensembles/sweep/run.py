@@ -31,13 +31,7 @@ from ..build import build_hydra, save_with_preprocessor
 from ..cost import measure, synchronizer
 from ..errors import InputError
 from ..evaluation import (
-    EvalData,
     calibrate,
-    evaluate_method,
-    main_row,
-    predict,
-    predict_method,
-    saved_calibration,
 )
 from ..loading import load_any
 from ..members.ensemble import as_ensemble
@@ -46,13 +40,13 @@ from ..progress import progress_bar
 from ..saving.files import atomic_write_json
 from .frontier import choose, frontier
 from .grid import SINGLE, Candidate, SweepConfig
+from .measure import differences_from_single, measure_saved, read_held, write_held
 
 Batches = list[dict[str, Any]]
 CONFIGS = "configs"
 """Where the candidates' models and measures are kept, one folder each."""
 CHOSEN = "chosen"
 """Where the configuration chosen within the budget is saved, as ``build`` saves a model."""
-OOD_SET = "OOD validation (held out)"
 
 
 @dataclass(frozen=True)
@@ -132,49 +126,39 @@ def _make(
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
 
 
-def _measure_quality(candidate: Candidate, folder: Path, data: SweepData, precision: str) -> dict[str, Any]:
-    """The saved model's measures on the held-out halves, as it is served (its saved temperature,
-    flag score, statistics and threshold), and its NLL and ECE at temperature 1."""
-    model = load_any(str(folder))
-    ood = {OOD_SET: ("far", data.ood_held)} if data.ood_held else {}
-
-    def predict_fn(m, batches, split):
-        return predict(m, batches, f"{candidate.name}: {split}", precision=precision)
-
-    preds = predict_method(model, EvalData(test=data.held, ood=ood), predict_fn)
-    served = saved_calibration(model)
-    rows, _, _ = evaluate_method(candidate.name, preds, saved=served)
-    plain, as_saved = rows[candidate.name], rows[f"{candidate.name} (as saved)"]
-    main = main_row(as_saved)
-    sets = as_saved.get("sets", {})
-    return {
-        "name": candidate.name,
-        **candidate.describe(),
-        "acc": main["acc"],
-        "nll": main["nll"],
-        "ece": main["ece"],
-        "nll_t1": plain["classification"]["nll"],
-        "ece_t1": plain["classification"]["ece"],
-        "flag_score": as_saved["flag_score"],
-        "auroc": main.get("auroc") if ood else None,
-        "fpr95": main.get("fpr95") if ood else None,
-        "id_flagged": as_saved["flagged"]["ID test"],
-        "set_size": sets.get("mean_size"),
-        "set_coverage": sets.get("coverage"),
-        "temperature": served.temperature if served is not None else 1.0,
-    }
-
-
 def _quality(model, ranking, candidate, data, config, out, preprocessor, log) -> dict[str, Any]:
-    """``candidate``'s measures: read back where a run finished them, else made and written."""
-    done = out / CONFIGS / candidate.name / "result.json"
-    if done.is_file():
+    """``candidate``'s measures: read back where a run finished them, else made and written (its
+    per-input values first, its measures last: the marker of a finished candidate)."""
+    folder = out / CONFIGS / candidate.name
+    done = folder / "result.json"
+    if done.is_file() and read_held(folder) is not None:
         log(f"{candidate.name}: finished earlier, kept")
         return json.loads(done.read_text())
-    _make(model, ranking, candidate, data, config, out, preprocessor, log)
-    result = _measure_quality(candidate, model_folder(out, candidate), data, config.precision)
+    if not done.is_file():
+        _make(model, ranking, candidate, data, config, out, preprocessor, log)
+    result, held = measure_saved(
+        candidate.name, candidate.describe(), model_folder(out, candidate), data, config.precision
+    )
+    write_held(folder, held)
     atomic_write_json(done, result)
     return result
+
+
+def _add_differences(rows: list[dict[str, Any]], out: Path) -> None:
+    """Each row's paired bootstrap difference from the single model (`differences_from_single`),
+    flattened: ``<metric>_vs_single`` and its ``_low``, ``_high`` and ``_p`` (0 for the single
+    model itself)."""
+    single = read_held(out / CONFIGS / SINGLE)
+    for row in rows:
+        if row["name"] == SINGLE:
+            metrics = ("nll", "auroc") if row["auroc"] is not None else ("nll",)
+            found = {m: [0.0, 0.0, 0.0, 1.0] for m in metrics}
+        else:
+            found = differences_from_single(single, read_held(out / CONFIGS / row["name"]))
+        for metric, (difference, low, high, p) in found.items():
+            row[f"{metric}_vs_single"] = difference
+            row[f"{metric}_vs_single_low"], row[f"{metric}_vs_single_high"] = low, high
+            row[f"{metric}_vs_single_p"] = p
 
 
 def _timing_inputs(held: Batches, rows: int) -> dict[str, torch.Tensor]:
@@ -242,6 +226,7 @@ def run_sweep(
     cost = _cost(candidates, out, data, config)
     for row in rows:
         row.update(cost[row["name"]])
+    _add_differences(rows, out)
     for row, on in zip(rows, frontier(rows), strict=True):
         row["frontier"] = on
     chosen = None
