@@ -88,6 +88,32 @@ def _halves(spec: str, args: argparse.Namespace, preprocessor, model, labels: bo
     )
 
 
+def _compared(args: argparse.Namespace, preprocessor) -> dict:
+    """``--compare NAME=PATH[,PATH...]``: each named model (several paths: their deep ensemble),
+    refused in one line where it reads its inputs otherwise than the sweep's model."""
+    from hydra_ensembles.loading import preprocessing_signature
+
+    from .common import _load_methods
+
+    compared = {}
+    for item in args.compare or []:
+        name, sep, paths = item.partition("=")
+        if not (name and sep and paths):
+            raise InputError(f"--compare wants NAME=PATH[,PATH...], got {item!r}")
+        if name in compared:
+            raise InputError(f"--compare names {name!r} twice: give every model its own name")
+        models, theirs = _load_methods(paths, args)
+        if theirs is not None and preprocessing_signature(theirs) != preprocessing_signature(preprocessor):
+            raise InputError(f"--compare {name}: its tokenizer or image processor is not the sweep model's")
+        compared[name] = models if len(models) > 1 else models[0]
+    return compared
+
+
+def _compare_paths(args: argparse.Namespace) -> list[str]:
+    """The paths in ``--compare NAME=PATH[,PATH...]`` (inputs the output guard must see)."""
+    return [path for item in args.compare or [] for path in item.partition("=")[2].split(",")]
+
+
 def _sweep_data(args: argparse.Namespace, preprocessor, model):
     from hydra_ensembles.data.labels import check_trainable
     from hydra_ensembles.sweep import SweepData
@@ -150,8 +176,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     _say_precision(args)
     data = _sweep_data(args, preprocessor, model)
+    compared = _compared(args, preprocessor)
     _record_length(model, args)
     config = _sweep_config(args, data.train)
+    config.candidates(tuple(compared))  # a name that is taken is refused before any work
     with claim_run_dir(out, key, WRITTEN, restart=args.overwrite, beside=out != target):
         if again:  # unfinished until the new timing and choice are written
             (out / FINISHED).unlink(missing_ok=True)
@@ -163,6 +191,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             out,
             preprocessor=preprocessor,
             log=lambda line: print(line, file=sys.stderr),
+            compare=compared,
         )
         _write_results(out, result, config, args)
     if out != target:
@@ -298,6 +327,13 @@ def _add_sweep_command(sub) -> argparse.ArgumentParser:
     )
     member_training_options(sweep)
     sweep.add_argument(
+        "--compare",
+        action="append",
+        metavar="NAME=PATH[,PATH...]",
+        help="a model to weigh beside the configurations as it is (several paths: their deep "
+        "ensemble), calibrated and measured like them; repeatable",
+    )
+    sweep.add_argument(
         "--data", help="labelled training data: for --fine-tune and the feature scores' statistics"
     )
     sweep.add_argument(
@@ -332,4 +368,5 @@ COMMAND = Command(
     add_parser=_add_sweep_command,
     run=_cmd_sweep,
     resume="rerun the same command to resume (finished configurations are kept)",
+    extra_inputs=_compare_paths,
 )

@@ -204,3 +204,23 @@ def test_frontier_and_choice_by_hand():
     no_ood = [{**r, "auroc": None} for r in rows]
     assert choose(no_ood, 2.0) == 2  # without OOD data: the lowest NLL
     assert frontier(no_ood) == [True, False, True, False, True]
+
+
+def test_a_compared_deep_ensemble_is_measured_beside_and_a_taken_name_refused(w, tmp_path, capsys):
+    """Two copies of the model as a deep ensemble: the same probabilities as the model, so the
+    same NLL at temperature 1, measured as an ensemble of two; a name the grid takes is refused."""
+    out = tmp_path / "compared"
+    model = str(w / "model")
+    args = sweep_args(w, out, "--compare", f"copies={model},{model}")
+    args[args.index("--num-pruned") + 1] = "2"
+    assert main(args) == 0
+    rows = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["rows"]}
+    assert list(rows) == [SINGLE, "copies", "hydra-m2-p2-t0"]
+    assert rows["copies"]["members"] == 2 and rows[SINGLE]["members"] == 1
+    assert rows["copies"]["nll_t1"] == pytest.approx(rows[SINGLE]["nll_t1"], rel=1e-6)
+    assert (out / "configs" / "copies" / "model" / "ensemble_config.json").is_file()
+    refused = tmp_path / "refused"
+    assert main(sweep_args(w, refused, "--compare", f"hydra-m2-p2-t0={model}")) == 2
+    assert "named like a configuration" in one_error(capsys) and not refused.exists()
+    assert main(sweep_args(w, refused, "--compare", f"../up={model}")) == 2
+    assert "letters, digits" in one_error(capsys) and not refused.exists()

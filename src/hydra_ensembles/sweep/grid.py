@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 
 from ..build import BUILD_CALIBRATION, BuildConfig
@@ -23,9 +24,10 @@ class Candidate:
     build: BuildConfig | None = None
 
     def describe(self) -> dict[str, object]:
-        """The settings a results table shows for this candidate."""
+        """The settings a results table shows for this candidate (its members are counted where
+        it is measured)."""
         if self.build is None:
-            return {"members": 1, "num_pruned": 0, "shared_layers": 0, "keep_base": False}
+            return {"num_pruned": 0, "shared_layers": 0, "keep_base": False}
         b = self.build
         return {
             "members": b.num_members,
@@ -33,6 +35,16 @@ class Candidate:
             "shared_layers": b.shared_layers,
             "keep_base": b.keep_base,
         }
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _checked_name(name: str) -> str:
+    """``name`` where it can name a folder of the sweep's (letters, digits, ``_.-``), else InputError."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or name.endswith("."):
+        raise InputError(f"a compared model's name must be letters, digits, '_', '.' or '-', got {name!r}")
+    return name
 
 
 def _values(name: str, values: tuple, minimum: int) -> tuple:
@@ -82,9 +94,10 @@ class SweepConfig:
                 f"the budget is a latency ratio to the single model, at least 1; got {self.budget}"
             )
 
-    def candidates(self) -> list[Candidate]:
-        """The single model, then every build of the grid, named by its settings."""
-        out = [Candidate(SINGLE)]
+    def candidates(self, compared: tuple[str, ...] = ()) -> list[Candidate]:
+        """The single model, the models ``compared`` (as they are), then every build of the grid,
+        named by its settings; a compared name that is taken or no folder name is refused."""
+        out = [Candidate(SINGLE), *(Candidate(_checked_name(name)) for name in compared)]
         grid = itertools.product(self.members, self.num_pruned, self.shared_layers, self.keep_base)
         for members, pruned, trunk, keep in grid:
             if keep and trunk:
@@ -102,4 +115,7 @@ class SweepConfig:
             )
             name = f"hydra-m{members}-p{pruned}-t{trunk}" + ("-base" if keep else "")
             out.append(Candidate(name, build))
+        names = [c.name for c in out]
+        if len(set(names)) != len(names):
+            raise InputError(f"a compared model is named like a configuration of the sweep: {names}")
         return out

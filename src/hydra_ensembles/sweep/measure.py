@@ -49,6 +49,7 @@ def measure_saved(
     diversity = as_saved.get("diversity", {}).get("id", {})
     return {
         "name": name,
+        "members": preds.test.num_members,
         **settings,
         "acc": main["acc"],
         "nll": main["nll"],

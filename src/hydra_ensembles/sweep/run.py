@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -95,11 +95,13 @@ def _make(
     out: Path,
     preprocessor: Any,
     log: Callable[[str], None],
+    compare: Mapping[str, nn.Module],
 ) -> None:
-    """Build (or, for the single model, calibrate a copy of) ``candidate`` and save it."""
+    """Build ``candidate`` (or, for the single model or a model compared, calibrate a copy of it)
+    and save it."""
     folder = out / CONFIGS / candidate.name
     if candidate.build is None:
-        single = copy.deepcopy(model)
+        single = copy.deepcopy(model if candidate.name == SINGLE else compare[candidate.name])
         calibration = calibrate(
             single,
             data.fit,
@@ -126,7 +128,7 @@ def _make(
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
 
 
-def _quality(model, ranking, candidate, data, config, out, preprocessor, log) -> dict[str, Any]:
+def _quality(model, ranking, candidate, data, config, out, preprocessor, log, compare) -> dict[str, Any]:
     """``candidate``'s measures: read back where a run finished them, else made and written (its
     per-input values first, its measures last: the marker of a finished candidate)."""
     folder = out / CONFIGS / candidate.name
@@ -135,7 +137,7 @@ def _quality(model, ranking, candidate, data, config, out, preprocessor, log) ->
         log(f"{candidate.name}: finished earlier, kept")
         return json.loads(done.read_text())
     if not done.is_file():
-        _make(model, ranking, candidate, data, config, out, preprocessor, log)
+        _make(model, ranking, candidate, data, config, out, preprocessor, log, compare)
     result, held = measure_saved(
         candidate.name, candidate.describe(), model_folder(out, candidate), data, config.precision
     )
@@ -212,14 +214,21 @@ def run_sweep(
     preprocessor: Any = None,
     log: Callable[[str], None] = print,
     progress: bool = True,
+    compare: Mapping[str, Any] | None = None,
 ) -> SweepResult:
     """Build, calibrate and measure every candidate of ``config`` (the module docstring) in the
     folder ``out`` (claimed by the caller), then time them; with ``config.budget``, save the chosen
-    one to ``out/chosen`` (`frontier.choose`). ``ranking``: what `build_hydra` samples members from."""
+    one to ``out/chosen`` (`frontier.choose`). ``ranking``: what `build_hydra` samples members from.
+    ``compare``: name -> a model measured, calibrated and timed beside the others as it is (a deep
+    ensemble: a list of models, or any model `as_ensemble` takes), e.g. to weigh a deep ensemble
+    you trained against the fused models; it must read the inputs ``data`` was made with."""
     out = Path(out)
-    candidates = config.candidates()
+    compare = {
+        name: as_ensemble(m) if isinstance(m, (list, tuple)) else m for name, m in (compare or {}).items()
+    }
+    candidates = config.candidates(tuple(compare))
     rows = [
-        _quality(model, ranking, c, data, config, out, preprocessor, log)
+        _quality(model, ranking, c, data, config, out, preprocessor, log, compare)
         for c in progress_bar(candidates, desc="sweep", unit="config", enabled=progress)
     ]
     log(f"timing {len(candidates)} configurations side by side at batch sizes {list(config.batch_sizes)}")
