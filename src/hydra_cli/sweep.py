@@ -27,9 +27,13 @@ from .options import (
 FINISHED = "sweep.json"
 WRITTEN = ("configs", "chosen", "sweep.csv", "sweep.md", "frontier.png")
 OWNED = (*WRITTEN, FINISHED, RUN_MARKER)
-UNSETTING = ("out", "overwrite", "repeats", "batch_sizes", "budget")
-"""Options that change no candidate's model or measures: a rerun that differs only in them
-resumes, or reuses a finished sweep's candidates, and times and chooses again."""
+UNSETTING = (
+    *("out", "overwrite", "repeats", "batch_sizes", "budget"),
+    *("members", "num_pruned", "shared_layers", "keep_base", "compare"),
+)
+"""Options that change no finished candidate's model or measures (what each candidate is made
+of is checked on its own: `sweep.run.identity`): a rerun that differs only in them resumes, or
+reuses a finished sweep's candidates, makes the new ones, and times and chooses again."""
 HALVES = {"fit": 0.5, "held": 0.5}
 """Each validation set's halves: one fits every calibration, the other measures."""
 

@@ -143,6 +143,13 @@ def test_a_finished_sweep_run_again_with_a_budget_only_times_and_chooses(w, tmp_
     assert (out / "configs" / "hydra-m2-p3-t0" / "result.json").read_bytes() == before
     assert main(sweep_args(w, out)) == 0  # no budget now: no stale choice is left
     assert not (out / "chosen").exists()
+    capsys.readouterr()
+    wider = sweep_args(w, out)
+    wider[wider.index("--num-pruned") + 1] = "2,3,1"  # a wider grid: only the new build is made
+    assert main(wider) == 0
+    assert capsys.readouterr().err.count("finished earlier, kept") == 3
+    assert [r["name"] for r in json.loads((out / "sweep.json").read_text())["rows"]][-1] == "hydra-m2-p1-t0"
+    assert (out / "configs" / "hydra-m2-p3-t0" / "result.json").read_bytes() == before
     assert main(sweep_args(w, out, "--lr", "2e-3")) == 2  # other settings: refused without --overwrite
     assert "already holds a result" in one_error(capsys)
 
@@ -224,3 +231,23 @@ def test_a_compared_deep_ensemble_is_measured_beside_and_a_taken_name_refused(w,
     assert "named like a configuration" in one_error(capsys) and not refused.exists()
     assert main(sweep_args(w, refused, "--compare", f"../up={model}")) == 2
     assert "letters, digits" in one_error(capsys) and not refused.exists()
+
+
+def test_a_candidate_is_made_again_when_what_it_is_made_of_changes():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from hydra_ensembles.build import BuildConfig
+    from hydra_ensembles.hashing import fingerprint
+    from hydra_ensembles.sweep import Candidate
+    from hydra_ensembles.sweep.run import identity
+
+    config = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
+    one, two = BertForSequenceClassification(config), BertForSequenceClassification(config)
+    base = fingerprint(one)
+    compared = Candidate("theirs")
+    assert identity(compared, base, {"theirs": one}) != identity(compared, base, {"theirs": two})
+    built = Candidate("hydra-m2-p2-t0", BuildConfig(num_members=2, num_pruned=2))
+    other = Candidate("hydra-m2-p2-t0", BuildConfig(num_members=2, num_pruned=2, seed=1))
+    assert identity(built, base, {}) != identity(other, base, {})
+    assert identity(built, base, {}) != identity(built, fingerprint(two), {})
+    assert identity(built, base, {}) == identity(built, base, {})

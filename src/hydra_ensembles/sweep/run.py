@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from ..errors import InputError
 from ..evaluation import (
     calibrate,
 )
+from ..hashing import fingerprint, json_digest
 from ..loading import load_any
 from ..members.ensemble import as_ensemble
 from ..precision import model_device, resolve_precision
@@ -86,60 +87,85 @@ def model_folder(out: Path, candidate: Candidate) -> Path:
     return folder / "model" if candidate.build is None else folder / "build" / "hydra"
 
 
-def _make(
-    model: nn.Module,
-    ranking: Any,
-    candidate: Candidate,
-    data: SweepData,
-    config: SweepConfig,
-    out: Path,
-    preprocessor: Any,
-    log: Callable[[str], None],
-    compare: Mapping[str, nn.Module],
-) -> None:
+@dataclass(frozen=True)
+class _Run:
+    """One sweep's inputs, as `run_sweep` was given them."""
+
+    model: nn.Module
+    ranking: Any
+    data: SweepData
+    config: SweepConfig
+    out: Path
+    preprocessor: Any
+    log: Callable[[str], None]
+    compare: Mapping[str, nn.Module]
+
+
+def _make(run: _Run, candidate: Candidate) -> None:
     """Build ``candidate`` (or, for the single model or a model compared, calibrate a copy of it)
     and save it."""
-    folder = out / CONFIGS / candidate.name
+    folder, data = run.out / CONFIGS / candidate.name, run.data
     if candidate.build is None:
-        single = copy.deepcopy(model if candidate.name == SINGLE else compare[candidate.name])
+        single = copy.deepcopy(run.model if candidate.name == SINGLE else run.compare[candidate.name])
         calibration = calibrate(
             single,
             data.fit,
-            config.calibration,
+            run.config.calibration,
             data="validation (fit half)",
-            precision=config.precision,
+            precision=run.config.precision,
             id_train=data.train,
             ood_validation=data.ood_fit,
         )
-        log(f"{candidate.name}: calibration: {calibration.describe()}")
-        save_with_preprocessor(single, folder / "model", preprocessor)
+        run.log(f"{candidate.name}: calibration: {calibration.describe()}")
+        save_with_preprocessor(single, folder / "model", run.preprocessor)
         return
     built = build_hydra(
-        model,
+        run.model,
         data.train,
         data.fit,
         data.ood_fit,
         config=candidate.build,
-        ranking=ranking,
+        ranking=run.ranking,
         checkpoint_dir=folder / "checkpoints",
-        log=log,
+        log=run.log,
     )
-    built.save_pretrained(folder / "build", preprocessor)
+    built.save_pretrained(folder / "build", run.preprocessor)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
 
 
-def _quality(model, ranking, candidate, data, config, out, preprocessor, log, compare) -> dict[str, Any]:
-    """``candidate``'s measures: read back where a run finished them, else made and written (its
-    per-input values first, its measures last: the marker of a finished candidate)."""
-    folder = out / CONFIGS / candidate.name
-    done = folder / "result.json"
-    if done.is_file() and read_held(folder) is not None:
-        log(f"{candidate.name}: finished earlier, kept")
+def identity(candidate: Candidate, base: str, compare: Mapping[str, nn.Module]) -> str:
+    """What ``candidate``'s saved model and measures were made from: the single model's weights
+    (``base``: `hashing.fingerprint`), and the build's settings or the compared model's weights
+    (the data and the shared settings are the sweep's own, which the caller's run key covers)."""
+    if candidate.build is not None:
+        made = asdict(candidate.build)
+    elif candidate.name == SINGLE:
+        made = SINGLE
+    else:
+        made = fingerprint(compare[candidate.name])
+    return json_digest({"single": base, "candidate": made})
+
+
+def _quality(run: _Run, candidate: Candidate, made: str) -> dict[str, Any]:
+    """``candidate``'s measures: read back where a run finished them from what it is made of now
+    (``made``: `identity`), else made and written (a folder made of something else first
+    removed; its identity first, its per-input values next, its measures last: the marker of a
+    finished candidate)."""
+    folder = run.out / CONFIGS / candidate.name
+    done, recorded = folder / "result.json", folder / "identity.json"
+    same = recorded.is_file() and json.loads(recorded.read_text()).get("identity") == made
+    if same and done.is_file() and read_held(folder) is not None:
+        run.log(f"{candidate.name}: finished earlier, kept")
         return json.loads(done.read_text())
+    if not same:
+        if folder.is_symlink():
+            raise InputError(f"{folder} is a symbolic link, not a folder this sweep made: remove it")
+        shutil.rmtree(folder, ignore_errors=True)
+        atomic_write_json(recorded, {"identity": made})
     if not done.is_file():
-        _make(model, ranking, candidate, data, config, out, preprocessor, log, compare)
+        _make(run, candidate)
     result, held = measure_saved(
-        candidate.name, candidate.describe(), model_folder(out, candidate), data, config.precision
+        candidate.name, candidate.describe(), model_folder(run.out, candidate), run.data, run.config.precision
     )
     write_held(folder, held)
     atomic_write_json(done, result)
@@ -223,12 +249,12 @@ def run_sweep(
     ensemble: a list of models, or any model `as_ensemble` takes), e.g. to weigh a deep ensemble
     you trained against the fused models; it must read the inputs ``data`` was made with."""
     out = Path(out)
-    compare = {
-        name: as_ensemble(m) if isinstance(m, (list, tuple)) else m for name, m in (compare or {}).items()
-    }
+    compare = {n: as_ensemble(m) if isinstance(m, (list, tuple)) else m for n, m in (compare or {}).items()}
     candidates = config.candidates(tuple(compare))
+    run = _Run(model, ranking, data, config, out, preprocessor, log, compare)
+    base = fingerprint(model)
     rows = [
-        _quality(model, ranking, c, data, config, out, preprocessor, log, compare)
+        _quality(run, c, identity(c, base, compare))
         for c in progress_bar(candidates, desc="sweep", unit="config", enabled=progress)
     ]
     log(f"timing {len(candidates)} configurations side by side at batch sizes {list(config.batch_sizes)}")
