@@ -40,16 +40,35 @@ UNSETTING = ("out", "overwrite", "keep_checkpoints")
 """Options that do not change what a build computes (a rerun that differs only in them resumes)."""
 
 
-def _settings_key(args: argparse.Namespace) -> str:
-    """The digest of the options a build computes from: a rerun with the same ones resumes its
-    output folder; what a run with others left is refused, or with ``--overwrite`` removed first
-    (`saving.files.claim_run_dir`)."""
+def settings_key(args: argparse.Namespace, unsetting: tuple[str, ...] = UNSETTING) -> str:
+    """The digest of the options a resumable command computes from (all but ``unsetting``): a
+    rerun with the same ones resumes its output folder; what a run with others left is refused,
+    or with ``--overwrite`` removed first (`saving.files.claim_run_dir`)."""
     from hydra_ensembles.hashing import json_digest
 
     plain = (str, int, float, bool, type(None), list, tuple)
     return json_digest(
-        {k: v for k, v in sorted(vars(args).items()) if k not in UNSETTING and isinstance(v, plain)}
+        {k: v for k, v in sorted(vars(args).items()) if k not in unsetting and isinstance(v, plain)}
     )
+
+
+def start_building(args: argparse.Namespace) -> tuple:
+    """What a command that builds members starts from, once its options are checked: the model,
+    the ranking read for it and its preprocessor (the precision said)."""
+    from hydra_ensembles.loading import load_preprocessor
+    from hydra_ensembles.scoring.files import read_ranking
+
+    if args.fine_tune and not args.data:
+        raise InputError("--fine-tune needs --data (labelled training data)")
+    if args.bootstrap and not args.fine_tune:
+        raise InputError("--bootstrap resamples the members' training data: it needs --fine-tune")
+    if getattr(args, "ood_data", None) and not args.val_data:
+        raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
+    model = _load_model(args.model, args)
+    ranking = read_ranking(args.scores, model)
+    preprocessor = load_preprocessor(args.preprocessor or args.model)
+    _say_precision(args)
+    return model, ranking, preprocessor
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -57,24 +76,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
     import shutil
 
     from hydra_ensembles.build import build_hydra, save_with_preprocessor
-    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.saving.files import claim_run_dir, replace_dir
-    from hydra_ensembles.scoring.files import read_ranking
 
     from .guards import check_output_dir, overwrite_staging
 
     target = check_output_dir(args.out, finished=FINISHED, resumable=OWNED, overwrite=args.overwrite)
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
-    if args.fine_tune and not args.data:
-        raise InputError("--fine-tune needs --data (labelled training data)")
-    if args.bootstrap and not args.fine_tune:
-        raise InputError("--bootstrap resamples the members' training data: it needs --fine-tune")
-    if args.ood_data and not args.val_data:
-        raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
-    model = _load_model(args.model, args)
-    ranking = read_ranking(args.scores, model)
-    preprocessor = load_preprocessor(args.preprocessor or args.model)
-    _say_precision(args)
+    model, ranking, preprocessor = start_building(args)
     train, classes, val, ood = _build_data(args, preprocessor, model)
     _record_length(model, args)  # the members and the fused model inherit it, saved with them
     config = _build_config(args, train)
@@ -84,7 +92,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         _print_history(result, dataclasses.replace(tuning, seed=args.seed + m), val)
         save_with_preprocessor(member, out / "members" / f"member-{m}", preprocessor)
 
-    with claim_run_dir(out, _settings_key(args), WRITTEN, restart=args.overwrite, beside=out != target):
+    with claim_run_dir(out, settings_key(args), WRITTEN, restart=args.overwrite, beside=out != target):
         built = build_hydra(
             model,
             train,

@@ -10,9 +10,9 @@ import sys
 from hydra_ensembles.errors import InputError
 from hydra_ensembles.saving.files import RUN_MARKER
 
-from .build import member_training_options
+from .build import member_training_options, settings_key, start_building
 from .command import Command
-from .common import _data_batches, _load_model, _record_length, _resolve_epochs, _say_precision
+from .common import _data_batches, _record_length, _resolve_epochs
 from .options import (
     POSITIVE,
     PREPROCESSOR_HELP,
@@ -62,15 +62,6 @@ def _ratio(text: str) -> float:
     if not 1 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"a latency ratio to the single model is at least 1, got {text}")
     return value
-
-
-def _settings_key(args: argparse.Namespace) -> str:
-    from hydra_ensembles.hashing import json_digest
-
-    plain = (str, int, float, bool, type(None), list, tuple)
-    return json_digest(
-        {k: v for k, v in sorted(vars(args).items()) if k not in UNSETTING and isinstance(v, plain)}
-    )
 
 
 def _halves(spec: str, args: argparse.Namespace, preprocessor, model, labels: bool) -> tuple[list, list]:
@@ -159,26 +150,17 @@ def _sweep_config(args: argparse.Namespace, train):
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.saving.files import claim_run_dir, recorded_run, replace_dir
-    from hydra_ensembles.scoring.files import read_ranking
     from hydra_ensembles.sweep import run_sweep
 
     from .guards import check_output_dir, overwrite_staging
 
-    key = _settings_key(args)
+    key = settings_key(args, UNSETTING)
     again = not args.overwrite and recorded_run(args.out) == key  # the same sweep: timed and chosen anew
     finished = None if again else FINISHED
     target = check_output_dir(args.out, finished=finished, resumable=OWNED, overwrite=args.overwrite)
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
-    if args.fine_tune and not args.data:
-        raise InputError("--fine-tune needs --data (labelled training data)")
-    if args.bootstrap and not args.fine_tune:
-        raise InputError("--bootstrap resamples the members' training data: it needs --fine-tune")
-    model = _load_model(args.model, args)
-    ranking = read_ranking(args.scores, model)
-    preprocessor = load_preprocessor(args.preprocessor or args.model)
-    _say_precision(args)
+    model, ranking, preprocessor = start_building(args)
     data = _sweep_data(args, preprocessor, model)
     compared = _compared(args, preprocessor)
     _record_length(model, args)

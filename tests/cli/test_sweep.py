@@ -118,8 +118,9 @@ def test_the_chosen_configuration_is_saved_whole_and_predicts_as_its_own_folder(
 
 
 def test_a_killed_sweep_resumes_to_the_same_measures(w, tmp_path):
-    straight = tmp_path / "straight"
-    assert main(sweep_args(w, straight)) == 0
+    straight = tmp_path / "straight"  # in a new process too: the same threads as the resumed run's
+    done = child(f"sys.exit(main({sweep_args(w, straight)!r}))")
+    assert done.returncode == 0, done.stderr
     out = tmp_path / "resumed"
     # the single model and the first build's member 0 done (2 epochs of 4 steps); member 1 started
     killed = killed_at_step(2 * 4 + 2, sweep_args(w, out))
