@@ -196,13 +196,14 @@ def _write_results(out, result, config, args: argparse.Namespace) -> None:
 
     rows, chosen = result.rows, result.chosen
     machine = describe_machine()
-    metrics = [("auroc", "flag's OOD AUROC (held out)")] if quality_key(rows)[0] == "auroc" else []
-    metrics.append(("nll", "NLL (held out, as served)"))
+    from hydra_ensembles.sweep import frontier
+
+    panels = [("auroc", "flag's OOD AUROC (held out)")] if quality_key(rows)[0] == "auroc" else []
+    panels.append(("nll", "NLL (held out, as served)"))
     reporting.frontier_plot(
         rows,
-        [r["frontier"] for r in rows],
         out / "frontier.png",
-        metrics,
+        [(key, label, frontier(rows, quality=key)) for key, label in panels],
         config.budget,
         chosen,
         title=f"hydra-ens sweep on {args.val_data}; {machine}",

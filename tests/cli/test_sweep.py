@@ -212,6 +212,7 @@ def test_frontier_and_choice_by_hand():
     no_ood = [{**r, "auroc": None} for r in rows]
     assert choose(no_ood, 2.0) == 2  # without OOD data: the lowest NLL
     assert frontier(no_ood) == [True, False, True, False, True]
+    assert frontier(rows, quality="nll") == frontier(no_ood)  # the NLL panel's frontier, with OOD data
 
 
 def test_a_compared_deep_ensemble_is_measured_beside_and_a_taken_name_refused(w, tmp_path, capsys):

@@ -147,19 +147,18 @@ def metrics_vs_pruned(
 
 def frontier_plot(
     rows: Sequence[Mapping],
-    on_frontier: Sequence[bool],
     path,
-    metrics: Sequence[tuple[str, str]],
+    metrics: Sequence[tuple[str, str, Sequence[bool]]],
     budget: float | None = None,
     chosen: int | None = None,
     title: str = "",
 ) -> Path:
     """Each configuration's quality against its cost (``latency_ratio``), one panel per
-    (metric key, axis label) of ``metrics``; the frontier's points joined and ringed, the budget a
-    dashed line, the chosen configuration a star."""
+    (metric key, axis label, which rows are on that metric's frontier) of ``metrics``; the
+    frontier's points joined and ringed, the budget a dashed line, the chosen configuration a star."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.8), squeeze=False)
     costs = np.array([float(r["latency_ratio"]) for r in rows])
-    for ax, (key, label) in zip(axes[0], metrics, strict=True):
+    for ax, (key, label, on_frontier) in zip(axes[0], metrics, strict=True):
         values = np.array([np.nan if r.get(key) is None else float(r[key]) for r in rows])
         ax.scatter(costs, values, color="tab:blue", zorder=2)
         front = sorted(i for i, on in enumerate(on_frontier) if on)

@@ -31,9 +31,10 @@ def _better(row: Row, key: str, higher: bool) -> float:
     return float(row[key]) if higher else -float(row[key])
 
 
-def frontier(rows: Sequence[Row], cost: str = "latency_ratio") -> list[bool]:
-    """For each row, whether it is on the cost/quality frontier (see the module docstring)."""
-    key, higher = quality_key(rows)
+def frontier(rows: Sequence[Row], cost: str = "latency_ratio", quality: str | None = None) -> list[bool]:
+    """For each row, whether it is on the cost/quality frontier (see the module docstring), or on
+    the frontier of another ``quality`` (``auroc``: higher is better; ``nll``: lower)."""
+    key, higher = quality_key(rows) if quality is None else (quality, quality == "auroc")
     points = [(float(r[cost]), _better(r, key, higher)) for r in rows]
     on = []
     for c, q in points:
