@@ -9,7 +9,7 @@ from hydra_ensembles.models import DEFAULT_TEXT_MODEL
 from hydra_experiments.bench import METHODS
 
 from .command import Command
-from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_option
+from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_option, int_list
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -91,14 +91,6 @@ def _random_members(model, args: argparse.Namespace) -> tuple[list, list | None]
     return sample(), (sample(shared_layers=args.shared_layers) if args.shared_layers else None)
 
 
-def _positive_list(text: str) -> list[int]:
-    """An argparse type: comma-separated positive integers (``1,8,64``)."""
-    values = [POSITIVE(item) for item in text.split(",")]
-    if not values:
-        raise argparse.ArgumentTypeError("give at least one number")
-    return values
-
-
 def _method_list(text: str) -> list[str]:
     """An argparse type: comma-separated keys of the benchmark's methods."""
     keys = [item.strip() for item in text.split(",") if item.strip()]
@@ -128,7 +120,7 @@ def _add_bench_command(sub) -> argparse.ArgumentParser:
     bench.add_argument("--members", type=POSITIVE, default=3)
     bench.add_argument("--heads-per-layer", type=COUNT, default=8)
     bench.add_argument("--tokens", type=POSITIVE, default=128)
-    bench.add_argument("--batch-sizes", type=_positive_list, default="1,8,64", help="comma-separated")
+    bench.add_argument("--batch-sizes", type=int_list(1), default="1,8,64", help="comma-separated")
     bench.add_argument(
         "--precision",
         default="auto",

@@ -57,6 +57,19 @@ def _between(low: float, high: float):
 
 _fraction, _positive_float = _between(0, 1), _between(0, float("inf"))
 POSITIVE, COUNT = _at_least(1), _at_least(0)
+
+
+def int_list(minimum: int):
+    """An argparse type: comma-separated whole numbers, each at least ``minimum`` (``1,8,64``)."""
+    item = _at_least(minimum)
+
+    def parse(text: str) -> tuple[int, ...]:
+        return tuple(item(value) for value in text.split(","))
+
+    parse.__name__ = f"comma-separated integers >= {minimum}"
+    return parse
+
+
 MIN_RESAMPLES = 40
 """Fewest bootstrap resamples for a 95% interval: one resample in each 2.5% tail."""
 

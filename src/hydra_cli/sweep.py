@@ -22,6 +22,7 @@ from .options import (
     _random_head_option,
     _training_options,
     calibration_config,
+    int_list,
 )
 
 FINISHED = "sweep.json"
@@ -36,21 +37,6 @@ of is checked on its own: `sweep.run.identity`): a rerun that differs only in th
 reuses a finished sweep's candidates, makes the new ones, and times and chooses again."""
 HALVES = {"fit": 0.5, "held": 0.5}
 """Each validation set's halves: one fits every calibration, the other measures."""
-
-
-def _int_list(minimum: int):
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            values = tuple(int(v) for v in text.split(",") if v.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated whole numbers, got {text!r}"
-            ) from None
-        if not values or any(v < minimum for v in values):
-            raise argparse.ArgumentTypeError(f"expected whole numbers >= {minimum}, got {text!r}")
-        return values
-
-    return parse
 
 
 def _ratio(text: str) -> float:
@@ -300,14 +286,12 @@ def _add_sweep_command(sub) -> argparse.ArgumentParser:
     )
     sweep.add_argument("model", help="the model the ranking was computed on (the single model)")
     sweep.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
+    sweep.add_argument("--members", type=int_list(2), default=(2, 3), help="members, e.g. 2,3 (default: 2,3)")
     sweep.add_argument(
-        "--members", type=_int_list(2), default=(2, 3), help="members, e.g. 2,3 (default: 2,3)"
+        "--num-pruned", type=int_list(1), required=True, help="heads each member prunes, e.g. 4,8"
     )
     sweep.add_argument(
-        "--num-pruned", type=_int_list(1), required=True, help="heads each member prunes, e.g. 4,8"
-    )
-    sweep.add_argument(
-        "--shared-layers", type=_int_list(0), default=(0,), help="trunk depths to try, e.g. 0,2 (default: 0)"
+        "--shared-layers", type=int_list(0), default=(0,), help="trunk depths to try, e.g. 0,2 (default: 0)"
     )
     sweep.add_argument(
         "--keep-base", action="store_true", help="also try each build with the model itself as member 1"
@@ -330,7 +314,7 @@ def _add_sweep_command(sub) -> argparse.ArgumentParser:
     )
     _training_options(sweep)
     sweep.add_argument(
-        "--batch-sizes", type=_int_list(1), default=(1, 64), help="timed batch sizes (default: 1,64)"
+        "--batch-sizes", type=int_list(1), default=(1, 64), help="timed batch sizes (default: 1,64)"
     )
     sweep.add_argument("--repeats", type=POSITIVE, default=5, help="interleaved timing rounds")
     sweep.add_argument(

@@ -30,7 +30,7 @@ RESAMPLES = 1000
 
 def measure_saved(
     name: str, settings: dict[str, Any], folder: Path, data: Any, precision: str
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The saved model's measures on the held-out halves of ``data`` (a `SweepData`), as it is
     served (its saved temperature, flag score, statistics and threshold), its NLL and ECE at
     temperature 1, and its members' diversity; and its per-input values (`write_held`)."""

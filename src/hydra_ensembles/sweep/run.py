@@ -26,13 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..batching import model_inputs
+from ..batching import batch_rows, model_inputs, repeat_rows, slice_rows
 from ..build import build_hydra, save_with_preprocessor
 from ..cost import measure, synchronizer
 from ..errors import InputError
-from ..evaluation import (
-    calibrate,
-)
+from ..evaluation import calibrate
 from ..hashing import fingerprint, json_digest
 from ..loading import load_any
 from ..members.ensemble import as_ensemble
@@ -192,12 +190,9 @@ def _add_differences(rows: list[dict[str, Any]], out: Path) -> None:
 def _timing_inputs(held: Batches, rows: int) -> dict[str, torch.Tensor]:
     """``rows`` inputs cut from the first held-out batch (its rows repeated where it has fewer)."""
     batch = model_inputs(held[0])
-    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
-    times = -(-rows // first.shape[0])
-    return {
-        k: v.repeat(times, *([1] * (v.dim() - 1)))[:rows] if isinstance(v, torch.Tensor) else v
-        for k, v in batch.items()
-    }
+    size = batch_rows(batch)
+    times = -(-rows // size)
+    return slice_rows(repeat_rows(batch, times, size), 0, rows, size * times)
 
 
 def _cost(
@@ -278,11 +273,11 @@ def _save_chosen(source: Path, target: Path, staging_in: Path) -> Path:
     folder under ``staging_in`` (inside the sweep's own folder, where a killed run's leftovers
     stay out of the way), then renamed into place; a previous copy is removed first (a killed
     run leaves ``target`` missing, never a mix, and the unfinished sweep makes it again)."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise InputError(f"{target} is not a folder this sweep wrote: remove it or choose another --out")
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=staging_in))
     try:
         shutil.copytree(source, staging / target.name, symlinks=True)
-        if target.is_symlink() or target.is_file():
-            raise InputError(f"{target} is not a folder this sweep wrote: remove it or choose another --out")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staging / target.name, target)
     finally:
