@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a machine with one CUDA GPU: the device line, the CUDA tests,
-# the whole suite, the compiled (CUDA-graph) bench, fine-tuning and circuit extraction on the GPU
+# the whole suite (its failures again with their tracebacks), the compiled (CUDA-graph) bench, fine-tuning and circuit extraction on the GPU
 # against the CPU, a profile of Single against the fused model, then `hydra-ens bench --device
 # cuda` on a MiniLM-L6-sized and a ViT-B/16-sized model (random weights; ViT-B in fp32 and fp16,
 # its bf16 recorded in docs/benchmarks.md). Every step has its own time limit (560 s in all), so
@@ -55,6 +55,10 @@ TAIL=60 step cuda-tests 80 "python3 -m pytest -q -p no:cacheprovider -n 4 -m 'no
 TAIL=25 step suite 150 "python3 -m pytest -v -p no:cacheprovider -n 16 -m 'not slow and not real_model' \
   --timeout 80 --continue-on-collection-errors -rf --tb=line -p no:benchmark > $OUT/suite-tests.log 2>&1; \
   grep -E 'FAILED|ERROR' $OUT/suite-tests.log | sort -u; tail -3 $OUT/suite-tests.log"
+# the suite's failures again, each with its traceback (the suite's step may be cut before its summary)
+TAIL=150 step failures 60 "grep -oE '(FAILED|ERROR) tests/[^ ]+' $OUT/suite-tests.log | cut -d' ' -f2 | sort -u \
+  > $OUT/failed.txt; [ -s $OUT/failed.txt ] || exit 0; python3 -m pytest -q -p no:cacheprovider -n 8 -p no:benchmark \
+  --timeout 50 --tb=short \$(cat $OUT/failed.txt | tr '\\n' ' ')"
 TAIL=30 step bench-compiled 70 "$HYDRA bench /tmp/minilm-l6-random --device cuda --precision bf16 \
   --batch-sizes 1,64 --test-set 0 --repeats 30 --methods deep-ensemble,hydra,trunk --shared-layers 3 \
   --compile reduce-overhead --out $OUT/bench-compiled"

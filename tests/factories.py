@@ -549,16 +549,18 @@ ROUNDINGS_PER_LAYER = 10
 output, W_O, residual + LayerNorm, MLP in, activation, MLP out, residual + LayerNorm."""
 
 
-def rounding_tolerance(precision: str, reference: torch.Tensor, layers: int, fp32: float) -> float:
+def rounding_tolerance(
+    precision: str, reference: torch.Tensor, layers: int, fp32: float | None = None
+) -> float:
     """How far two computations of one tiny transformer in ``precision`` may be apart.
 
-    In fp32: ``fp32``, the test's own float tolerance. In bf16 or fp16, to first order: two
+    In fp32: ``fp32`` where given, the test's own float tolerance. Otherwise, to first order: two
     computations that round at different points (a fused model and its members run one by one,
     a low-precision forward and an fp32 one) differ by at most 2u per rounding point, relative to
     the largest magnitude the output reaches, over ``ROUNDINGS_PER_LAYER`` points per layer and
     two for the task head.
     """
-    if precision == "fp32":
+    if precision == "fp32" and fp32 is not None:
         return fp32
     roundings = ROUNDINGS_PER_LAYER * layers + 2
     return 2 * UNIT_ROUNDOFF[precision] * roundings * max(1.0, reference.abs().max().item())

@@ -323,10 +323,10 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
         else:
             rows = [json.loads(line) for line in (tmp_path / written).read_text().splitlines()]
         scores = [float(r["ood_score_mds"]) for r in rows]
-        tol = rounding_tolerance(precision, torch.tensor(scores), layers=2, fp32=1e-6 * max(scores))
+        tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
         assert [r["ood_score_mds"] for r in records] == pytest.approx(scores, abs=tol)
         threshold = saved_calibration(load_any(str(folder))).threshold
-        clear = [i for i, score in enumerate(scores) if precision == "fp32" or abs(score - threshold) > tol]
+        clear = [i for i, score in enumerate(scores) if abs(score - threshold) > tol]
         assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
 
 
@@ -433,7 +433,7 @@ def test_finetune_saves_feature_statistics_that_predict_and_the_pipeline_serve(w
     with computing_in(precision):
         records = served(texts, batch_size=8)
     scores = [r["ood_score_mds"] for r in rows]
-    tol = rounding_tolerance(precision, torch.tensor(scores), layers=2, fp32=1e-6 * max(scores))
+    tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
     assert [r["ood_score_mds"] for r in records] == pytest.approx(scores, abs=tol)
     clear = [i for i, s in enumerate(scores) if abs(s - saved.threshold) > tol]
     assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
@@ -466,7 +466,7 @@ def test_the_length_a_model_was_fit_at_is_served_with_it(workspace, tmp_path, ca
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     texts, scores = [r["text"] for r in rows], [r["ood_score_mds"] for r in rows]
     precision = resolve_precision("auto", "cpu").name
-    tol = rounding_tolerance(precision, torch.tensor(scores), layers=2, fp32=1e-6 * max(scores))
+    tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
     classify = pipeline("hydra-text-classification", model=str(tuned))
     with computing_in(precision):
         served = classify(texts, batch_size=4)

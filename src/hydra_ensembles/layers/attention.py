@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -33,6 +34,11 @@ from ..errors import InputError, UnsupportedModelError
 from .grouped import grouped_matmul
 
 _MEMBER_ATTENTION_OPS = contextvars.ContextVar("member_attention_ops", default=False)
+_OPEN_EXPORTS = 0
+"""How many `member_attention_ops` contexts are open, in any thread: what traced code reads, as
+dynamo cannot trace a context variable (a graph break in every layer, which also keeps CUDA
+graphs from capturing the pass) but reads a module global and guards on its value."""
+_OPEN_EXPORTS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -40,19 +46,26 @@ def member_attention_ops() -> Iterator[None]:
     """While tracing for export, fused attention is written as one `member_attention` operator per
     member (which an exporter can map to a runtime's own attention kernel) wherever that computes
     the same: no per-head score bias and a boolean mask (or none) shared by the heads."""
+    global _OPEN_EXPORTS
     token = _MEMBER_ATTENTION_OPS.set(True)
+    with _OPEN_EXPORTS_LOCK:
+        _OPEN_EXPORTS += 1
     try:
         yield
     finally:
+        with _OPEN_EXPORTS_LOCK:
+            _OPEN_EXPORTS -= 1
         _MEMBER_ATTENTION_OPS.reset(token)
 
 
 def _per_member_export() -> bool:
-    """Whether `member_attention_ops` is on. ``torch.compile`` cannot trace a context variable
-    (a graph break in every layer, which also keeps CUDA graphs from capturing the pass); it is
-    only ever on while exporting, so compiled code never reads it."""
-    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
-        return False
+    """Whether `member_attention_ops` is on. Eager code reads this thread's context variable;
+    traced code (``torch.compile``, ``torch.export``) reads whether any export is open, since
+    ``torch.compiler.is_exporting()`` does not tell the two apart in every torch version (it is
+    true under ``torch.compile`` too in torch 2.11). A model compiled in one thread while another
+    exports computes the same, with the per-member operator."""
+    if torch.compiler.is_compiling():
+        return _OPEN_EXPORTS > 0
     return _MEMBER_ATTENTION_OPS.get()
 
 
