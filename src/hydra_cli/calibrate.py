@@ -57,8 +57,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     _say_precision(args)
     if train is not None:
         statistics = fit_statistics(model, train, precision=args.precision)
-    val_predictions = predict(model, val, "calibration", precision=args.precision)
-    ood_predictions = predict(model, ood, "OOD validation", precision=args.precision) if ood else None
+    layers = statistics is not None and statistics.reads_layers
+    val_predictions = predict(model, val, "calibration", precision=args.precision, layers=layers)
+    ood_predictions = (
+        predict(model, ood, "OOD validation", precision=args.precision, layers=layers) if ood else None
+    )
     kept = statistics is not None and train is None  # the saved statistics, named as saved
     train_sha256 = saved.statistics_data_sha256 if kept else (batches_digest(train) if train else "")
     fitted = Calibration.fit(

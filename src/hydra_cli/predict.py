@@ -15,8 +15,6 @@ from .options import PREPROCESSOR_HELP, _data_options, _fraction, _random_head_o
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from functools import partial
-
     from hydra_ensembles import reporting
     from hydra_ensembles.evaluation import ood_scores, per_example
     from hydra_ensembles.evaluation import predict as predict_any
@@ -39,7 +37,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
     calibration, val = _calibration(args, model, len(models), val_batches)
     flag_score = _flag_score(args, calibration)
-    preds = partial(predict_any, precision=args.precision)(model, batches, "predict")
+    layers = calibration is not None and calibration.reads_layers
+    preds = predict_any(model, batches, "predict", precision=args.precision, layers=layers)
     if calibration is not None:
         records = calibration.records(preds, classes)
     else:

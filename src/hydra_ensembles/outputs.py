@@ -23,7 +23,8 @@ class EnsembleOutput:
     layer read (`ood.features`; None for a model whose logits are not one affine map of one
     feature vector). ``members`` holds every batch-shaped output of an underlying Hugging Face
     model, reshaped to (M, B, ...). ``loss`` is the ensemble's NLL (`ensemble_nll`) when
-    ``labels`` were given.
+    ``labels`` were given. ``layer_features`` (M, B, L, D_h): each member's pooled token after
+    every transformer layer, where the ensemble was asked to record them (``record_layers``).
     """
 
     member_logits: torch.Tensor | None = None
@@ -31,6 +32,7 @@ class EnsembleOutput:
     loss: torch.Tensor | None = None
     members: dict[str, torch.Tensor] = field(default_factory=dict)
     member_features: torch.Tensor | None = None
+    layer_features: torch.Tensor | None = None
 
     @property
     def member_probs(self) -> torch.Tensor | None:
@@ -46,13 +48,15 @@ class EnsembleOutput:
         member_logits: torch.Tensor,
         labels: torch.Tensor | None = None,
         member_features: torch.Tensor | None = None,
+        layer_features: torch.Tensor | None = None,
         **members: torch.Tensor,
     ) -> EnsembleOutput:
-        """The output of members whose logits are ``member_logits`` (M, B, C) and whose output
-        layers read ``member_features`` (M, B, D)."""
+        """The output of members whose logits are ``member_logits`` (M, B, C), whose output
+        layers read ``member_features`` (M, B, D), and whose layers' pooled tokens are
+        ``layer_features`` (M, B, L, D_h)."""
         probs = member_logits.float().softmax(-1).mean(0)
         loss = None if labels is None else ensemble_nll(member_logits, labels.to(member_logits.device))
-        return cls(member_logits, probs, loss, members, member_features)
+        return cls(member_logits, probs, loss, members, member_features, layer_features)
 
 
 def ensemble_log_probs(member_logits: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,8 @@ def _features(members=2, n=60, width=5, seed=0, shift=0.0):
 
 
 def test_the_built_in_scores_are_registered_in_their_order():
-    assert registry.feature_scores()[:5] == FEATURE_SCORES == ("mds", "rmds", "mds++", "knn", "vim")
+    built_in = ("mds", "rmds", "mds++", "knn", "vim", "mds_layers")
+    assert registry.feature_scores()[:6] == FEATURE_SCORES == built_in
     assert registry.feature_score("rmds").reads == ("mds",) and registry.feature_score("vim").needs_head
     with pytest.raises(ValueError, match="unknown feature score 'nope'"):
         registry.feature_score("nope")

@@ -23,9 +23,9 @@ from hydra_ensembles.serving.onnx import export_onnx
 
 from .conftest import HEAD_SETS, tiny_text_classifier, validation
 
-EXPORTED = ("mds", "knn", "vim")
-"""The scores whose graphs are exported: between them every operation the five scores use (rmds
-and mds++ are mds's matrix products and knn's normalisation)."""
+EXPORTED = ("mds", "knn", "vim", "mds_layers")
+"""The scores whose graphs are exported: between them every operation the scores use (rmds and
+mds++ are mds's matrix products and knn's normalisation; mds_layers reads every layer's token)."""
 TEXTS = ["goal match team score", "bank shares market", "rain and wind tomorrow", "a recipe with flour"]
 TEXTS += ["the quarterly report", "snow later", "an unrelated sentence about poetry", "x y z"]
 
@@ -71,7 +71,8 @@ def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
     assert calibration.score == score and calibration.statistics is not None
     tokenizer = load_tokenizer(str(folder))
     batch = dict(tokenizer(TEXTS, padding=True, return_tensors="pt"))
-    records = calibration.records(predict(model, [batch], progress=False, precision="fp32"))
+    layers = calibration.reads_layers
+    records = calibration.records(predict(model, [batch], progress=False, precision="fp32", layers=layers))
     expected = np.array([r[f"ood_score_{score}"] for r in records])
     served = pipeline("hydra-text-classification", model=str(folder))(TEXTS, batch_size=3)
     assert [s[f"ood_score_{score}"] for s in served] == pytest.approx(expected, rel=1e-5, abs=1e-6)

@@ -33,7 +33,7 @@ from .. import metrics as M
 from ..errors import InputError
 from ..hashing import json_digest
 from ..ood.detectors import FeatureStatistics
-from ..ood.registry import feature_scores
+from ..ood.registry import feature_score, feature_scores
 from .conformal import (
     FLAG_METHODS,
     SET_METHODS,
@@ -259,6 +259,11 @@ class Calibration:
             self.score, self.keep, self.flag_method, self.set_method, self.set_alpha, self.set_classwise
         )
 
+    @property
+    def reads_layers(self) -> bool:
+        """Whether the flag score reads every layer's features (`predict` them with ``layers=True``)."""
+        return self.score in feature_scores() and feature_score(self.score).needs_layers
+
     def records(self, predictions: Predictions, classes: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """One record per input (`per_example`), calibrated and flagged with these settings; a
         conformal flag adds each input's ``ood_p_value``."""
@@ -444,7 +449,7 @@ def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions
     temperature, the odd ones calibrate the prediction sets at that temperature. Kept apart,
     the sets' coverage guarantee does not depend on the temperature's fit."""
     labels = id_validation.class_labels("prediction sets' labelled validation data")
-    features = id_validation.member_features
+    features, layers = id_validation.member_features, id_validation.layer_features
 
     def part(start: int) -> Predictions:
         rows = slice(start, None, 2)
@@ -452,6 +457,7 @@ def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions
             id_validation.member_logits[:, rows],
             labels[rows],
             None if features is None else features[:, rows],
+            None if layers is None else layers[:, rows],
         )
 
     return part(0), part(1)

@@ -11,7 +11,7 @@ import numpy as np
 from .. import metrics as M
 from ..errors import InputError
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
-from ..ood.registry import LogitView, feature_scores, logit_score, logit_scores
+from ..ood.registry import LogitView, feature_score, feature_scores, logit_score, logit_scores
 from .predict import Predictions
 
 LOGIT_SCORES = logit_scores()
@@ -59,7 +59,14 @@ def member_feature_scores(
         )
     if predictions.member_features is None:
         raise InputError(f"the OOD score {score!r} reads the members' features; these predictions have none")
-    scores = statistics.member_scores(score, predictions.member_features, predictions.member_logits)
+    if feature_score(score).needs_layers and predictions.layer_features is None:
+        raise InputError(
+            f"the OOD score {score!r} reads every layer's features; these predictions have none "
+            "(predict with layers=True)"
+        )
+    scores = statistics.member_scores(
+        score, predictions.member_features, predictions.member_logits, predictions.layer_features
+    )
     return scores.numpy()
 
 
@@ -71,8 +78,10 @@ def applicable_scores(
     score they compute."""
     ensemble = predictions.num_members > 1
     logit = tuple(s for s in logit_scores() if ensemble or not logit_score(s).ensemble_only)
-    has_features = statistics is not None and predictions.member_features is not None
-    return logit + (statistics.scores if has_features else ())
+    if statistics is None or predictions.member_features is None:
+        return logit
+    layers = predictions.layer_features is not None
+    return logit + tuple(s for s in statistics.scores if layers or not feature_score(s).needs_layers)
 
 
 def evaluate_predictions(

@@ -7,6 +7,7 @@ on. Never fit a calibration on OOD test data.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,7 +43,7 @@ def fit_statistics(
     batches = list(id_train)
     if not batches or not all("labels" in batch for batch in batches):
         raise InputError("feature statistics need labelled ID training batches (every batch with labels)")
-    train = predict(model, batches, "feature statistics", progress=progress, precision=precision)
+    train = predict(model, batches, "feature statistics", progress=progress, precision=precision, layers=True)
     if train.member_features is None:
         raise InputError(
             f"{type(model).__name__}'s logits are not one affine map of one feature vector per member: "
@@ -50,7 +51,11 @@ def fit_statistics(
         )
     heads = ensemble_heads(as_ensemble(model))
     return FeatureStatistics.fit(
-        train.member_features, train.class_labels("ID training data"), train.num_classes, heads
+        train.member_features,
+        train.class_labels("ID training data"),
+        train.num_classes,
+        heads,
+        layer_features=train.layer_features,
     )
 
 
@@ -92,11 +97,13 @@ def fit_calibration(
         train = list(id_train)
         statistics = fit_statistics(model, train, precision=precision, progress=progress)
         train_sha256 = batches_digest(train)
-    predictions = predict(model, batches, "calibration", progress=progress, precision=precision)
+    layers = statistics is not None and statistics.reads_layers  # what the scores read, recorded
+    run = functools.partial(predict, model, progress=progress, precision=precision, layers=layers)
+    predictions = run(batches, "calibration")
     ood, ood_sha256 = None, ""
     if ood_validation is not None and score == AUTO_SCORE:
         ood_batches = list(ood_validation)
-        ood = predict(model, ood_batches, "OOD validation", progress=progress, precision=precision)
+        ood = run(ood_batches, "OOD validation")
         ood_sha256 = batches_digest(ood_batches)
     calibration = Calibration.fit(
         predictions,

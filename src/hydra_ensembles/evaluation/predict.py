@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +21,15 @@ from ..progress import progress_bar
 
 @dataclass
 class Predictions:
-    """Member logits (M, N, C) (M = 1 for a single model), labels (N,) if known, and the features
-    each member's output layer read (M, N, D) where the model has them (`ood.features`)."""
+    """Member logits (M, N, C) (M = 1 for a single model), labels (N,) if known, the features
+    each member's output layer read (M, N, D) where the model has them (`ood.features`), and
+    each member's pooled token after every layer (M, N, L, D_h) where they were recorded
+    (`predict`'s ``layers``)."""
 
     member_logits: np.ndarray
     labels: np.ndarray | None = None
     member_features: np.ndarray | None = None
+    layer_features: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         logits = np.asarray(self.member_logits)
@@ -44,6 +48,13 @@ class Predictions:
                 raise InputError(
                     f"member features must be (members, inputs, width) for logits {logits.shape}; "
                     f"got {features.shape}"
+                )
+        if self.layer_features is not None:
+            layers = np.asarray(self.layer_features)
+            if layers.ndim != 4 or layers.shape[:2] != logits.shape[:2]:
+                raise InputError(
+                    f"layer features must be (members, inputs, layers, width) for logits {logits.shape}; "
+                    f"got {layers.shape}"
                 )
         if self.labels is not None:
             labels = np.asarray(self.labels)
@@ -105,6 +116,7 @@ def predict(
     progress: bool = True,
     mc_samples: int = 0,
     precision: str = "auto",
+    layers: bool = False,
 ) -> Predictions:
     """Run any model or ensemble over batches (`members.as_ensemble`: a list of models is a deep
     ensemble, ``mc_samples > 0`` samples one model that many times with dropout on).
@@ -114,6 +126,9 @@ def predict(
     bf16 or fp16 they carry that format's rounding (bf16: about 3 significant digits). fp32 on a
     model whose weights are bf16 or fp16 computes on an fp32 copy (autocast never upcasts).
     Batches are moved to the model's device (batches made on the CPU feed a GPU model).
+    ``layers``: also record each member's pooled token after every layer (``layer_features``,
+    which ``mds_layers`` reads) where the ensemble records them (a fused Hydra model, a deep
+    ensemble, a single model).
     """
     batches = list(batches)
     if not batches:
@@ -132,8 +147,9 @@ def predict(
     ensemble = as_ensemble(model, mc_samples).eval()
     parts: list[np.ndarray] = []
     features: list[np.ndarray] = []
+    layer_parts: list[np.ndarray] = []
     labels: list[np.ndarray] = []
-    with compute.autocast(device):
+    with compute.autocast(device), _recording_layers(ensemble, layers):
         for batch in progress_bar(batches, desc=desc, leave=False, enabled=progress):
             if "labels" in batch:
                 labels.append(batch["labels"].cpu().numpy())
@@ -141,10 +157,27 @@ def predict(
             parts.append(output.member_logits.float().cpu().numpy())
             if output.member_features is not None:
                 features.append(output.member_features.float().cpu().numpy())
+            if output.layer_features is not None:
+                layer_parts.append(output.layer_features.float().cpu().numpy())
     logits = np.concatenate(parts, axis=1)
     _check_finite_logits(logits, model, desc, compute.name)
     member_features = np.concatenate(features, axis=1) if len(features) == len(parts) else None
-    return Predictions(logits, np.concatenate(labels) if labels else None, member_features)
+    layer_features = np.concatenate(layer_parts, axis=1) if len(layer_parts) == len(parts) else None
+    return Predictions(logits, np.concatenate(labels) if labels else None, member_features, layer_features)
+
+
+@contextlib.contextmanager
+def _recording_layers(ensemble: nn.Module, on: bool) -> Iterator[None]:
+    """Inside: ``ensemble`` records its members' every layer where ``on`` and it can (a fused
+    model, a deep ensemble, a single model); its setting is restored on leaving."""
+    was = getattr(ensemble, "record_layers", None)
+    if on and was is not None:
+        ensemble.record_layers = True
+    try:
+        yield
+    finally:
+        if was is not None:
+            ensemble.record_layers = was
 
 
 def _check_finite_logits(logits: np.ndarray, model: Predictor, desc: str, precision: str) -> None:

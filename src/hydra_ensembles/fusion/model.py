@@ -145,6 +145,7 @@ class HydraModel(nn.Module):
         self._batch: int | None = None
         self.chunk_rows: int | Literal["auto"] | None = "auto"
         self.record_features = True
+        self.record_layers = False  # each member's pooled token after every layer (`FeatureTap`)
         # where the head reads the inputs (a pooling by input ids or a patch mask), the inputs stay
         # member-stacked and the trunk runs on member 0's copy of them
         self._stacked_trunk = self.trunk_layers > 0 and adapter.head_reads_inputs
@@ -241,6 +242,7 @@ class HydraModel(nn.Module):
         inputs = {**self.adapter.call_options, **inputs}
         tap = self.feature_tap() if self.record_features else None
         if tap is not None:  # the tap's hooks stay registered (compiled code registers none)
+            tap.every_layer = self.record_layers
             tap.start()
         try:
             if self.trunk_layers and not self._stacked_trunk:  # the trunk runs once on B rows; hooks fan out
@@ -258,6 +260,8 @@ class HydraModel(nn.Module):
                 outputs[name] = value.view(m, batch, *value.shape[1:])
         if tap is not None and "logits" in outputs:
             outputs["member_features"] = tap.features(inputs, batch)
+            if self.record_layers:
+                outputs["layer_features"] = tap.layer_features(inputs, batch)
         return outputs
 
     def forward(self, **inputs: Any) -> EnsembleOutput:
@@ -276,12 +280,13 @@ class HydraModel(nn.Module):
             members = {name: torch.cat([part[name] for part in parts], 1) for name in parts[0]}
         member_logits = members.pop("logits", None)
         features = members.pop("member_features", None)
+        layer_features = members.pop("layer_features", None)
         if member_logits is None:
             if labels is not None:
                 raise InputError("labels were given but the model produces no logits")
             return EnsembleOutput(members=members)
         return EnsembleOutput.from_member_logits(
-            member_logits, labels, features, logits=member_logits, **members
+            member_logits, labels, features, layer_features, logits=member_logits, **members
         )
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:

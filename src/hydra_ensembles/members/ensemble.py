@@ -55,6 +55,7 @@ class DeepEnsemble(nn.Module):
                 "already: predict it on its own, or list its members"
             )
         self.members = nn.ModuleList(models)
+        self.record_layers = False  # each member's pooled token after every layer (`FeatureTap`)
         # the members' configuration (family, classes), with the ensemble's own calibration
         # (`evaluation.calibrate`; saved in its index file), never a member's
         first = getattr(models[0], "config", None)
@@ -66,7 +67,7 @@ class DeepEnsemble(nn.Module):
         return len(self.members)
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: Any) -> EnsembleOutput:
-        logits, features = [], []
+        logits, features, layers = [], [], []
         for member in self.members:
             if hasattr(member, "features_and_logits"):  # a dual encoder: its unit input embedding
                 feature, member_logits = member.features_and_logits(**inputs)
@@ -74,12 +75,17 @@ class DeepEnsemble(nn.Module):
                 features.append(feature)
                 continue
             tap = _tap(member)
+            if tap is not None:
+                tap.every_layer = self.record_layers
             with tap if tap is not None else contextlib.nullcontext():
                 logits.append(member(**inputs).logits)
             if tap is not None:
                 features.append(tap.features(inputs, logits[-1].shape[0])[0])
+                if self.record_layers:
+                    layers.append(tap.layer_features(inputs, logits[-1].shape[0])[0])
         stacked = torch.stack(features) if len(features) == len(logits) else None
-        return EnsembleOutput.from_member_logits(torch.stack(logits), labels, stacked)
+        layered = torch.stack(layers) if layers and len(layers) == len(logits) else None
+        return EnsembleOutput.from_member_logits(torch.stack(logits), labels, stacked, layered)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Each member as a saved member (``member-<m>/``), then ``ensemble_config.json``."""

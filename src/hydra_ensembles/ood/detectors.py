@@ -14,6 +14,9 @@ float64, whatever precision the model ran in. Each score is one registered class
 - ``knn``: the Euclidean distance of the normalised feature to its k-th nearest normalised
   training feature (Sun et al., 2022; k = 50, or the bank's size if smaller).
 - ``vim``: virtual-logit matching (Wang et al., 2022), from the members' output layers.
+- ``mds_layers``: ``mds`` on every transformer layer's pooled token, each layer's score
+  standardised on the ID training data and averaged over the layers; fit where the members'
+  layer features are given (`FeatureStatistics.fit`'s ``layer_features``).
 
 The covariances are Ledoit-Wolf shrinkage estimates (the shrinkage is close to 0 where examples
 far outnumber dimensions, and keeps the matrix invertible where they do not: few examples, wide
@@ -21,7 +24,8 @@ features, features rounded to bf16); a covariance with no spread at all (every f
 its class mean) has no inverse, and its pseudo-inverse (zero) is used. What is stored, per member:
 class means (C x D) and one precision matrix (D x D) for each of mds, mds++ and rmds's background,
 the kNN bank (at most ``bank_size`` normalised training features, N x D) and ViM's origin and
-residual basis (D x (D - k)): about ``(4 D + 2 C + N) D`` float64 numbers per member.
+residual basis (D x (D - k)): about ``(4 D + 2 C + N) D`` float64 numbers per member; with
+``mds_layers``, also a precision matrix and class means per layer (about ``L (D_h + C) D_h``).
 """
 
 from __future__ import annotations
@@ -104,14 +108,18 @@ class FeatureStatistics:
         bank_size: int = BANK_SIZE,
         seed: int = 0,
         scores: Sequence[str] = FEATURE_SCORES,
+        layer_features: Any = None,
     ) -> FeatureStatistics:
         """Fit on training features ``(M, N, D)`` with their class ``labels`` (N,); ``heads``
         = each member's output layer ``(W (M, C, D), b (M, C))`` (`ood.features.member_heads`;
         without it, or with no more examples than ViM's principal dimension, ViM is not fit).
         Classes without an example have no mean (a warning says so). ``scores``: the feature
         scores to fit (all by default; fewer store less, e.g. ``("mds",)`` one precision matrix
-        per member). ValueError where features are not finite or labels out of range."""
+        per member). ``layer_features``: each member's pooled token after every layer
+        ``(M, N, L, D_h)`` (`predict`'s ``layers=True``), which ``mds_layers`` reads (without
+        them it is not fit). ValueError where features are not finite or labels out of range."""
         feats, y = _checked_fit_inputs(member_features, labels, num_classes, knn_k, bank_size, scores)
+        layers = _checked_layer_features(layer_features, feats.shape[:2], "the training")
         missing = sorted(set(range(num_classes)) - set(y.tolist()))
         if missing:
             warnings.warn(
@@ -120,7 +128,7 @@ class FeatureStatistics:
                 stacklevel=2,
             )
         members, n, width = feats.shape
-        fitted = _fitted_scores(scores, heads is not None, n, width)
+        fitted = _fitted_scores(scores, heads is not None, layers is not None, n, width)
         settings = {
             "format": FORMAT,
             "members": members,
@@ -131,11 +139,13 @@ class FeatureStatistics:
             "vim_dim": vim_dimension(width) if "vim" in fitted else None,
             "scores": fitted,
         }
+        if layers is not None and any(feature_score(name).needs_layers for name in fitted):
+            settings["layers"], settings["layer_width"] = int(layers.shape[2]), int(layers.shape[3])
         bank_rows = np.sort(np.random.default_rng(seed).permutation(n)[:bank_size])
         parts: dict[str, list[np.ndarray]] = {}
         for m in range(members):
             head = None if heads is None else (np.asarray(heads[0][m], np.float64), np.asarray(heads[1][m]))
-            context = FitContext(head, bank_rows, settings)
+            context = FitContext(head, bank_rows, settings, None if layers is None else layers[m])
             for name in _with_what_they_read(fitted):
                 for key, value in feature_score(name).fit(feats[m], y, num_classes, context).items():
                     parts.setdefault(key, []).append(value)
@@ -147,9 +157,12 @@ class FeatureStatistics:
         """The feature scores these statistics compute (ViM needs the output layers)."""
         return tuple(self.settings["scores"])
 
-    def member_scores(self, score: str, member_features: Any, member_logits: Any = None) -> torch.Tensor:
-        """Each member's ``score`` (M, N), float64, from features ``(M, N, D)`` (and, for ViM,
-        the members' logits ``(M, N, C)`` at temperature 1)."""
+    def member_scores(
+        self, score: str, member_features: Any, member_logits: Any = None, layer_features: Any = None
+    ) -> torch.Tensor:
+        """Each member's ``score`` (M, N), float64, from features ``(M, N, D)`` (for ViM, also
+        the members' logits ``(M, N, C)`` at temperature 1; for ``mds_layers``, their pooled
+        tokens after every layer ``(M, N, L, D_h)``)."""
         if score not in self.scores:
             raise InputError(f"unknown feature score {score!r}; these statistics compute {self.scores}")
         f = torch.as_tensor(member_features).to(torch.float64)
@@ -158,13 +171,28 @@ class FeatureStatistics:
                 f"features of shape {tuple(f.shape)} for statistics of {self.num_members} members of "
                 f"width {self.settings['width']}"
             )
+        layers = None
+        if feature_score(score).needs_layers:
+            if layer_features is None:
+                raise InputError(f"the OOD score {score!r} reads every layer's features, and none were given")
+            layers = torch.as_tensor(layer_features).to(device=f.device, dtype=torch.float64)
+            expected = (self.num_members, f.shape[1], self.settings["layers"], self.settings["layer_width"])
+            if tuple(layers.shape) != expected:
+                raise InputError(f"layer features of shape {tuple(layers.shape)}, expected {expected}")
         t = {name: value.to(f.device) for name, value in self.tensors.items()}
         logits = None if member_logits is None else torch.as_tensor(member_logits)
-        return feature_score(score).score(f, t, ScoreContext(self.settings, logits))
+        return feature_score(score).score(f, t, ScoreContext(self.settings, logits, layers))
 
-    def ensemble_scores(self, score: str, member_features: Any, member_logits: Any = None) -> torch.Tensor:
+    def ensemble_scores(
+        self, score: str, member_features: Any, member_logits: Any = None, layer_features: Any = None
+    ) -> torch.Tensor:
         """The ensemble's ``score`` (N,): the mean of its members' scores."""
-        return self.member_scores(score, member_features, member_logits).mean(0)
+        return self.member_scores(score, member_features, member_logits, layer_features).mean(0)
+
+    @property
+    def reads_layers(self) -> bool:
+        """Whether any score these statistics compute reads every layer's features."""
+        return any(feature_score(name).needs_layers for name in self.scores)
 
     # ------------------------------------------------------------------ saving
     def digest(self) -> str:
@@ -211,16 +239,36 @@ class FeatureStatistics:
         return loaded
 
 
-def _fitted_scores(asked, heads: bool, n: int, width: int) -> list[str]:
+def _fitted_scores(asked, heads: bool, layers: bool, n: int, width: int) -> list[str]:
     """The registered scores among ``asked`` that can be fit (in registration order): one that
-    reads the output layers only where they are given, each only where the examples suffice."""
+    reads the output layers or every layer's features only where they are given, each only where
+    the examples suffice."""
     return [
         name
         for name in feature_scores()
         if name in asked
         and (heads or not feature_score(name).needs_head)
+        and (layers or not feature_score(name).needs_layers)
         and feature_score(name).can_fit(n, width)
     ]
+
+
+def _checked_layer_features(
+    layer_features: Any, members_and_rows: tuple[int, int], what: str
+) -> np.ndarray | None:
+    """``layer_features`` as float64 (M, N, L, D_h), or None; InputError for a shape that does not
+    match the features' (M, N) or values that are not finite."""
+    if layer_features is None:
+        return None
+    layers = np.asarray(torch.as_tensor(layer_features).double().cpu(), dtype=np.float64)
+    if layers.ndim != 4 or layers.shape[:2] != tuple(members_and_rows):
+        raise InputError(
+            f"{what} layer features must be (members, inputs, layers, width) for {members_and_rows} "
+            f"members and inputs, got {layers.shape}"
+        )
+    if not np.isfinite(layers).all():
+        raise InputError(f"{what} layer features hold NaN or Inf: the model diverged or overflowed")
+    return layers
 
 
 def _with_what_they_read(names: list[str]) -> list[str]:

@@ -93,10 +93,15 @@ class FeatureTap:
     ):
         """``persistent``: the hooks are registered once, now, and record only inside ``with``
         (a model that keeps its tap: no hook is registered during a forward pass, which
-        ``torch.compile`` cannot trace); otherwise each ``with`` registers and removes them."""
+        ``torch.compile`` cannot trace); otherwise each ``with`` registers and removes them.
+        ``every_layer`` (an attribute, off by default): also record the pooled token after each
+        transformer layer (`layer_features`)."""
         self.model, self.num_members = model, int(num_members)
         self.layers = list(layers) if layers is not None else logits_layers(model, self.num_members)
+        self.blocks = get_adapter(model).layers(model)
         self.calls: list[tuple[nn.Module, torch.Tensor]] = []
+        self.block_calls: list[torch.Tensor] = []
+        self.every_layer = False
         self._handles: list[Any] = []
         self.persistent, self._active = persistent, False
         if persistent:
@@ -105,10 +110,13 @@ class FeatureTap:
     def _register(self) -> None:
         for layer in self.layers:
             self._handles.append(layer.register_forward_hook(self._record))
+        for block in self.blocks:
+            self._handles.append(block.register_forward_hook(self._record_block))
 
     def start(self) -> None:
         """Record from now on (what ``with`` does on entering)."""
         self.calls.clear()
+        self.block_calls.clear()
         self._active = True
         if not self.persistent:
             self._register()
@@ -132,6 +140,41 @@ class FeatureTap:
     def _record(self, module: nn.Module, args: tuple, _output: Any) -> None:
         if self._active:
             self.calls.append((module, args[0].detach()))
+
+    def _record_block(self, _module: nn.Module, _args: tuple, output: Any) -> None:
+        if self._active and self.every_layer:
+            hidden = output[0] if isinstance(output, tuple) else output
+            # a decoder's pooled token is found from the inputs afterwards; others read token 0
+            pooled = get_adapter(self.model).last_token_pooling
+            self.block_calls.append(hidden.detach() if pooled else hidden[:, 0].detach())
+
+    def layer_features(self, inputs: dict[str, Any], batch: int) -> torch.Tensor:
+        """The pooled token after each recorded layer as ``(M, batch, L, D_h)`` (cleared
+        afterwards): member-stacked rows are split by member, rows of a layer all members share
+        (a fused model's trunk; one model) are every member's. FeatureError where the layers did
+        not run or their rows are neither."""
+        calls, self.block_calls = self.block_calls, []
+        if len(calls) != len(self.blocks):
+            raise FeatureError(f"{len(calls)} layer outputs recorded for {len(self.blocks)} layers")
+        members, views = self.num_members, []
+        for hidden in calls:
+            if hidden.dim() == 3:  # a decoder's every token: its last real one
+                last = last_token_index(self.model.config, inputs.get("input_ids"), hidden.shape[1])
+                last = (
+                    last.repeat(hidden.shape[0] // last.shape[0])
+                    if hidden.shape[0] != last.shape[0]
+                    else last
+                )
+                hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
+            if hidden.shape[0] == members * batch:
+                views.append(hidden.reshape(members, batch, -1))
+            elif hidden.shape[0] == batch:
+                views.append(hidden.unsqueeze(0).expand(members, *hidden.shape))
+            else:
+                raise FeatureError(
+                    f"a layer gave {hidden.shape[0]} rows for {members} members of {batch} inputs"
+                )
+        return torch.stack(views, 2)
 
     def features(self, inputs: dict[str, Any], batch: int) -> torch.Tensor:
         """The recorded calls' features as ``(M, batch, D)`` (cleared afterwards)."""

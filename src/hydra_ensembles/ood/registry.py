@@ -50,31 +50,38 @@ __all__ = [
 class FitContext:
     """What a score's fit may read beside one member's features and labels: the member's output
     layer ``head`` = (W (C, D), b (C,)) where it was given (None otherwise), the rows of the
-    training features kept as a bank (`FeatureStatistics.fit`'s ``bank_size``), and the fit's
-    settings (``knn_k``, ``vim_dim``, ...)."""
+    training features kept as a bank (`FeatureStatistics.fit`'s ``bank_size``), the fit's
+    settings (``knn_k``, ``vim_dim``, ...), and the member's pooled token after every
+    transformer layer ``layers`` (N, L, D_h) where they were given."""
 
     head: tuple[np.ndarray, np.ndarray] | None
     bank_rows: np.ndarray
     settings: Mapping[str, Any] = field(default_factory=dict)
+    layers: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class ScoreContext:
-    """What a score may read beside the members' features: the statistics' settings and the
-    members' logits (M, N, C) at temperature 1 (None where not given)."""
+    """What a score may read beside the members' features: the statistics' settings, the
+    members' logits (M, N, C) at temperature 1 and their pooled tokens after every layer
+    ``layer_features`` (M, N, L, D_h), float64 (each None where not given)."""
 
     settings: Mapping[str, Any]
     member_logits: torch.Tensor | None = None
+    layer_features: torch.Tensor | None = None
 
 
 class FeatureScore:
     """One feature-space OOD score (higher = more likely OOD). ``name`` names it (its fitted
     arrays' names start with ``name + "."``); ``reads``: other scores whose fitted arrays it reads
-    too (fit with it); ``needs_head``: it is fit only where the members' output layers are given."""
+    too (fit with it); ``needs_head``: it is fit only where the members' output layers are given;
+    ``needs_layers``: it reads every layer's pooled token (`FitContext.layers`,
+    `ScoreContext.layer_features`) and is fit only where they are given."""
 
     name: ClassVar[str]
     reads: ClassVar[tuple[str, ...]] = ()
     needs_head: ClassVar[bool] = False
+    needs_layers: ClassVar[bool] = False
 
     def can_fit(self, examples: int, width: int) -> bool:
         """Whether ``examples`` training features of ``width`` are enough to fit this score."""

@@ -38,6 +38,7 @@ from transformers import (
 from transformers.utils import ModelOutput
 
 from ..configuration import HydraConfig, register_config
+from ..errors import InputError
 from ..evaluation.calibration import Calibration
 from ..evaluation.model_calibration import saved_calibration
 from ..loading import load_saved
@@ -63,8 +64,10 @@ class HydraClassifierOutput(ModelOutput):
     ``logits_per_member`` (batch, members, classes): the members' logits before calibration;
     ``features_per_member`` (batch, members, width): what each member's output layer read;
     ``ood_score`` (batch,) and ``ood_score_per_member`` (batch, members): the calibration's
-    feature score (float64), where it flags on one; ``loss``: the NLL of ``labels`` under the
-    calibrated ensemble, when given."""
+    feature score (float64), where it flags on one; ``layer_features_per_member`` (batch,
+    members, layers, width): each member's pooled token after every layer, where that score
+    reads them (``mds_layers``); ``loss``: the NLL of ``labels`` under the calibrated ensemble,
+    when given."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -72,6 +75,7 @@ class HydraClassifierOutput(ModelOutput):
     features_per_member: torch.Tensor | None = None
     ood_score: torch.Tensor | None = None
     ood_score_per_member: torch.Tensor | None = None
+    layer_features_per_member: torch.Tensor | None = None
 
 
 def serving_precision(model: nn.Module, precision: str = "auto") -> contextlib.AbstractContextManager:
@@ -111,6 +115,13 @@ class HydraPreTrainedModel(PreTrainedModel):
         self.ensemble = as_ensemble(ensemble)
         self.calibration = calibration
         self.precision = "auto"
+        if calibration is not None and calibration.reads_layers:  # its flag score reads every layer
+            if not hasattr(self.ensemble, "record_layers"):
+                raise InputError(
+                    f"the calibration flags on {calibration.score}, which reads every layer's features, "
+                    f"and a {type(self.ensemble).__name__} does not record them"
+                )
+            self.ensemble.record_layers = True
 
     def _init_weights(self, module: nn.Module) -> None:
         """Nothing: every weight comes from the wrapped model, never from an initialiser."""
@@ -185,7 +196,10 @@ class HydraPreTrainedModel(PreTrainedModel):
             and calibration.statistics is not None
             and calibration.score in feature_scores()
         ):
-            scores = calibration.statistics.member_scores(calibration.score, features, member_logits.float())
+            scores = calibration.statistics.member_scores(
+                calibration.score, features, member_logits.float(), out.layer_features
+            )
+        layers = out.layer_features
         return HydraClassifierOutput(
             loss=loss,
             logits=logits,
@@ -193,6 +207,7 @@ class HydraPreTrainedModel(PreTrainedModel):
             features_per_member=None if features is None else features.transpose(0, 1),
             ood_score=None if scores is None else scores.mean(0),
             ood_score_per_member=None if scores is None else scores.transpose(0, 1),
+            layer_features_per_member=None if layers is None else layers.transpose(0, 1),
         )
 
 

@@ -98,11 +98,16 @@ class _UncertaintyRecords:
             tap = FeatureTap(model)
         except (FeatureError, TypeError):  # no single output layer, or a family without adapter
             tap = None
+        calibration = self._calibration()
+        if tap is not None:
+            tap.every_layer = calibration is not None and calibration.reads_layers
         with tap if tap is not None else contextlib.nullcontext(), serving_precision(model, self.precision):
             outputs = super()._forward(model_inputs, **kwargs)
         if tap is not None:
             batch = outputs["logits"].shape[0]
             outputs["features_per_member"] = tap.features(model_inputs, batch).transpose(0, 1)
+            if tap.every_layer:
+                outputs["layer_features_per_member"] = tap.layer_features(model_inputs, batch).transpose(0, 1)
         return outputs
 
     def _sanitize_parameters(self, **kwargs: Any):
@@ -112,11 +117,13 @@ class _UncertaintyRecords:
     def postprocess(self, model_outputs: Any, **_: Any) -> dict[str, Any]:
         per_member = model_outputs.get("logits_per_member")
         features = model_outputs.get("features_per_member")
+        layers = model_outputs.get("layer_features_per_member")
         if per_member is None:  # a Hugging Face classifier: an ensemble of one
             per_member = model_outputs["logits"][:, None]
         predictions = Predictions(
             per_member.float().transpose(0, 1).cpu().numpy(),
             member_features=None if features is None else features.float().transpose(0, 1).cpu().numpy(),
+            layer_features=None if layers is None else layers.float().transpose(0, 1).cpu().numpy(),
         )
         config = self.model.config
         classes = [str(config.id2label[i]) for i in range(predictions.num_classes)]

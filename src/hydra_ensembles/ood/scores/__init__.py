@@ -16,5 +16,6 @@ for _module in (
     "mds_plus",
     "knn",
     "vim",
+    "mds_layers",
 ):
     import_module(f"{__name__}.{_module}")
