@@ -533,3 +533,53 @@ def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(works
     args = ["calibrate", str(tuned), "--val-data", str(w / "train.csv"), "--data", str(w / "train.csv")]
     assert main([*args, "--out", str(again), *common]) == 0
     assert saved_calibration(load_any(str(again))) == saved_calibration(old)
+
+
+def test_a_flag_on_every_layers_view_is_served_alike_by_predict_the_pipeline_and_onnx(
+    workspace, tmp_path, capsys
+):
+    """finetune and build flagging on mds_layers (every layer's token, per member): predict, the
+    uncertainty pipeline (a plain classifier, a fused model, an ensemble of members) and the
+    exported graph give the same score and flag, within the precision's rounding."""
+    import onnxruntime
+
+    from hydra_ensembles.serving.onnx import TOLERANCE
+
+    w, common = workspace, ["--batch-size", "8", "--max-length", "12"]
+    data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--flag-score", "mds_layers"]
+    tuned = tmp_path / "tuned"
+    assert main(["finetune", str(w / "model"), *data, "--epochs", "1", "--out", str(tuned), *common]) == 0
+    built, ranked = tmp_path / "built", tmp_path / "taylor.json"
+    args = ["score", str(w / "model"), "--method", "taylor", "--heads-per-layer", "2", *data[:2]]
+    assert main([*args, "--out", str(ranked), *common]) == 0
+    args = ["build", str(w / "model"), "--scores", str(ranked), "--members", "2", "--num-pruned", "2", *data]
+    assert main([*args, "--fine-tune", "--epochs", "1", "--out", str(built), *common]) == 0
+    precision = resolve_precision("auto", "cpu").name
+    for folder in (tuned, built / "hydra", built / "members"):
+        calibration = saved_calibration(load_any(str(folder)))
+        assert calibration.score == "mds_layers" and calibration.reads_layers
+        out = tmp_path / f"{folder.name}.jsonl"
+        assert main(["predict", str(folder), "--data", str(w / "ood.csv"), "--out", str(out), *common]) == 0
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        scores = [r["ood_score_mds_layers"] for r in rows]
+        tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
+        served = pipeline("hydra-text-classification", model=str(folder), truncation=True, max_length=12)
+        with computing_in(precision):
+            records = served([r["text"] for r in rows], batch_size=3)
+        assert [r["ood_score_mds_layers"] for r in records] == pytest.approx(scores, abs=tol)
+        clear = [i for i, s in enumerate(scores) if abs(s - calibration.threshold) > tol]
+        assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
+        if folder.name == "members":
+            continue  # an ensemble of members is exported member by member (docs/serving.md)
+        onnx = tmp_path / f"{folder.name}-onnx"
+        assert main(["export", str(folder), "--format", "onnx", "--out", str(onnx)]) == 0
+        side = json.loads((onnx / "calibration.json").read_text())
+        tokenizer = AutoTokenizer.from_pretrained(onnx)
+        encoded = tokenizer(
+            [r["text"] for r in rows], padding=True, truncation=True, max_length=12, return_tensors="np"
+        )
+        feed = {name: encoded[name].astype("int64") for name in side["inputs"]}
+        (graph,) = onnxruntime.InferenceSession(str(onnx / "model.onnx")).run(["ood_score"], feed)
+        graph_tol = tol + TOLERANCE * max(abs(s) for s in scores)
+        assert graph.tolist() == pytest.approx(scores, abs=graph_tol)
+    capsys.readouterr()
