@@ -235,7 +235,7 @@ def test_a_compared_deep_ensemble_is_measured_beside_and_a_taken_name_refused(w,
     assert "letters, digits" in one_error(capsys) and not refused.exists()
 
 
-def test_a_candidate_is_made_again_when_what_it_is_made_of_changes():
+def test_a_candidate_is_made_again_when_what_it_is_made_of_changes(monkeypatch):
     from transformers import BertConfig, BertForSequenceClassification
 
     from hydra_ensembles.build import BuildConfig
@@ -253,3 +253,10 @@ def test_a_candidate_is_made_again_when_what_it_is_made_of_changes():
     assert identity(built, base, {}) != identity(other, base, {})
     assert identity(built, base, {}) != identity(built, fingerprint(two), {})
     assert identity(built, base, {}) == identity(built, base, {})
+    # a library offering another OOD score measures every candidate again (same detectors for all)
+    before = {c.name: identity(c, base, {"theirs": one}) for c in (compared, built, Candidate("single"))}
+    from hydra_ensembles.sweep import run
+
+    monkeypatch.setattr(run, "ood_score_names", lambda: ("msp", "mds", "a_new_score"))
+    after = {c.name: identity(c, base, {"theirs": one}) for c in (compared, built, Candidate("single"))}
+    assert all(before[name] != after[name] for name in before)

@@ -31,6 +31,7 @@ from ..build import build_hydra, save_with_preprocessor
 from ..cost import measure, synchronizer
 from ..errors import InputError
 from ..evaluation import calibrate
+from ..evaluation.evaluate import ood_score_names
 from ..hashing import fingerprint, json_digest
 from ..loading import load_any
 from ..members.ensemble import as_ensemble
@@ -133,15 +134,17 @@ def _make(run: _Run, candidate: Candidate) -> None:
 
 def identity(candidate: Candidate, base: str, compare: Mapping[str, nn.Module]) -> str:
     """What ``candidate``'s saved model and measures were made from: the single model's weights
-    (``base``: `hashing.fingerprint`), and the build's settings or the compared model's weights
-    (the data and the shared settings are the sweep's own, which the caller's run key covers)."""
+    (``base``: `hashing.fingerprint`), the build's settings or the compared model's weights, and
+    the OOD scores its calibration could choose from (a library that offers another score
+    measures every candidate again, so that all are compared with the same detectors; the data
+    and the shared settings are the sweep's own, which the caller's run key covers)."""
     if candidate.build is not None:
         made = asdict(candidate.build)
     elif candidate.name == SINGLE:
         made = SINGLE
     else:
         made = fingerprint(compare[candidate.name])
-    return json_digest({"single": base, "candidate": made})
+    return json_digest({"single": base, "candidate": made, "scores": list(ood_score_names())})
 
 
 def _quality(run: _Run, candidate: Candidate, made: str) -> dict[str, Any]:
