@@ -33,13 +33,15 @@ def measure_saved(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The saved model's measures on the held-out halves of ``data`` (a `SweepData`), as it is
     served (its saved temperature, flag score, statistics and threshold), its NLL and ECE at
-    temperature 1, and its members' diversity; and its per-input values (`write_held`)."""
+    temperature 1, and its members' diversity; and its per-input values (`write_held`). Every
+    layer's tokens are recorded where the model can, so that `mds_layers` is measured for every
+    candidate, chosen or not."""
     model = load_any(str(folder))
     ood = {OOD_SET: ("far", data.ood_held)} if data.ood_held else {}
     preds = predict_method(
         model,
         EvalData(test=data.held, ood=ood),
-        lambda m, b, split: predict(m, b, f"{name}: {split}", precision=precision),
+        lambda m, b, split: predict(m, b, f"{name}: {split}", precision=precision, layers=True),
     )
     served = saved_calibration(model)
     rows, _, _ = evaluate_method(name, preds, saved=served)
