@@ -28,6 +28,7 @@ from .options import (
     _random_head_option,
     _training_options,
     calibration_config,
+    share,
 )
 
 FINISHED = "hydra/hydra_config.json"
@@ -154,6 +155,7 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
         fine_tune=tuning,
         bootstrap=args.bootstrap,
         keep_base=args.keep_base,
+        mlp_keep=args.mlp_keep,
         mlp=args.mlp,
         calibration=calibration_config(args),
         precision=args.precision,
@@ -196,6 +198,13 @@ def _member_options(build: argparse.ArgumentParser) -> None:
         action="store_true",
         help="member 1 is the model itself, unpruned and not trained again; the other members are "
         "sampled and trained as usual (the single model inside the ensemble)",
+    )
+    build.add_argument(
+        "--mlp-keep",
+        type=share,
+        default=1.0,
+        help="the share of each layer's MLP neurons the members keep (the same neurons for every "
+        "member, by weight norm): a narrower merged MLP, less compute; needs --fine-tune. Default 1",
     )
     member_training_options(build)
 

@@ -70,6 +70,17 @@ def int_list(minimum: int):
     return parse
 
 
+def share(text: str) -> float:
+    """An argparse type: a share of a whole, in (0, 1] (1: all of it)."""
+    value = _between(0, 1)(text) if text.strip() not in ("1", "1.0") else 1.0
+    return value
+
+
+def share_list(text: str) -> tuple[float, ...]:
+    """An argparse type: comma-separated shares, each in (0, 1] (``1,0.5``)."""
+    return tuple(share(value) for value in text.split(","))
+
+
 MIN_RESAMPLES = 40
 """Fewest bootstrap resamples for a 95% interval: one resample in each 2.5% tail."""
 

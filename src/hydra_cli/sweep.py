@@ -23,6 +23,7 @@ from .options import (
     _training_options,
     calibration_config,
     int_list,
+    share_list,
 )
 
 FINISHED = "sweep.json"
@@ -30,7 +31,7 @@ WRITTEN = ("configs", "chosen", "sweep.csv", "sweep.md", "frontier.png")
 OWNED = (*WRITTEN, FINISHED, RUN_MARKER)
 UNSETTING = (
     *("out", "overwrite", "repeats", "batch_sizes", "budget"),
-    *("members", "num_pruned", "shared_layers", "keep_base", "compare"),
+    *("members", "num_pruned", "shared_layers", "keep_base", "mlp_keep", "compare"),
 )
 """Options that change no finished candidate's model or measures (what each candidate is made
 of is checked on its own: `sweep.run.identity`): a rerun that differs only in them resumes, or
@@ -124,6 +125,7 @@ def _sweep_config(args: argparse.Namespace, train):
         num_pruned=args.num_pruned,
         shared_layers=args.shared_layers,
         keep_base=(False, True) if args.keep_base else (False,),
+        mlp_keep=args.mlp_keep,
         fine_tune=tuning,
         bootstrap=args.bootstrap,
         seed=args.seed,
@@ -295,6 +297,12 @@ def _add_sweep_command(sub) -> argparse.ArgumentParser:
     )
     sweep.add_argument(
         "--keep-base", action="store_true", help="also try each build with the model itself as member 1"
+    )
+    sweep.add_argument(
+        "--mlp-keep",
+        type=share_list,
+        default=(1.0,),
+        help="shares of each layer's MLP neurons the members keep, to try, e.g. 1,0.5 (default: 1)",
     )
     member_training_options(sweep)
     sweep.add_argument(

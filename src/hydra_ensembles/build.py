@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .adapters import get_adapter
 from .batching import bootstrap_batches, pad_id
 from .errors import InputError
 from .evaluation.calibration import AUTO_SCORE, Calibration, CalibrationConfig, check_calibration_size
@@ -40,7 +41,7 @@ from .members import sample_members
 from .members.ensemble import DeepEnsemble, write_ensemble_index
 from .saving.formats import save_model
 from .scoring import CircuitConfig, CircuitOrder, extract_circuit, taylor_scores
-from .surgery import original_heads_per_layer, prune
+from .surgery import original_heads_per_layer, prune, prune_mlp
 from .training import FineTuneConfig, FineTuneResult, describe_epoch, fine_tune
 
 __all__ = [
@@ -73,7 +74,10 @@ class BuildConfig:
     bootstrap resample of ``train`` (`batching.bootstrap_batches`, seed ``fine_tune.seed + m``):
     bagging, for members that differ in their data too. ``keep_base``: member 0 is ``model``
     itself, unpruned and not trained again (the single model inside the ensemble); the other
-    ``num_members - 1`` are sampled and trained as usual. ``calibration`` (`CalibrationConfig`) sets the
+    ``num_members - 1`` are sampled and trained as usual. ``mlp_keep``: the share of each
+    layer's MLP neurons the members keep (`surgery.prune_mlp`, the same neurons for every member,
+    chosen on ``model``'s weights): a narrower merged MLP, the second cost knob; the members are
+    then fine-tuned (it needs ``fine_tune``). ``calibration`` (`CalibrationConfig`) sets the
     OOD flag and the prediction sets; by default the flag score is ``"auto"``
     (`evaluation.choose_flag_score`, a feature score where training data is given) and the sets
     are ``lac`` at level 0.1."""
@@ -88,6 +92,7 @@ class BuildConfig:
     fine_tune: FineTuneConfig | None = None
     bootstrap: bool = False
     keep_base: bool = False
+    mlp_keep: float = 1.0
     mlp: str = "merge"
     calibration: CalibrationConfig = field(default_factory=lambda: BUILD_CALIBRATION)
     precision: str = "auto"
@@ -103,6 +108,17 @@ class BuildConfig:
             raise InputError(
                 "keep_base adds pruned members to the model itself: it needs num_members >= 2 and "
                 "no shared_layers (the model keeps every head in every layer)"
+            )
+        if (
+            isinstance(self.mlp_keep, bool)
+            or not isinstance(self.mlp_keep, (int, float))
+            or not 0 < self.mlp_keep <= 1
+        ):
+            raise InputError(f"mlp_keep is the share of MLP neurons kept, in (0, 1], got {self.mlp_keep!r}")
+        if self.mlp_keep < 1 and (self.fine_tune is None or self.keep_base):
+            raise InputError(
+                "mlp_keep < 1 changes every member's MLP: it needs fine_tune (to recover) and no keep_base "
+                "(the model keeps its whole MLP, which a merged MLP cannot hold beside narrower ones)"
             )
         if self.bootstrap and self.fine_tune is None:
             raise InputError("bootstrap resamples the members' training data: it needs fine_tune")
@@ -151,6 +167,14 @@ class Build:
         return out
 
 
+def _narrow_mlp(model: nn.Module, share: float, say: Callable[[str], None]) -> nn.Module:
+    """``model`` with ``share`` of its MLP neurons in every layer (at least one)."""
+    width = get_adapter(model).mlp_width(model)
+    keep = max(1, round(share * width))
+    say(f"pruning every layer's MLP to {keep} of its {width} neurons (the same for every member)")
+    return prune_mlp(model, keep)
+
+
 def build_hydra(
     model: nn.Module,
     train: Sequence[dict[str, Any]] | None = None,
@@ -185,7 +209,8 @@ def build_hydra(
     if make_member is not None:
         members = [make_member(m, hs) for m, hs in enumerate(head_sets)]
     else:
-        members = [name_classes(prune(model, hs), classes) for hs in head_sets]
+        narrow = model if config.mlp_keep == 1 else _narrow_mlp(model, config.mlp_keep, say)
+        members = [name_classes(prune(narrow, hs), classes) for hs in head_sets]
         if config.fine_tune is not None:
             train_one = functools.partial(_train_member, train, validation, config.bootstrap, progress)
             histories = _fine_tune_members(members, train_one, config, checkpoint_dir, on_member, say)

@@ -17,7 +17,7 @@ from torch import nn
 
 from .adapters import AttentionBlock, get_adapter
 from .adapters.base import slice_linear
-from .errors import InputError
+from .errors import InputError, UnsupportedModelError
 from .hashing import fingerprint
 from .heads import HeadSet, HeadSetError
 from .saving.metadata import read_metadata, write_metadata
@@ -80,6 +80,73 @@ def prune(model: nn.Module, heads: HeadSet) -> nn.Module:
     write_metadata(pruned, kept_heads=HeadSet(dict(enumerate(target))), base_fingerprint=base_print)
     forget_calibration(pruned)
     return pruned
+
+
+def prune_mlp(model: nn.Module, keep: int) -> nn.Module:
+    """A new model of the same class whose MLPs keep ``keep`` hidden neurons in every layer.
+
+    Each layer's MLP is its linear layers outside attention: those giving the hidden width (the
+    input projection; a gated MLP's gate and up projections) and the one reading it (the output
+    projection). Neuron j's importance is the product of the norms of its input rows and of its
+    output column (the largest change its removal can make to the layer's output, per unit of
+    activation); the ``keep`` most important are kept, in their order, and the configuration's
+    hidden width set to ``keep``, so the model saves and loads as any other of its class. The
+    function changes, so the members of a build are fine-tuned after it. The input is left
+    untouched; UnsupportedModelError for a family whose MLP is not that shape (a fused
+    gate-and-up matrix)."""
+    adapter = get_adapter(model)
+    width = adapter.mlp_width(model)
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 0 < keep <= width:
+        raise InputError(f"an MLP keeps between 1 and its {width} neurons, got {keep!r}")
+    names = [
+        n for n in ("intermediate_size", "hidden_dim") if getattr(adapter.encoder_config(model), n, None)
+    ]
+    if not names:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}'s configuration names no MLP width (intermediate_size, hidden_dim): "
+            "MLP pruning cannot record the narrower width"
+        )
+    pruned = copy.deepcopy(model)
+    if keep == width:
+        return pruned
+    for layer, block in enumerate(adapter.layers(pruned)):
+        inputs, output = _mlp_linears(adapter, pruned, layer, block, width)
+        with torch.no_grad():
+            importance = torch.linalg.vector_norm(output.weight.float(), dim=0)
+            for linear in inputs:
+                importance = importance * torch.linalg.vector_norm(linear.weight.float(), dim=1)
+        kept = importance.topk(keep).indices.sort().values
+        for linear in inputs:
+            _replace(block, linear, slice_linear(linear, kept, 0))
+        _replace(block, output, slice_linear(output, kept, 1))
+    setattr(adapter.encoder_config(pruned), names[0], keep)
+    forget_calibration(pruned)
+    return pruned
+
+
+def _mlp_linears(adapter, model: nn.Module, layer: int, block: nn.Module, width: int):
+    """``layer``'s MLP: the linear layers giving ``width`` outputs and the one reading them."""
+    b = adapter.attention_block(model, layer)
+    attention = {id(m) for m in (b.query, b.key, b.value, b.output)}
+    linears = [m for m in block.modules() if isinstance(m, nn.Linear) and id(m) not in attention]
+    inputs = [m for m in linears if m.out_features == width and m.in_features != width]
+    outputs = [m for m in linears if m.in_features == width and m.out_features != width]
+    if not inputs or len(outputs) != 1:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} layer {layer}: its MLP is not linear layers into and out of "
+            f"{width} neurons, which MLP pruning needs"
+        )
+    return inputs, outputs[0]
+
+
+def _replace(root: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    """Put ``new`` where ``old`` is inside ``root``."""
+    for path, module in root.named_modules():
+        if module is old:
+            parent, _, name = path.rpartition(".")
+            setattr(root.get_submodule(parent) if parent else root, name, new)
+            return
+    raise KeyError("module not found")
 
 
 def forget_calibration(model: nn.Module) -> None:

@@ -27,13 +27,14 @@ class Candidate:
         """The settings a results table shows for this candidate (its members are counted where
         it is measured)."""
         if self.build is None:
-            return {"num_pruned": 0, "shared_layers": 0, "keep_base": False}
+            return {"num_pruned": 0, "shared_layers": 0, "keep_base": False, "mlp_keep": 1.0}
         b = self.build
         return {
             "members": b.num_members,
             "num_pruned": b.num_pruned,
             "shared_layers": b.shared_layers,
             "keep_base": b.keep_base,
+            "mlp_keep": b.mlp_keep,
         }
 
 
@@ -61,8 +62,9 @@ def _values(name: str, values: tuple, minimum: int) -> tuple:
 @dataclass(frozen=True)
 class SweepConfig:
     """The grid of a sweep (`run_sweep`): every combination of ``members`` x ``num_pruned`` x
-    ``shared_layers`` x ``keep_base`` is one Hydra build (combinations `BuildConfig` refuses, a
-    shared trunk beside the unpruned model, are left out), beside the single model. Every build
+    ``shared_layers`` x ``keep_base`` x ``mlp_keep`` is one Hydra build (combinations
+    `BuildConfig` refuses, a shared trunk or a narrower MLP beside the unpruned model, are left
+    out), beside the single model. Every build
     shares ``fine_tune``, ``bootstrap``, ``seed``, ``calibration`` and ``precision``. The cost is
     measured at ``batch_sizes`` with ``repeats`` interleaved rounds; ``budget``: the largest
     latency ratio to the single model (at the largest batch size) of the configuration chosen."""
@@ -71,6 +73,7 @@ class SweepConfig:
     num_pruned: tuple[int, ...] = ()
     shared_layers: tuple[int, ...] = (0,)
     keep_base: tuple[bool, ...] = (False,)
+    mlp_keep: tuple[float, ...] = (1.0,)
     fine_tune: FineTuneConfig | None = None
     bootstrap: bool = False
     seed: int = 0
@@ -85,6 +88,9 @@ class SweepConfig:
         _values("num_pruned", self.num_pruned, 1)
         _values("shared_layers", self.shared_layers, 0)
         _values("batch_sizes", self.batch_sizes, 1)
+        shares = self.mlp_keep
+        if not shares or len(set(shares)) != len(shares) or not all(0 < v <= 1 for v in shares):
+            raise InputError(f"the sweep's mlp_keep must be distinct shares in (0, 1], got {shares}")
         if not self.keep_base or len(set(self.keep_base)) != len(self.keep_base):
             raise InputError(f"keep_base lists each of False/True at most once, got {self.keep_base}")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
@@ -98,9 +104,11 @@ class SweepConfig:
         """The single model, the models ``compared`` (as they are), then every build of the grid,
         named by its settings; a compared name that is taken or no folder name is refused."""
         out = [Candidate(SINGLE), *(Candidate(_checked_name(name)) for name in compared)]
-        grid = itertools.product(self.members, self.num_pruned, self.shared_layers, self.keep_base)
-        for members, pruned, trunk, keep in grid:
-            if keep and trunk:
+        grid = itertools.product(
+            self.members, self.num_pruned, self.shared_layers, self.keep_base, self.mlp_keep
+        )
+        for members, pruned, trunk, keep, mlp in grid:
+            if keep and (trunk or mlp < 1):
                 continue
             build = BuildConfig(
                 num_members=members,
@@ -110,10 +118,12 @@ class SweepConfig:
                 fine_tune=self.fine_tune,
                 bootstrap=self.bootstrap,
                 keep_base=keep,
+                mlp_keep=mlp,
                 calibration=self.calibration,
                 precision=self.precision,
             )
             name = f"hydra-m{members}-p{pruned}-t{trunk}" + ("-base" if keep else "")
+            name += f"-mlp{round(100 * mlp)}" if mlp < 1 else ""
             out.append(Candidate(name, build))
         names = [c.name for c in out]
         if len(set(names)) != len(names):
