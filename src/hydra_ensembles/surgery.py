@@ -116,9 +116,10 @@ def prune_mlp(model: nn.Module, keep: int) -> nn.Module:
             for linear in inputs:
                 importance = importance * torch.linalg.vector_norm(linear.weight.float(), dim=1)
         kept = importance.topk(keep).indices.sort().values
+        paths = {id(m): path for path, m in block.named_modules()}
         for linear in inputs:
-            _replace(block, linear, slice_linear(linear, kept, 0))
-        _replace(block, output, slice_linear(output, kept, 1))
+            block.set_submodule(paths[id(linear)], slice_linear(linear, kept, 0))
+        block.set_submodule(paths[id(output)], slice_linear(output, kept, 1))
     setattr(adapter.encoder_config(pruned), names[0], keep)
     forget_calibration(pruned)
     return pruned
@@ -137,16 +138,6 @@ def _mlp_linears(adapter, model: nn.Module, layer: int, block: nn.Module, width:
             f"{width} neurons, which MLP pruning needs"
         )
     return inputs, outputs[0]
-
-
-def _replace(root: nn.Module, old: nn.Module, new: nn.Module) -> None:
-    """Put ``new`` where ``old`` is inside ``root``."""
-    for path, module in root.named_modules():
-        if module is old:
-            parent, _, name = path.rpartition(".")
-            setattr(root.get_submodule(parent) if parent else root, name, new)
-            return
-    raise KeyError("module not found")
 
 
 def forget_calibration(model: nn.Module) -> None:

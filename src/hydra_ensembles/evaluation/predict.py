@@ -42,20 +42,13 @@ class Predictions:
                 f"a classifier needs at least two classes; this one gives {logits.shape[2]} logit per "
                 "input, whose probability is always 1 (confidence 1, entropy 0, never flagged)"
             )
-        if self.member_features is not None:
-            features = np.asarray(self.member_features)
-            if features.ndim != 3 or features.shape[:2] != logits.shape[:2]:
-                raise InputError(
-                    f"member features must be (members, inputs, width) for logits {logits.shape}; "
-                    f"got {features.shape}"
-                )
-        if self.layer_features is not None:
-            layers = np.asarray(self.layer_features)
-            if layers.ndim != 4 or layers.shape[:2] != logits.shape[:2]:
-                raise InputError(
-                    f"layer features must be (members, inputs, layers, width) for logits {logits.shape}; "
-                    f"got {layers.shape}"
-                )
+        for what, values, axes in (
+            ("member features", self.member_features, "(members, inputs, width)"),
+            ("layer features", self.layer_features, "(members, inputs, layers, width)"),
+        ):
+            shape = None if values is None else np.shape(values)
+            if shape is not None and (len(shape) != axes.count(",") + 1 or shape[:2] != logits.shape[:2]):
+                raise InputError(f"{what} must be {axes} for logits {logits.shape}; got {shape}")
         if self.labels is not None:
             labels = np.asarray(self.labels)
             if labels.shape != (logits.shape[1],):
