@@ -20,6 +20,7 @@ from hydra_ensembles.ood import FeatureStatistics
 from tests.factories import (
     decoder_inputs,
     image_inputs,
+    labelled,
     text_inputs,
     tiny_bert,
     tiny_decoder,
@@ -196,3 +197,16 @@ def test_a_flag_on_mds_layers_keeps_its_id_false_alarm_bound(n, keep):
     # the trials are independent; within one the fresh inputs share its threshold
     error = np.std(flagged) / math.sqrt(trials)
     assert np.mean(flagged) == pytest.approx(expected, abs=4 * error) and expected <= alpha
+
+
+def test_fit_statistics_fits_every_layers_view_unless_told_not_to():
+    from hydra_ensembles.evaluation import fit_statistics
+
+    torch.manual_seed(0)
+    model = tiny_bert().eval()
+    batches = [
+        labelled(text_inputs(batch=12, seed=s), labels=model.config.num_labels, seed=s) for s in range(3)
+    ]
+    assert "mds_layers" in fit_statistics(model, batches, precision="fp32", progress=False).scores
+    without = fit_statistics(model, batches, precision="fp32", progress=False, layers=False)
+    assert "mds_layers" not in without.scores and "mds" in without.scores

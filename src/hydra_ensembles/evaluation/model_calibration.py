@@ -35,15 +35,19 @@ def fit_statistics(
     *,
     precision: str = "auto",
     progress: bool = True,
+    layers: bool = True,
 ) -> FeatureStatistics:
     """The feature statistics of ``model`` (any model or ensemble `predict` takes) fit on the
     members' features of labelled ID training batches (`ood.FeatureStatistics.fit`; ViM also
-    reads each member's output layer). ValueError for a model whose logits are not one affine
-    map of one feature vector per member."""
+    reads each member's output layer; ``mds_layers`` every layer's token, which the fit holds in
+    memory for every training input, M x N x L x width floats: ``layers=False`` leaves it out).
+    ValueError for a model whose logits are not one affine map of one feature vector per member."""
     batches = list(id_train)
     if not batches or not all("labels" in batch for batch in batches):
         raise InputError("feature statistics need labelled ID training batches (every batch with labels)")
-    train = predict(model, batches, "feature statistics", progress=progress, precision=precision, layers=True)
+    train = predict(
+        model, batches, "feature statistics", progress=progress, precision=precision, layers=layers
+    )
     if train.member_features is None:
         raise InputError(
             f"{type(model).__name__}'s logits are not one affine map of one feature vector per member: "
