@@ -98,7 +98,8 @@ class FeatureTap:
         transformer layer (`layer_features`)."""
         self.model, self.num_members = model, int(num_members)
         self.layers = list(layers) if layers is not None else logits_layers(model, self.num_members)
-        self.blocks = get_adapter(model).layers(model)
+        adapter = get_adapter(model)
+        self.blocks, self._whole_sequence = adapter.layers(model), adapter.last_token_pooling
         self.calls: list[tuple[nn.Module, torch.Tensor]] = []
         self.block_calls: list[torch.Tensor] = []
         self.every_layer = False
@@ -145,8 +146,7 @@ class FeatureTap:
         if self._active and self.every_layer:
             hidden = output[0] if isinstance(output, tuple) else output
             # a decoder's pooled token is found from the inputs afterwards; others read token 0
-            pooled = get_adapter(self.model).last_token_pooling
-            self.block_calls.append(hidden.detach() if pooled else hidden[:, 0].detach())
+            self.block_calls.append(hidden.detach() if self._whole_sequence else hidden[:, 0].detach())
 
     def layer_features(self, inputs: dict[str, Any], batch: int) -> torch.Tensor:
         """The pooled token after each recorded layer as ``(M, batch, L, D_h)`` (cleared

@@ -95,7 +95,9 @@ class HydraPreTrainedModel(PreTrainedModel):
     classifier `members.as_ensemble` takes); ``calibration`` its `Calibration` (read from the saved
     model; None: temperature 1 and no OOD flag); ``precision`` what the forward pass computes in
     (``"auto"``: as ``hydra-ens predict`` on this machine; `serving_precision`). Build one with
-    `from_pretrained` (a folder) or `from_ensemble` (a model in memory).
+    `from_pretrained` (a folder) or `from_ensemble` (a model in memory). A calibration that flags
+    on a score reading every layer (``mds_layers``) turns the wrapped model's ``record_layers``
+    on: its forward passes then also return the members' layer tokens.
     """
 
     config_class = HydraConfig
