@@ -7,6 +7,7 @@ import json
 import sys
 
 from hydra_ensembles.errors import InputError
+from hydra_ensembles.ood.registry import feature_score, feature_scores
 from hydra_ensembles.serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
 
 from .command import Command
@@ -43,7 +44,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     sidecar = json.loads((out / SIDECAR_NAME).read_text())
     calibration = sidecar["calibration"]
     if args.quantize:
-        _print_parity(sidecar["quantization"]["parity"])
+        _print_parity(sidecar["quantization"]["parity"], calibration["score"] if calibration else "")
     print(
         f"exported {sidecar['members']} member(s) to {out / ONNX_NAME}: inputs {sidecar['inputs']}, "
         f"outputs {', '.join(sidecar['outputs'])}; onnxruntime matches PyTorch within "
@@ -78,7 +79,11 @@ def _validation(args: argparse.Namespace, preprocessor) -> tuple[list, list | No
     return list(val), None if ood is None else list(ood)
 
 
-def _print_parity(parity: dict) -> None:
+INT8_AUROC_DROP = 0.02
+"""A quantized graph's flag this much below the float32 graph's AUROC on --ood-data is warned of."""
+
+
+def _print_parity(parity: dict, score: str) -> None:
     """What quantization changed, in a few lines."""
     print(
         f"int8 graph on {parity['examples']} validation inputs: top-1 agreement with float32 "
@@ -102,6 +107,23 @@ def _print_parity(parity: dict) -> None:
     if parity.get("ood_auroc_fp32") is not None:
         before, after = parity["ood_auroc_fp32"], parity["ood_auroc_quantized"]
         print(f"flag score AUROC against --ood-data: {before:.4f} (float32), {after:.4f} (int8)")
+        if after < before - INT8_AUROC_DROP:
+            print(
+                f"hydra-ens: warning: the int8 graph's flag ({score}) separates --ood-data much worse "
+                f"than the float32 graph's ({after:.4f} vs {before:.4f}): serve the float32 graph, or "
+                "recalibrate on a score int8 keeps (hydra-ens calibrate --flag-score ...) first",
+                file=sys.stderr,
+            )
+    elif (
+        parity.get("flag_rate_fp32") is not None
+        and score in feature_scores()
+        and feature_score(score).needs_layers
+    ):
+        print(
+            f"hydra-ens: warning: the flag ({score}) reads every layer's tokens, which int8 activations "
+            "perturb: give --ood-data to see what the int8 graph's flag still separates",
+            file=sys.stderr,
+        )
 
 
 def _add_export_command(sub) -> argparse.ArgumentParser:
