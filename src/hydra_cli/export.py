@@ -7,7 +7,7 @@ import json
 import sys
 
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.ood.registry import feature_score, feature_scores
+from hydra_ensembles.ood.registry import reads_layers
 from hydra_ensembles.serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
 
 from .command import Command
@@ -114,11 +114,7 @@ def _print_parity(parity: dict, score: str) -> None:
                 "recalibrate on a score int8 keeps (hydra-ens calibrate --flag-score ...) first",
                 file=sys.stderr,
             )
-    elif (
-        parity.get("flag_rate_fp32") is not None
-        and score in feature_scores()
-        and feature_score(score).needs_layers
-    ):
+    elif parity.get("flag_rate_fp32") is not None and reads_layers(score):
         print(
             f"hydra-ens: warning: the flag ({score}) reads every layer's tokens, which int8 activations "
             "perturb: give --ood-data to see what the int8 graph's flag still separates",

@@ -39,19 +39,21 @@ def _at_least(minimum: int):
     return parse
 
 
-def _between(low: float, high: float):
-    """An argparse type: a finite number strictly between ``low`` and ``high``."""
+def _between(low: float, high: float, high_included: bool = False):
+    """An argparse type: a finite number strictly above ``low`` and below ``high`` (or at it,
+    ``high_included``)."""
+    bracket = "]" if high_included else ")"
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low < value < high:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"must be in ({low}, {high}), got {text}")
+        if not (low < value <= high if high_included else low < value < high):  # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be in ({low}, {high}{bracket}, got {text}")
         return value
 
-    parse.__name__ = f"number in ({low}, {high})"
+    parse.__name__ = f"number in ({low}, {high}{bracket}"
     return parse
 
 
@@ -70,10 +72,8 @@ def int_list(minimum: int):
     return parse
 
 
-def share(text: str) -> float:
-    """An argparse type: a share of a whole, in (0, 1] (1: all of it)."""
-    value = _between(0, 1)(text) if text.strip() not in ("1", "1.0") else 1.0
-    return value
+share = _between(0, 1, high_included=True)
+"""An argparse type: a share of a whole, in (0, 1] (1: all of it)."""
 
 
 def share_list(text: str) -> tuple[float, ...]:

@@ -33,7 +33,7 @@ from .. import metrics as M
 from ..errors import InputError
 from ..hashing import json_digest
 from ..ood.detectors import FeatureStatistics
-from ..ood.registry import feature_score, feature_scores
+from ..ood.registry import feature_scores, reads_layers
 from .conformal import (
     FLAG_METHODS,
     SET_METHODS,
@@ -262,7 +262,7 @@ class Calibration:
     @property
     def reads_layers(self) -> bool:
         """Whether the flag score reads every layer's features (`predict` them with ``layers=True``)."""
-        return self.score in feature_scores() and feature_score(self.score).needs_layers
+        return reads_layers(self.score)
 
     def records(self, predictions: Predictions, classes: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """One record per input (`per_example`), calibrated and flagged with these settings; a

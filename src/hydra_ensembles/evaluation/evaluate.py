@@ -11,7 +11,7 @@ import numpy as np
 from .. import metrics as M
 from ..errors import InputError
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
-from ..ood.registry import LogitView, feature_score, feature_scores, logit_score, logit_scores
+from ..ood.registry import LogitView, feature_scores, logit_score, logit_scores, reads_layers
 from .predict import Predictions
 
 LOGIT_SCORES = logit_scores()
@@ -59,11 +59,6 @@ def member_feature_scores(
         )
     if predictions.member_features is None:
         raise InputError(f"the OOD score {score!r} reads the members' features; these predictions have none")
-    if feature_score(score).needs_layers and predictions.layer_features is None:
-        raise InputError(
-            f"the OOD score {score!r} reads every layer's features; these predictions have none "
-            "(predict with layers=True)"
-        )
     scores = statistics.member_scores(
         score, predictions.member_features, predictions.member_logits, predictions.layer_features
     )
@@ -81,7 +76,7 @@ def applicable_scores(
     if statistics is None or predictions.member_features is None:
         return logit
     layers = predictions.layer_features is not None
-    return logit + tuple(s for s in statistics.scores if layers or not feature_score(s).needs_layers)
+    return logit + tuple(s for s in statistics.scores if layers or not reads_layers(s))
 
 
 def evaluate_predictions(

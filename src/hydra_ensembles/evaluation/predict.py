@@ -42,12 +42,12 @@ class Predictions:
                 f"a classifier needs at least two classes; this one gives {logits.shape[2]} logit per "
                 "input, whose probability is always 1 (confidence 1, entropy 0, never flagged)"
             )
-        for what, values, axes in (
-            ("member features", self.member_features, "(members, inputs, width)"),
-            ("layer features", self.layer_features, "(members, inputs, layers, width)"),
+        for what, values, ndim, axes in (
+            ("member features", self.member_features, 3, "(members, inputs, width)"),
+            ("layer features", self.layer_features, 4, "(members, inputs, layers, width)"),
         ):
             shape = None if values is None else np.shape(values)
-            if shape is not None and (len(shape) != axes.count(",") + 1 or shape[:2] != logits.shape[:2]):
+            if shape is not None and (len(shape) != ndim or shape[:2] != logits.shape[:2]):
                 raise InputError(f"{what} must be {axes} for logits {logits.shape}; got {shape}")
         if self.labels is not None:
             labels = np.asarray(self.labels)

@@ -45,7 +45,7 @@ from ..errors import InputError
 from ..inputs import class_ids
 from . import scores as _builtin_scores  # noqa: F401  (registers the built-in scores)
 from .geometry import vim_dimension
-from .registry import FitContext, ScoreContext, feature_score, feature_scores
+from .registry import FitContext, ScoreContext, feature_score, feature_scores, reads_layers
 
 FEATURE_SCORES = feature_scores()
 """The built-in feature scores (`ood/scores/`); `registry.feature_scores` lists every registered one."""
@@ -139,7 +139,7 @@ class FeatureStatistics:
             "vim_dim": vim_dimension(width) if "vim" in fitted else None,
             "scores": fitted,
         }
-        if layers is not None and any(feature_score(name).needs_layers for name in fitted):
+        if layers is not None and any(reads_layers(name) for name in fitted):
             settings["layers"], settings["layer_width"] = int(layers.shape[2]), int(layers.shape[3])
         bank_rows = np.sort(np.random.default_rng(seed).permutation(n)[:bank_size])
         parts: dict[str, list[np.ndarray]] = {}
@@ -172,9 +172,12 @@ class FeatureStatistics:
                 f"width {self.settings['width']}"
             )
         layers = None
-        if feature_score(score).needs_layers:
+        if reads_layers(score):
             if layer_features is None:
-                raise InputError(f"the OOD score {score!r} reads every layer's features, and none were given")
+                raise InputError(
+                    f"the OOD score {score!r} reads every layer's features, and none were given "
+                    "(predict with layers=True)"
+                )
             layers = torch.as_tensor(layer_features).to(device=f.device, dtype=torch.float64)
             expected = (self.num_members, f.shape[1], self.settings["layers"], self.settings["layer_width"])
             if tuple(layers.shape) != expected:
@@ -192,7 +195,7 @@ class FeatureStatistics:
     @property
     def reads_layers(self) -> bool:
         """Whether any score these statistics compute reads every layer's features."""
-        return any(feature_score(name).needs_layers for name in self.scores)
+        return any(reads_layers(name) for name in self.scores)
 
     # ------------------------------------------------------------------ saving
     def digest(self) -> str:
@@ -248,7 +251,7 @@ def _fitted_scores(asked, heads: bool, layers: bool, n: int, width: int) -> list
         for name in feature_scores()
         if name in asked
         and (heads or not feature_score(name).needs_head)
-        and (layers or not feature_score(name).needs_layers)
+        and (layers or not reads_layers(name))
         and feature_score(name).can_fit(n, width)
     ]
 

@@ -158,14 +158,7 @@ class FeatureTap:
             raise FeatureError(f"{len(calls)} layer outputs recorded for {len(self.blocks)} layers")
         members, views = self.num_members, []
         for hidden in calls:
-            if hidden.dim() == 3:  # a decoder's every token: its last real one
-                last = last_token_index(self.model.config, inputs.get("input_ids"), hidden.shape[1])
-                last = (
-                    last.repeat(hidden.shape[0] // last.shape[0])
-                    if hidden.shape[0] != last.shape[0]
-                    else last
-                )
-                hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
+            hidden = self._pooled(hidden, inputs, batch)  # a decoder's every token: its last real one
             if hidden.shape[0] == members * batch:
                 views.append(hidden.reshape(members, batch, -1))
             elif hidden.shape[0] == batch:

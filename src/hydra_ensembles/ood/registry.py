@@ -41,6 +41,7 @@ __all__ = [
     "feature_scores",
     "logit_score",
     "logit_scores",
+    "reads_layers",
     "register_feature_score",
     "register_logit_score",
 ]
@@ -113,6 +114,12 @@ def register_feature_score(cls: type[FeatureScore]) -> type[FeatureScore]:
 def feature_scores() -> tuple[str, ...]:
     """Every registered feature score, in the order of registration."""
     return tuple(_REGISTRY)
+
+
+def reads_layers(name: str) -> bool:
+    """Whether the OOD score ``name`` reads every layer's features (`FeatureScore.needs_layers`;
+    False for a logit score or an unknown name)."""
+    return name in _REGISTRY and _REGISTRY[name].needs_layers
 
 
 def feature_score(name: str) -> FeatureScore:
