@@ -33,7 +33,10 @@ class PredictionCache:
     With a ``root`` folder, predictions also persist there (safetensors, written atomically), keyed
     by a fingerprint of the model (its type, structure and every parameter and buffer), the inputs
     and the precision: a rerun or an interrupted long run resumes without predicting again, and a
-    changed model or input is never served old predictions."""
+    changed model or input is never served old predictions.
+
+    Every prediction records each member's pooled token after every layer where the model can
+    (`predict`'s ``layers``), so that ``mds_layers`` is measured for every method that has them."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = None if root is None else Path(root)
@@ -48,10 +51,12 @@ class PredictionCache:
         if isinstance(model, list):
             parts = [self.predict(m, batches, split, mc_samples, precision, progress) for m in model]
             features = [p.member_features for p in parts]
+            layers = [p.layer_features for p in parts]
             return Predictions(
                 np.concatenate([p.member_logits for p in parts]),
                 parts[0].labels,
                 None if any(f is None for f in features) else np.concatenate(features),
+                None if any(f is None for f in layers) else np.concatenate(layers),
             )
         if mc_samples:
             return predict(
@@ -64,18 +69,28 @@ class PredictionCache:
 
     def _stored(self, model, batches, split: str, precision: str, progress: bool) -> Predictions:
         if self.root is None:
-            return predict(model, batches, split, progress=progress, precision=precision)
+            return predict(model, batches, split, progress=progress, precision=precision, layers=True)
         batches = list(batches)
-        # "features": predictions hold the members' features (older stored ones did not)
-        key = f"{self._fingerprint(model)}|{batches_digest(batches)}|{precision}|features"
+        # "features", "layers": predictions hold the members' features and their every layer's
+        # pooled token (older stored ones did not)
+        key = f"{self._fingerprint(model)}|{batches_digest(batches)}|{precision}|features|layers"
         digest = text_digest(key)[:24]
         path = self.root / f"{digest}.safetensors"
         if path.is_file():
             stored = {k: v.numpy() for k, v in load_file(str(path)).items()}
-            return Predictions(stored["member_logits"], stored.get("labels"), stored.get("member_features"))
-        found = predict(model, batches, split, progress=progress, precision=precision)
-        arrays = {"member_logits": found.member_logits, "labels": found.labels}
-        arrays["member_features"] = found.member_features
+            return Predictions(
+                stored["member_logits"],
+                stored.get("labels"),
+                stored.get("member_features"),
+                stored.get("layer_features"),
+            )
+        found = predict(model, batches, split, progress=progress, precision=precision, layers=True)
+        arrays = {
+            "member_logits": found.member_logits,
+            "labels": found.labels,
+            "member_features": found.member_features,
+            "layer_features": found.layer_features,
+        }
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items() if v is not None}
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"split": split}))
         return found

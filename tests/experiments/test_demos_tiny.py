@@ -79,6 +79,10 @@ def test_text_demo_on_a_tiny_model_with_every_opt_in_row(tmp_path, tiny):
     assert {"Hydra (Circ)", "BatchEnsemble (M=2)"} | unstructured <= set(results)
     assert "unstructured pruning**: OBA, Wanda: " in report and "MLP weights zeroed" in report
     _check_precision_rows(report, results, fp32_row=True)
+    # every layer's view is measured for each model that records its layers (and only those)
+    for name in ("Single", "Deep Ensemble (M=2)", "Hydra (Circ)", "Taylor (single pruned)"):
+        assert "mds_layers" in results[name]["ood_summary"], name
+    assert "mds_layers" not in results["BatchEnsemble (M=2)"]["ood_summary"]
     again = run_demo(config)  # from the cache: the same numbers
     assert again["results"] == first["results"]
 

@@ -1,8 +1,8 @@
 """Every layer's view: the pooled token each member has after every transformer layer, recorded
 in the forward pass (a fused model's equal to its members' run one by one, read here from
-Hugging Face's own ``output_hidden_states``), the ``mds_layers`` score against an explicit
-computation (scikit-learn's Ledoit-Wolf covariance), and its conformal flag's ID false-alarm
-rate, simulated. The served paths (records, pipeline, ONNX) are in tests/serving."""
+Hugging Face's own ``output_hidden_states``), the ``mds_layers`` and ``mds_disagreement``
+scores against an explicit computation (scikit-learn's Ledoit-Wolf covariance), and their
+conformal flags' ID false-alarm rate, simulated. The served paths (records, pipeline, ONNX) are in tests/serving."""
 
 from __future__ import annotations
 
@@ -109,6 +109,11 @@ def _reference(layers_train, y, layers_test, classes):
     """mds_layers by hand: per layer, class means and scikit-learn's Ledoit-Wolf covariance of
     the centred training tokens, the smallest Mahalanobis distance, standardised by its training
     mean and standard deviation, averaged over the layers."""
+    return np.mean(_reference_z(layers_train, y, layers_test, classes), 0)
+
+
+def _reference_z(layers_train, y, layers_test, classes):
+    """The standardised distance of each test token at each layer by hand (L, N)."""
     from sklearn.covariance import LedoitWolf
 
     z = []
@@ -123,7 +128,7 @@ def _reference(layers_train, y, layers_test, classes):
 
         train = dist(h)
         z.append((dist(t) - train.mean()) / train.std())
-    return np.mean(z, 0)
+    return np.stack(z)
 
 
 def test_mds_layers_against_an_explicit_computation():
@@ -148,6 +153,57 @@ def test_mds_layers_against_an_explicit_computation():
         FeatureStatistics.fit(features, y, classes, layer_features=train[:, :10])
 
 
+def test_mds_disagreement_against_an_explicit_computation():
+    """The layer mean and the members' per-layer spread of the hand-computed z, each standardised
+    by its mean and standard deviation over the training inputs, summed; a member's score is its
+    own layer mean standardised alike plus the shared disagreement, so the members' mean is it."""
+    rng = np.random.default_rng(2)
+    members, n, layers, width, classes = 3, 250, 3, 4, 3
+    y = rng.integers(0, classes, n)
+    train = rng.normal(size=(members, n, layers, width)) + 2 * np.eye(classes, width)[y][None, :, None]
+    test = rng.normal(size=(members, 30, layers, width)) * 1.5
+    features = rng.normal(size=(members, n, 4))
+    stats = FeatureStatistics.fit(features, y, classes, layer_features=train)
+    z_train = np.stack([_reference_z(train[m], y, train[m], classes) for m in range(members)])  # (M, L, N)
+    z_test = np.stack([_reference_z(train[m], y, test[m], classes) for m in range(members)])
+    a_train, s_train = z_train.mean(1).mean(0), z_train.std(0).mean(0)
+    own, s_test = z_test.mean(1), z_test.std(0).mean(0)
+    expected = (own - a_train.mean()) / a_train.std() + ((s_test - s_train.mean()) / s_train.std())[None]
+    got = stats.member_scores("mds_disagreement", rng.normal(size=(members, 30, 4)), None, test).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-8)
+    # the ensemble's score on its own training inputs is standardised: mean 0
+    on_train = stats.ensemble_scores("mds_disagreement", features, None, train).numpy()
+    assert abs(on_train.mean()) < 1e-9
+    # a single model has no disagreement: not fit for one member, and asking for it says why
+    single = FeatureStatistics.fit(features[:1], y, classes, layer_features=train[:1])
+    assert "mds_disagreement" not in single.scores
+    one = Predictions(rng.normal(size=(1, 30, classes)), y[:30], rng.normal(size=(1, 30, 4)), test[:1])
+    with pytest.raises(ValueError, match="needs an ensemble of two members or more"):
+        Calibration.fit(one, score="mds_disagreement", statistics=single)
+
+
+def test_mds_disagreement_ranks_inputs_the_members_see_differently_above_those_they_agree_on():
+    """Two inputs with the same mean layer score: one that both members see alike, one that member
+    0 sees far from the training classes and member 1 near them. mds_layers cannot tell them
+    apart; the disagreement term ranks the second higher."""
+    rng = np.random.default_rng(3)
+    n, layers, width, classes = 400, 2, 3, 2
+    y = rng.integers(0, classes, n)
+    shared = rng.normal(size=(n, layers, width)) + 3 * np.eye(classes, width)[y][:, None]
+    train = np.stack([shared + 0.05 * rng.normal(size=shared.shape) for _ in range(2)])  # members agree
+    stats = FeatureStatistics.fit(rng.normal(size=(2, n, 4)), y, classes, layer_features=train)
+    centre = 3 * np.eye(classes, width)[0]
+    offset = np.array([0.0, 0.0, 1.0])
+    agree = np.stack([centre + 2.0 * offset, centre + 2.0 * offset])  # both members: distance 4
+    differ = np.stack([centre + math.sqrt(8) * offset, centre])  # member 0: distance 8, member 1: 0
+    tokens = np.stack([agree, differ], 1)[:, :, None].repeat(layers, 2)  # (M=2, N=2, L, D)
+    features = np.zeros((2, 2, 4))
+    by_layers = stats.ensemble_scores("mds_layers", features, None, tokens).numpy()
+    both = stats.ensemble_scores("mds_disagreement", features, None, tokens).numpy()
+    assert by_layers[1] == pytest.approx(by_layers[0], rel=0.05)
+    assert both[1] > both[0] + 1
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mds_layers_saves_loads_and_scores_rounded_tokens_in_float64(tmp_path, dtype):
     """Saved statistics score as before; tokens a bf16/fp16 model computed score exactly as their
@@ -159,15 +215,16 @@ def test_mds_layers_saves_loads_and_scores_rounded_tokens_in_float64(tmp_path, d
     features = rng.normal(size=(2, 200, 4))
     low = FeatureStatistics.fit(features, y, 3, layer_features=train)
     exact = FeatureStatistics.fit(features, y, 3, layer_features=train.double())
-    assert torch.equal(
-        low.member_scores("mds_layers", features[:, :30], None, test),
-        exact.member_scores("mds_layers", features[:, :30], None, test.double()),
-    )
     loaded = FeatureStatistics.load(low.save(tmp_path / "s.safetensors"), digest=low.digest())
-    assert torch.equal(
-        loaded.member_scores("mds_layers", features[:, :30], None, test),
-        low.member_scores("mds_layers", features[:, :30], None, test),
-    )
+    for score in ("mds_layers", "mds_disagreement"):
+        assert torch.equal(
+            low.member_scores(score, features[:, :30], None, test),
+            exact.member_scores(score, features[:, :30], None, test.double()),
+        )
+        assert torch.equal(
+            loaded.member_scores(score, features[:, :30], None, test),
+            low.member_scores(score, features[:, :30], None, test),
+        )
 
 
 def _draw(rng, n, classes=3, members=2, layers=3, width=4):
@@ -178,9 +235,10 @@ def _draw(rng, n, classes=3, members=2, layers=3, width=4):
     return Predictions(logits, y, rng.normal(size=(members, n, 4)), tokens)
 
 
+@pytest.mark.parametrize("score", ["mds_layers", "mds_disagreement"])
 @pytest.mark.parametrize(("n", "keep"), [(49, 0.9), (99, 0.95)])
-def test_a_flag_on_mds_layers_keeps_its_id_false_alarm_bound(n, keep):
-    """The combination is a fixed function of each input's own features (fit on ID training data
+def test_a_flag_on_every_layers_view_keeps_its_id_false_alarm_bound(n, keep, score):
+    """Each combination is a fixed function of each input's own features (fit on ID training data
     only), so the conformal threshold on n ID validation scores flags fresh ID inputs at
     floor((n + 1) alpha)/(n + 1) <= alpha = 1 - keep in expectation: simulated over many calibration
     draws through `Calibration.fit` and `Calibration.records`, as predict serves the flag."""
@@ -189,7 +247,7 @@ def test_a_flag_on_mds_layers_keeps_its_id_false_alarm_bound(n, keep):
     stats = FeatureStatistics.fit(train.member_features, train.labels, 3, layer_features=train.layer_features)
     trials, fresh, flagged = 300, 40, []
     for _ in range(trials):
-        calibration = Calibration.fit(_draw(rng, n), score="mds_layers", keep=keep, statistics=stats)
+        calibration = Calibration.fit(_draw(rng, n), score=score, keep=keep, statistics=stats)
         assert calibration.reads_layers
         flagged.append(np.mean([r["flagged"] for r in calibration.records(_draw(rng, fresh))]))
     alpha = calibration.alpha  # 1 - keep, as the p-values compare it in floating point

@@ -51,9 +51,11 @@ def _features(members=2, n=60, width=5, seed=0, shift=0.0):
 
 
 def test_the_built_in_scores_are_registered_in_their_order():
-    built_in = ("mds", "rmds", "mds++", "knn", "vim", "mds_layers")
-    assert registry.feature_scores()[:6] == FEATURE_SCORES == built_in
+    built_in = ("mds", "rmds", "mds++", "knn", "vim", "mds_layers", "mds_disagreement")
+    assert registry.feature_scores()[:7] == FEATURE_SCORES == built_in
     assert registry.feature_score("rmds").reads == ("mds",) and registry.feature_score("vim").needs_head
+    assert registry.feature_score("mds_disagreement").reads == ("mds_layers",)
+    assert registry.feature_score("mds_disagreement").ensemble_only
     with pytest.raises(ValueError, match="unknown feature score 'nope'"):
         registry.feature_score("nope")
 

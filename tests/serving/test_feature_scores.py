@@ -23,9 +23,10 @@ from hydra_ensembles.serving.onnx import export_onnx
 
 from .conftest import HEAD_SETS, tiny_text_classifier, validation
 
-EXPORTED = ("mds", "knn", "vim", "mds_layers")
+EXPORTED = ("mds", "knn", "vim", "mds_layers", "mds_disagreement")
 """The scores whose graphs are exported: between them every operation the scores use (rmds and
-mds++ are mds's matrix products and knn's normalisation; mds_layers reads every layer's token)."""
+mds++ are mds's matrix products and knn's normalisation; mds_layers reads every layer's token,
+mds_disagreement the members' spread of it)."""
 TEXTS = ["goal match team score", "bank shares market", "rain and wind tomorrow", "a recipe with flour"]
 TEXTS += ["the quarterly report", "snow later", "an unrelated sentence about poetry", "x y z"]
 

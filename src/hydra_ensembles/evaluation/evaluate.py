@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import metrics as M
 from ..errors import InputError
-from ..ood.detectors import FEATURE_SCORES, FeatureStatistics
+from ..ood.detectors import FEATURE_SCORES, FeatureStatistics, check_scores
 from ..ood.registry import LogitView, feature_scores, logit_score, logit_scores, reads_layers
 from .predict import Predictions
 
@@ -52,11 +52,7 @@ def member_feature_scores(
     """Each member's feature ``score`` (M, N) on its own features (ViM also reads the members'
     logits at temperature 1); ValueError where the predictions have no features or no statistics
     were fit."""
-    if statistics is None or score not in statistics.scores:
-        raise InputError(
-            f"the OOD score {score!r} reads feature statistics fit on ID training data: "
-            + ("none were given" if statistics is None else f"these compute {statistics.scores}")
-        )
+    check_scores([score], statistics)
     if predictions.member_features is None:
         raise InputError(f"the OOD score {score!r} reads the members' features; these predictions have none")
     scores = statistics.member_scores(

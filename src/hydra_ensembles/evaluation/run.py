@@ -146,12 +146,15 @@ def id_false_flag_rate(
 
 
 def method_statistics(preds: MethodPredictions) -> FeatureStatistics | None:
-    """The method's feature statistics, fit on its members' ID training features (None without)."""
+    """The method's feature statistics, fit on its members' ID training features (None without),
+    and on their every layer's pooled token where they were recorded (``mds_layers``)."""
     train = preds.train
     if train is None or train.member_features is None:
         return None
     labels = train.class_labels("ID training predictions")
-    return FeatureStatistics.fit(train.member_features, labels, train.num_classes, preds.heads)
+    return FeatureStatistics.fit(
+        train.member_features, labels, train.num_classes, preds.heads, layer_features=train.layer_features
+    )
 
 
 def _as_served(preds: MethodPredictions, served: Any, temperature, stats) -> dict[str, Any]:

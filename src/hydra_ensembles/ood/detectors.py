@@ -128,7 +128,7 @@ class FeatureStatistics:
                 stacklevel=2,
             )
         members, n, width = feats.shape
-        fitted = _fitted_scores(scores, heads is not None, layers is not None, n, width)
+        fitted = _fitted_scores(scores, heads is not None, layers is not None, members, n, width)
         settings = {
             "format": FORMAT,
             "members": members,
@@ -150,6 +150,10 @@ class FeatureStatistics:
                 for key, value in feature_score(name).fit(feats[m], y, num_classes, context).items():
                     parts.setdefault(key, []).append(value)
         tensors = {name: torch.from_numpy(np.stack(values)) for name, values in parts.items()}
+        across = ScoreContext(settings, None, None if layers is None else torch.from_numpy(layers))
+        for name in _with_what_they_read(fitted):
+            for key, value in feature_score(name).fit_ensemble(torch.from_numpy(feats), tensors, across).items():
+                tensors[key] = torch.from_numpy(np.asarray(value, np.float64))
         return cls(tensors, settings)
 
     @property
@@ -242,16 +246,17 @@ class FeatureStatistics:
         return loaded
 
 
-def _fitted_scores(asked, heads: bool, layers: bool, n: int, width: int) -> list[str]:
+def _fitted_scores(asked, heads: bool, layers: bool, members: int, n: int, width: int) -> list[str]:
     """The registered scores among ``asked`` that can be fit (in registration order): one that
-    reads the output layers or every layer's features only where they are given, each only where
-    the examples suffice."""
+    reads the output layers or every layer's features only where they are given, one of the
+    members' disagreement only for two members or more, each only where the examples suffice."""
     return [
         name
         for name in feature_scores()
         if name in asked
         and (heads or not feature_score(name).needs_head)
         and (layers or not reads_layers(name))
+        and (members > 1 or not feature_score(name).ensemble_only)
         and feature_score(name).can_fit(n, width)
     ]
 
@@ -288,10 +293,17 @@ def member_spread(member_scores: torch.Tensor) -> torch.Tensor:
 
 
 def check_scores(names: Sequence[str], statistics: FeatureStatistics | None) -> None:
-    """ValueError naming a feature score among ``names`` that ``statistics`` cannot compute."""
+    """ValueError naming a feature score among ``names`` that ``statistics`` cannot compute, and
+    why."""
     for name in names:
-        if name in FEATURE_SCORES and (statistics is None or name not in statistics.scores):
+        if name not in feature_scores() or (statistics is not None and name in statistics.scores):
+            continue
+        if statistics is not None and feature_score(name).ensemble_only and statistics.num_members < 2:
             raise InputError(
-                f"the OOD score {name!r} reads feature statistics fit on ID training data, and "
-                + ("none were fit" if statistics is None else "these have none for it")
+                f"the OOD score {name!r} measures the members' disagreement and needs an ensemble of two "
+                "members or more; this model has one"
             )
+        raise InputError(
+            f"the OOD score {name!r} reads feature statistics fit on ID training data, and "
+            + ("none were fit" if statistics is None else f"these compute only {statistics.scores}")
+        )

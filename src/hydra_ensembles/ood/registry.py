@@ -77,12 +77,15 @@ class FeatureScore:
     arrays' names start with ``name + "."``); ``reads``: other scores whose fitted arrays it reads
     too (fit with it); ``needs_head``: it is fit only where the members' output layers are given;
     ``needs_layers``: it reads every layer's pooled token (`FitContext.layers`,
-    `ScoreContext.layer_features`) and is fit only where they are given."""
+    `ScoreContext.layer_features`) and is fit only where they are given; ``ensemble_only``: it
+    measures the members' disagreement, so it is fit only for two members or more (what it fits
+    across the members: `fit_ensemble`)."""
 
     name: ClassVar[str]
     reads: ClassVar[tuple[str, ...]] = ()
     needs_head: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False
+    ensemble_only: ClassVar[bool] = False
 
     def can_fit(self, examples: int, width: int) -> bool:
         """Whether ``examples`` training features of ``width`` are enough to fit this score."""
@@ -92,6 +95,15 @@ class FeatureScore:
         """The arrays this score reads, fit on one member's training features ``x`` (N, D) with
         class ids ``y`` (N,), float64."""
         raise NotImplementedError
+
+    def fit_ensemble(
+        self, f: torch.Tensor, tensors: Mapping[str, torch.Tensor], context: ScoreContext
+    ) -> dict[str, np.ndarray]:
+        """Arrays fit across the members, after every member's `fit`: from all members' training
+        features ``f`` (M, N, D), float64, the arrays fit so far and the training inputs' context;
+        each returned array has a leading member axis (M, ...), like those `fit` returns. None by
+        default."""
+        return {}
 
     def score(
         self, f: torch.Tensor, tensors: Mapping[str, torch.Tensor], context: ScoreContext

@@ -17,5 +17,6 @@ for _module in (
     "knn",
     "vim",
     "mds_layers",
+    "mds_disagreement",
 ):
     import_module(f"{__name__}.{_module}")

@@ -47,14 +47,16 @@ class LayerMahalanobis(FeatureScore):
         }
 
     def score(self, f, tensors, context):
-        h = context.layer_features  # (M, N, L, D_h)
-        means, precision = tensors["mds_layers.means"], tensors["mds_layers.precision"]
-        per_layer = torch.stack(
-            [
-                min_distance(h[:, :, layer], means[:, layer], precision[:, layer])
-                for layer in range(h.shape[2])
-            ],
-            -1,
-        )  # (M, N, L)
-        centre, scale = tensors["mds_layers.centre"][:, None], tensors["mds_layers.scale"][:, None]
-        return ((per_layer - centre) / scale).mean(-1)
+        return standardised_layer_distances(context.layer_features, tensors).mean(-1)
+
+
+def standardised_layer_distances(h: torch.Tensor, tensors) -> torch.Tensor:
+    """Each member's standardised distance at each layer, ``z_l`` (M, N, L), from its pooled
+    tokens after every layer ``h`` (M, N, L, D_h) and the arrays `LayerMahalanobis` fit."""
+    means, precision = tensors["mds_layers.means"], tensors["mds_layers.precision"]
+    per_layer = torch.stack(
+        [min_distance(h[:, :, layer], means[:, layer], precision[:, layer]) for layer in range(h.shape[2])],
+        -1,
+    )  # (M, N, L)
+    centre, scale = tensors["mds_layers.centre"][:, None], tensors["mds_layers.scale"][:, None]
+    return (per_layer - centre) / scale
