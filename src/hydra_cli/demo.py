@@ -11,7 +11,7 @@ from hydra_ensembles.models import DEFAULT_TEXT_MODEL
 from hydra_experiments.pretrained import DEFAULT_IMAGE_MODEL
 
 from .command import Command
-from .options import POSITIVE, precision_option
+from .options import POSITIVE, precision_option, share
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -29,6 +29,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "trunk_study": args.trunk_study,
         "bagging": args.bagging,
         "keep_base": args.keep_base,
+        "mlp_keep": args.mlp_keep,
         "batch_ensemble": args.batch_ensemble,
         "oba": args.oba,
         "wanda": args.wanda,
@@ -118,6 +119,13 @@ def _add_demo_command(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="each pruned member trains on its own bootstrap resample of the training data "
         "(bagging, build --bootstrap): a member-diversity study",
+    )
+    demo.add_argument(
+        "--mlp-keep",
+        type=share,
+        default=1.0,
+        help="the share of each layer's MLP neurons every Hydra member keeps (build --mlp-keep): a "
+        "cost study; default 1",
     )
     demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
     demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")

@@ -167,11 +167,13 @@ class Build:
         return out
 
 
-def _narrow_mlp(model: nn.Module, share: float, say: Callable[[str], None]) -> nn.Module:
-    """``model`` with ``share`` of its MLP neurons in every layer (at least one)."""
+def narrow_mlp(model: nn.Module, share: float, say: Callable[[str], None] | None = None) -> nn.Module:
+    """A copy of ``model`` with ``share`` of its MLP neurons in every layer (at least one;
+    `surgery.prune_mlp`): what `BuildConfig.mlp_keep` prunes before the members are cut."""
     width = get_adapter(model).mlp_width(model)
     keep = max(1, round(share * width))
-    say(f"pruning every layer's MLP to {keep} of its {width} neurons (the same for every member)")
+    if say is not None:
+        say(f"pruning every layer's MLP to {keep} of its {width} neurons (the same for every member)")
     return prune_mlp(model, keep)
 
 
@@ -209,7 +211,7 @@ def build_hydra(
     if make_member is not None:
         members = [make_member(m, hs) for m, hs in enumerate(head_sets)]
     else:
-        narrow = model if config.mlp_keep == 1 else _narrow_mlp(model, config.mlp_keep, say)
+        narrow = model if config.mlp_keep == 1 else narrow_mlp(model, config.mlp_keep, say)
         members = [name_classes(prune(narrow, hs), classes) for hs in head_sets]
         if config.fine_tune is not None:
             train_one = functools.partial(_train_member, train, validation, config.bootstrap, progress)

@@ -244,6 +244,10 @@ class DemoConfig:
     bagging: bool = False
     """Each pruned member fine-tunes on its own bootstrap resample of the training data (bagging,
     `BuildConfig.bootstrap`): a member-diversity study; the other methods train as always."""
+    mlp_keep: float = 1.0
+    """The share of each layer's MLP neurons every Hydra member keeps (`BuildConfig.mlp_keep`: the
+    same neurons for every member, pruned before the heads and recovered by the members'
+    fine-tuning): a cost study; the single pruned models keep their whole MLP."""
     trunk_study: bool = False
     """Also build Hydra (Circ) with a shared trunk of L/3 and L/2 layers (members diverse and
     fine-tuned only after it) and report its quality and cost beside full Hydra."""

@@ -95,6 +95,11 @@ def report_meta(run: DemoRun, base, temperatures: dict[str, Any], member_heads) 
         f"{layer_heads[0]} heads{', trained from scratch' if bench.from_scratch else ''})",
         **{f"data: {k}": v for k, v in run.task.describe().items()},
         "training recipe (all methods)": json.dumps(asdict(config.recipe)),
+        **(
+            {"Hydra members' MLP": f"{config.mlp_keep:g} of each layer's neurons, the same for every member"}
+            if config.mlp_keep != 1
+            else {}
+        ),
         "seeds": f"run seed {config.seed}: data sample, member heads, MC masks and bootstrap; models "
         f"train with seeds {config.model_seed(0)}..{config.model_seed(config.members - 1)}",
         **({} if has_dropout(base) else {"MC Dropout": "omitted: the model has no dropout to sample"}),

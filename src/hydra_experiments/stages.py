@@ -11,7 +11,7 @@ import torch
 
 from hydra_ensembles.baselines.unstructured import make_permanent, matched_sparsity, unstructured_prune
 from hydra_ensembles.batching import bootstrap_batches, pad_id
-from hydra_ensembles.build import Build, BuildConfig, build_hydra
+from hydra_ensembles.build import Build, BuildConfig, build_hydra, narrow_mlp
 from hydra_ensembles.cost import count_parameters
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.members.ensemble import DeepEnsemble, has_dropout
@@ -80,16 +80,26 @@ def trained_single(run: DemoRun, seed: int) -> torch.nn.Module:
 
 
 def pruned_member(
-    run: DemoRun, base: torch.nn.Module, name: str, heads: HeadSet, seed: int, trunk: int = 0
+    run: DemoRun,
+    base: torch.nn.Module,
+    name: str,
+    heads: HeadSet,
+    seed: int,
+    trunk: int = 0,
+    mlp_keep: float = 1.0,
 ) -> torch.nn.Module:
-    """``base`` pruned to ``heads`` and fine-tuned with the members' settings of ``seed`` (with
-    ``trunk``: only the blocks after the first ``trunk``), cached."""
+    """``base`` pruned to ``heads`` (and ``mlp_keep`` of its MLP neurons) and fine-tuned with the
+    members' settings of ``seed`` (with ``trunk``: only the blocks after the first ``trunk``),
+    cached."""
     settings = run.config.recipe.config(run.config.model_seed(seed), member=True)
     if trunk:  # the shared trunk stays as in the base: train only the later blocks
         settings = replace(settings, last_k_blocks=base.config.num_hidden_layers - trunk)
-    bagged = {"bootstrap": True} if run.config.bagging else {}  # no key change for the usual members
-    key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk, **bagged)
-    train = partial(prune_and_fine_tune, run, base, heads, settings, run.config.bagging)
+    # no key change for the usual members
+    extra = {"bootstrap": True} if run.config.bagging else {}
+    if mlp_keep != 1:
+        extra["mlp_keep"] = mlp_keep
+    key = model_key(run.bench, settings, base=run.base_settings, heads=heads.to_dict(), trunk=trunk, **extra)
+    train = partial(prune_and_fine_tune, run, base, heads, settings, run.config.bagging, mlp_keep)
     return run.cached_model(f"fine-tune {name}", "member", key, train)
 
 
@@ -254,7 +264,7 @@ def build_pruned(run: DemoRun, base: torch.nn.Module, rankings: Rankings) -> Pru
         def make(m: int, hs: HeadSet) -> torch.nn.Module:
             if m == 0 and settings.keep_base:  # the base itself, as build_hydra makes it
                 return prune(base, hs)
-            return member(f"{kind} member {m}{suffix}", hs, m, trunk)
+            return member(f"{kind} member {m}{suffix}", hs, m, trunk, config.mlp_keep)
 
         return build_hydra(base, config=settings, ranking=ranking, make_member=make)
 
@@ -314,11 +324,17 @@ def unstructured_meta(base: torch.nn.Module, pruned: PrunedModels) -> dict[str, 
 
 
 def prune_and_fine_tune(
-    run: DemoRun, base: torch.nn.Module, heads: HeadSet, settings: FineTuneConfig, bootstrap: bool = False
+    run: DemoRun,
+    base: torch.nn.Module,
+    heads: HeadSet,
+    settings: FineTuneConfig,
+    bootstrap: bool = False,
+    mlp_keep: float = 1.0,
 ) -> torch.nn.Module:
-    """``base`` pruned to ``heads``, fine-tuned on the run's training batches (with ``bootstrap``:
-    on their bootstrap resample of the settings' seed, as `build_hydra` does) (uncached)."""
-    member = prune(base, heads)
+    """``base`` pruned to ``heads`` (and to ``mlp_keep`` of its MLP neurons, as `build_hydra`
+    does), fine-tuned on the run's training batches (with ``bootstrap``: on their bootstrap
+    resample of the settings' seed, as `build_hydra` does) (uncached)."""
+    member = prune(base if mlp_keep == 1 else narrow_mlp(base, mlp_keep), heads)
     train = run.bench.train
     if bootstrap:
         train = bootstrap_batches(list(train), settings.seed, pad_id(base))
