@@ -82,7 +82,8 @@ def test_text_demo_on_a_tiny_model_with_every_opt_in_row(tmp_path, tiny):
     assert "- **Hydra members' MLP**: 0.5 of each layer's neurons" in report
     members = (tmp_path / "cache").glob("member-*/member_config.json")
     widths = [json.loads(c.read_text())["config"]["intermediate_size"] for c in members]
-    assert TINY["intermediate_size"] // 2 in widths and TINY["intermediate_size"] in widths  # Hydra's; Taylor's
+    # the Hydra members at half width; the single pruned models at full width
+    assert TINY["intermediate_size"] // 2 in widths and TINY["intermediate_size"] in widths
     _check_precision_rows(report, results, fp32_row=True)
     # every layer's view is measured for each model that records its layers (and only those)
     for name in ("Single", "Deep Ensemble (M=2)", "Hydra (Circ)", "Taylor (single pruned)"):

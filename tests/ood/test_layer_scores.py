@@ -2,7 +2,8 @@
 in the forward pass (a fused model's equal to its members' run one by one, read here from
 Hugging Face's own ``output_hidden_states``), the ``mds_layers`` and ``mds_disagreement``
 scores against an explicit computation (scikit-learn's Ledoit-Wolf covariance), and their
-conformal flags' ID false-alarm rate, simulated. The served paths (records, pipeline, ONNX) are in tests/serving."""
+conformal flags' ID false-alarm rate, simulated. The served paths (records, pipeline, ONNX) are
+in tests/serving."""
 
 from __future__ import annotations
 
@@ -131,14 +132,21 @@ def _reference_z(layers_train, y, layers_test, classes):
     return np.stack(z)
 
 
-def test_mds_layers_against_an_explicit_computation():
-    rng = np.random.default_rng(0)
-    members, n, layers, width, classes = 2, 300, 3, 5, 3
+def _layered(seed, members, n, layers, width, classes, tested):
+    """Class-clustered training tokens at every layer (M, n, L, D), wider test tokens (M, tested,
+    L, D), their labels, features and the statistics fit on them."""
+    rng = np.random.default_rng(seed)
     y = rng.integers(0, classes, n)
     train = rng.normal(size=(members, n, layers, width)) + 2 * np.eye(classes, width)[y][None, :, None]
-    test = rng.normal(size=(members, 40, layers, width)) * 1.5
+    test = rng.normal(size=(members, tested, layers, width)) * 1.5
     features = rng.normal(size=(members, n, 4))
     stats = FeatureStatistics.fit(features, y, classes, layer_features=train)
+    return rng, y, train, test, features, stats
+
+
+def test_mds_layers_against_an_explicit_computation():
+    members, classes = 2, 3
+    rng, y, train, test, features, stats = _layered(0, members, 300, 3, 5, classes, tested=40)
     assert "mds_layers" in stats.scores and stats.reads_layers
     got = stats.member_scores("mds_layers", rng.normal(size=(members, 40, 4)), None, test).numpy()
     for m in range(members):
@@ -157,13 +165,8 @@ def test_mds_disagreement_against_an_explicit_computation():
     """The layer mean and the members' per-layer spread of the hand-computed z, each standardised
     by its mean and standard deviation over the training inputs, summed; a member's score is its
     own layer mean standardised alike plus the shared disagreement, so the members' mean is it."""
-    rng = np.random.default_rng(2)
-    members, n, layers, width, classes = 3, 250, 3, 4, 3
-    y = rng.integers(0, classes, n)
-    train = rng.normal(size=(members, n, layers, width)) + 2 * np.eye(classes, width)[y][None, :, None]
-    test = rng.normal(size=(members, 30, layers, width)) * 1.5
-    features = rng.normal(size=(members, n, 4))
-    stats = FeatureStatistics.fit(features, y, classes, layer_features=train)
+    members, classes = 3, 3
+    rng, y, train, test, features, stats = _layered(2, members, 250, 3, 4, classes, tested=30)
     z_train = np.stack([_reference_z(train[m], y, train[m], classes) for m in range(members)])  # (M, L, N)
     z_test = np.stack([_reference_z(train[m], y, test[m], classes) for m in range(members)])
     a_train, s_train = z_train.mean(1).mean(0), z_train.std(0).mean(0)

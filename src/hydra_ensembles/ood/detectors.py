@@ -152,8 +152,8 @@ class FeatureStatistics:
         tensors = {name: torch.from_numpy(np.stack(values)) for name, values in parts.items()}
         across = ScoreContext(settings, None, None if layers is None else torch.from_numpy(layers))
         for name in _with_what_they_read(fitted):
-            for key, value in feature_score(name).fit_ensemble(torch.from_numpy(feats), tensors, across).items():
-                tensors[key] = torch.from_numpy(np.asarray(value, np.float64))
+            fit = feature_score(name).fit_ensemble(torch.from_numpy(feats), tensors, across)
+            tensors.update({key: torch.from_numpy(np.asarray(v, np.float64)) for key, v in fit.items()})
         return cls(tensors, settings)
 
     @property
