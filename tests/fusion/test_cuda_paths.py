@@ -109,7 +109,7 @@ def test_a_model_saved_from_the_gpu_loads_on_the_cpu_with_the_same_outputs(tmp_p
         assert torch.equal(loaded(**x).member_logits, on_cpu.cpu()(**x).member_logits)
 
 
-@pytest.mark.parametrize("score", ["mds", "knn", "mds_layers"])
+@pytest.mark.parametrize("score", ["mds", "knn", "mds_layers", "mds_disagreement"])
 def test_feature_statistics_flags_and_sets_fitted_on_the_gpu_equal_the_cpus(score):
     """`calibrate` on a GPU model and GPU batches (fp32) fits the same statistics, threshold and
     conformal set quantile as on the CPU, within float rounding."""
