@@ -102,6 +102,18 @@ def _add_demo_command(sub) -> argparse.ArgumentParser:
         help="comma-separated seeds, e.g. 0,1,2: the demo once per seed (cached models are reused), "
         "then mean ± std over the seeds (seeds.md)",
     )
+    _member_study_options(demo)
+    demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
+    demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")
+    demo.add_argument("--no-cache", action="store_true", help="recompute everything")
+    for flag, help_text in OPT_IN.items():
+        demo.add_argument(flag, action="store_true", help=help_text)
+    precision_option(demo)
+    return demo
+
+
+def _member_study_options(demo: argparse.ArgumentParser) -> None:
+    """How every Hydra's members are made: the member studies."""
     demo.add_argument(
         "--member-epochs",
         type=POSITIVE,
@@ -127,13 +139,6 @@ def _add_demo_command(sub) -> argparse.ArgumentParser:
         help="the share of each layer's MLP neurons every Hydra member keeps (build --mlp-keep): a "
         "cost study; default 1",
     )
-    demo.add_argument("--out", help="report folder (default runs/demo, image: runs/demo-image)")
-    demo.add_argument("--cache-dir", default="runs/cache", help="cached models and rankings")
-    demo.add_argument("--no-cache", action="store_true", help="recompute everything")
-    for flag, help_text in OPT_IN.items():
-        demo.add_argument(flag, action="store_true", help=help_text)
-    precision_option(demo)
-    return demo
 
 
 COMMAND = Command(
