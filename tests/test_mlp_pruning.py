@@ -88,11 +88,37 @@ def test_a_pruned_mlp_computes_the_original_with_the_dropped_neurons_zeroed(fami
     assert smaller
 
 
+def test_dinov2_prunes_to_a_whole_multiple_of_its_hidden_size_and_saves_it(tmp_path):
+    """DINOv2's width is hidden_size * mlp_ratio (an integer): half of 2 x 12 neurons is one
+    multiple; the pruned model computes the original with the rest zeroed, and loads back."""
+    torch.manual_seed(0)
+    model = tiny_dinov2().eval()
+    assert get_adapter(model).mlp_width(model) == 24
+    pruned = prune_mlp(model, 12)
+    assert pruned.config.mlp_ratio == 1 and get_adapter(pruned).mlp_width(pruned) == 12
+    x = image_inputs(batch=3)
+    handles = _masked(model, 12)
+    with torch.no_grad():
+        expected, got = model(**x).logits, pruned(**x).logits
+    for handle in handles:
+        handle.remove()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    pruned.save_pretrained(tmp_path)
+    loaded = type(pruned).from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(**x).logits, got)
+
+
 def test_mlp_pruning_refuses_what_it_cannot_record_or_cut():
     with pytest.raises(UnsupportedModelError, match="not linear layers into and out of"):
         prune_mlp(tiny_modernbert(), 8)  # gate and up in one matrix
-    with pytest.raises(UnsupportedModelError, match="names no MLP width"):
-        prune_mlp(tiny_dinov2(), 8)  # an MLP ratio, not a width
+    # DINOv2 records its width as a whole multiple of the hidden size (12 here), a SwiGLU one not at all
+    with pytest.raises(UnsupportedModelError, match="cannot record 8 neurons; keep a multiple of 12"):
+        prune_mlp(tiny_dinov2(), 8)
+    swiglu = tiny_dinov2()
+    swiglu.config.use_swiglu_ffn = True
+    with pytest.raises(UnsupportedModelError, match="SwiGLU"):
+        prune_mlp(swiglu, 12)
     model = tiny_bert()
     for keep in (0, 26, 1.5, True):
         with pytest.raises(InputError, match="an MLP keeps between 1 and its 25 neurons"):

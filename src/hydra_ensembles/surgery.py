@@ -98,17 +98,10 @@ def prune_mlp(model: nn.Module, keep: int) -> nn.Module:
     width = adapter.mlp_width(model)
     if isinstance(keep, bool) or not isinstance(keep, int) or not 0 < keep <= width:
         raise InputError(f"an MLP keeps between 1 and its {width} neurons, got {keep!r}")
-    names = [
-        n for n in ("intermediate_size", "hidden_dim") if getattr(adapter.encoder_config(model), n, None)
-    ]
-    if not names:
-        raise UnsupportedModelError(
-            f"{type(model).__name__}'s configuration names no MLP width (intermediate_size, hidden_dim): "
-            "MLP pruning cannot record the narrower width"
-        )
     pruned = copy.deepcopy(model)
     if keep == width:
         return pruned
+    adapter.set_mlp_width(pruned, keep)  # refused before anything is cut where it cannot be recorded
     for layer, block in enumerate(adapter.layers(pruned)):
         inputs, output = _mlp_linears(adapter, pruned, layer, block, width)
         with torch.no_grad():
@@ -120,7 +113,6 @@ def prune_mlp(model: nn.Module, keep: int) -> nn.Module:
         for linear in inputs:
             block.set_submodule(paths[id(linear)], slice_linear(linear, kept, 0))
         block.set_submodule(paths[id(output)], slice_linear(output, kept, 1))
-    setattr(adapter.encoder_config(pruned), names[0], keep)
     forget_calibration(pruned)
     return pruned
 

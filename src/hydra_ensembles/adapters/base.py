@@ -383,6 +383,19 @@ class RuntimeShortcuts:
         width = getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None)
         return int(width or 4 * config.hidden_size)
 
+    def set_mlp_width(self, model: nn.Module, width: int) -> None:
+        """Record ``width`` as the MLP's hidden width in ``model``'s configuration (after its MLPs
+        were cut to it: `surgery.prune_mlp`), so that it saves and loads as any other of its class;
+        UnsupportedModelError where the configuration names no width."""
+        config = self.encoder_config(model)
+        names = [n for n in ("intermediate_size", "hidden_dim") if getattr(config, n, None)]
+        if not names:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}'s configuration names no MLP width (intermediate_size, "
+                "hidden_dim): MLP pruning cannot record the narrower width"
+            )
+        setattr(config, names[0], int(width))
+
     def input_names(self, model: nn.Module) -> tuple[str, ...]:
         """Keyword inputs the model's forward accepts (taken from its signature)."""
         params = inspect.signature(model.forward).parameters.values()
