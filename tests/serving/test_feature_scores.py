@@ -75,7 +75,7 @@ def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
     layers = calibration.reads_layers
     records = calibration.records(predict(model, [batch], progress=False, precision="fp32", layers=layers))
     expected = np.array([r[f"ood_score_{score}"] for r in records])
-    served = pipeline("hydra-text-classification", model=str(folder))(TEXTS, batch_size=3)
+    served = pipeline("hydra-text-classification", model=str(folder), precision="fp32")(TEXTS, batch_size=3)
     assert [s[f"ood_score_{score}"] for s in served] == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert [s[f"ood_score_{score}_spread"] for s in served] == pytest.approx(
         [r[f"ood_score_{score}_spread"] for r in records], rel=1e-4, abs=1e-6
