@@ -17,6 +17,9 @@ float64, whatever precision the model ran in. Each score is one registered class
 - ``mds_layers``: ``mds`` on every transformer layer's pooled token, each layer's score
   standardised on the ID training data and averaged over the layers; fit where the members'
   layer features are given (`FeatureStatistics.fit`'s ``layer_features``).
+- ``mds_disagreement``: ``mds_layers`` plus the members' spread of each layer's standardised
+  distance, each standardised on the ID training data (ensembles of two members or more; fit
+  across the members, `FeatureScore.fit_ensemble`).
 
 The covariances are Ledoit-Wolf shrinkage estimates (the shrinkage is close to 0 where examples
 far outnumber dimensions, and keeps the matrix invertible where they do not: few examples, wide
