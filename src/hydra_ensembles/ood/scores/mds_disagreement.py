@@ -16,9 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import FeatureScore, register_feature_score
-from .mds_layers import standardised_layer_distances
-
-_MIN_SCALE = 1e-12
+from .mds_layers import MIN_SCALE, standardised_layer_distances
 
 
 def _agreement_statistics(h: torch.Tensor, tensors) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,10 +38,16 @@ class MahalanobisDisagreement(FeatureScore):
 
     def fit_ensemble(self, f, tensors, context):
         members, disagreement = _agreement_statistics(context.layer_features, tensors)
-        mean = members.mean(0)
-        stats = [mean.mean(), mean.std(unbiased=False), disagreement.mean(), disagreement.std(unbiased=False)]
+        ensemble = members.mean(0)
+        values = torch.stack(
+            [
+                ensemble.mean(),
+                ensemble.std(unbiased=False).clamp_min(MIN_SCALE),
+                disagreement.mean(),
+                disagreement.std(unbiased=False).clamp_min(MIN_SCALE),
+            ]
+        )  # centre and scale of each term
         # (M, 4): one row per member, as every fitted array has a leading member axis
-        values = torch.stack([v.clamp_min(_MIN_SCALE) if i % 2 else v for i, v in enumerate(stats)])
         return {"mds_disagreement.standardise": values.expand(f.shape[0], 4).numpy().copy()}
 
     def score(self, f, tensors, context):

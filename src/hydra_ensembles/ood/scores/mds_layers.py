@@ -16,7 +16,8 @@ import torch
 from ..geometry import class_means_and_precision, min_distance
 from ..registry import FeatureScore, register_feature_score
 
-_MIN_SCALE = 1e-12
+MIN_SCALE = 1e-12
+"""The smallest standard deviation a standardisation divides by (a constant score has none)."""
 
 
 @register_feature_score
@@ -38,7 +39,7 @@ class LayerMahalanobis(FeatureScore):
             means.append(mu)
             precisions.append(precision)
             centres.append(d.mean())
-            scales.append(max(float(d.std()), _MIN_SCALE))
+            scales.append(max(float(d.std()), MIN_SCALE))
         return {
             "mds_layers.means": np.stack(means),  # (L, K, D_h)
             "mds_layers.precision": np.stack(precisions),  # (L, D_h, D_h)
