@@ -84,12 +84,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _calibration_data(args: argparse.Namespace, preprocessor, model, config) -> tuple:
-    """The labelled ID validation batches (checked against the sets' size), and the labelled
+    """The labelled ID validation batches (checked against what the calibration needs), and the labelled
     training and unlabelled OOD validation batches where given (else None)."""
-    from hydra_ensembles.evaluation.calibration import check_calibration_size
+    from hydra_ensembles.evaluation.calibration import check_calibration_data
 
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1]
-    check_calibration_size(val, config.set_method)
+    check_calibration_data(val, config, model)
     train = _data_batches(args.data, args, preprocessor, model=model)[1] if args.data else None
     ood = (
         _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]

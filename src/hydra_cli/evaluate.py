@@ -20,6 +20,7 @@ from .options import (
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from hydra_ensembles import reporting
+    from hydra_ensembles.data.labels import check_same_classes
     from hydra_ensembles.evaluation import (
         add_comparisons,
         add_score_comparisons,
@@ -37,7 +38,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     preprocessors: dict[str, object] = {}
     for name, _, paths in items:
         methods[name], preprocessors[name] = _load_methods(paths, args)
-    models = [m for group in methods.values() for m in group]  # mapping labels checks they agree
+    models = [m for group in methods.values() for m in group]
+    check_same_classes(models)  # every method is measured against one labelling of the data
     signatures, datasets = _data_per_preprocessor(args, preprocessors, models, oods_named)
     _say_precision(args)
     results, preds, draws = {}, {}, {}

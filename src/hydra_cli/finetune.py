@@ -34,11 +34,10 @@ def _check_options(args: argparse.Namespace) -> None:
     """InputError for options that contradict each other before any work."""
     if args.ood_data and not args.val_data:
         raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
-    if args.val_data and args.flag_score == "mutual_information":
-        raise InputError(
-            "--flag-score mutual_information measures members' disagreement: a single fine-tuned "
-            "model has none to calibrate; choose msp, max_logit, energy or entropy"
-        )
+    if args.val_data:
+        from hydra_ensembles.evaluation.evaluate import check_flag_score
+
+        check_flag_score(args.flag_score, 1, "a fine-tuned classifier")
 
 
 def _model_for(args: argparse.Namespace, classes: int):
@@ -61,7 +60,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from hydra_ensembles.build import name_classes
     from hydra_ensembles.data import load_spec
     from hydra_ensembles.data.labels import check_trainable
-    from hydra_ensembles.evaluation.calibration import check_calibration_size
+    from hydra_ensembles.evaluation.calibration import check_calibration_data
     from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.saving.files import atomic_dir, check_beside
     from hydra_ensembles.training import FineTuneConfig, fine_tune
@@ -80,12 +79,12 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     dataset, train = _data_batches(args.data, args, preprocessor, model=model, dataset=dataset)
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1] if args.val_data else None
-    if val is not None:
-        check_calibration_size(val, calibration_config(args).set_method)
     ood = None
     if args.ood_data:
         ood = _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
     name_classes(model, dataset.classes)
+    if val is not None:
+        check_calibration_data(val, calibration_config(args), model)
     config = FineTuneConfig(
         epochs=_resolve_epochs(args, train),
         lr=args.lr,

@@ -95,6 +95,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     fit on ``--val-data``, else the one saved with a single model (refused where ``--flag-score``
     or ``--keep`` ask for another), else none (with a warning)."""
     from hydra_ensembles.evaluation import CalibrationConfig, fit_calibration, saved_calibration
+    from hydra_ensembles.evaluation.calibration import check_calibration_data
 
     saved = saved_calibration(model) if num_models == 1 else None
     calibration = None if val_batches is not None else saved
@@ -110,6 +111,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     if val_batches is not None:  # the saved calibration's settings, unless the options ask for others
         config = saved.config if saved is not None else CalibrationConfig()  # msp, keep 0.95, no sets
         config = config.replace(**{k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
+        check_calibration_data(val_batches, config, model)
         feature = config.score in FEATURE_SCORES  # only a feature score reads the statistics
         calibration, val = fit_calibration(
             model,

@@ -27,7 +27,10 @@ from .options import (
 )
 
 FINISHED = "sweep.json"
-WRITTEN = ("configs", "chosen", "sweep.csv", "sweep.md", "frontier.png")
+PUBLISHED = ("sweep.csv", "sweep.md", "frontier.png")
+"""The sweep's report files, written before `FINISHED` (the marker of a finished sweep) and
+removed with it when a finished sweep is timed and chosen again."""
+WRITTEN = ("configs", "chosen", *PUBLISHED)
 OWNED = (*WRITTEN, FINISHED, RUN_MARKER)
 UNSETTING = (
     *("out", "overwrite", "repeats", "batch_sizes", "budget"),
@@ -47,7 +50,10 @@ def _ratio(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 1 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"a latency ratio to the single model is at least 1, got {text}")
+        raise argparse.ArgumentTypeError(
+            f"a latency ratio to the single model is a finite number >= 1, got {text} (to choose whatever "
+            "the cost, give a ratio above every candidate's, e.g. 100)"
+        )
     return value
 
 
@@ -70,9 +76,11 @@ def _halves(spec: str, args: argparse.Namespace, preprocessor, model, labels: bo
     )
 
 
-def _compared(args: argparse.Namespace, preprocessor) -> dict:
+def _compared(args: argparse.Namespace, preprocessor, model) -> dict:
     """``--compare NAME=PATH[,PATH...]``: each named model (several paths: their deep ensemble),
-    refused in one line where it reads its inputs otherwise than the sweep's model."""
+    refused in one line where it reads its inputs otherwise than the sweep's ``model``, or predicts
+    other classes or the same ones in another order (`data.labels.check_same_classes`, eval's rule)."""
+    from hydra_ensembles.data.labels import check_same_classes
     from hydra_ensembles.loading import preprocessing_signature
 
     from .common import _load_methods
@@ -87,6 +95,10 @@ def _compared(args: argparse.Namespace, preprocessor) -> dict:
         models, theirs = _load_methods(paths, args)
         if theirs is not None and preprocessing_signature(theirs) != preprocessing_signature(preprocessor):
             raise InputError(f"--compare {name}: its tokenizer or image processor is not the sweep model's")
+        try:
+            check_same_classes([model, *models])
+        except InputError as exc:
+            raise InputError(f"--compare {name}: {exc}") from None
         compared[name] = models if len(models) > 1 else models[0]
     return compared
 
@@ -139,7 +151,7 @@ def _sweep_config(args: argparse.Namespace, train):
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from hydra_ensembles.saving.files import claim_run_dir, recorded_run, replace_dir
-    from hydra_ensembles.sweep import run_sweep
+    from hydra_ensembles.sweep import check_sweep, run_sweep
 
     from .guards import check_output_dir, overwrite_staging
 
@@ -150,13 +162,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
     model, ranking, preprocessor = start_building(args)
     data = _sweep_data(args, preprocessor, model)
-    compared = _compared(args, preprocessor)
+    compared = _compared(args, preprocessor, model)
     _record_length(model, args)
     config = _sweep_config(args, data.train)
-    config.candidates(tuple(compared))  # a name that is taken is refused before any work
+    check_sweep(model, ranking, data, config, compared)  # every option against the model, before any work
     with claim_run_dir(out, key, WRITTEN, restart=args.overwrite, beside=out != target):
-        if again:  # unfinished until the new timing and choice are written
-            (out / FINISHED).unlink(missing_ok=True)
+        if again:  # unfinished until the new timing and choice are written, all of them together
+            for name in (FINISHED, *PUBLISHED):
+                (out / name).unlink(missing_ok=True)
         result = run_sweep(
             model,
             ranking,

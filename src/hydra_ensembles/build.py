@@ -31,7 +31,8 @@ from torch import nn
 from .adapters import get_adapter
 from .batching import bootstrap_batches, pad_id
 from .errors import InputError
-from .evaluation.calibration import AUTO_SCORE, Calibration, CalibrationConfig, check_calibration_size
+from .evaluation.calibration import AUTO_SCORE, Calibration, CalibrationConfig, check_calibration_data
+from .evaluation.evaluate import check_flag_score
 from .evaluation.model_calibration import calibrate
 from .fusion import fuse
 from .fusion.model import HydraModel
@@ -39,6 +40,7 @@ from .heads import HeadSet
 from .inputs import checked_batches
 from .members import sample_members
 from .members.ensemble import DeepEnsemble, write_ensemble_index
+from .members.sampling import check_shared_layers
 from .saving.formats import save_model
 from .scoring import CircuitConfig, CircuitOrder, extract_circuit, taylor_scores
 from .surgery import original_heads_per_layer, prune, prune_mlp
@@ -206,7 +208,7 @@ def build_hydra(
     train, validation = _checked_data(model, train, validation, config)
     if ranking is None:
         ranking = _rank(model, validation, ood_validation, config, progress, say)
-    head_sets = _head_sets(model, ranking, config, say)
+    head_sets = sample_head_sets(model, ranking, config, say)
     histories = []
     if make_member is not None:
         members = [make_member(m, hs) for m, hs in enumerate(head_sets)]
@@ -231,11 +233,12 @@ def build_hydra(
     return built
 
 
-def _head_sets(
-    model: nn.Module, ranking: Ranking, config: BuildConfig, say: Callable[[str], None]
+def sample_head_sets(
+    model: nn.Module, ranking: Ranking, config: BuildConfig, say: Callable[[str], None] = lambda line: None
 ) -> list[HeadSet]:
     """The members' head sets: sampled from ``ranking`` (with ``keep_base``, every head of
-    ``model`` first, then M - 1 sampled)."""
+    ``model`` first, then M - 1 sampled); InputError where ``config`` cannot be cut from ``model``
+    and ``ranking`` (cheap: what a sweep checks of every build before the first is made)."""
     sampled = config.num_members - config.keep_base
     say(
         f"sampling {sampled} members' head sets from the ranking"
@@ -267,13 +270,15 @@ def _calibrate_built(built: Build, calibrate_one: Callable, statistics: bool, sa
 
 def _checked_data(model: nn.Module, train, validation, config: BuildConfig) -> tuple[list, list]:
     """The labelled training and validation batches as lists, checked against the model's classes
-    (and the validation data's size against the prediction sets) before any work."""
+    (and the validation data against what the calibration needs: `check_calibration_data`) before any work."""
     train, validation = _listed(train), _listed(validation)
     classes_of_model = int(model.config.num_labels)
     train = train and checked_batches(train, "train", classes_of_model, model=model)
     validation = validation and checked_batches(validation, "validation", classes_of_model, model=model)
     if validation:
-        check_calibration_size(validation, config.calibration.set_method)
+        check_calibration_data(validation, config.calibration, model)
+        check_flag_score(config.calibration.score, config.num_members, "a model of one member")
+    check_shared_layers(config.shared_layers, len(original_heads_per_layer(model)))
     if config.fine_tune is not None and not train:
         raise InputError("fine-tuning members needs labelled training batches (train)")
     return train, validation

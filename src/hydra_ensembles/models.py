@@ -136,9 +136,10 @@ def untrained_weights(model: nn.Module) -> list[str]:
 
 
 def load_classifier(
-    name_or_path: str = DEFAULT_TEXT_MODEL, num_labels: int | None = 2, seed: int = 0, **kwargs
+    name_or_path: str = DEFAULT_TEXT_MODEL, num_labels: int | None = None, seed: int = 0, **kwargs
 ) -> nn.Module:
-    """A sequence- or image-classification model with a ``num_labels``-way head.
+    """A sequence- or image-classification model with a ``num_labels``-way head (None: the saved
+    head's classes, or for a model saved without a head its configuration's, 2 by default).
 
     Text models load with ``AutoModelForSequenceClassification``, vision models with
     ``AutoModelForImageClassification`` (chosen from the config). No remote code is executed.

@@ -236,6 +236,8 @@ def w(tmp_path_factory):
     (root / "someones-folder").mkdir()
     (root / "tuned-planted.checkpoint").symlink_to(root / "someones-folder", target_is_directory=True)
     (root / "one-row.csv").write_text("text,label\nbank shares rose,1\n")
+    absent = "text,label\nbank 0,0\n" + "".join(f"goal {i},1\n" for i in range(7))
+    (root / "class-0-only-first.csv").write_text(absent)  # class 0 at an even position only
     return root
 
 
@@ -391,8 +393,61 @@ CASES = [
     (
         "finetune-flag-score-a-single-model-lacks",
         lambda w: finetune(w, "--val-data", str(w / "train.csv"), "--flag-score", "mutual_information"),
-        "a single fine-tuned model has none",
+        "is a single model and has none",
         "tuned",
+    ),
+    (  # refused before any training: no checkpoint is left behind
+        "finetune-flag-score-of-members-disagreement",
+        lambda w: finetune(w, "--val-data", str(w / "train.csv"), "--flag-score", "mds_disagreement"),
+        "is a single model and has none",
+        "tuned.checkpoint",
+    ),
+    # calibration data: what each part of a calibration needs, checked before any work
+    (
+        "calibrate-on-one-class",
+        lambda w: [
+            "calibrate",
+            str(w / "calibrated"),
+            "--val-data",
+            str(w / "one-class-id.csv"),
+            "--out",
+            str(w / "c"),
+        ],
+        "of one class",
+        "c",
+    ),
+    (
+        "build-calibrated-on-one-class",
+        lambda w: build(w, "--num-pruned", "1", "--val-data", str(w / "one-class-id.csv")),
+        "of one class",
+        "built",
+    ),
+    (
+        "predict-calibrated-on-one-class",
+        lambda w: predict(w, "--val-data", str(w / "one-class-id.csv")),
+        "of one class",
+        "p.csv",
+    ),
+    (
+        "predict-calibrated-on-one-row",
+        lambda w: predict(w, "--val-data", str(w / "one-row.csv")),
+        "of one class",
+        "p.csv",
+    ),
+    (
+        "per-class-sets-with-a-class-absent",
+        lambda w: [
+            *["calibrate", str(w / "calibrated"), "--val-data", str(w / "class-0-only-first.csv")],
+            *["--set-classwise", "--out", str(w / "c")],
+        ],
+        "none of",
+        "c",
+    ),
+    (
+        "build-trunk-of-every-layer",
+        lambda w: build(w, "--num-pruned", "1", "--shared-layers", "2"),
+        "shared_layers must be in [0, 1]",
+        "built",
     ),
     (
         "calibration-of-other-weights",
@@ -1019,3 +1074,15 @@ def test_a_local_path_named_like_a_built_in_dataset_is_refused_as_ambiguous(w, c
     (w / "textures").mkdir(exist_ok=True)
     assert main(["score", str(w / "vit"), "--data", "textures", "--out", str(w / "t.json")]) == 2
     assert "write ./textures for the path" in capsys.readouterr().err and not (w / "t.json").exists()
+
+
+def test_a_saved_classifier_loads_with_its_own_head_as_the_readme_loads_it(tmp_path):
+    """``load_classifier("tuned/")`` (the README's snippet) keeps a saved head of any size; a
+    number of classes that contradicts it is refused."""
+    from hydra_ensembles.models import load_classifier
+
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(**TINY, num_labels=4)).save_pretrained(tmp_path / "tuned")
+    assert load_classifier(str(tmp_path / "tuned")).config.num_labels == 4
+    with pytest.raises(ValueError, match="contradicts"):
+        load_classifier(str(tmp_path / "tuned"), num_labels=2)

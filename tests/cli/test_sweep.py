@@ -260,3 +260,168 @@ def test_a_candidate_is_made_again_when_what_it_is_made_of_changes(monkeypatch):
     monkeypatch.setattr(run, "ood_score_names", lambda: ("msp", "mds", "a_new_score"))
     after = {c.name: identity(c, base, {"theirs": one}) for c in (compared, built, Candidate("single"))}
     assert all(before[name] != after[name] for name in before)
+
+
+def _finished_copy(swept: Path, tmp_path: Path) -> Path:
+    """A copy of the finished sweep (its run marker names no folder: the copy is the same sweep)."""
+    import shutil
+
+    out = tmp_path / "finished"
+    shutil.copytree(swept, out, symlinks=True)
+    return out
+
+
+def _plant_link(out: Path, tmp_path: Path) -> Path:
+    """``configs/single`` replaced by a link to an edited copy outside the sweep (its measures
+    raised): whoever can write into OUT would choose the model a user deploys."""
+    import shutil
+
+    outside = tmp_path / "outside-single"
+    shutil.copytree(out / "configs" / SINGLE, outside)
+    result = json.loads((outside / "result.json").read_text())
+    (outside / "result.json").write_text(json.dumps({**result, "acc": 0.999, "auroc": 0.999}))
+    shutil.rmtree(out / "configs" / SINGLE)
+    (out / "configs" / SINGLE).symlink_to(outside, target_is_directory=True)
+    return outside
+
+
+def _plant_deep_link(out: Path, tmp_path: Path) -> Path:
+    """A file deep in a kept candidate's model replaced by a link to a copy outside."""
+    target = out / "configs" / "hydra-m2-p2-t0" / "build" / "hydra" / "config.json"
+    outside = tmp_path / "outside-config.json"
+    outside.write_bytes(target.read_bytes())
+    target.unlink()
+    target.symlink_to(outside)
+    return outside
+
+
+def _plant_in_a_rebuilt_candidate(out: Path, tmp_path: Path) -> Path:
+    """A candidate the rerun has to make again (its recorded identity no longer matches) whose
+    ``build`` folder is a link to someone's folder: the rebuild must not write or delete there."""
+    import shutil
+
+    folder = out / "configs" / "hydra-m2-p3-t0"
+    (folder / "identity.json").write_text(json.dumps({"identity": "another build"}))
+    outside = tmp_path / "someones-folder"
+    outside.mkdir()
+    (outside / "mine.txt").write_text("a file the user cares about")
+    shutil.rmtree(folder / "build")
+    (folder / "build").symlink_to(outside, target_is_directory=True)
+    return outside
+
+
+def _plant_fifo(out: Path, tmp_path: Path) -> Path:
+    import os
+    import shutil
+
+    shutil.rmtree(out / "chosen")
+    os.mkfifo(out / "chosen")
+    return out / "chosen"
+
+
+@pytest.mark.parametrize(
+    ("plant", "said"),
+    [
+        (_plant_link, "is a symbolic link"),
+        (_plant_deep_link, "is a symbolic link"),
+        (_plant_in_a_rebuilt_candidate, "is a symbolic link"),
+        (_plant_fifo, "is a FIFO"),
+    ],
+    ids=[
+        "kept-candidate-linked",
+        "file-deep-in-a-kept-model-linked",
+        "rebuilt-candidate-linked",
+        "chosen-a-fifo",
+    ],
+)
+def test_what_is_planted_in_a_finished_sweep_is_refused_before_anything_is_read_or_replaced(
+    w, swept, tmp_path, capsys, plant, said
+):
+    """A rerun of a finished sweep reads back its candidates' models and measures: a link or a
+    FIFO planted anywhere in its folder is refused in one line before any timing, and the sweep's
+    published files, and whatever the link points to, are left as they were."""
+    out = _finished_copy(swept, tmp_path)
+    outside = plant(out, tmp_path)
+    published = {name: (out / name).read_bytes() for name in ("sweep.json", "sweep.md", "sweep.csv")}
+    before = sorted(p.name for p in outside.iterdir()) if outside.is_dir() else None
+    assert main(sweep_args(w, out, "--keep-base", "--budget", "50")) == 2
+    assert said in one_error(capsys)
+    assert {name: (out / name).read_bytes() for name in published} == published
+    if before is not None:
+        assert sorted(p.name for p in outside.iterdir()) == before
+
+
+def _named_model(w: Path, name: str, labels: dict[int, str] | int) -> Path:
+    """The sweep's model saved with class names (or another number of classes) at ``w/name``."""
+    from transformers import BertForSequenceClassification
+
+    folder = w / name
+    if not folder.exists():
+        model = load_any(str(w / "model"))
+        if isinstance(labels, int):
+            config = model.config
+            config.num_labels = labels
+            model = BertForSequenceClassification(config)
+        else:
+            model.config.id2label = labels
+            model.config.label2id = {v: k for k, v in labels.items()}
+        model.save_pretrained(folder)
+        load_preprocessor(str(w / "model")).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("theirs", "said"),
+    [
+        ({0: "sport", 1: "money"}, "the same classes in another order"),
+        ({0: "neg", 1: "pos"}, "different classes"),
+        (3, "different numbers of classes"),
+    ],
+    ids=["classes-in-another-order", "other-class-names", "three-classes"],
+)
+def test_a_compared_model_is_matched_by_class_name_as_eval_matches_it(w, tmp_path, capsys, theirs, said):
+    """``--compare`` measures every model against the sweep model's labelling of the data: a
+    model naming the same classes in another order, other classes or another number of them is
+    refused before any work, with eval's rule and its message."""
+    ours = _named_model(w, "named", {0: "money", 1: "sport"})
+    other = _named_model(
+        w, f"compared-{len(theirs) if isinstance(theirs, dict) else theirs}-{said[:9]}", theirs
+    )
+    out = tmp_path / "compared"
+    args = sweep_args(w, out, "--compare", f"theirs={other}")
+    args[1] = str(ours)
+    assert main(args) == 2
+    line = one_error(capsys)
+    assert said in line and "--compare theirs" in line and not out.exists()
+    report = tmp_path / "report"
+    assert main(["eval", "--method", f"a={ours}", "--method", f"b={other}", "--id-data", str(w / "val.csv"),
+                 "--out", str(report), *COMMON]) == 2  # fmt: skip
+    assert said in one_error(capsys)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--flag-score", "mds_disagreement", "the sweep's 'single' candidate"),
+        ("--num-pruned", "99", "num_pruned must be in [0, 7]"),
+        ("--shared-layers", "5", "shared_layers must be in [0, 1]"),
+        ("--shared-layers", "2", "shared_layers must be in [0, 1]"),
+    ],
+)
+def test_every_option_is_checked_against_the_model_before_the_first_candidate_is_made(
+    w, tmp_path, capsys, option, value, said
+):
+    out = tmp_path / "early"
+    args = sweep_args(w, out)
+    args[args.index(option) + 1 if option in args else len(args) :] = (
+        [value, *args[args.index(option) + 2 :]] if option in args else [option, value]
+    )
+    assert main(args) == 2
+    assert said in one_error(capsys)
+    assert not out.exists()  # no run marker, no candidate
+
+
+def test_a_budget_that_is_no_finite_ratio_says_what_to_give(w, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(sweep_args(w, tmp_path / "inf", "--budget", "inf"))
+    assert "finite number >= 1" in one_error(capsys)

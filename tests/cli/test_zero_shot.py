@@ -119,7 +119,8 @@ def siglip_dir(tmp_path_factory, request):
         Siglip2ImageProcessor(patch_size=4, max_num_patches=4).save_pretrained(root / "model")
     rng = np.random.default_rng(1)
     width = 8 if request.param == 1 else 12
-    np.savez(root / "id.npz", x=rng.integers(0, 256, (12, 8, width), dtype=np.uint8), y=np.arange(12) % 2)
+    labels = np.arange(12) // 2 % 2  # cat, cat, dog, dog, ...: both classes among every second input
+    np.savez(root / "id.npz", x=rng.integers(0, 256, (12, 8, width), dtype=np.uint8), y=labels)
     np.savez(
         root / "ood.npz", x=rng.integers(0, 256, (6, 8, width), dtype=np.uint8), y=np.zeros(6, dtype=int)
     )

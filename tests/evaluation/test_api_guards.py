@@ -128,7 +128,7 @@ def test_build_hydra_checks_its_batches_before_any_work():
     floats = {**labelled(inputs), "input_ids": inputs["input_ids"].float()}
     with pytest.raises(he.InputError, match="input_ids in train must be an integer tensor"):
         he.build_hydra(model, [floats], [labelled(inputs)], config=he.BuildConfig(num_pruned=1))
-    narrow = {**inputs, "labels": labelled(inputs)["labels"].to(torch.int8)}  # any integer width
+    narrow = {**inputs, "labels": torch.tensor([0, 1, 2, 0], dtype=torch.int8)}  # any integer width
     built = he.build_hydra(
         model, None, [narrow], config=he.BuildConfig(num_pruned=1, num_members=2), progress=False
     )
@@ -153,3 +153,59 @@ def test_logits_that_overflow_name_the_model_and_the_cause():
     message = r"BertForSequenceClassification's logits are not finite .* 3e\+38"
     with pytest.raises(he.InputError, match=message):
         predict(model, [text_inputs(batch=4, tokens=5)], progress=False)
+
+
+def test_validation_data_of_one_class_fit_no_temperature():
+    """With every input of one class the NLL falls without bound as the temperature runs off (a
+    temperature of millions that turns every probability into 1/C): refused, naming the class."""
+    from hydra_ensembles.evaluation import Calibration, CalibrationConfig
+    from hydra_ensembles.evaluation.calibration import check_calibration_data
+
+    one_class = Predictions(np.random.default_rng(0).normal(size=(2, 40, 3)), np.zeros(40, int))
+    for fit in (lambda: fit_temperature(one_class), lambda: Calibration.fit(one_class)):
+        with pytest.raises(ValueError, match="of one class"):
+            fit()
+    with pytest.raises(ValueError, match="of one class"):  # one input is one class too
+        Calibration.fit(Predictions(np.zeros((2, 1, 3)), np.array([1])))
+    with pytest.raises(ValueError, match="at least 2 labelled validation inputs"):
+        check_calibration_data(np.array([1]), CalibrationConfig(set_method="lac"))
+    with pytest.raises(ValueError, match=r"of one class \(.sport.\)"):
+        check_calibration_data([{"labels": torch.ones(5, dtype=torch.long)}], CalibrationConfig(), _named())
+
+
+def _named():
+    model = tiny_bert(labels=2)
+    model.config.id2label, model.config.label2id = {0: "money", 1: "sport"}, {"money": 0, "sport": 1}
+    return model
+
+
+def test_per_class_sets_need_every_class_among_the_inputs_that_fit_them():
+    """A class absent from the odd inputs (those that fit the sets) would be in every set."""
+    from hydra_ensembles.evaluation import Calibration, CalibrationConfig
+    from hydra_ensembles.evaluation.calibration import check_calibration_data
+
+    labels = np.array([1] + [0] * 19)  # 'sport' at an even position only
+    config = CalibrationConfig(set_method="lac", set_classwise=True)
+    with pytest.raises(ValueError, match="none of 'sport'"):
+        check_calibration_data(labels, config, _named())
+    with pytest.raises(ValueError, match="Mondrian"):
+        Calibration.fit(Predictions(np.random.default_rng(0).normal(size=(1, 20, 2)), labels), config)
+    check_calibration_data(np.array([0, 0, 1, 1] * 5), config, _named())  # every class in both halves
+    check_calibration_data(labels, config.replace(set_classwise=False), _named())
+
+
+def test_nan_logits_are_named_as_the_cause_not_as_a_temperature():
+    logits = np.random.default_rng(0).normal(size=(2, 10, 3))
+    logits[1, 4, 2] = np.nan
+    with pytest.raises(ValueError, match=r"NaN or Inf on validation input 4 \(member 1\)"):
+        he.evaluation.Calibration.fit(Predictions(logits, np.arange(10) % 3))
+
+
+def test_features_too_wide_for_memory_are_refused_before_allocating(monkeypatch):
+    from hydra_ensembles.ood import detectors
+
+    monkeypatch.setattr(detectors, "_available_memory", lambda: 2**30)
+    wide = np.zeros((1, 4, 30_000), np.float32)
+    with pytest.raises(ValueError, match=r"30000 wide need 26\.8 GiB .* 1\.0 GiB are available"):
+        detectors.FeatureStatistics.fit(wide, np.array([0, 1, 0, 1]), 2, scores=("mds",))
+    detectors.check_fit_memory(30_000, available=2**40)  # enough memory: fit

@@ -182,9 +182,8 @@ def test_an_int8_graph_that_changes_predictions_is_refused_and_nothing_written(s
 
 
 def test_the_cli_quantizes_with_validation_data_and_says_what_changed(saved, tmp_path, capsys):
-    rows = [
-        f"{word} {i},{label}" for i in range(20) for word, label in (("goal", "sport"), ("bank", "money"))
-    ]
+    pairs = (("goal", "sport"), ("goal", "sport"), ("bank", "money"), ("bank", "money"))
+    rows = [f"{word} {i}{k},{label}" for i in range(10) for k, (word, label) in enumerate(pairs)]
     (tmp_path / "val.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     argv = ["export", str(saved["calibrated"]), "--format", "onnx", "--out", str(tmp_path / "q")]
     assert main([*argv, "--quantize", "int8"]) == 2

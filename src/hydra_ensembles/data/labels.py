@@ -130,8 +130,17 @@ def model_class_names(model: nn.Module | Sequence[nn.Module]) -> list[str] | Non
     none take class ids and follow the others' names."""
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         named = [n for n in (model_class_names(m) for m in model) if n is not None]
-        if any(n != named[0] for n in named):
-            raise InputError(f"the models name different classes: {named}")
+        for other in named[1:]:
+            if other != named[0]:
+                how = (
+                    "the same classes in another order"
+                    if sorted(other) == sorted(named[0])
+                    else "different classes"
+                )
+                raise InputError(
+                    f"the models name {how}: {named[0]} and {other}: compared or ensembled models must "
+                    "predict the same classes in the same order"
+                )
         return named[0] if named else None
     id2label = getattr(model.config, "id2label", None) or {}
     names = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
@@ -145,9 +154,22 @@ def num_model_labels(model: nn.Module | Sequence[nn.Module]) -> int:
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         counts = {num_model_labels(m) for m in model}
         if len(counts) != 1:
-            raise InputError(f"the ensemble's models have different numbers of classes: {sorted(counts)}")
+            raise InputError(
+                f"the models have different numbers of classes ({sorted(counts)}): compared or ensembled "
+                "models must predict the same classes"
+            )
         return counts.pop()
     return int(model.config.num_labels)
+
+
+def check_same_classes(models: Sequence[nn.Module]) -> None:
+    """The one rule for models compared with each other (eval's methods, a sweep's candidates and
+    the models it compares), whose measures read one labelling of the data: the same number of
+    classes, and the same class names in the same order wherever models name them (a model
+    naming none takes class ids and follows the others: `model_class_names`); InputError naming
+    the classes otherwise."""
+    num_model_labels(models)
+    model_class_names(models)
 
 
 def align_labels(dataset: D, model_names: list[str] | None, num_labels: int, source: str) -> D:

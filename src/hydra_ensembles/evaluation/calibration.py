@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics as M
+from ..data.labels import model_class_names, num_model_labels
 from ..errors import InputError
 from ..hashing import json_digest
 from ..ood.detectors import FeatureStatistics
@@ -47,7 +48,7 @@ from .conformal import (
 )
 from .evaluate import applicable_scores, ood_score_names, ood_scores
 from .predict import Predictions
-from .temperature import fit_temperature
+from .temperature import check_temperature_data, fit_temperature
 from .uncertainty import per_example
 
 RECORD_DIGEST = "record_sha256"
@@ -218,12 +219,11 @@ class Calibration:
         the flag score's values on ``id_validation`` where computed elsewhere (an exported graph's
         ``ood_score``); the flag is then fit on them."""
         config = CalibrationConfig.merged(config, settings)
-        if id_scores is not None and config.score == AUTO_SCORE:
-            raise InputError("id_scores are the values of one named score: name it, not 'auto'")
-        n = len(id_validation.class_labels("ID validation predictions"))
-        temperature_on, sets_on = (id_validation, None)
-        if config.set_method:  # half the inputs fit the temperature, the other half the sets
-            temperature_on, sets_on = split_for_sets(id_validation)
+        n = _checked_fit(id_validation, config, id_scores)
+        # with sets, half the inputs fit the temperature, the other half the sets
+        temperature_on, sets_on = (
+            split_for_sets(id_validation) if config.set_method else (id_validation, None)
+        )
         temperature = float(fit_temperature(temperature_on))
         score = config.score
         if score == AUTO_SCORE:
@@ -297,6 +297,16 @@ class Calibration:
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; InputError naming what is wrong or missing."""
         return _calibration_from_dict(saved)
+
+
+def _checked_fit(id_validation: Predictions, config: CalibrationConfig, id_scores: Any) -> int:
+    """The number of ID validation inputs `Calibration.fit` fits on, checked against ``config``
+    (`check_calibration_data`) and ``id_scores`` (the values of one named score)."""
+    if id_scores is not None and config.score == AUTO_SCORE:
+        raise InputError("id_scores are the values of one named score: name it, not 'auto'")
+    labels = id_validation.class_labels("ID validation predictions")
+    check_calibration_data(labels, config, classes=id_validation.num_classes)
+    return len(labels)
 
 
 def _fit_flag(id_scores: np.ndarray, keep: float, flag_method: str) -> dict[str, Any]:
@@ -432,16 +442,40 @@ def _calibration_from_dict(saved: Any) -> Calibration:
         raise InputError(f"a saved calibration is malformed: {exc}") from None
 
 
-def check_calibration_size(batches: Sequence[dict[str, Any]], set_method: str = "") -> None:
-    """Refuse, before any work, labelled validation batches too few for the calibration they are
-    to fit: prediction sets (``set_method``) need at least two inputs (the even ones fit the
-    temperature, the odd ones the sets: `split_for_sets`)."""
-    inputs = sum(len(batch["labels"]) for batch in batches if "labels" in batch)
-    if set_method and inputs < 2:
+def check_calibration_data(
+    validation: Sequence[dict[str, Any]] | Any, config: CalibrationConfig, model: Any = None, classes: int = 0
+) -> None:
+    """Refuse, before any work, labelled ID validation data (batches, or their labels) that cannot
+    fit ``config``'s calibration: prediction sets need at least two inputs (the even ones fit the
+    temperature, the odd ones the sets: `split_for_sets`); the temperature needs inputs of at
+    least two classes among those that fit it (`check_temperature_data`); per-class (Mondrian)
+    sets need inputs of every class of ``model`` among those that fit the sets, since a class
+    absent there would be in every set. ``model``: the classifier to be calibrated (its classes),
+    or ``classes``: their number (neither: those the labels show)."""
+    if isinstance(validation, Sequence) and validation and isinstance(validation[0], dict):
+        labels = np.concatenate(
+            [np.asarray(b["labels"]).reshape(-1) for b in validation if "labels" in b] or [[]]
+        )
+    else:
+        labels = np.asarray(validation).reshape(-1)
+    labels = labels.astype(np.int64)
+    if config.set_method and len(labels) < 2:
         raise InputError(
             f"prediction sets need at least 2 labelled validation inputs (one half fits the temperature, "
-            f"the other the sets), got {inputs}: give more validation data, or no sets"
+            f"the other the sets), got {len(labels)}: give more validation data, or no sets"
         )
+    names = model_class_names(model) if model is not None else None
+    check_temperature_data(labels[0::2] if config.set_method else labels, classes=names)
+    if config.set_method and config.set_classwise:
+        classes = num_model_labels(model) if model is not None else classes or int(labels.max()) + 1
+        absent = sorted(set(range(classes)) - set(labels[1::2].tolist()))
+        if absent:
+            named = ", ".join(repr(names[c]) if names else str(c) for c in absent)
+            raise InputError(
+                f"per-class (Mondrian) prediction sets need validation inputs of every class among those "
+                f"that fit the sets (every second input), and there are none of {named}: every set would "
+                "hold that class; give validation data of every class, or sets over all classes"
+            )
 
 
 def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions]:

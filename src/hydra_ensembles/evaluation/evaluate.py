@@ -11,7 +11,7 @@ import numpy as np
 from .. import metrics as M
 from ..errors import InputError
 from ..ood.detectors import FEATURE_SCORES, FeatureStatistics, check_scores
-from ..ood.registry import LogitView, feature_scores, logit_score, logit_scores, reads_layers
+from ..ood.registry import LogitView, feature_score, feature_scores, logit_score, logit_scores, reads_layers
 from .predict import Predictions
 
 LOGIT_SCORES = logit_scores()
@@ -25,6 +25,20 @@ training data. `ood_score_names` adds every feature score registered since (`ood
 def ood_score_names() -> tuple[str, ...]:
     """Every OOD score: every registered logit score, then every registered feature score."""
     return (*logit_scores(), *feature_scores())
+
+
+def check_flag_score(score: str, members: int, model: str = "this model") -> None:
+    """InputError, before any work, where ``score`` cannot flag a model of ``members`` members: a
+    score of the members' disagreement (registered ``ensemble_only``: mutual information,
+    ``mds_disagreement``) for a single model. ``model`` names the model in the message."""
+    registered = logit_score(score) if score in logit_scores() else None
+    if score in feature_scores():
+        registered = feature_score(score)
+    if registered is not None and registered.ensemble_only and members < 2:
+        raise InputError(
+            f"the OOD score {score!r} measures the members' disagreement: {model} is a single model and "
+            "has none; choose another --flag-score (or auto)"
+        )
 
 
 Kind = Literal["near", "far"]

@@ -8,10 +8,13 @@ each on that member's own NLL.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..errors import InputError
 from ..outputs import ensemble_nll
 from .predict import Predictions
 
@@ -34,9 +37,39 @@ def _fit(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float(log_t.exp().item())
 
 
+def check_temperature_data(labels: Any, logits: Any = None, classes: Sequence[str] | None = None) -> None:
+    """Refuse labelled validation data no temperature can be fit on: inputs of fewer than two
+    classes (with every input of one class the NLL falls without bound as the temperature moves
+    towards 0 or infinity, so the fit runs away: a temperature of millions that makes every
+    probability 1/C), and, where given, ``logits`` holding NaN or Inf. ``classes``: the class
+    names, to name the one present."""
+    present = np.unique(np.asarray(labels, dtype=np.int64))
+    if len(present) < 2:
+        only = "none" if not len(present) else repr(_class_name(int(present[0]), classes))
+        raise InputError(
+            f"the labelled validation inputs that fit the temperature are of one class ({only}): a "
+            "temperature (and the calibration) needs inputs of at least two classes (with prediction "
+            "sets, among every second input): give validation data of every class"
+        )
+    if logits is not None:
+        bad = ~np.isfinite(np.asarray(logits, dtype=np.float64)).reshape(*np.shape(logits)[:2], -1).all(-1)
+        if bad.any():
+            member, row = (int(i[0]) for i in np.nonzero(bad))
+            raise InputError(
+                f"the model's logits are NaN or Inf on validation input {row} (member {member}): "
+                "nothing can be calibrated on them; check the model's weights and that input"
+            )
+
+
+def _class_name(index: int, classes: Sequence[str] | None) -> str:
+    return classes[index] if classes is not None and 0 <= index < len(classes) else str(index)
+
+
 def fit_temperature(predictions: Predictions, per_member: bool = False) -> float | np.ndarray:
-    """The temperature(s) minimising validation NLL of ``predictions`` (which need labels)."""
+    """The temperature(s) minimising validation NLL of ``predictions`` (which need labels of at
+    least two classes: `check_temperature_data`)."""
     labels = torch.as_tensor(predictions.class_labels("temperature scaling's labelled validation data"))
+    check_temperature_data(labels.numpy(), predictions.member_logits)
     logits = torch.as_tensor(predictions.member_logits, dtype=torch.float64)
     if len(labels) < MIN_CALIBRATION_SIZE:
         warnings.warn(

@@ -56,6 +56,8 @@ def sample_members(
         else:
             removed = _removed_in_total(rng, ranked, heads, num_pruned, pool_size)
         members.append(HeadSet.without(removed, heads))
+    if shared_layers:
+        members = _share_trunk(members, heads, shared_layers)
     if num_members > 1 and all(hs == members[0] for hs in members[1:]):
         warnings.warn(
             f"the {num_members} members keep the same heads: they are one model, not an ensemble "
@@ -68,7 +70,7 @@ def sample_members(
             "diversity (make the pool larger, or ask for fewer members)",
             stacklevel=2,
         )
-    return _share_trunk(members, heads, shared_layers) if shared_layers else members
+    return members
 
 
 Head = tuple[int, int]
@@ -106,10 +108,20 @@ def _removed_in_total(
     return rng.sample(pool, num_pruned)
 
 
+def check_shared_layers(shared_layers: int, num_layers: int) -> None:
+    """InputError unless a trunk of ``shared_layers`` layers leaves at least one of the model's
+    ``num_layers`` layers where the members differ."""
+    if not 0 <= shared_layers < num_layers:
+        raise InputError(
+            f"shared_layers must be in [0, {num_layers - 1}] (the members differ in at least the last of "
+            f"the model's {num_layers} layers), got {shared_layers}"
+        )
+
+
 def _share_trunk(members: list[HeadSet], heads: list[int], shared_layers: int) -> list[HeadSet]:
-    """Every member with member 0's heads in the first ``shared_layers`` layers."""
-    if not 0 <= shared_layers <= len(heads):
-        raise InputError(f"shared_layers must be in [0, {len(heads)}], got {shared_layers}")
+    """Every member with member 0's heads in the first ``shared_layers`` layers
+    (`check_shared_layers`)."""
+    check_shared_layers(shared_layers, len(heads))
     first = members[0].resolve(heads)
     return [
         HeadSet(

@@ -82,7 +82,40 @@ def _checked_fit_inputs(
         )
     if not np.isfinite(feats).all():
         raise InputError("the training features hold NaN or Inf: the model diverged or overflowed")
+    check_fit_memory(feats.shape[2])
     return feats, y
+
+
+WIDTH_MATRICES = 4
+"""The float64 width x width matrices the fit of one member holds at once at most (the
+covariance, its shrunk copy, its inverse and the solver's workspace)."""
+
+
+def check_fit_memory(width: int, available: int | None = None) -> None:
+    """InputError, before any allocation, where the width x width float64 matrices a feature
+    score's fit holds (`WIDTH_MATRICES` of them) exceed the memory available (``available``
+    bytes; default: what the operating system reports, unchecked where it reports nothing)."""
+    need = WIDTH_MATRICES * width * width * 8
+    if available is None:
+        available = _available_memory()
+    if available is not None and need > available:
+        raise InputError(
+            f"features {width} wide need {need / 2**30:.1f} GiB for their {width} x {width} float64 "
+            f"covariance matrices, and {available / 2**30:.1f} GiB are available: fit the statistics on a "
+            "narrower layer (the model's pooled features), or on a machine with more memory"
+        )
+
+
+def _available_memory() -> int | None:
+    """The bytes of memory the operating system reports available (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @dataclass(frozen=True)

@@ -120,11 +120,7 @@ def claim_run_dir(
     recorded = None if made else _read_marker(path / RUN_MARKER, beside)
     entries = [path / name for name in owned if os.path.lexists(path / name)]
     for entry in entries:
-        if entry.is_symlink():
-            raise OutputError(
-                f"{entry} is a symbolic link, not a folder hydra-ens made: remove it (it may have been "
-                "planted to make this command write elsewhere)"
-            )
+        check_own_tree(entry)
     if recorded != key and entries:
         if not restart:
             raise OutputError(
@@ -141,6 +137,34 @@ def claim_run_dir(
         if fresh and {p.name for p in path.iterdir()} <= {RUN_MARKER}:
             shutil.rmtree(path, ignore_errors=True)
         raise
+
+
+def check_own_tree(path: str | os.PathLike) -> Path:
+    """``path`` and everything under it, links not followed, hold only real folders and regular
+    files, as hydra-ens writes them: OutputError in one line naming the first symbolic link,
+    FIFO, socket or device found, before anything there is read back, kept or removed (whoever
+    can write into an output must not decide, through a link, what a later run reads or
+    publishes from it)."""
+    path = _check_own_entry(Path(path))
+    for top, folders, files in os.walk(path, followlinks=False):  # nothing where path is a file
+        for name in [*folders, *files]:
+            _check_own_entry(Path(top) / name)
+    return path
+
+
+def _check_own_entry(entry: Path) -> Path:
+    try:
+        mode = os.lstat(entry).st_mode
+    except FileNotFoundError:
+        return entry
+    if stat.S_ISLNK(mode):
+        raise OutputError(
+            f"{entry} is a symbolic link, not a folder hydra-ens made: remove it (it may have been "
+            "planted to make this command read or write elsewhere)"
+        )
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise OutputError(f"{entry} is a FIFO, socket or device, not a file hydra-ens wrote: remove it")
+    return entry
 
 
 def recorded_run(path: str | os.PathLike) -> str | None:

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..data.registry import saved_length
 from ..errors import InputError
-from ..evaluation.calibration import check_calibration_size
+from ..evaluation.calibration import check_calibration_data
 from ..layers.attention import member_attention_ops
 from ..loading import load_any, saved_preprocessor
 from ..models import VISION_MODEL_TYPES
@@ -219,7 +219,7 @@ def export_onnx(
     check_replaceable_dir(out)  # never a folder of the user's own files
     wrapped, preprocessor, source = _exported_model(model, preprocessor)
     if quantize is not None and wrapped.calibration is not None:  # before both graphs are run
-        check_calibration_size(validation, wrapped.calibration.set_method)
+        check_calibration_data(validation, wrapped.calibration.config, wrapped)
     _warn_calibration_precision(wrapped, quantize)
     config = _base_config(wrapped)
     vision = config.model_type in VISION_MODEL_TYPES

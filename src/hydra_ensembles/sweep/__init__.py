@@ -3,7 +3,7 @@ cost/quality frontier, and the best one within a latency budget (``hydra-ens swe
 
 from .frontier import choose, frontier, quality_key
 from .grid import SINGLE, Candidate, SweepConfig
-from .run import CHOSEN, CONFIGS, SweepData, SweepResult, model_folder, run_sweep
+from .run import CHOSEN, CONFIGS, SweepData, SweepResult, check_sweep, model_folder, run_sweep
 
 __all__ = [
     "CHOSEN",
@@ -13,6 +13,7 @@ __all__ = [
     "SweepConfig",
     "SweepData",
     "SweepResult",
+    "check_sweep",
     "choose",
     "frontier",
     "model_folder",

@@ -95,9 +95,9 @@ class SweepConfig:
             raise InputError(f"keep_base lists each of False/True at most once, got {self.keep_base}")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise InputError(f"repeats must be a positive whole number, got {self.repeats!r}")
-        if self.budget is not None and not self.budget >= 1:
+        if self.budget is not None and not 1 <= self.budget < float("inf"):
             raise InputError(
-                f"the budget is a latency ratio to the single model, at least 1; got {self.budget}"
+                f"the budget is a latency ratio to the single model, a finite number >= 1; got {self.budget}"
             )
 
     def candidates(self, compared: tuple[str, ...] = ()) -> list[Candidate]:

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -27,17 +28,19 @@ import torch
 from torch import nn
 
 from ..batching import batch_rows, model_inputs, repeat_rows, slice_rows
-from ..build import build_hydra, save_with_preprocessor
+from ..build import build_hydra, sample_head_sets, save_with_preprocessor
 from ..cost import measure, synchronizer
+from ..data.labels import check_same_classes
 from ..errors import InputError
 from ..evaluation import calibrate
-from ..evaluation.evaluate import ood_score_names
+from ..evaluation.calibration import check_calibration_data
+from ..evaluation.evaluate import check_flag_score, ood_score_names
 from ..hashing import fingerprint, json_digest
 from ..loading import load_any
 from ..members.ensemble import as_ensemble
 from ..precision import model_device, resolve_precision
 from ..progress import progress_bar
-from ..saving.files import atomic_write_json
+from ..saving.files import atomic_write_json, check_own_tree
 from .frontier import choose, frontier
 from .grid import SINGLE, Candidate, SweepConfig
 from .measure import differences_from_single, measure_saved, read_held, write_held
@@ -159,8 +162,6 @@ def _quality(run: _Run, candidate: Candidate, made: str) -> dict[str, Any]:
         run.log(f"{candidate.name}: finished earlier, kept")
         return json.loads(done.read_text())
     if not same:
-        if folder.is_symlink():
-            raise InputError(f"{folder} is a symbolic link, not a folder this sweep made: remove it")
         shutil.rmtree(folder, ignore_errors=True)
         atomic_write_json(recorded, {"identity": made})
     if not done.is_file():
@@ -228,6 +229,41 @@ def _cost(
     return cost
 
 
+def check_sweep(
+    model: nn.Module,
+    ranking: Any,
+    data: SweepData,
+    config: SweepConfig,
+    compare: Mapping[str, Any] | None = None,
+) -> list[Candidate]:
+    """``config``'s candidates, each checked against ``model``, ``ranking`` and ``data`` before the
+    first is made (InputError naming what to change): the calibration data
+    (`check_calibration_data`), the flag score for every candidate (the single model's included:
+    `check_flag_score`), every build's members cut from the ranking (`sample_head_sets`), and
+    every compared model's classes (the same as the model's, in its order: `check_same_classes`)."""
+    compare = compare or {}
+    candidates = config.candidates(tuple(compare))
+    check_calibration_data(data.fit, config.calibration, model)
+    score = config.calibration.score
+    for name, other in compare.items():  # measured against labels numbered as the model's
+        members = list(other) if isinstance(other, (list, tuple)) else [other]
+        try:
+            check_same_classes([model, *members])
+        except InputError as exc:
+            raise InputError(f"compare {name}: {exc}") from None
+        check_flag_score(score, as_ensemble(other).num_members, name)
+    check_flag_score(score, 1, f"the sweep's {SINGLE!r} candidate (always measured)")
+    with warnings.catch_warnings():  # said again where the candidate is built
+        warnings.simplefilter("ignore")
+        for candidate in candidates:
+            if candidate.build is not None:
+                try:
+                    sample_head_sets(model, ranking, candidate.build)
+                except InputError as exc:
+                    raise InputError(f"{candidate.name}: {exc}") from None
+    return candidates
+
+
 def run_sweep(
     model: nn.Module,
     ranking: Any,
@@ -247,8 +283,10 @@ def run_sweep(
     ensemble: a list of models, or any model `as_ensemble` takes), e.g. to weigh a deep ensemble
     you trained against the fused models; it must read the inputs ``data`` was made with."""
     out = Path(out)
+    for own in (CONFIGS, CHOSEN):  # nothing is read back or kept through what this run did not make
+        check_own_tree(out / own)
+    candidates = check_sweep(model, ranking, data, config, compare)
     compare = {n: as_ensemble(m) if isinstance(m, (list, tuple)) else m for n, m in (compare or {}).items()}
-    candidates = config.candidates(tuple(compare))
     run = _Run(model, ranking, data, config, out, preprocessor, log, compare)
     base = fingerprint(model)
     rows = [
