@@ -10,6 +10,8 @@ import warnings
 import pytest
 import torch
 
+from tests.precision_use import record_from_environment
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite computes in fp32 on every kind of CPU (AMX, AVX-512 BF16, AVX2-only alike), so its
 # numbers and its time do not depend on the machine; tests of the precision decision unset this.
@@ -26,6 +28,9 @@ os.environ.setdefault(
 # Under pytest-xdist each worker takes its share of the cores (one per worker on two cores).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
+# scripts/test.sh's fp32 pass records which tests compute in the precision, to rerun them in bf16
+# and fp16 (tests/precision_use.py).
+record_from_environment()
 # A background job of a non-interactive shell starts with SIGINT ignored, and so would every
 # child process the tests start: give the suite Python's usual Ctrl-C handling.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

@@ -4,6 +4,7 @@ written (on the real MiniLM-L6)."""
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from hydra_ensembles.loading import load_any
@@ -16,6 +17,7 @@ def _python_blocks(page: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), flags=re.S)
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     readme, api = _python_blocks("README.md"), _python_blocks("docs/python-api.md")
     assert len(readme) == 3 and len(api) == 5, "the Python blocks changed: keep this test in step"

@@ -43,7 +43,10 @@ def w(tmp_path_factory):
 
 def child(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``code`` in a new Python process (after the imports every snippet needs)."""
-    prelude = "import os, signal, sys\nimport torch\nfrom hydra_cli import main\n"
+    prelude = (
+        "import os, signal, sys\nimport torch\nfrom hydra_cli import main\n"
+        "from tests.precision_use import record_from_environment\nrecord_from_environment()\n"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the parent's precision (HYDRA_PRECISION) too
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
@@ -210,7 +213,10 @@ def test_ctrl_c_or_sigterm_ends_with_one_line_saying_how_to_resume(w, sent, code
         circuit.atomic_write_json = write_then_wait
         sys.exit(main({score_args(w, f"{word}.json", f"{word}-ck.json")!r}))
         """
-    prelude = "import os, signal, sys\nimport torch\nfrom hydra_cli import main\n"
+    prelude = (
+        "import os, signal, sys\nimport torch\nfrom hydra_cli import main\n"
+        "from tests.precision_use import record_from_environment\nrecord_from_environment()\n"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the parent's precision (HYDRA_PRECISION) too
     process = subprocess.Popen(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],

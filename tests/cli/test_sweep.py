@@ -117,6 +117,7 @@ def test_the_chosen_configuration_is_saved_whole_and_predicts_as_its_own_folder(
     assert (tmp_path / "chosen.csv").read_text() == (tmp_path / f"{(swept / folder).name}.csv").read_text()
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_a_killed_sweep_resumes_to_the_same_measures(w, tmp_path):
     straight = tmp_path / "straight"  # in a new process too: the same threads as the resumed run's
     done = child(f"sys.exit(main({sweep_args(w, straight)!r}))")

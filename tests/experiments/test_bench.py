@@ -72,6 +72,7 @@ def test_run_bench_reports_every_method(tmp_path):
     assert "| Hydra (fused) |" in bench_report(results, "test machine", "tiny")
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_bench_command(tmp_path, capsys):
     path = tmp_path / "model"
     tiny_bert(layers=2, heads=4).save_pretrained(path)

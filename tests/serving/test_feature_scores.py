@@ -40,7 +40,9 @@ def _train(tokenizer):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Per feature score, a fused model calibrated to flag on it, saved and exported."""
+    """Per feature score, a fused model calibrated to flag on it, saved and exported: made when a
+    test first asks for that score (each worker of a parallel run makes only the scores its tests
+    read)."""
     root = tmp_path_factory.mktemp("feature-scores")
     tokenizer = load_tokenizer()
     base = tiny_text_classifier()
@@ -50,23 +52,27 @@ def built(tmp_path_factory):
             for p in member.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
     folders = {}
-    for score in FEATURE_SCORES:
-        model = he.fuse(members)
-        calibrate(
-            model, validation(tokenizer), score=score, keep=0.8, data="val", precision="fp32", progress=False,
-            id_train=_train(tokenizer), train_data="train",
-        )  # fmt: skip
-        folder = root / score / "hydra"
-        tokenizer.save_pretrained(folder)
-        model.save_pretrained(folder)
-        exported = export_onnx(folder, root / score / "onnx") if score in EXPORTED else None
-        folders[score] = (folder, exported)
-    return folders
+
+    def made(score: str):
+        if score not in folders:
+            model = he.fuse(members)
+            calibrate(
+                model, validation(tokenizer), score=score, keep=0.8, data="val", precision="fp32",
+                progress=False, id_train=_train(tokenizer), train_data="train",
+            )  # fmt: skip
+            folder = root / score / "hydra"
+            tokenizer.save_pretrained(folder)
+            model.save_pretrained(folder)
+            exported = export_onnx(folder, root / score / "onnx") if score in EXPORTED else None
+            folders[score] = (folder, exported)
+        return folders[score]
+
+    return made
 
 
 @pytest.mark.parametrize("score", FEATURE_SCORES)
 def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
-    folder, exported = built[score]
+    folder, exported = built(score)
     model = load_any(str(folder))
     calibration = saved_calibration(model)
     assert calibration.score == score and calibration.statistics is not None
@@ -101,7 +107,7 @@ def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
 
 
 def test_the_statistics_are_refused_when_edited_missing_or_from_other_weights(built, tmp_path):
-    folder, _ = built["mds"]
+    folder, _ = built("mds")
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
     saved = FeatureStatistics.load(copy / STATISTICS_NAME)

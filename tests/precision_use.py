@@ -1,0 +1,77 @@
+"""Which tests compute in the precision `HYDRA_PRECISION` sets: the tests the bf16 and fp16 reruns
+of ``scripts/test.sh`` run again.
+
+A resolved precision reaches the numbers only through `Precision.autocast`, `Precision.reduced`
+and `Precision.dtype` (prediction, training, Taylor scores, circuit extraction, serving, the
+tests that pick a dtype). With ``HYDRA_PRECISION_USES`` naming a folder, every use of one of
+them appends the running test's id to a file of its own process in that folder (child processes
+that a test starts inherit the variable and the test's id and record alike); `recorded` reads
+them back. A test that never uses a resolved precision computes the same in every precision, so
+rerunning it in bf16 and fp16 would only repeat the fp32 pass; one that does is selected with no
+mark to forget.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+USES = "HYDRA_PRECISION_USES"
+"""The folder the uses are recorded in (unset: nothing is recorded)."""
+
+
+def _test_id() -> str | None:
+    """The running test's node id (pytest sets ``PYTEST_CURRENT_TEST`` to "<id> (<stage>)"), or
+    its module's path during a fixture's set-up: a fixture that computes in the precision (a
+    module's built and saved models) feeds every test of the module that uses it."""
+    current = os.environ.get("PYTEST_CURRENT_TEST")
+    if not current:
+        return None
+    test, _, stage = current.rpartition(" (")
+    return test.split("::", 1)[0] if stage.startswith("setup") else test
+
+
+def record_from_environment() -> bool:
+    """Record every use of a resolved precision where `USES` names a folder (True), else nothing."""
+    folder = os.environ.get(USES)
+    if not folder:
+        return False
+    from hydra_ensembles.precision import Precision
+
+    if getattr(Precision, "_uses_recorded", False):
+        return True
+    seen: set[str] = set()
+    log = Path(folder) / f"uses-{os.getpid()}.txt"
+
+    def note() -> None:
+        test = _test_id()
+        if test and test not in seen:
+            seen.add(test)
+            with open(log, "a", encoding="utf-8") as out:
+                out.write(test + "\n")
+
+    def recording(name: str):
+        original = getattr(Precision, name)
+        if isinstance(original, property):
+            return property(lambda self: (note(), original.fget(self))[1])
+        return lambda self, *args, **kwargs: (note(), original(self, *args, **kwargs))[1]
+
+    for name in ("autocast", "reduced", "dtype"):
+        setattr(Precision, name, recording(name))
+    Precision._uses_recorded = True
+    return True
+
+
+def recorded(folder: str | os.PathLike) -> list[str]:
+    """The ids of the tests that used a resolved precision, in the order first seen."""
+    found: dict[str, None] = {}
+    for log in sorted(Path(folder).glob("uses-*.txt")):
+        found.update(dict.fromkeys(log.read_text(encoding="utf-8").splitlines()))
+    modules = {test for test in found if "::" not in test}  # a module's tests run with it
+    return [test for test in found if test and test.split("::", 1)[0] not in modules - {test}]
+
+
+if __name__ == "__main__":  # python -m tests.precision_use FOLDER: the ids, one a line
+    import sys
+
+    print("\n".join(recorded(sys.argv[1])))

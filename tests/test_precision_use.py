@@ -1,0 +1,52 @@
+"""The record of which tests compute in the precision (tests/precision_use.py), which decides
+what the bf16 and fp16 reruns of scripts/test.sh run: a test that computes in the resolved
+precision is recorded (a fixture's set-up: its whole module), one that does not is not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.precision_use import USES, recorded
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import os
+import numpy as np
+from tests.precision_use import record_from_environment
+assert record_from_environment()
+from hydra_ensembles.evaluation import Predictions, fit_temperature, predict
+from tests.factories import labelled, text_inputs, tiny_bert
+
+def test(name):
+    os.environ["PYTEST_CURRENT_TEST"] = name
+
+test("tests/a.py::test_numbers_only (call)")
+fit_temperature(Predictions(np.random.default_rng(0).normal(size=(1, 8, 2)), np.arange(8) % 2))
+test("tests/a.py::test_predicts[bert] (call)")
+predict(tiny_bert(), [labelled(text_inputs())], progress=False)
+test("tests/b.py::test_uses_a_built_model (setup)")
+predict(tiny_bert(), [labelled(text_inputs())], progress=False)
+test("tests/a.py::test_predicts[bert] (teardown)")
+predict(tiny_bert(), [labelled(text_inputs())], progress=False)
+"""
+
+
+def test_tests_computing_in_the_precision_are_recorded_and_others_not(tmp_path):
+    env = {**os.environ, USES: str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert recorded(tmp_path) == ["tests/a.py::test_predicts[bert]", "tests/b.py"]
+
+
+def test_nothing_is_recorded_without_the_folder(tmp_path, monkeypatch):
+    from tests.precision_use import record_from_environment
+
+    monkeypatch.delenv(USES, raising=False)
+    assert not record_from_environment() and recorded(tmp_path) == []
