@@ -45,8 +45,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     results, preds, draws = {}, {}, {}
     for name, group in methods.items():
 
-        def predict_fn(model, batches, split, name=name):
-            return predict(model, batches, f"{name}: {split}", precision=args.precision)
+        def predict_fn(model, batches, split, name=name):  # every layer's token: the layer scores too
+            return predict(model, batches, f"{name}: {split}", precision=args.precision, layers=True)
 
         model = group[0] if len(group) == 1 else group
         data = datasets[signatures[name]]
@@ -55,6 +55,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         rows, _, row_draws = evaluate_method(name, preds[name], bootstrap=args.bootstrap, saved=saved)
         results.update(rows)
         draws.update(row_draws)
+    _warn_calibrated_apart(methods)
     training = _training_line(methods)
     first = next(iter(methods))  # every other method's differences from the first, paired
     add_comparisons(results, draws, [(name, first) for name in results if name != first])
@@ -131,6 +132,33 @@ def _training_line(methods: dict[str, list]) -> str:
         )
         line += " (differs: differences mix method and training)"
     return line
+
+
+def _warn_calibrated_apart(methods: dict[str, list]) -> None:
+    """Warn where the methods' saved calibrations (their "as saved" rows) were fit on different
+    data (ID validation, OOD validation that chose the flag score, training data of the feature
+    statistics, by SHA-256): their served flags then differ by their data too."""
+    import warnings
+
+    from hydra_ensembles.evaluation import saved_calibration
+
+    saved = {n: saved_calibration(g[0]) for n, g in methods.items() if len(g) == 1}
+    fit_on = {
+        name: (c.data_sha256, c.ood_data_sha256, c.statistics_data_sha256)
+        for name, c in saved.items()
+        if c is not None
+    }
+    if len(set(fit_on.values())) > 1:
+        named = "; ".join(
+            f"{name}: validation {saved[name].data or '?'}, OOD validation {saved[name].ood_data or 'none'}, "
+            f"statistics {saved[name].statistics_data or 'none'}"
+            for name in fit_on
+        )
+        warnings.warn(
+            f"the methods' saved calibrations were fit on different data ({named}): their 'as saved' rows "
+            "differ by their calibration data too; calibrate them on the same data (hydra-ens calibrate)",
+            stacklevel=2,
+        )
 
 
 def _ood_option(item: str) -> tuple[str, str, str]:

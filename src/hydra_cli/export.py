@@ -7,7 +7,6 @@ import json
 import sys
 
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.ood.registry import reads_layers
 from hydra_ensembles.serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
 
 from .command import Command
@@ -79,10 +78,6 @@ def _validation(args: argparse.Namespace, preprocessor) -> tuple[list, list | No
     return list(val), None if ood is None else list(ood)
 
 
-INT8_AUROC_DROP = 0.02
-"""A quantized graph's flag this much below the float32 graph's AUROC on --ood-data is warned of."""
-
-
 def _print_parity(parity: dict, score: str) -> None:
     """What quantization changed, in a few lines."""
     print(
@@ -107,17 +102,11 @@ def _print_parity(parity: dict, score: str) -> None:
     if parity.get("ood_auroc_fp32") is not None:
         before, after = parity["ood_auroc_fp32"], parity["ood_auroc_quantized"]
         print(f"flag score AUROC against --ood-data: {before:.4f} (float32), {after:.4f} (int8)")
-        if after < before - INT8_AUROC_DROP:
-            print(
-                f"hydra-ens: warning: the int8 graph's flag ({score}) separates --ood-data much worse "
-                f"than the float32 graph's ({after:.4f} vs {before:.4f}): serve the float32 graph, or "
-                "recalibrate on a score int8 keeps (hydra-ens calibrate --flag-score ...) first",
-                file=sys.stderr,
-            )
-    elif parity.get("flag_rate_fp32") is not None and reads_layers(score):
+    elif parity.get("flag_rate_fp32") is not None:
         print(
-            f"hydra-ens: warning: the flag ({score}) reads every layer's tokens, which int8 activations "
-            "perturb: give --ood-data to see what the int8 graph's flag still separates",
+            f"hydra-ens: warning: without --ood-data nothing measured what int8 did to the flag ({score}); "
+            "on the text benchmark vim kept its AUROC (0.989) and mds_layers fell from 0.993 to 0.807: "
+            "give --ood-data, and an export whose flag loses more than 0.02 AUROC is refused",
             file=sys.stderr,
         )
 
@@ -145,14 +134,16 @@ def _add_export_command(sub) -> argparse.ArgumentParser:
     export.add_argument(
         "--quantize",
         choices=QUANTIZATIONS,
-        help="int8: int8 weights (per output channel) for the matrix products, activations "
-        "quantized at run time; the calibration is fit again on the quantized graph's outputs for "
-        "--val-data, and calibration.json records what changed (docs/serving.md)",
+        help="int8: int8 weights (per output channel) for the matrix products, int8 activations at "
+        "scales fixed on --val-data (a row's record does not depend on its batch); the calibration is "
+        "fit again on the quantized graph's outputs for --val-data, and calibration.json records what "
+        "changed (docs/serving.md)",
     )
     export.add_argument("--val-data", help="labelled ID validation data (with --quantize)")
     export.add_argument(
         "--ood-data",
-        help="unlabelled OOD validation data (with --quantize): the flag score's AUROC, before and after",
+        help="unlabelled OOD validation data (with --quantize): the flag score's AUROC, before and after; "
+        "a flag that loses more than 0.02 of it is refused",
     )
     export.add_argument(
         "--min-agreement",

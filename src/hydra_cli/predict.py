@@ -155,6 +155,8 @@ def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[st
                 f"flagged (Benjamini-Hochberg on the {len(rows)} inputs' conformal p-values of "
                 f"ood_score_{calibration.score}, false discovery rate {args.fdr:g}): {flagged:.1%}"
             )
+            if not flagged:
+                lines.append(_nothing_selected(rows, calibration, args.fdr))
         else:
             lines.append(
                 f"flagged (ood_score_{calibration.score} > {calibration.threshold:.4f}, {how}): {flagged:.1%}"
@@ -162,6 +164,19 @@ def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[st
     if args.labelled:
         lines.append(f"accuracy {sum(r['correct'] for r in rows) / len(rows):.4f}")
     return lines
+
+
+def _nothing_selected(rows: list[dict], calibration, fdr: float) -> str:
+    """Why Benjamini-Hochberg selected nothing: the smallest p-value against what one selection
+    needs, and the smallest a p-value can be with this many calibration inputs."""
+    n, m = len(calibration.calibration_scores), len(rows)
+    smallest = min(r["ood_p_value"] for r in rows)
+    return (
+        f"nothing selected: the smallest p-value is {smallest:.4g}, and one selection needs a p-value "
+        f"<= {fdr:g}/{m} = {fdr / m:.4g} (k of them <= k x {fdr:g}/{m}); with {n} calibration inputs no "
+        f"p-value is below 1/{n + 1} = {1 / (n + 1):.4g}: calibrate on more ID validation data, or flag "
+        "on a score that separates better (docs/ood.md, 'When nothing can be selected')"
+    )
 
 
 def _add_predict_command(sub) -> argparse.ArgumentParser:

@@ -33,7 +33,7 @@ removed with it when a finished sweep is timed and chosen again."""
 WRITTEN = ("configs", "chosen", *PUBLISHED)
 OWNED = (*WRITTEN, FINISHED, RUN_MARKER)
 UNSETTING = (
-    *("out", "overwrite", "repeats", "batch_sizes", "budget"),
+    *("out", "overwrite", "repeats", "batch_sizes", "budget", "prefer"),
     *("members", "num_pruned", "shared_layers", "keep_base", "mlp_keep", "compare"),
 )
 """Options that change no finished candidate's model or measures (what each candidate is made
@@ -146,6 +146,7 @@ def _sweep_config(args: argparse.Namespace, train):
         batch_sizes=args.batch_sizes,
         repeats=args.repeats,
         budget=args.budget,
+        prefer=args.prefer,
     )
 
 
@@ -210,7 +211,7 @@ def _write_results(out, result, config, args: argparse.Namespace) -> None:
         title=f"hydra-ens sweep on {args.val_data}; {machine}",
     )
     atomic_write_records(out / "sweep.csv", rows)
-    atomic_write_text(out / "sweep.md", _markdown(rows, chosen, config, args, machine))
+    atomic_write_text(out / "sweep.md", _markdown(rows, chosen, config, args, machine, result.verdict))
     atomic_write_json(
         out / FINISHED, {"rows": rows, "chosen": chosen, "machine": machine, "budget": config.budget}
     )
@@ -267,7 +268,7 @@ def _difference(row, metric: str) -> str:
     return f"{row[key]:+.3f} [{row[key + '_low']:+.3f}, {row[key + '_high']:+.3f}]"
 
 
-def _markdown(rows, chosen, config, args: argparse.Namespace, machine: str) -> str:
+def _markdown(rows, chosen, config, args: argparse.Namespace, machine: str, verdict: str = "") -> str:
     sizes = sorted(config.batch_sizes)
     lines = [
         "# hydra-ens sweep",
@@ -289,7 +290,9 @@ def _markdown(rows, chosen, config, args: argparse.Namespace, machine: str) -> s
         "",
     ]
     if chosen is not None:
-        lines.append(f"Chosen within {config.budget:g}x: `{rows[chosen]['name']}`, saved to chosen/.")
+        lines.append(
+            f"Chosen within {config.budget:g}x: `{rows[chosen]['name']}`, saved to chosen/ ({verdict})."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -341,8 +344,15 @@ def _add_sweep_command(sub) -> argparse.ArgumentParser:
     sweep.add_argument(
         "--budget",
         type=_ratio,
-        help="save the best configuration whose latency is at most this times the single model's (at the "
-        "largest batch size) to OUT/chosen",
+        help="save to OUT/chosen the best configuration whose latency is at most this times the single "
+        "model's (at the largest batch size) and that is significantly better than it (--prefer), else "
+        "the single model",
+    )
+    sweep.add_argument(
+        "--prefer",
+        choices=("auroc", "nll"),
+        help="the measure a candidate must be significantly better on (paired 95%% interval) to replace "
+        "the single model, while significantly worse on no other (default: auroc with --ood-data, else nll)",
     )
     sweep.add_argument(
         "--out", required=True, help="output directory (configs/, sweep.md, frontier.png, chosen/)"

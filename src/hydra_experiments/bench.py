@@ -368,7 +368,7 @@ def _build_methods(
         names = list(example or {})
         for name in (SINGLE, HYDRA):
             if name in built:
-                fp32, int8 = _onnxruntime_methods(built[name][0], names)
+                fp32, int8 = _onnxruntime_methods(built[name][0], names, example)
                 methods[f"{name}{ORT}"], methods[f"{name}{ORT} int8"] = fp32, int8
                 params[f"{name}{ORT}"] = params[f"{name}{ORT} int8"] = params[name]
     return methods, params
@@ -378,20 +378,24 @@ ORT = " onnxruntime"
 """What the names of the methods run by onnxruntime end in (after the PyTorch method's name)."""
 
 
-def _onnxruntime_methods(model: torch.nn.Module, input_names: list[str]) -> tuple[GraphRun, GraphRun]:
+def _onnxruntime_methods(
+    model: torch.nn.Module, input_names: list[str], example: dict[str, torch.Tensor]
+) -> tuple[GraphRun, GraphRun]:
     """``model`` exported (and checked against PyTorch) and loaded into onnxruntime, as float32
-    and with int8 weights (`serving.quantization.quantize_int8`, as ``export --quantize int8``)."""
+    and int8 (`serving.quantization.quantize_int8`, as ``export --quantize int8``, its activation
+    scales fixed on ``example``)."""
     import json
     import tempfile
 
     from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
-    from hydra_ensembles.serving.quantization import quantize_int8
+    from hydra_ensembles.serving.quantization import graph_feeds, quantize_int8
 
     with tempfile.TemporaryDirectory() as folder:
         written = export_onnx(model, Path(folder) / "onnx", input_names=input_names)
         graph = (written / ONNX_NAME).read_bytes()
         settings = json.loads((written / SIDECAR_NAME).read_text())["onnxruntime"]
-    return GraphRun(graph, settings), GraphRun(quantize_int8(graph), settings)
+    feeds = graph_feeds([{name: example[name].cpu() for name in input_names}], input_names)
+    return GraphRun(graph, settings), GraphRun(quantize_int8(graph, feeds), settings)
 
 
 class GraphRun:

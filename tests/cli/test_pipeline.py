@@ -2,6 +2,7 @@
 
 import csv
 import json
+import warnings
 
 import pytest
 import torch
@@ -291,7 +292,22 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     fdr_rows = list(csv.DictReader(out.open()))
     chosen = benjamini_hochberg([float(r["ood_p_value"]) for r in fdr_rows], 0.2)
     assert [r["flagged"] == "True" for r in fdr_rows] == chosen.tolist()
-    assert "Benjamini-Hochberg on the 10 inputs' conformal p-values" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "Benjamini-Hochberg on the 10 inputs' conformal p-values" in said
+    assert ("nothing selected: the smallest p-value is" in said) == (not chosen.any())
+    strict = tmp_path / "fdr-strict.csv"  # q so small that no p-value of its calibration can reach it
+    args = [
+        "predict",
+        str(built / "hydra"),
+        "--data",
+        str(w / "ood.csv"),
+        "--fdr",
+        "1e-9",
+        "--out",
+        str(strict),
+    ]
+    assert main([*args, *common]) == 0
+    assert "nothing selected" in capsys.readouterr().out
     out = tmp_path / "no-fdr.csv"  # a model without a conformal calibration has no p-values
     args = ["predict", str(built / "members" / "member-0"), *data, "--fdr", "0.1", "--out", str(out), *common]
     assert main(args) == 2 and not out.exists()
@@ -582,4 +598,47 @@ def test_a_flag_on_every_layers_view_is_served_alike_by_predict_the_pipeline_and
         (graph,) = onnxruntime.InferenceSession(str(onnx / "model.onnx")).run(["ood_score"], feed)
         graph_tol = tol + TOLERANCE * max(abs(s) for s in scores)
         assert graph.tolist() == pytest.approx(scores, abs=graph_tol)
+    disagreement = tmp_path / "disagreement"  # calibrate's output, flagging on another layer score
+    args = ["calibrate", str(built / "hydra"), *data[:4], "--flag-score", "mds_disagreement"]
+    assert main([*args, "--out", str(disagreement), *common]) == 0
+    _eval_measures_what_was_saved(w, tmp_path, common, {"tuned": tuned, "hydra": built / "hydra",
+                                                         "disagreement": disagreement})  # fmt: skip
     capsys.readouterr()
+
+
+def _eval_measures_what_was_saved(w, tmp_path, common, folders) -> None:
+    """eval measures each model as it was saved by finetune, build and calibrate, with its layer
+    score (every layer's token is recorded), and offers the layer scores for every method."""
+    methods = [a for name, folder in folders.items() for a in ("--method", f"{name}={folder}")]
+    data = ["--id-data", str(w / "train.csv"), "--train-data", str(w / "train.csv")]
+    data += ["--val-data", str(w / "train.csv"), "--ood", f"recipes={w / 'ood.csv'}:far"]
+    assert main(["eval", *methods, *data, "--out", str(tmp_path / "report"), *common]) == 0
+    results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
+    for name, folder in folders.items():
+        saved = saved_calibration(load_any(str(folder)))
+        assert results[f"{name} (as saved)"]["flag_score"] == saved.score
+        assert "mds_layers" in results[name]["ood"]["recipes"]["scores"]
+
+
+def test_eval_warns_where_the_methods_were_calibrated_on_different_data(monkeypatch):
+    """The "as saved" rows compare served flags: where the calibrations were fit on different data
+    (here one chose its flag score on OOD validation data, the other on none), eval says so."""
+    import types
+
+    from hydra_cli import evaluate
+    from hydra_ensembles import evaluation
+
+    def calibration(ood: str):
+        return types.SimpleNamespace(
+            data="val.csv", data_sha256="a", ood_data=ood, ood_data_sha256=ood and "b",
+            statistics_data="train.csv", statistics_data_sha256="c",
+        )  # fmt: skip
+
+    found = {"single": calibration(""), "hydra": calibration("ood_val.csv")}
+    monkeypatch.setattr(evaluation, "saved_calibration", lambda model: found[model])
+    with pytest.warns(UserWarning, match="fit on different data .*OOD validation ood_val.csv"):
+        evaluate._warn_calibrated_apart({"single": ["single"], "hydra": ["hydra"]})
+    found["single"] = calibration("ood_val.csv")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate._warn_calibrated_apart({"single": ["single"], "hydra": ["hydra"]})

@@ -17,7 +17,7 @@ from hydra_ensembles.errors import InputError
 from hydra_ensembles.evaluation import predict, saved_calibration
 from hydra_ensembles.loading import load_any, load_preprocessor
 from hydra_ensembles.metrics import classification
-from hydra_ensembles.sweep import SINGLE, SweepConfig, choose, frontier
+from hydra_ensembles.sweep import SINGLE, SweepConfig, choose, frontier, verdict
 from tests.cli.test_interruption import child, killed_at_step
 from tests.cli.test_pipeline import _model_and_tokenizer
 
@@ -198,21 +198,40 @@ def test_sweep_config_checks_its_grid_and_leaves_out_what_build_refuses():
             SweepConfig(**{"num_pruned": (4,), **bad})
 
 
+def _row(name, cost, auroc, nll, auroc_ci=(0.0, 0.0), nll_ci=(0.0, 0.0)):
+    """A sweep row with paired 95% intervals of its differences from the single model (row 0)."""
+    out = {"name": name, "latency_ratio": cost, "auroc": auroc, "nll": nll}
+    for metric, (low, high) in (("auroc", auroc_ci), ("nll", nll_ci)):
+        out[f"{metric}_vs_single"], out[f"{metric}_vs_single_low"] = (low + high) / 2, low
+        out[f"{metric}_vs_single_high"] = high
+    return out
+
+
 def test_frontier_and_choice_by_hand():
+    """A candidate replaces the single model only where it is significantly better on the measure
+    preferred and significantly worse on no other; a gain inside the noise keeps the single model."""
     rows = [
-        {"name": "a", "latency_ratio": 1.0, "auroc": 0.90, "nll": 0.30},
-        {"name": "b", "latency_ratio": 1.4, "auroc": 0.93, "nll": 0.25},
-        {"name": "c", "latency_ratio": 1.6, "auroc": 0.92, "nll": 0.20},  # b is cheaper and better
-        {"name": "d", "latency_ratio": 2.5, "auroc": 0.95, "nll": 0.28},
-        {"name": "e", "latency_ratio": 1.4, "auroc": 0.93, "nll": 0.22},  # ties b, lower NLL
+        _row("single", 1.0, 0.90, 0.30),
+        _row("b", 1.4, 0.93, 0.25, (0.01, 0.05), (-0.1, 0.0)),
+        _row("c", 1.6, 0.92, 0.20, (0.01, 0.03), (-0.2, -0.1)),
+        _row("d", 2.5, 0.95, 0.28, (0.02, 0.08), (-0.1, 0.1)),
+        _row("e", 1.4, 0.93, 0.22, (0.01, 0.05), (-0.1, 0.0)),
+        _row("f", 1.1, 0.96, 0.40, (0.03, 0.09), (0.02, 0.2)),
+        _row("g", 1.05, 0.97, 0.29, (-0.01, 0.13), (-0.1, 0.1)),
     ]
-    assert frontier(rows) == [True, True, False, True, True]
-    assert choose(rows, 1.5) == 4 and choose(rows, 1.0) == 0 and choose(rows, 3) == 3
+    assert frontier(rows) == [True, False, False, False, False, False, True]  # g is cheaper and better
+    # f is the best AUROC within 1.5x but significantly worse on NLL; g's gain is noise: e wins
+    assert choose(rows, 1.5) == 4 and choose(rows, 3) == 3
+    assert choose(rows, 1.2) == 0  # only f and g within the budget: the single model is kept
+    assert "the single model is kept" in verdict(rows, 0, 1.2) and "g: flag AUROC" in verdict(rows, 0, 1.2)
+    assert verdict(rows, 4, 1.5).startswith("e is chosen within 1.5x: significantly better")
+    assert choose(rows, 1.5, prefer="nll") == 0 and choose(rows, 2.0, prefer="nll") == 2
     with pytest.raises(InputError, match="raise --budget"):
         choose(rows, 0.9)
-    no_ood = [{**r, "auroc": None} for r in rows]
-    assert choose(no_ood, 2.0) == 2  # without OOD data: the lowest NLL
-    assert frontier(no_ood) == [True, False, True, False, True]
+    no_ood = [{k: v for k, v in r.items() if not k.startswith("auroc")} | {"auroc": None} for r in rows]
+    assert choose(no_ood, 2.0) == 2  # without OOD data: significantly lower NLL
+    with pytest.raises(InputError, match="--ood-data"):
+        choose(no_ood, 2.0, prefer="auroc")
     assert frontier(rows, quality="nll") == frontier(no_ood)  # the NLL panel's frontier, with OOD data
 
 

@@ -155,12 +155,22 @@ def frontier_plot(
 ) -> Path:
     """Each configuration's quality against its cost (``latency_ratio``), one panel per
     (metric key, axis label, which rows are on that metric's frontier) of ``metrics``; the
-    frontier's points joined and ringed, the budget a dashed line, the chosen configuration a star."""
+    frontier's points joined and ringed, the budget a dashed line, the chosen configuration a star;
+    where the rows hold their paired 95% intervals against the single model (``<key>_vs_single_low``
+    and ``_high``), each point carries its interval and the single model's level is a line, so a
+    difference inside the noise shows as one."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.8), squeeze=False)
     costs = np.array([float(r["latency_ratio"]) for r in rows])
     for ax, (key, label, on_frontier) in zip(axes[0], metrics, strict=True):
         values = np.array([np.nan if r.get(key) is None else float(r[key]) for r in rows])
         ax.scatter(costs, values, color="tab:blue", zorder=2)
+        if all(f"{key}_vs_single_low" in r for r in rows):  # the paired 95% interval of each difference
+            below = [r[f"{key}_vs_single"] - r[f"{key}_vs_single_low"] for r in rows]
+            above = [r[f"{key}_vs_single_high"] - r[f"{key}_vs_single"] for r in rows]
+            ax.errorbar(
+                costs, values, yerr=[below, above], fmt="none", ecolor="tab:blue", alpha=0.5, zorder=1
+            )
+            ax.axhline(values[0], color="gray", linewidth=0.8, label="single model")
         front = sorted(i for i, on in enumerate(on_frontier) if on)
         front.sort(key=lambda i: costs[i])
         ax.plot(costs[front], values[front], color="tab:orange", zorder=1, label="frontier")

@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from ..data.registry import saved_length
-from ..errors import InputError
 from ..evaluation.calibration import check_calibration_data
 from ..layers.attention import member_attention_ops
 from ..loading import load_any, saved_preprocessor
@@ -50,7 +49,17 @@ from .onnx_ops import (
     runtime_settings,
     translation_table,
 )
-from .quantization import MIN_AGREEMENT, QUANTIZATIONS, Parity, parity, quantize_int8, refit, run_graph
+from .quantization import (
+    MIN_AGREEMENT,
+    QUANTIZATIONS,
+    ExportError,
+    check_parity,
+    graph_feeds,
+    parity,
+    quantize_int8,
+    refit,
+    run_graph,
+)
 
 ONNX_NAME = "model.onnx"
 SIDECAR_NAME = "calibration.json"
@@ -60,10 +69,6 @@ TOLERANCE = 1e-4
 """The largest difference (fp32) accepted between onnxruntime's outputs and PyTorch's."""
 
 __all__ = ["ONNX_NAME", "OUTPUT_NAMES", "SIDECAR_NAME", "ExportError", "export_onnx"]
-
-
-class ExportError(InputError):
-    """The exported graph cannot be written, or does not compute what the model computes."""
 
 
 class _Graph(nn.Module):
@@ -273,8 +278,9 @@ def _quantized(
 
     validation = list(validation)
     labels = np.concatenate([b["labels"].reshape(-1).numpy() for b in validation]).astype(np.int64)
-    say("quantizing the graph's weights to int8")
-    int8 = quantize_int8(model_bytes)
+    say(f"quantizing the graph to int8 (activation scales from {len(labels)} validation inputs)")
+    feeds = graph_feeds(validation, names)
+    int8 = quantize_int8(model_bytes, feeds)
     say(f"running the float32 and int8 graphs on {len(labels)} validation inputs")
     sessions = [inference_session(m) for m in (model_bytes, int8)]  # float32, int8
     reference, outputs = (run_graph(session, validation, names) for session in sessions)
@@ -287,10 +293,10 @@ def _quantized(
         ood_batches = list(ood_validation)
         ood = tuple(run_graph(session, ood_batches, names) for session in sessions)
     report = parity(reference, outputs, labels, calibration, refitted, ood)
-    _check_parity(report, min_agreement)
+    check_parity(report, min_agreement)
     if refitted is not None and refitted.temperature != calibration.temperature:
         say("exporting and quantizing again with the refit temperature (part of the graph)")
-        int8 = _quantized_again(wrapped, refitted, config, names, vision, opset, example)
+        int8 = _quantized_again(wrapped, refitted, config, names, vision, opset, example, feeds)
         again = run_graph(inference_session(int8), validation[:1], names)["logits_per_member"]
         if not np.array_equal(again, outputs["logits_per_member"][: len(again)]):
             raise ExportError("quantizing the graph again gave other weights: not written")
@@ -298,8 +304,9 @@ def _quantized(
         "model": int8,
         "calibration": None if refitted is None else refitted.to_dict(),
         "report": {
-            "weights": "int8, per output channel, of every float32 matrix product; activations "
-            "quantized at run time (onnxruntime's quantize_dynamic)",
+            "weights": "int8, per output channel, of every float32 matrix product; activations int8 at "
+            "scales fixed on the validation inputs (onnxruntime's static quantization): a row's "
+            "outputs do not depend on its batch",
             "validation": validation_name,
             "parity": report.to_dict(),
             "calibration_fp32": None if calibration is None else calibration.to_dict(),
@@ -307,33 +314,15 @@ def _quantized(
     }
 
 
-def _check_parity(report: Parity, min_agreement: float) -> None:
-    """Warn where the refit int8 flag's held-out rate drifted above what a calibration of that size
-    stays under; ExportError where fewer than ``min_agreement`` of the inputs keep their class."""
-    drifted = report.flag_rate_held_out is not None and report.flag_rate_ceiling is not None
-    if drifted and report.flag_rate_held_out > report.flag_rate_ceiling:
-        warnings.warn(
-            f"the int8 graph's refit flag raised {report.flag_rate_held_out:.1%} of validation inputs it "
-            f"was not fit on, above the {report.flag_rate_ceiling:.1%} a calibration of that size stays "
-            "under for 95% of draws: quantization moved the flag score unevenly; check the parity "
-            "report, or serve the float32 graph",
-            stacklevel=3,
-        )
-    if report.agreement < min_agreement:
-        raise ExportError(
-            f"the int8 graph predicts another class than the float32 graph for {1 - report.agreement:.1%} "
-            f"of the {report.examples} validation inputs (at most {1 - min_agreement:.1%} accepted): not "
-            "written; a lower --min-agreement accepts it"
-        )
-
-
-def _quantized_again(wrapped, calibration, config, names, vision, opset, example) -> bytes:
+def _quantized_again(wrapped, calibration, config, names, vision, opset, example, feeds) -> bytes:
     """The int8 graph exported again with ``calibration`` in it (its temperature is part of the
     graph); the wrapper's own calibration is restored afterwards."""
     saved, wrapped.calibration = wrapped.calibration, calibration
     try:
         graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
-        return quantize_int8(_export(graph, example, names, vision, opset).model_proto.SerializeToString())
+        return quantize_int8(
+            _export(graph, example, names, vision, opset).model_proto.SerializeToString(), feeds
+        )
     finally:
         wrapped.calibration = saved
 

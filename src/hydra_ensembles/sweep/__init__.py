@@ -1,7 +1,7 @@
 """Sweeps: many configurations built, calibrated and measured on the user's own data, their
 cost/quality frontier, and the best one within a latency budget (``hydra-ens sweep``)."""
 
-from .frontier import choose, frontier, quality_key
+from .frontier import choose, frontier, quality_key, significance, verdict
 from .grid import SINGLE, Candidate, SweepConfig
 from .run import CHOSEN, CONFIGS, SweepData, SweepResult, check_sweep, model_folder, run_sweep
 
@@ -19,4 +19,6 @@ __all__ = [
     "model_folder",
     "quality_key",
     "run_sweep",
+    "significance",
+    "verdict",
 ]

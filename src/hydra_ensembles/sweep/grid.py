@@ -82,6 +82,9 @@ class SweepConfig:
     batch_sizes: tuple[int, ...] = (1, 64)
     repeats: int = 5
     budget: float | None = None
+    prefer: str | None = None
+    """The measure a candidate must be significantly better on to replace the single model
+    (``auroc`` or ``nll``; None: the flag's AUROC where OOD validation data measure it, else NLL)."""
 
     def __post_init__(self) -> None:
         _values("members", self.members, 2)
@@ -95,6 +98,8 @@ class SweepConfig:
             raise InputError(f"keep_base lists each of False/True at most once, got {self.keep_base}")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise InputError(f"repeats must be a positive whole number, got {self.repeats!r}")
+        if self.prefer not in (None, "auroc", "nll"):
+            raise InputError(f"prefer is 'auroc' or 'nll' (or None), got {self.prefer!r}")
         if self.budget is not None and not 1 <= self.budget < float("inf"):
             raise InputError(
                 f"the budget is a latency ratio to the single model, a finite number >= 1; got {self.budget}"

@@ -41,7 +41,7 @@ from ..members.ensemble import as_ensemble
 from ..precision import model_device, resolve_precision
 from ..progress import progress_bar
 from ..saving.files import atomic_write_json, check_own_tree
-from .frontier import choose, frontier
+from .frontier import choose, frontier, verdict
 from .grid import SINGLE, Candidate, SweepConfig
 from .measure import differences_from_single, measure_saved, read_held, write_held
 
@@ -81,6 +81,8 @@ class SweepResult:
 
     rows: list[dict[str, Any]]
     chosen: int | None = None
+    verdict: str = ""
+    """With a budget, one line saying what the choice rests on (`frontier.verdict`)."""
 
 
 def model_folder(out: Path, candidate: Candidate) -> Path:
@@ -243,6 +245,8 @@ def check_sweep(
     every compared model's classes (the same as the model's, in its order: `check_same_classes`)."""
     compare = compare or {}
     candidates = config.candidates(tuple(compare))
+    if config.prefer == "auroc" and data.ood_fit is None:
+        raise InputError("--prefer auroc weighs the flag's AUROC: give OOD validation data (--ood-data)")
     check_calibration_data(data.fit, config.calibration, model)
     score = config.calibration.score
     for name, other in compare.items():  # measured against labels numbered as the model's
@@ -300,13 +304,15 @@ def run_sweep(
     _add_differences(rows, out)
     for row, on in zip(rows, frontier(rows), strict=True):
         row["frontier"] = on
-    chosen = None
+    chosen, said = None, ""
     if config.budget is not None:
-        chosen = choose(rows, config.budget)
+        chosen = choose(rows, config.budget, prefer=config.prefer)
+        said = verdict(rows, chosen, config.budget, config.prefer)
+        log(said)
         _save_chosen(model_folder(out, candidates[chosen]), out / CHOSEN, out / CONFIGS)
     elif (out / CHOSEN).is_dir() and not (out / CHOSEN).is_symlink():  # an earlier budget's choice
         shutil.rmtree(out / CHOSEN)
-    return SweepResult(rows, chosen)
+    return SweepResult(rows, chosen, said)
 
 
 def _save_chosen(source: Path, target: Path, staging_in: Path) -> Path:
