@@ -21,14 +21,10 @@ USES = "HYDRA_PRECISION_USES"
 
 
 def _test_id() -> str | None:
-    """The running test's node id (pytest sets ``PYTEST_CURRENT_TEST`` to "<id> (<stage>)"), or
-    its module's path during a fixture's set-up: a fixture that computes in the precision (a
-    module's built and saved models) feeds every test of the module that uses it."""
+    """The running test's node id (pytest sets ``PYTEST_CURRENT_TEST`` to "<id> (<stage>)"): a use
+    while its fixtures are set up counts for it too."""
     current = os.environ.get("PYTEST_CURRENT_TEST")
-    if not current:
-        return None
-    test, _, stage = current.rpartition(" (")
-    return test.split("::", 1)[0] if stage.startswith("setup") else test
+    return current.rpartition(" (")[0] if current else None
 
 
 def record_from_environment() -> bool:
@@ -67,8 +63,7 @@ def recorded(folder: str | os.PathLike) -> list[str]:
     found: dict[str, None] = {}
     for log in sorted(Path(folder).glob("uses-*.txt")):
         found.update(dict.fromkeys(log.read_text(encoding="utf-8").splitlines()))
-    modules = {test for test in found if "::" not in test}  # a module's tests run with it
-    return [test for test in found if test and test.split("::", 1)[0] not in modules - {test}]
+    return [test for test in found if test]
 
 
 if __name__ == "__main__":  # python -m tests.precision_use FOLDER: the ids, one a line

@@ -1,6 +1,6 @@
 """The record of which tests compute in the precision (tests/precision_use.py), which decides
 what the bf16 and fp16 reruns of scripts/test.sh run: a test that computes in the resolved
-precision is recorded (a fixture's set-up: its whole module), one that does not is not."""
+precision (in its call or its fixtures' set-up) is recorded, one that does not is not."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_tests_computing_in_the_precision_are_recorded_and_others_not(tmp_path):
         [sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert recorded(tmp_path) == ["tests/a.py::test_predicts[bert]", "tests/b.py"]
+    assert recorded(tmp_path) == ["tests/a.py::test_predicts[bert]", "tests/b.py::test_uses_a_built_model"]
 
 
 def test_nothing_is_recorded_without_the_folder(tmp_path, monkeypatch):

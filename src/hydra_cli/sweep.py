@@ -296,14 +296,8 @@ def _markdown(rows, chosen, config, args: argparse.Namespace, machine: str, verd
     return "\n".join(lines) + "\n"
 
 
-def _add_sweep_command(sub) -> argparse.ArgumentParser:
-    sweep = sub.add_parser(
-        "sweep",
-        help="many Hydra configurations beside the single model on your data: cost/quality frontier, "
-        "and the best within a latency budget",
-    )
-    sweep.add_argument("model", help="the model the ranking was computed on (the single model)")
-    sweep.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
+def _grid_options(sweep: argparse.ArgumentParser) -> None:
+    """The grid's options: every combination is one candidate build."""
     sweep.add_argument("--members", type=int_list(2), default=(2, 3), help="members, e.g. 2,3 (default: 2,3)")
     sweep.add_argument(
         "--num-pruned", type=int_list(1), required=True, help="heads each member prunes, e.g. 4,8"
@@ -320,6 +314,17 @@ def _add_sweep_command(sub) -> argparse.ArgumentParser:
         default=(1.0,),
         help="shares of each layer's MLP neurons the members keep, to try, e.g. 1,0.5 (default: 1)",
     )
+
+
+def _add_sweep_command(sub) -> argparse.ArgumentParser:
+    sweep = sub.add_parser(
+        "sweep",
+        help="many Hydra configurations beside the single model on your data: cost/quality frontier, "
+        "and the best within a latency budget",
+    )
+    sweep.add_argument("model", help="the model the ranking was computed on (the single model)")
+    sweep.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
+    _grid_options(sweep)
     member_training_options(sweep)
     sweep.add_argument(
         "--compare",

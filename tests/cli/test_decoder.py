@@ -57,7 +57,8 @@ def workspace(tmp_path_factory):
     return root
 
 
-def test_score_build_eval_predict(workspace, capsys):
+def test_score_build_eval_predict_in_fp32(workspace, capsys, monkeypatch):
+    monkeypatch.setenv("HYDRA_PRECISION", "fp32")  # predict's records against the model run by hand in fp32
     w, common = workspace, ["--batch-size", "8", "--max-length", "12"]
     data = ["--data", str(w / "train.csv")]
     args = ["score", str(w / "model"), "--method", "taylor", "--heads-per-layer", "2", *data]

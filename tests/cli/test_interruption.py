@@ -64,6 +64,7 @@ def score_args(w: Path, out: str, checkpoint: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_circuit_extraction_killed_then_resumed_gives_the_same_order(w):
     assert main(score_args(w, "straight.json", "straight-ck.json")) == 0
     killed = child(

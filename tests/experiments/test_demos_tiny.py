@@ -53,6 +53,7 @@ def _check_precision_rows(report: str, results: dict, fp32_row: bool) -> None:
         assert 0 <= acc <= 1 and method["classification"]["nll"] == method["classification"]["nll"], name
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_text_demo_on_a_tiny_model_with_every_opt_in_row(tmp_path, tiny):
     config = DemoConfig(
         model=tiny,
@@ -114,6 +115,7 @@ def test_zero_shot_demo_on_a_tiny_encoder(tmp_path, tiny):
     _check_precision_rows(report, result["results"], fp32_row=False)
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_image_demo_on_a_tiny_vit_with_every_opt_in_row(tmp_path, monkeypatch, capsys):
     """The image demo's from-scratch path (the small-ViT model; Packed-Ensembles and MIMO from
     scratch, BatchEnsemble, Wanda; the shifted and OOD image sets) on a 2-layer ViT of 4 heads."""

@@ -1,8 +1,11 @@
 """The embedded benchmarks: deterministic, disjoint splits and the documented OOD roles."""
 
+import pytest
+
 from hydra_experiments.tasks import NEAR_CLASSES, load_image_task, load_task
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_image_task_splits_are_disjoint_deterministic_and_hold_out_near_classes():
     limits = {"train_limit": 300, "val_limit": 50, "test_limit": 80, "ood_limit": 20, "shift_limit": 5}
     task = load_image_task(**limits)

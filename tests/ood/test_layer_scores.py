@@ -239,7 +239,7 @@ def _draw(rng, n, classes=3, members=2, layers=3, width=4):
 
 
 @pytest.mark.parametrize("score", ["mds_layers", "mds_disagreement"])
-@pytest.mark.parametrize(("n", "keep"), [(49, 0.9), (99, 0.95)])
+@pytest.mark.parametrize(("n", "keep"), [(99, 0.95), pytest.param(49, 0.9, marks=pytest.mark.slow)])
 def test_a_flag_on_every_layers_view_keeps_its_id_false_alarm_bound(n, keep, score):
     """Each combination is a fixed function of each input's own features (fit on ID training data
     only), so the conformal threshold on n ID validation scores flags fresh ID inputs at

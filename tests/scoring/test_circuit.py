@@ -51,6 +51,7 @@ def test_fast_equals_reference_vit_with_layer_minimum():
     assert all(len(k) >= 1 for k in fast.head_set().resolve([4, 4]))
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_fast_equals_reference_on_real_minilm(minilm, minilm_inputs):
     from hydra_ensembles.models import load_tokenizer
 

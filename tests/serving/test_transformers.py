@@ -37,7 +37,8 @@ def _inputs(folder, texts=TEXTS):
 
 
 @pytest.mark.parametrize("kind", ["calibrated", "fused", "member", "ensemble"])
-def test_auto_model_gives_the_calibrated_ensemble_probabilities(saved, kind):
+def test_auto_model_gives_the_calibrated_ensemble_probabilities_in_fp32(saved, kind, monkeypatch):
+    monkeypatch.setenv("HYDRA_PRECISION", "fp32")  # compared with fp32 computations by hand
     folder = saved[kind]
     assert AutoConfig.from_pretrained(folder).model_type == "hydra-ensembles"
     model = AutoModelForSequenceClassification.from_pretrained(folder)
@@ -61,7 +62,8 @@ def test_auto_model_gives_the_calibrated_ensemble_probabilities(saved, kind):
     assert out.logits_per_member.shape == (len(TEXTS), members, len(CLASSES))
 
 
-def test_the_fused_model_served_equals_its_members_run_one_by_one(saved):
+def test_the_fused_model_served_equals_its_members_run_one_by_one_in_fp32(saved, monkeypatch):
+    monkeypatch.setenv("HYDRA_PRECISION", "fp32")  # compared with fp32 computations by hand
     model = AutoModelForSequenceClassification.from_pretrained(saved["calibrated"])
     ensemble = load_any(str(saved["ensemble"]))  # the same pruned members, unfused
     x = _inputs(saved["calibrated"])
@@ -186,7 +188,8 @@ def test_a_low_precision_load_keeps_the_calibration_and_stays_within_rounding(sa
     assert all("flagged" in r for r in records)
 
 
-def test_image_pipelines_serve_a_fused_vision_model(tmp_path):
+def test_image_pipelines_serve_a_fused_vision_model_in_fp32(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_PRECISION", "fp32")  # compared with fp32 computations by hand
     base = tiny_image_classifier()
     hydra = he.fuse(base, list(HEAD_SETS))
     ViTImageProcessor(size={"height": 8, "width": 8}).save_pretrained(tmp_path)
