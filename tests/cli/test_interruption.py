@@ -46,6 +46,8 @@ def child(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
     prelude = (
         "import os, signal, sys\nimport torch\nfrom hydra_cli import main\n"
         "from tests.precision_use import record_from_environment\nrecord_from_environment()\n"
+        # the parent's threads: results compared with the parent's are reduced in the same order
+        f"torch.set_num_threads({torch.get_num_threads()})\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the parent's precision (HYDRA_PRECISION) too
     return subprocess.run(
@@ -217,6 +219,8 @@ def test_ctrl_c_or_sigterm_ends_with_one_line_saying_how_to_resume(w, sent, code
     prelude = (
         "import os, signal, sys\nimport torch\nfrom hydra_cli import main\n"
         "from tests.precision_use import record_from_environment\nrecord_from_environment()\n"
+        # the parent's threads: results compared with the parent's are reduced in the same order
+        f"torch.set_num_threads({torch.get_num_threads()})\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the parent's precision (HYDRA_PRECISION) too
     process = subprocess.Popen(
