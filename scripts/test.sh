@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests: set up the environment, lint, run the test suite in fp32 (slow tests excluded; `-m slow`
 # runs them), then run again in bf16 and in fp16 every test that computed in the resolved
-# precision during the fp32 pass, in its call or its fixtures' set-up (recorded by
+# precision during the fp32 pass, in its call or, resolved by auto, its fixtures' set-up (recorded by
 # tests/precision_use.py: prediction, training, scoring, serving), except tests of pretrained
 # checkpoints, tests that name their precision and so ran in the fp32 pass already, and the tests
 # that compare one process with two. The tests run on every core (pytest-xdist,

@@ -20,11 +20,18 @@ USES = "HYDRA_PRECISION_USES"
 """The folder the uses are recorded in (unset: nothing is recorded)."""
 
 
-def _test_id() -> str | None:
-    """The running test's node id (pytest sets ``PYTEST_CURRENT_TEST`` to "<id> (<stage>)"): a use
-    while its fixtures are set up counts for it too."""
+def _test_id(precision) -> str | None:
+    """The running test's node id (pytest sets ``PYTEST_CURRENT_TEST`` to "<id> (<stage>)"), where
+    ``precision``'s use makes the test depend on `HYDRA_PRECISION`: any use in its call; in its
+    fixtures' set-up, a use of a precision ``auto`` resolved from that variable (a fixture that
+    pins its precision, as the ONNX exports' fp32 checks do, computes alike in every rerun)."""
     current = os.environ.get("PYTEST_CURRENT_TEST")
-    return current.rpartition(" (")[0] if current else None
+    if not current:
+        return None
+    test, _, stage = current.rpartition(" (")
+    if stage.startswith("setup") and not precision.reason.startswith("set by"):
+        return None
+    return test
 
 
 def record_from_environment() -> bool:
@@ -39,8 +46,8 @@ def record_from_environment() -> bool:
     seen: set[str] = set()
     log = Path(folder) / f"uses-{os.getpid()}.txt"
 
-    def note() -> None:
-        test = _test_id()
+    def note(precision) -> None:
+        test = _test_id(precision)
         if test and test not in seen:
             seen.add(test)
             with open(log, "a", encoding="utf-8") as out:
@@ -49,8 +56,8 @@ def record_from_environment() -> bool:
     def recording(name: str):
         original = getattr(Precision, name)
         if isinstance(original, property):
-            return property(lambda self: (note(), original.fget(self))[1])
-        return lambda self, *args, **kwargs: (note(), original(self, *args, **kwargs))[1]
+            return property(lambda self: (note(self), original.fget(self))[1])
+        return lambda self, *args, **kwargs: (note(self), original(self, *args, **kwargs))[1]
 
     for name in ("autocast", "reduced", "dtype"):
         setattr(Precision, name, recording(name))

@@ -1,6 +1,7 @@
 """The record of which tests compute in the precision (tests/precision_use.py), which decides
 what the bf16 and fp16 reruns of scripts/test.sh run: a test that computes in the resolved
-precision (in its call or its fixtures' set-up) is recorded, one that does not is not."""
+precision (in its call, or in its fixtures' set-up where ``auto`` resolved it) is recorded, one
+that does not is not."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ test("tests/a.py::test_predicts[bert] (call)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)
 test("tests/b.py::test_uses_a_built_model (setup)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)
+test("tests/b.py::test_uses_a_pinned_model (setup)")
+predict(tiny_bert(), [labelled(text_inputs())], progress=False, precision="fp32")
 test("tests/a.py::test_predicts[bert] (teardown)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)
 """
