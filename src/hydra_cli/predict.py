@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from hydra_ensembles.errors import InputError
 from hydra_ensembles.evaluation.evaluate import OOD_SCORES
 from hydra_ensembles.ood.detectors import FEATURE_SCORES
 
+from .clock import STARTED
 from .command import Command
 from .common import _data_batches, _load_methods, _say_precision
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _random_head_option
@@ -38,7 +40,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     calibration, val = _calibration(args, model, len(models), val_batches)
     flag_score = _flag_score(args, calibration)
     layers = calibration is not None and calibration.reads_layers
+    started = time.perf_counter()
     preds = predict_any(model, batches, "predict", precision=args.precision, layers=layers)
+    forward = time.perf_counter() - started
     if calibration is not None:
         records = calibration.records(preds, classes)
     else:
@@ -62,7 +66,13 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         for i, record in enumerate(records)
     ]
     atomic_write_records(out, rows)
-    print("\n".join([f"{len(rows)} predictions -> {out}", *summary, *_summary(rows, calibration, args)]))
+    total = time.perf_counter() - STARTED
+    timing = (
+        f"the models' forward passes took {forward:.2f} s of the command's {total:.2f} s (imports included)"
+    )
+    print(
+        "\n".join([f"{len(rows)} predictions -> {out}", *summary, *_summary(rows, calibration, args), timing])
+    )
     return 0
 
 

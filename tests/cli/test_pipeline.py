@@ -294,6 +294,7 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     assert [r["flagged"] == "True" for r in fdr_rows] == chosen.tolist()
     said = capsys.readouterr().out
     assert "Benjamini-Hochberg on the 10 inputs' conformal p-values" in said
+    assert "the models' forward passes took" in said and "s (imports included)" in said
     assert ("nothing selected: the smallest p-value is" in said) == (not chosen.any())
     strict = tmp_path / "fdr-strict.csv"  # q so small that no p-value of its calibration can reach it
     args = [

@@ -222,17 +222,19 @@ def test_a_fused_decoder_llm_exports_with_dynamic_batch_and_length(family, tmp_p
 
 
 def test_rows_pytorch_refuses_give_nan_in_the_graph(exported):
-    """A token id outside the vocabulary (PyTorch raises) or an attention mask of zeros only
-    (nothing to read) gives NaN in every output of that row; the other rows are unaffected."""
+    """A token id outside the vocabulary (PyTorch raises), a token type outside the model's types
+    or an attention mask of zeros only (nothing to read) gives NaN in every output of that row, in
+    the raw session too; the other rows are unaffected."""
     session = onnxruntime.InferenceSession(str(exported["calibrated"] / "model.onnx"))
     inputs = _text_inputs(5, 6, seed=7)
     clean = session.run(["logits", "logits_per_member"], inputs)
     inputs["input_ids"][0, 2] = -3
     inputs["input_ids"][1, 0] = 30522  # MiniLM's vocabulary has 30522 ids: one past the last
     inputs["attention_mask"][2] = 0
+    inputs["token_type_ids"][3, 1] = 2  # BERT's two token types: one past the last
     logits, per_member = session.run(["logits", "logits_per_member"], inputs)
-    assert np.isnan(logits[:3]).all() and np.isnan(per_member[:3]).all()
-    assert np.array_equal(logits[3:], clean[0][3:]) and np.array_equal(per_member[3:], clean[1][3:])
+    assert np.isnan(logits[:4]).all() and np.isnan(per_member[:4]).all()
+    assert np.array_equal(logits[4:], clean[0][4:]) and np.array_equal(per_member[4:], clean[1][4:])
 
 
 def test_the_serving_pages_onnx_example_runs_as_written(saved, exported, tmp_path, monkeypatch):

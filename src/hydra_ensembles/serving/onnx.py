@@ -73,12 +73,15 @@ __all__ = ["ONNX_NAME", "OUTPUT_NAMES", "SIDECAR_NAME", "ExportError", "export_o
 
 class _Graph(nn.Module):
     """The wrapped model's forward with named tensor inputs and a tuple of outputs. A row that
-    PyTorch would refuse or that holds nothing to read (a token id outside the vocabulary, an
-    attention mask of zeros only) gives NaN in every output of that row, never a number."""
+    PyTorch would refuse or that holds nothing to read (a token id outside the vocabulary, a token
+    type outside the model's types, an attention mask of zeros only) gives NaN in every output of
+    that row, never a number, and the batch's other rows their own outputs."""
 
-    def __init__(self, model: HydraPreTrainedModel, input_names: Sequence[str], vocab: int | None) -> None:
+    def __init__(
+        self, model: HydraPreTrainedModel, input_names: Sequence[str], vocab: int | None, types: int | None
+    ) -> None:
         super().__init__()
-        self.model, self.input_names, self.vocab = model, tuple(input_names), vocab
+        self.model, self.input_names, self.vocab, self.types = model, tuple(input_names), vocab, types
         calibration = model.calibration
         self.scored = calibration is not None and calibration.score in feature_scores()
         self.output_names = OUTPUT_NAMES + (SCORE_NAMES if self.scored else ())
@@ -90,6 +93,11 @@ class _Graph(nn.Module):
             ids = inputs["input_ids"]
             valid = ((ids >= 0) & (ids < self.vocab)).all(-1)
             inputs["input_ids"] = ids.clamp(0, self.vocab - 1)  # what is read of a refused row is moot
+        if "token_type_ids" in inputs and self.types:
+            kinds = inputs["token_type_ids"]
+            typed = ((kinds >= 0) & (kinds < self.types)).all(-1)
+            valid = typed if valid is None else valid & typed
+            inputs["token_type_ids"] = kinds.clamp(0, self.types - 1)
         if "attention_mask" in inputs:
             attended = inputs["attention_mask"].sum(-1) > 0
             valid = attended if valid is None else valid & attended
@@ -235,7 +243,7 @@ def export_onnx(
     quantized = None
     with _as_exported(wrapped):
         say("exporting the graph (torch.export, then the ONNX exporter)")
-        graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
+        graph = _Graph(wrapped, names, *_vocabulary(config, vision)).eval()
         program = _export(graph, example, names, vision, opset)
         if check:
             say("running the graph in onnxruntime against PyTorch on several input shapes")
@@ -319,7 +327,7 @@ def _quantized_again(wrapped, calibration, config, names, vision, opset, example
     graph); the wrapper's own calibration is restored afterwards."""
     saved, wrapped.calibration = wrapped.calibration, calibration
     try:
-        graph = _Graph(wrapped, names, _vocabulary(config, vision)).eval()
+        graph = _Graph(wrapped, names, *_vocabulary(config, vision)).eval()
         return quantize_int8(
             _export(graph, example, names, vision, opset).model_proto.SerializeToString(), feeds
         )
@@ -404,13 +412,13 @@ def _input_limits(config: Any, vision: bool) -> dict[str, int | None]:
     }
 
 
-def _vocabulary(config: Any, vision: bool) -> int | None:
-    """The token ids a text model's embeddings hold (None for images)."""
+def _vocabulary(config: Any, vision: bool) -> tuple[int | None, int | None]:
+    """The token ids and token types a text model's embeddings hold (None: none, or images)."""
     if vision:
-        return None
+        return None, None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    size = getattr(text, "vocab_size", None)
-    return int(size) if size else None
+    size, types = getattr(text, "vocab_size", None), getattr(text, "type_vocab_size", None)
+    return (int(size) if size else None), (int(types) if types else None)
 
 
 def _load(folder: Path) -> HydraPreTrainedModel:
@@ -466,15 +474,17 @@ def _example_inputs(config: Any, names: Sequence[str], vision: bool, batch: int,
     return tuple(tensors)
 
 
-def _refused_rows(inputs: tuple, names: Sequence[str], vocab: int | None) -> tuple:
-    """``inputs`` with row 0's attention mask all zeros, row 1 holding the id ``vocab`` and row 2
-    the id -1: rows PyTorch refuses or cannot read."""
+def _refused_rows(inputs: tuple, names: Sequence[str], vocab: int | None, types: int | None) -> tuple:
+    """``inputs`` with row 0's attention mask all zeros, row 1 holding the id ``vocab``, row 2 the
+    id -1 and row 3 the token type ``types``: rows PyTorch refuses or cannot read."""
     tensors = dict(zip(names, (t.clone() for t in inputs), strict=True))
     if "attention_mask" in tensors:
         tensors["attention_mask"][0] = 0
     if "input_ids" in tensors and vocab:
         tensors["input_ids"][1, 0] = vocab
         tensors["input_ids"][2, -1] = -1
+    if "token_type_ids" in tensors and types:
+        tensors["token_type_ids"][3, 0] = types
     return tuple(tensors[n] for n in names)
 
 
@@ -550,7 +560,7 @@ def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vi
         inputs = _example_inputs(config, names, vision, batch, tokens, seed=seed + 1)
         refused = not vision and batch == 4
         if refused:
-            inputs = _refused_rows(inputs, names, graph.vocab)
+            inputs = _refused_rows(inputs, names, graph.vocab, graph.types)
         with torch.no_grad():
             expected = graph(*inputs)
         feed = {n: t.numpy() for n, t in zip(names, inputs, strict=True)}
@@ -563,10 +573,13 @@ def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vi
             ) from exc
         for name, ours, theirs in zip(graph.output_names, expected, got, strict=True):
             theirs = torch.from_numpy(theirs)
-            if not torch.equal(theirs.isnan(), ours.isnan()) or (refused and not theirs[:3].isnan().all()):
+            refused_rows = 4 if graph.types and "token_type_ids" in names else 3  # `_refused_rows`
+            if not torch.equal(theirs.isnan(), ours.isnan()) or (
+                refused and not theirs[:refused_rows].isnan().all()
+            ):
                 raise ExportError(
                     f"the exported graph's {name} is NaN in other rows than PyTorch's (batch {batch}, "
-                    f"{tokens} tokens; rows of zero masks or ids outside the vocabulary): not written"
+                    f"{tokens} tokens; rows of zero masks, ids or types outside the vocabulary): not written"
                 )
             ours, theirs = ours.nan_to_num(), theirs.nan_to_num()
             diff = float((theirs - ours).abs().max())
