@@ -466,6 +466,9 @@ def test_finetune_saves_feature_statistics_that_predict_and_the_pipeline_serve(w
     assert f"level {saved.alpha:.3g}" in said
 
 
+@pytest.mark.parametrize(
+    "workspace", ["bert", pytest.param("distilbert", marks=pytest.mark.slow)], indirect=True
+)
 def test_the_length_a_model_was_fit_at_is_served_with_it(workspace, tmp_path, capsys):
     """finetune --max-length saves the length with the model: predict (no --max-length) and the
     pipeline (no truncation arguments) cut texts to it, so they serve what was calibrated."""

@@ -445,3 +445,15 @@ def test_a_budget_that_is_no_finite_ratio_says_what_to_give(w, tmp_path, capsys)
     with pytest.raises(SystemExit):
         main(sweep_args(w, tmp_path / "inf", "--budget", "inf"))
     assert "finite number >= 1" in one_error(capsys)
+
+
+def test_validation_data_of_one_class_are_refused_before_any_candidate(w, tmp_path, capsys):
+    """One class among the inputs that fit the temperature would give every candidate a runaway
+    temperature (millions: every probability 1/C); refused, naming the class, before any work."""
+    one = tmp_path / "sport-only.csv"
+    one.write_text("text,label\n" + "".join(f"team goal player win {i},1\n" for i in range(20)))
+    out = tmp_path / "one-class"
+    args = sweep_args(w, out)
+    args[args.index("--val-data") + 1] = str(one)
+    assert main(args) == 2
+    assert "of one class" in one_error(capsys) and not out.exists()

@@ -130,6 +130,7 @@ def test_export_refuses_what_it_cannot_write_faithfully(saved, tmp_path):
     assert not (tmp_path / "low").exists()
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_a_calibration_fit_in_another_precision_than_the_graph_is_named(saved, tmp_path):
     """The graph computes in fp32: a calibration fit on bf16 outputs is served off its precision,
     and the export says so (one fit in fp32 exports without a word)."""
@@ -202,7 +203,8 @@ def test_vision_towers_with_a_composite_config_export(family, tmp_path):
         assert np.abs(per_member - expected).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("family", ["llama", pytest.param("qwen3", marks=pytest.mark.slow)])
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_a_fused_decoder_llm_exports_with_dynamic_batch_and_length(family, tmp_path):
     """Grouped-query attention through its key/value index, rotary embeddings, the causal mask and
     the last-token pooling, in one graph: onnxruntime equals PyTorch on right-padded inputs."""

@@ -182,6 +182,7 @@ def test_an_int8_graph_that_changes_predictions_is_refused_and_nothing_written(s
         export_onnx(saved["calibrated"], tmp_path / "q", quantize="int8")
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_the_cli_quantizes_with_validation_data_and_says_what_changed(saved, tmp_path, capsys):
     pairs = (("goal", "sport"), ("goal", "sport"), ("bank", "money"), ("bank", "money"))
     rows = [f"{word} {i}{k},{label}" for i in range(10) for k, (word, label) in enumerate(pairs)]
