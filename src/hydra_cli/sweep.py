@@ -76,11 +76,10 @@ def _halves(spec: str, args: argparse.Namespace, preprocessor, model, labels: bo
     )
 
 
-def _compared(args: argparse.Namespace, preprocessor, model) -> dict:
+def _compared(args: argparse.Namespace, preprocessor) -> dict:
     """``--compare NAME=PATH[,PATH...]``: each named model (several paths: their deep ensemble),
-    refused in one line where it reads its inputs otherwise than the sweep's ``model``, or predicts
-    other classes or the same ones in another order (`data.labels.check_same_classes`, eval's rule)."""
-    from hydra_ensembles.data.labels import check_same_classes
+    refused in one line where it reads its inputs otherwise than the sweep's model (its classes
+    are checked with every other option: `sweep.check_sweep`)."""
     from hydra_ensembles.loading import preprocessing_signature
 
     from .common import _load_methods
@@ -95,10 +94,6 @@ def _compared(args: argparse.Namespace, preprocessor, model) -> dict:
         models, theirs = _load_methods(paths, args)
         if theirs is not None and preprocessing_signature(theirs) != preprocessing_signature(preprocessor):
             raise InputError(f"--compare {name}: its tokenizer or image processor is not the sweep model's")
-        try:
-            check_same_classes([model, *models])
-        except InputError as exc:
-            raise InputError(f"--compare {name}: {exc}") from None
         compared[name] = models if len(models) > 1 else models[0]
     return compared
 
@@ -163,7 +158,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
     model, ranking, preprocessor = start_building(args)
     data = _sweep_data(args, preprocessor, model)
-    compared = _compared(args, preprocessor, model)
+    compared = _compared(args, preprocessor)
     _record_length(model, args)
     config = _sweep_config(args, data.train)
     check_sweep(model, ranking, data, config, compared)  # every option against the model, before any work

@@ -417,8 +417,8 @@ def _vocabulary(config: Any, vision: bool) -> tuple[int | None, int | None]:
     if vision:
         return None, None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    size, types = getattr(text, "vocab_size", None), getattr(text, "type_vocab_size", None)
-    return (int(size) if size else None), (int(types) if types else None)
+    size = getattr(text, "vocab_size", None)
+    return (int(size) if size else None), _input_limits(config, vision)["type_vocab_size"]
 
 
 def _load(folder: Path) -> HydraPreTrainedModel:
@@ -559,6 +559,7 @@ def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vi
     for seed, (batch, tokens) in enumerate(shapes):
         inputs = _example_inputs(config, names, vision, batch, tokens, seed=seed + 1)
         refused = not vision and batch == 4
+        refused_rows = 4 if graph.types and "token_type_ids" in names else 3  # `_refused_rows`
         if refused:
             inputs = _refused_rows(inputs, names, graph.vocab, graph.types)
         with torch.no_grad():
@@ -573,7 +574,6 @@ def _check(program: Any, graph: nn.Module, config: Any, names: Sequence[str], vi
             ) from exc
         for name, ours, theirs in zip(graph.output_names, expected, got, strict=True):
             theirs = torch.from_numpy(theirs)
-            refused_rows = 4 if graph.types and "token_type_ids" in names else 3  # `_refused_rows`
             if not torch.equal(theirs.isnan(), ours.isnan()) or (
                 refused and not theirs[:refused_rows].isnan().all()
             ):

@@ -139,7 +139,8 @@ def quantize_int8(model_bytes: bytes, feeds: Sequence[dict[str, np.ndarray]]) ->
 
 def graph_feeds(batches: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict[str, np.ndarray]]:
     """The graph's inputs ``names`` of each of ``batches``, as onnxruntime takes them."""
-    return [{name: model_inputs(batch)[name].numpy() for name in names} for batch in batches]
+    inputs = (model_inputs(batch) for batch in batches)
+    return [{name: tensors[name].numpy() for name in names} for tensors in inputs]
 
 
 def run_graph(session: Any, batches: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, np.ndarray]:

@@ -254,7 +254,7 @@ def check_sweep(
         try:
             check_same_classes([model, *members])
         except InputError as exc:
-            raise InputError(f"compare {name}: {exc}") from None
+            raise InputError(f"--compare {name}: {exc}") from None
         check_flag_score(score, as_ensemble(other).num_members, name)
     check_flag_score(score, 1, f"the sweep's {SINGLE!r} candidate (always measured)")
     with warnings.catch_warnings():  # said again where the candidate is built
