@@ -38,8 +38,8 @@ from ..ood.registry import feature_scores
 QUANTIZATIONS = ("int8",)
 MAX_AUROC_DROP = 0.02
 """The most the int8 graph's flag may lose of the float32 graph's AUROC against the OOD validation
-data (``--ood-data``) before the export is refused: on the text benchmark, int8 took ``mds_layers``
-from 0.993 to 0.807 while ``vim`` kept 0.989."""
+data (``--ood-data``) before the export is refused (what int8 did to each score on the text
+benchmark: docs/serving.md)."""
 MIN_AGREEMENT = 0.99
 """The default least share of ID validation inputs whose predicted class the quantized graph
 must keep."""
