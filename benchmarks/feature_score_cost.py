@@ -20,7 +20,7 @@ import torch
 import hydra_ensembles as he
 from hydra_ensembles.cost import interleaved_latency
 from hydra_ensembles.models import load_classifier, offline_by_default
-from hydra_ensembles.ood import FEATURE_SCORES, FeatureStatistics
+from hydra_ensembles.ood import FeatureStatistics, feature_scores
 from hydra_ensembles.ood.features import ensemble_heads
 from hydra_ensembles.precision import PRECISIONS, in_precision, resolve_precision
 from hydra_ensembles.runtime import describe_machine
@@ -79,7 +79,7 @@ def main() -> None:
 
         runs = {
             "Hydra, no features": forward,
-            **{f"Hydra + {s}": (lambda s=s: scored(s)) for s in FEATURE_SCORES},
+            **{f"Hydra + {s}": (lambda s=s: scored(s)) for s in feature_scores()},
         }
         rounds = []
         with torch.inference_mode():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from hydra_ensembles.evaluation.evaluate import OOD_SCORES
-
 PREPROCESSOR_HELP = (
     "a model directory or hub id to load the tokenizer (text) or image processor (images) from, "
     "instead of the one saved with the model (build and finetune save it beside every model they write)"
@@ -17,6 +15,29 @@ PRECISION_HELP = (
     "with bf16, else fp16) and fp32 otherwise (e.g. AVX2-only CPUs, where bf16 is emulated and far "
     "slower); fp32, bf16 or fp16 force one. HYDRA_PRECISION=fp32|bf16|fp16 sets what auto picks"
 )
+
+
+def ood_score(text: str) -> str:
+    """``--flag-score``'s value: a score registered when the command runs (`ood.registry`: the
+    built-in ones and those of installed packages)."""
+    from hydra_ensembles.evaluation import ood_score_names
+
+    if text not in ood_score_names():
+        names = ", ".join(ood_score_names())
+        raise argparse.ArgumentTypeError(f"unknown OOD score {text!r}; choose from {names}")
+    return text
+
+
+def ood_score_or_auto(text: str) -> str:
+    """`ood_score`, or ``auto`` (the flag rule of docs/ood.md chooses)."""
+    return text if text == "auto" else ood_score(text)
+
+
+def ood_score_names_help() -> str:
+    """The registered scores, for a help text: the logit scores, then the feature scores."""
+    from hydra_ensembles.ood import feature_scores, logit_scores
+
+    return f"the logit scores {', '.join(logit_scores())}; the feature scores {', '.join(feature_scores())}"
 
 
 def precision_option(parser: argparse.ArgumentParser) -> None:
@@ -148,12 +169,14 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
     ``ood_option``, an ``--ood-data`` option for the flag score's choice)."""
     p.add_argument(
         "--flag-score",
-        choices=("auto", *OOD_SCORES),
+        type=ood_score_or_auto,
+        metavar="SCORE",
         default="auto",
         help=f"OOD score the saved calibration flags on (higher = more likely OOD), its threshold fit "
-        f"on {data}; the feature scores (mds, rmds, mds++, knn, vim) read statistics of the members' "
-        "features on --data. auto: with --ood-data, the score separating it best from the ID "
-        "validation data; without, mds where --data is given, else msp (docs/ood.md)",
+        f"on {data}: {ood_score_names_help()} (these read statistics of the members' features on "
+        "--data), and any an installed package registers (docs/ood.md). auto: with --ood-data, the "
+        "score separating it best from the ID validation data; without, mds where --data is given, "
+        "else msp (docs/ood.md)",
     )
     if ood_option:
         p.add_argument(

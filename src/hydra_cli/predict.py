@@ -7,13 +7,19 @@ import sys
 import time
 
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.evaluation.evaluate import OOD_SCORES
-from hydra_ensembles.ood.detectors import FEATURE_SCORES
+from hydra_ensembles.ood import feature_scores
 
 from .clock import STARTED
 from .command import Command
 from .common import _data_batches, _load_methods, _say_precision
-from .options import PREPROCESSOR_HELP, _data_options, _fraction, _random_head_option
+from .options import (
+    PREPROCESSOR_HELP,
+    _data_options,
+    _fraction,
+    _random_head_option,
+    ood_score,
+    ood_score_names_help,
+)
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -88,7 +94,7 @@ def _flag_score(args: argparse.Namespace, calibration) -> str:
     """The score the records flag on (the calibration's, else ``--flag-score`` or msp); InputError
     where it or ``--fdr`` needs a calibration that is not there."""
     flag_score = calibration.score if calibration is not None else args.flag_score or "msp"
-    if calibration is None and flag_score in FEATURE_SCORES:
+    if calibration is None and flag_score in feature_scores():
         raise InputError(
             f"--flag-score {flag_score} reads the feature statistics of a calibration: give --val-data "
             "for a model saved with them (build or finetune with --data and --val-data)"
@@ -122,7 +128,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
         config = saved.config if saved is not None else CalibrationConfig()  # msp, keep 0.95, no sets
         config = config.replace(**{k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
         check_calibration_data(val_batches, config, model)
-        feature = config.score in FEATURE_SCORES  # only a feature score reads the statistics
+        feature = config.score in feature_scores()  # only a feature score reads the statistics
         calibration, val = fit_calibration(
             model,
             val_batches,
@@ -205,9 +211,11 @@ def _add_predict_command(sub) -> argparse.ArgumentParser:
     )
     pred.add_argument(
         "--flag-score",
-        choices=OOD_SCORES,
-        help="OOD score to flag on, with --val-data (default: the saved calibration's, else msp; a "
-        "feature score needs a model saved with feature statistics)",
+        type=ood_score,
+        metavar="SCORE",
+        help=f"OOD score to flag on, with --val-data (default: the saved calibration's, else msp): "
+        f"{ood_score_names_help()} (these need a model saved with feature statistics), and any an "
+        "installed package registers",
     )
     pred.add_argument(
         "--keep",

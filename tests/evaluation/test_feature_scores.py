@@ -13,7 +13,7 @@ from hydra_ensembles.evaluation import (
     ood_scores,
 )
 from hydra_ensembles.evaluation.calibration import validation_aurocs
-from hydra_ensembles.ood import FEATURE_SCORES, FeatureStatistics
+from hydra_ensembles.ood import FeatureStatistics, feature_scores
 
 
 def _preds(n, shift=0.0, seed=0, labelled=True, members=2):
@@ -41,11 +41,11 @@ def test_the_rule_picks_the_best_validation_auroc_and_mds_without_ood_data():
     }
     chosen = choose_flag_score(val, stats, ood)
     assert aurocs[chosen] == max(aurocs.values())
-    assert chosen in FEATURE_SCORES  # the shift is in the features
+    assert chosen in feature_scores()  # the shift is in the features
     assert choose_flag_score(val, stats) == "mds"  # no OOD validation data: the default
     assert choose_flag_score(val) == "msp"  # no statistics: the logit default
     bare = Predictions(val.member_logits, val.labels)  # no features: logit scores only
-    assert choose_flag_score(bare, stats, Predictions(ood.member_logits)) not in FEATURE_SCORES
+    assert choose_flag_score(bare, stats, Predictions(ood.member_logits)) not in feature_scores()
 
 
 def test_ood_validation_data_that_separates_nothing_chooses_nothing_and_says_so():
@@ -104,4 +104,4 @@ def test_every_score_is_evaluated_with_the_members_spread():
     assert row["auroc"] == row["auroc@mds"] == result["ood_summary"]["mds"]["average"]["auroc"]
     assert main_row(result)["auroc"] == result["ood_summary"]["msp"]["average"]["auroc"]
     no_features = evaluate_predictions(Predictions(test.member_logits, test.labels), ood, statistics=stats)
-    assert not set(no_features["ood_summary"]) & set(FEATURE_SCORES)
+    assert not set(no_features["ood_summary"]) & set(feature_scores())

@@ -9,7 +9,7 @@ import torch
 from scipy.special import logsumexp
 from sklearn.covariance import EmpiricalCovariance, LedoitWolf
 
-from hydra_ensembles.ood import FEATURE_SCORES, FeatureStatistics, vim_dimension
+from hydra_ensembles.ood import FeatureStatistics, feature_scores, vim_dimension
 from hydra_ensembles.ood.registry import reads_layers
 
 
@@ -84,7 +84,7 @@ def test_every_score_matches_its_written_out_definition(seed):
     feats, y, head, queries, logits = _data(seed=seed)
     # every score but those that read every layer's features (tests/ood/test_layer_scores.py)
     assert _check_all(feats, y, 3, head, queries, logits).scores == tuple(
-        s for s in FEATURE_SCORES if not reads_layers(s)
+        s for s in feature_scores() if not reads_layers(s)
     )
 
 

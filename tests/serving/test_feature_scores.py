@@ -18,7 +18,7 @@ import hydra_ensembles as he
 from hydra_ensembles.evaluation import calibrate, predict, saved_calibration
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
-from hydra_ensembles.ood import FEATURE_SCORES, STATISTICS_NAME, FeatureStatistics
+from hydra_ensembles.ood import STATISTICS_NAME, FeatureStatistics, feature_scores
 from hydra_ensembles.serving.onnx import export_onnx
 
 from .conftest import HEAD_SETS, tiny_text_classifier, validation
@@ -76,7 +76,7 @@ keeps the others (ONNX and layer-reading ones among them) to stay under ten minu
 
 
 @pytest.mark.parametrize(
-    "score", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SCORES else s for s in FEATURE_SCORES]
+    "score", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SCORES else s for s in feature_scores()]
 )
 def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
     folder, exported = built(score)

@@ -2,12 +2,11 @@
 
 from .calibration import Calibration, CalibrationConfig, choose_flag_score
 from .evaluate import (
-    LOGIT_SCORES,
-    OOD_SCORES,
     applicable_scores,
     evaluate_predictions,
     main_row,
     member_feature_scores,
+    ood_score_names,
     ood_scores,
     summarise_ood,
 )
@@ -34,9 +33,7 @@ from .uncertainty import flag_threshold, per_example
 
 __all__ = [
     "IMAGE_CORRUPTIONS",
-    "LOGIT_SCORES",
     "MAIN_METRICS",
-    "OOD_SCORES",
     "SEVERITIES",
     "TEXT_CORRUPTIONS",
     "Calibration",
@@ -62,6 +59,7 @@ __all__ = [
     "main_row",
     "member_feature_scores",
     "method_statistics",
+    "ood_score_names",
     "ood_scores",
     "per_example",
     "predict",

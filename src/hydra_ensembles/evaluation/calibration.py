@@ -505,7 +505,7 @@ def choose_flag_score(
 ) -> str:
     """The flag score, by the rule of docs/ood.md: with OOD validation predictions, the score
     (among those the predictions and statistics allow) with the highest AUROC of ID validation
-    against OOD validation, the earlier in `OOD_SCORES` on a tie; without, `DEFAULT_FEATURE_SCORE`
+    against OOD validation, the earlier in `ood_score_names` on a tie; without, `DEFAULT_FEATURE_SCORE`
     where feature statistics were fit, else ``msp``. OOD validation data that no score separates
     from the ID validation data beyond chance (every AUROC within two null standard errors of
     0.5) chooses nothing: the rule without OOD data applies, with a warning saying so. Never give
@@ -537,7 +537,7 @@ def validation_aurocs(
     temperature: float | np.ndarray = 1.0,
 ) -> dict[str, float]:
     """The AUROC of ID validation against OOD validation of every score both allow (what
-    `choose_flag_score` chooses by), in the order of `OOD_SCORES`."""
+    `choose_flag_score` chooses by), in the order of `ood_score_names`."""
     ood_shape, id_shape = ood_validation.member_logits.shape, id_validation.member_logits.shape
     if ood_shape[::2] != id_shape[::2]:
         raise InputError(

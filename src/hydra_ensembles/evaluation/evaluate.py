@@ -10,20 +10,17 @@ import numpy as np
 
 from .. import metrics as M
 from ..errors import InputError
-from ..ood.detectors import FEATURE_SCORES, FeatureStatistics, check_scores
+from ..ood.detectors import FeatureStatistics, check_scores
 from ..ood.registry import LogitView, feature_score, feature_scores, logit_score, logit_scores, reads_layers
 from .predict import Predictions
 
-LOGIT_SCORES = logit_scores()
-"""The built-in scores of the ensemble's (calibrated) probabilities or mean logits
-(`ood.scores`), in their order."""
-OOD_SCORES = (*LOGIT_SCORES, *FEATURE_SCORES)
-"""The built-in OOD scores; the feature scores (`ood.detectors`) read statistics fit on ID
-training data. `ood_score_names` adds every feature score registered since (`ood.registry`)."""
-
 
 def ood_score_names() -> tuple[str, ...]:
-    """Every OOD score: every registered logit score, then every registered feature score."""
+    """Every OOD score, read from the registry when asked (`ood.registry`): every registered
+    logit score, then every registered feature score (which read statistics fit on ID training
+    data), each in the order of registration: the built-in ones (`ood.scores`), then those of
+    installed packages (the ``hydra_ensembles.scores`` entry points) and of the caller's own
+    modules."""
     return (*logit_scores(), *feature_scores())
 
 
@@ -94,7 +91,7 @@ def evaluate_predictions(
     ood: Mapping[str, tuple[Kind, Predictions]] | None = None,
     shift: Mapping[tuple[str, int], Predictions] | None = None,
     temperature: float | np.ndarray = 1.0,
-    scores: tuple[str, ...] = OOD_SCORES,
+    scores: tuple[str, ...] | None = None,
     statistics: FeatureStatistics | None = None,
 ) -> dict[str, Any]:
     """All metrics of one method.
@@ -103,8 +100,10 @@ def evaluate_predictions(
     (corruption, severity) -> labelled predictions; ``statistics``: the method's feature
     statistics (fit on its ID training features), for the feature scores. For an ensemble, each
     OOD set also records every feature score's AUROC member by member (``member_auroc``: the
-    members' spread). Intervals: `evaluation.intervals`.
+    members' spread). ``scores``: the OOD scores to measure (every registered one by default,
+    `ood_score_names`). Intervals: `evaluation.intervals`.
     """
+    scores = ood_score_names() if scores is None else tuple(scores)
     id_labels = id_test.class_labels("ID test predictions")
     _check_same_model(id_test, ood, shift)
     ensemble = id_test.num_members > 1  # diversity (mutual information, disagreement) needs members

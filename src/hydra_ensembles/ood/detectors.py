@@ -50,8 +50,6 @@ from . import scores as _builtin_scores  # noqa: F401  (registers the built-in s
 from .geometry import vim_dimension
 from .registry import FitContext, ScoreContext, feature_score, feature_scores, reads_layers
 
-FEATURE_SCORES = feature_scores()
-"""The built-in feature scores (`ood/scores/`); `registry.feature_scores` lists every registered one."""
 KNN_K = 50
 """Neighbours of the kNN score (OpenOOD's setting; capped at the bank's size)."""
 BANK_SIZE = 10_000
@@ -59,7 +57,7 @@ BANK_SIZE = 10_000
 STATISTICS_NAME = "ood_statistics.safetensors"
 FORMAT = "hydra-ensembles/ood-statistics"
 
-__all__ = ["BANK_SIZE", "FEATURE_SCORES", "KNN_K", "STATISTICS_NAME", "FeatureStatistics", "vim_dimension"]
+__all__ = ["BANK_SIZE", "KNN_K", "STATISTICS_NAME", "FeatureStatistics", "vim_dimension"]
 
 
 def _checked_fit_inputs(
@@ -143,17 +141,19 @@ class FeatureStatistics:
         knn_k: int = KNN_K,
         bank_size: int = BANK_SIZE,
         seed: int = 0,
-        scores: Sequence[str] = FEATURE_SCORES,
+        scores: Sequence[str] | None = None,
         layer_features: Any = None,
     ) -> FeatureStatistics:
         """Fit on training features ``(M, N, D)`` with their class ``labels`` (N,); ``heads``
         = each member's output layer ``(W (M, C, D), b (M, C))`` (`ood.features.member_heads`;
         without it, or with no more examples than ViM's principal dimension, ViM is not fit).
         Classes without an example have no mean (a warning says so). ``scores``: the feature
-        scores to fit (all by default; fewer store less, e.g. ``("mds",)`` one precision matrix
-        per member). ``layer_features``: each member's pooled token after every layer
-        ``(M, N, L, D_h)`` (`predict`'s ``layers=True``), which ``mds_layers`` reads (without
-        them it is not fit). ValueError where features are not finite or labels out of range."""
+        scores to fit (every registered one by default, `registry.feature_scores`; fewer store
+        less, e.g. ``("mds",)`` one precision matrix per member). ``layer_features``: each
+        member's pooled token after every layer ``(M, N, L, D_h)`` (`predict`'s ``layers=True``),
+        which ``mds_layers`` reads (without them it is not fit). ValueError where features are
+        not finite or labels out of range."""
+        scores = feature_scores() if scores is None else tuple(scores)
         feats, y = _checked_fit_inputs(member_features, labels, num_classes, knn_k, bank_size, scores)
         layers = _checked_layer_features(layer_features, feats.shape[:2], "the training")
         missing = sorted(set(range(num_classes)) - set(y.tolist()))

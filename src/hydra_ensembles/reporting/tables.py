@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..evaluation.evaluate import OOD_SCORES, main_row
+from ..evaluation.evaluate import main_row, ood_score_names
 from ..metrics import POSITIVE_CLASS
 from ..saving.files import atomic_write_json, atomic_write_text
 
@@ -317,7 +317,7 @@ def _same_score_sections(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     parts: list[str] = []
     for m, r in results.items():
         for other, d in r.get("differences", {}).items():
-            scores = [s for s in OOD_SCORES if f"auroc@{s}" in d]
+            scores = [s for s in ood_score_names() if f"auroc@{s}" in d]
             if not scores:
                 continue
             body = [
