@@ -19,7 +19,7 @@ if [ "$#" -gt 0 ]; then
 fi
 uses=$(mktemp -d)
 trap 'rm -rf "$uses"' EXIT
-HYDRA_PRECISION_USES="$uses" .venv/bin/python -m pytest -q -n auto
+HYDRA_PRECISION_USES="$uses" .venv/bin/python -m pytest -q -n auto --dist loadgroup
 mapfile -t PRECISION_TESTS < <(.venv/bin/python -m tests.precision_use "$uses")
 if [ "${#PRECISION_TESTS[@]}" -lt 100 ]; then
     echo "only ${#PRECISION_TESTS[@]} tests computed in the precision: tests/precision_use.py records no more" >&2
@@ -27,6 +27,6 @@ if [ "${#PRECISION_TESTS[@]}" -lt 100 ]; then
 fi
 for precision in bf16 fp16; do
     echo "--- the ${#PRECISION_TESTS[@]} tests that compute in the precision, in $precision"
-    HYDRA_PRECISION=$precision .venv/bin/python -m pytest -q -n auto -m "not slow and not real_model" \
+    HYDRA_PRECISION=$precision .venv/bin/python -m pytest -q -n auto --dist loadgroup -m "not slow and not real_model" \
         -k "not bf16 and not fp16 and not fp32 and not two_process" "${PRECISION_TESTS[@]}"
 done

@@ -65,15 +65,23 @@ def _data_batches(
     """The dataset ``spec`` names (``dataset``: already loaded), sampled down to ``limit`` items,
     as batches for ``model`` (`data.model_batches`: checked and label-aligned)."""
     from hydra_ensembles.data import load_spec, model_batches, stable_sample
-    from hydra_ensembles.data.registry import saved_length
 
     if dataset is None:
         dataset = load_spec(spec, args.text_column, args.label_column, labelled=labels)
     if limit:
         dataset = dataset.subset(stable_sample(range(len(dataset)), dataset.ids, limit, salt="cli"))
-    if args.max_length is None:  # once per command: every data set is cut alike
-        args.max_length = saved_length(model) or DEFAULT_MAX_LENGTH
+    _resolve_length(args, model)
     return model_batches(dataset, model, preprocessor, args.batch_size, args.max_length, labels, spec)
+
+
+def _resolve_length(args: argparse.Namespace, model) -> int:
+    """``--max-length``, resolved once per command so that every data set is cut alike: the
+    length ``model`` was saved with where none was given, else `DEFAULT_MAX_LENGTH`."""
+    from hydra_ensembles.data.registry import saved_length
+
+    if args.max_length is None:
+        args.max_length = saved_length(model) or DEFAULT_MAX_LENGTH
+    return args.max_length
 
 
 def _record_length(model, args: argparse.Namespace) -> None:

@@ -144,6 +144,8 @@ def _resolve_precision_once(args: argparse.Namespace) -> None:
     if getattr(args, "precision", None) is None or args.record.reports_precision:
         return
     chosen = resolve_precision(args.precision, "cpu")
+    # what was asked, for work done on other machines, which resolve ``auto`` themselves
+    args.precision_asked = args.precision
     args.precision, args.precision_reason = chosen.name, chosen.reason
 
 

@@ -11,7 +11,7 @@ from hydra_ensembles.ood import feature_scores
 
 from .clock import STARTED
 from .command import Command
-from .common import _data_batches, _load_methods, _say_precision
+from .common import _data_batches, _load_methods, _resolve_length, _say_precision
 from .options import (
     PREPROCESSOR_HELP,
     _data_options,
@@ -20,19 +20,21 @@ from .options import (
     ood_score,
     ood_score_names_help,
 )
+from .predict_ray import check_ray_options, engine_options
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     from hydra_ensembles import reporting
-    from hydra_ensembles.evaluation import ood_scores, per_example
-    from hydra_ensembles.evaluation import predict as predict_any
+    from hydra_ensembles.evaluation import ood_scores
     from hydra_ensembles.evaluation.conformal import benjamini_hochberg
+    from hydra_ensembles.evaluation.uncertainty import predict_records
     from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.saving.files import atomic_write_records
 
     from .guards import check_output_file
 
-    out = check_output_file(args.out, (".csv", ".jsonl"))
+    ray = args.engine == "ray"
+    out = check_ray_options(args) if ray else check_output_file(args.out, (".csv", ".jsonl"))
     plot = check_output_file(args.plot, (".png",)) if args.plot else None
     if plot is not None and not args.val_data:
         raise InputError("--plot draws the data's OOD scores against --val-data's: give --val-data")
@@ -40,23 +42,20 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.preprocessor:
         preprocessor = load_preprocessor(args.preprocessor)
     model = models[0] if len(models) == 1 else models
+    if args.engine == "ray":
+        return _predict_on_ray(args, out, models, preprocessor)
     dataset, batches = _data_batches(args.data, args, preprocessor, labels=args.labelled, model=models)
     classes = _class_names(args, dataset, models[0])
     val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
     calibration, val = _calibration(args, model, len(models), val_batches)
     flag_score = _flag_score(args, calibration)
-    layers = calibration is not None and calibration.reads_layers
-    started = time.perf_counter()
-    preds = predict_any(model, batches, "predict", precision=args.precision, layers=layers)
-    forward = time.perf_counter() - started
-    if calibration is not None:
-        records = calibration.records(preds, classes)
-    else:
-        records = per_example(preds, classes, flag_score=flag_score)
+    preds, rows, forward = predict_records(
+        model, dataset, batches, calibration, classes, precision=args.precision, flag_score=flag_score
+    )
     if args.fdr is not None:  # the batch's selection, in place of the per-input flag
-        selected = benjamini_hochberg([r["ood_p_value"] for r in records], args.fdr)
-        for record, chosen in zip(records, selected, strict=True):
-            record["flagged"] = bool(chosen)
+        selected = benjamini_hochberg([r["ood_p_value"] for r in rows], args.fdr)
+        for row, chosen in zip(rows, selected, strict=True):
+            row["flagged"] = bool(chosen)
     summary = []
     if plot is not None:  # where the data's scores fall against ID validation, and the threshold
         t, statistics = calibration.temperature, calibration.statistics
@@ -66,11 +65,6 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         }
         reporting.score_histograms(scores, plot, flag_score, calibration.threshold)
         summary.append(f"score histograms -> {plot}")
-    texts = getattr(dataset, "texts", None)
-    rows = [
-        {"id": dataset.ids[i], **({"text": texts[i]} if texts else {}), **record}
-        for i, record in enumerate(records)
-    ]
     atomic_write_records(out, rows)
     total = time.perf_counter() - STARTED
     timing = (
@@ -88,6 +82,18 @@ def _class_names(args: argparse.Namespace, dataset, model) -> list[str] | None:
         return dataset.classes
     id2label = getattr(model.config, "id2label", None) or {}
     return [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))] or None
+
+
+def _predict_on_ray(args: argparse.Namespace, out, models: list, preprocessor) -> int:
+    """``--engine ray``: the calibration (saved, or fit here on ``--val-data``), then the job."""
+    from .predict_ray import predict_on_ray
+
+    model = models[0] if len(models) == 1 else models
+    val = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
+    calibration, _ = _calibration(args, model, len(models), val)
+    _resolve_length(args, models)
+    classes = _class_names(args, None, model)
+    return predict_on_ray(args, out, calibration, _flag_score(args, calibration), classes)
 
 
 def _flag_score(args: argparse.Namespace, calibration) -> str:
@@ -232,7 +238,12 @@ def _add_predict_command(sub) -> argparse.ArgumentParser:
     )
     _random_head_option(pred)
     pred.add_argument("--tokenizer", "--preprocessor", dest="preprocessor", help=PREPROCESSOR_HELP)
-    pred.add_argument("--out", required=True, help="output file: .csv or .jsonl")
+    pred.add_argument(
+        "--out",
+        required=True,
+        help="output file: .csv or .jsonl; with --engine ray, a folder of Parquet files and their manifest",
+    )
+    engine_options(pred)
     pred.add_argument(
         "--plot",
         help="with --val-data: also draw where the data's OOD scores fall against the validation "

@@ -149,17 +149,30 @@ def benjamini_hochberg(p_values: Any, level: float) -> np.ndarray:
     per-input flag, which flags at most a share alpha of ID inputs, this bounds the share of
     false alarms among the inputs flagged in one batch."""
     p = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    values, counts = np.unique(p, return_counts=True)
+    return p <= benjamini_hochberg_cutoff(values, counts, level)
+
+
+def benjamini_hochberg_cutoff(values: Any, counts: Any, level: float) -> float:
+    """The p-value at or below which `benjamini_hochberg` selects, from the batch's distinct
+    p-values ``values`` and how many inputs hold each (``counts``), in any order; -inf where it
+    selects nothing. Conformal p-values lie on the grid k/(n+1) of one calibration set, so a batch
+    of any size has at most n+1 distinct values: the selection over a dataset split across
+    processes follows exactly from one count per value (`hydra_ensembles.distributed`), no sort
+    of the inputs. The largest rank passing ``p_(k) <= k level / m`` falls on the last input of a
+    run of ties, so testing each value at its cumulative count decides the same ranks."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1)
     if not 0 < level < 1:
         raise InputError(f"the false discovery rate must be in (0, 1), got {level}")
-    if not np.isfinite(p).all() or (p < 0).any() or (p > 1).any():
+    if not np.isfinite(values).all() or (values < 0).any() or (values > 1).any():
         raise InputError("Benjamini-Hochberg needs p-values in [0, 1]")
-    m = len(p)
-    order = np.argsort(p, kind="stable")
-    passing = np.flatnonzero(p[order] * m <= level * np.arange(1, m + 1))
-    selected = np.zeros(m, dtype=bool)
-    if passing.size:
-        selected[order[: passing[-1] + 1]] = True
-    return selected
+    if values.shape != counts.shape or (counts < 1).any():
+        raise InputError("Benjamini-Hochberg needs one positive count per distinct p-value")
+    order = np.argsort(values, kind="stable")
+    values, ranks = values[order], np.cumsum(counts[order])
+    passing = np.flatnonzero(values * ranks[-1:].sum() <= level * ranks) if len(values) else []
+    return float(values[passing[-1]]) if len(passing) else -np.inf
 
 
 SET_METHODS = ("lac", "aps", "raps")

@@ -90,3 +90,39 @@ def flag_threshold(
     if not 0 < keep <= 1:
         raise InputError(f"keep must be in (0, 1], got {keep}")
     return quantile_threshold(ood_scores(id_validation, score, temperature, statistics), keep)
+
+
+def predict_records(
+    model: Any,
+    dataset: Any,
+    batches: list[dict[str, Any]],
+    calibration: Any = None,
+    classes: Sequence[str] | None = None,
+    *,
+    precision: str = "auto",
+    flag_score: str = "msp",
+    progress: bool = True,
+) -> tuple[Predictions, list[dict[str, Any]], float]:
+    """What ``hydra-ens predict`` writes for ``dataset`` (its ``batches``, `data.model_batches`):
+    the predictions, one record per input (its ``id``, its ``text`` for text data, then
+    ``calibration``'s records, or `per_example`'s flagged on ``flag_score`` without one), and
+    the seconds the forward passes took. Every engine that scores data (one process, Ray's
+    workers) writes these records."""
+    import time
+
+    from .predict import predict
+
+    layers = calibration is not None and calibration.reads_layers
+    started = time.perf_counter()
+    preds = predict(model, batches, "predict", progress=progress, precision=precision, layers=layers)
+    forward = time.perf_counter() - started
+    if calibration is not None:
+        records = calibration.records(preds, classes)
+    else:
+        records = per_example(preds, classes, flag_score=flag_score)
+    texts = getattr(dataset, "texts", None)
+    rows = [
+        {"id": dataset.ids[i], **({"text": texts[i]} if texts else {}), **record}
+        for i, record in enumerate(records)
+    ]
+    return preds, rows, forward

@@ -1,0 +1,135 @@
+"""``hydra-ens predict --engine ray``: the records of `predict`, scored on Ray Data workers."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from hydra_ensembles.errors import InputError
+
+from .clock import STARTED
+from .guards import check_output_dir
+from .options import POSITIVE
+
+
+def engine_options(pred: argparse.ArgumentParser) -> None:
+    """predict's options of the engine: this process, or Ray."""
+    pred.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local (default): this process; ray: Ray Data workers, on Ray embedded on this machine or, "
+        "with --address, on a Ray cluster (needs the ray extra; docs/scaling.md)",
+    )
+    pred.add_argument(
+        "--address",
+        help="with --engine ray: the Ray cluster to run on (auto, or ray://HOST:PORT); default: Ray "
+        "embedded on this machine for the job",
+    )
+    pred.add_argument(
+        "--workers",
+        type=POSITIVE,
+        help="with --engine ray: scoring workers, one CPU each (default: as many as the machine or "
+        "cluster holds while each node keeps half a CPU for reading and writing)",
+    )
+
+
+def check_ray_options(args: argparse.Namespace) -> Path:
+    """The output folder, checked with the other options before any work (Ray installed, the
+    data's files found); InputError for what the Ray engine does not take."""
+    from hydra_ensembles.distributed import data_files, require_ray
+
+    require_ray()
+    if args.plot:
+        raise InputError("--plot draws from one process's scores: run predict without --engine ray")
+    if args.labelled:
+        raise InputError("--labelled with --engine ray is not supported: run predict without --engine")
+    if "," in args.model:
+        raise InputError("--engine ray scores one saved model: build or fuse the ensemble into one folder")
+    out = Path(args.out)
+    if out.suffix in (".csv", ".jsonl"):
+        raise InputError(f"with --engine ray, --out is a folder of Parquet files, not a {out.suffix} file")
+    data_files(args.data)
+    return check_output_dir(out, replaced=True)
+
+
+def predict_on_ray(args: argparse.Namespace, out: Path, calibration, flag_score: str, classes) -> int:
+    """Score ``--data`` on Ray with ``calibration`` and write the records' folder ``out``."""
+    from hydra_ensembles.distributed import (
+        data_files,
+        predict_dataset,
+        ray_session,
+        screen_dataset,
+        write_predictions,
+    )
+
+    files = data_files(args.data)
+    precision = getattr(args, "precision_asked", args.precision)
+    started = time.perf_counter()
+    try:
+        with ray_session(args.address, args.workers) as plan:
+            print(
+                f"scoring {len(files)} file(s) with {plan.describe()}, each in the precision auto picks there"
+            )
+            records = predict_dataset(
+                args.model,
+                files,
+                plan,
+                calibration=calibration,
+                classes=classes,
+                batch_size=args.batch_size,
+                max_length=args.max_length,
+                precision=precision,
+                flag_score=flag_score,
+                text_column=args.text_column,
+            )
+            cutoff = None
+            if args.fdr is not None:
+                records, cutoff = screen_dataset(records.materialize(), args.fdr)
+            settings = {
+                "model": str(args.model),
+                "data": [str(f) for f in files],
+                "batch_size": args.batch_size,
+                "max_length": args.max_length,
+                "precision": precision,
+                "flag_score": calibration.score if calibration is not None else flag_score,
+                "fdr": args.fdr,
+            }
+            manifest = write_predictions(records, out, settings)
+    except Exception as exc:
+        raise _user_error(exc) from None
+    print("\n".join(_summary(out, manifest, cutoff, args, time.perf_counter() - started)))
+    return 0
+
+
+def _user_error(exc: BaseException) -> BaseException:
+    """The library's own InputError raised on a worker (a row ``predict`` refuses), as its one
+    line: Ray re-raises it wrapped, with the worker's traceback as text; any other error as it is."""
+    import re
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen) is InputError or (isinstance(seen, InputError) and "Ray" not in type(seen).__name__):
+            return InputError(str(seen))
+        cause = getattr(seen, "cause", None)
+        seen = cause if isinstance(cause, BaseException) and cause is not seen else seen.__cause__
+    found = re.findall(r"^hydra_ensembles\.errors\.\w+: (.+)$", str(exc), flags=re.M)
+    return InputError(found[-1]) if found else exc
+
+
+def _summary(out: Path, manifest: dict, cutoff, args: argparse.Namespace, seconds: float) -> list[str]:
+    """Rows written, the share flagged (and how), the time."""
+    flagged = manifest.get("flagged")
+    lines = [f"{manifest['rows']} predictions in {len(manifest['files'])} Parquet file(s) -> {out}"]
+    if flagged is not None:
+        how = (
+            f"Benjamini-Hochberg over all {manifest['rows']} rows at false discovery rate {args.fdr:g}, "
+            f"p-value <= {cutoff:.4g}"
+            if cutoff is not None
+            else "the calibration's per-input flag"
+        )
+        lines.append(f"flagged ({how}): {flagged} ({flagged / manifest['rows']:.1%})")
+    total = time.perf_counter() - STARTED
+    lines.append(f"the Ray job took {seconds:.2f} s of the command's {total:.2f} s (imports included)")
+    return lines

@@ -1,0 +1,161 @@
+"""``predict --engine ray``: the records of single-process ``predict`` for every row, scored by
+Ray Data workers (embedded on this machine, and on a two-node cluster), the false-discovery-rate
+screening decided over the whole dataset exactly as one process decides it, a bad row refused as
+``predict`` refuses it, a killed worker costing no row, an interrupted job leaving no output."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hydra_cli import main
+from hydra_ensembles.evaluation.conformal import benjamini_hochberg, benjamini_hochberg_cutoff
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one worker: one Ray instance and one tiny model
+
+from hydra_ensembles.distributed import (  # noqa: E402  (after the skip: Ray is an extra)
+    PREDICTIONS_MANIFEST,
+    read_predictions,
+    worker_room,
+)
+
+COMMON = ["--batch-size", "8", "--max-length", "12"]
+SCORE_FIELDS = ("ood_score_",)
+"""Float64 feature scores: a matrix product over a batch of 8 rows rounds in another order than
+over the whole file (1e-13 relative seen); every other field is identical."""
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A tiny fine-tuned classifier saved with a conformal calibration on mds and its statistics,
+    and a corpus of ID-like and OOD-like texts in two files."""
+    from tests.cli.test_pipeline import _model_and_tokenizer
+
+    w = tmp_path_factory.mktemp("ray")
+    _model_and_tokenizer("bert", w / "model")
+    rows = [f"goal match team score {i},sport" for i in range(12)]
+    rows += [f"bank shares market profit {i},money" for i in range(12)]
+    (w / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--epochs", "1"]
+    assert main(["finetune", str(w / "model"), *data, "--out", str(w / "tuned"), *COMMON]) == 0
+    (w / "corpus").mkdir()
+    for part, start in (("a", 0), ("b", 1)):
+        texts = [
+            f"goal match team score {i}" if i % 3 else f"recipe with flour {i}" for i in range(start, 90, 2)
+        ]
+        (w / "corpus" / f"{part}.csv").write_text("text\n" + "\n".join(texts) + "\n")
+    return w
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    """Ray embedded in this test process, as the command starts it (shared by the module's tests)."""
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _single_process(w, out, *options) -> list[dict]:
+    rows = []
+    for part in ("a", "b"):
+        path = out / f"{part}.jsonl"
+        args = ["predict", str(w / "tuned"), "--data", str(w / "corpus" / f"{part}.csv"), "--out", str(path)]
+        assert main([*args, *COMMON, *options]) == 0
+        rows += [json.loads(line) for line in path.read_text().splitlines()]
+    return rows
+
+
+def _assert_same_records(got: list[dict], expected: list[dict]) -> None:
+    assert [r["id"] for r in got] == [r["id"] for r in expected]  # every row exactly once, in order
+    for a, b in zip(got, expected, strict=True):
+        assert set(a) == set(b)
+        for key in a:
+            if key.startswith(SCORE_FIELDS):
+                assert a[key] == pytest.approx(b[key], rel=1e-10), (a["id"], key)
+            else:
+                assert a[key] == b[key], (a["id"], key)
+
+
+@pytest.mark.ray
+def test_ray_writes_predicts_records_and_screens_the_whole_dataset(tuned, embedded, tmp_path):
+    """Two files scored by two workers with --fdr: predict's records (ids, classes,
+    probabilities, OOD scores, p-values, sets) row for row, every row exactly once, in a folder
+    published whole with its manifest; the flags are the Benjamini-Hochberg selection of one
+    process over all rows of both files, exactly (not per file, not per block)."""
+    out = tmp_path / "preds"
+    args = ["predict", str(tuned / "tuned"), "--data", str(tuned / "corpus" / "*.csv"), "--engine", "ray"]
+    assert main([*args, "--workers", "2", "--fdr", "0.1", "--out", str(out), *COMMON]) == 0
+    expected = _single_process(tuned, tmp_path)  # per-input flags; the selection over all rows:
+    selected = benjamini_hochberg([r["ood_p_value"] for r in expected], 0.1)
+    assert 0 < selected.sum() < len(expected)
+    for row, chosen in zip(expected, selected, strict=True):
+        row["flagged"] = bool(chosen)
+    got = read_predictions(out)
+    _assert_same_records(got, expected)
+    manifest = json.loads((out / PREDICTIONS_MANIFEST).read_text())
+    assert manifest["rows"] == len(expected) == 90 and manifest["flagged"] == selected.sum()
+    assert {"ood_p_value", "prediction_set", "p_sport"} <= set(got[0])
+    assert manifest["settings"]["fdr"] == 0.1
+
+
+@pytest.mark.ray
+def test_ray_refuses_a_bad_row_in_one_line_and_writes_nothing(tuned, embedded, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.csv").write_text("text\nfine text\n\nanother\n   \n")
+    (bad / "y.csv").write_text("text\nmore text\n")
+    out = tmp_path / "out"
+    args = ["predict", str(tuned / "tuned"), "--data", str(bad / "*.csv"), "--engine", "ray"]
+    assert main([*args, "--out", str(out), *COMMON]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("hydra-ens: ") and "empty 'text'" in err[-1] and "x.csv" in err[-1], err[-1]
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_the_cutoff_from_counts_selects_what_sorting_selects():
+    """benjamini_hochberg_cutoff from one count per distinct p-value, in any order, selects what
+    the procedure on the sorted p-values selects (conformal p-values on a grid, with ties)."""
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n, m = int(rng.integers(1, 60)), int(rng.integers(1, 300))
+        p = rng.integers(1, n + 2, size=m) / (n + 1)
+        level = float(rng.uniform(0.01, 0.5))
+        order = np.argsort(p, kind="stable")
+        passing = np.flatnonzero(p[order] * m <= level * np.arange(1, m + 1))
+        expected = np.zeros(m, dtype=bool)
+        if passing.size:
+            expected[order[: passing[-1] + 1]] = True
+        values, counts = np.unique(p, return_counts=True)
+        shuffle = rng.permutation(len(values))
+        cutoff = benjamini_hochberg_cutoff(values[shuffle], counts[shuffle], level)
+        assert ((p <= cutoff) == expected).all(), trial
+        assert (benjamini_hochberg(p, level) == expected).all(), trial
+    assert benjamini_hochberg_cutoff([], [], 0.1) == -math.inf
+    with pytest.raises(ValueError, match="positive count"):
+        benjamini_hochberg_cutoff([0.5], [0], 0.1)
+
+
+def test_workers_fit_where_each_node_keeps_half_a_cpu_for_reading():
+    nodes = [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 1.0}}]
+    assert worker_room(nodes) == 1  # two CPUs: one worker and a CPU to read with; one CPU: none
+    assert worker_room([*nodes, {"Alive": False, "Resources": {"CPU": 8.0}}]) == 1
+    assert worker_room([{"Alive": True, "Resources": {"CPU": 16.0}}]) == 15
+
+
+def test_ray_options_are_checked_before_any_work(tuned, tmp_path, capsys):
+    model, data = str(tuned / "tuned"), str(tuned / "corpus" / "*.csv")
+    cases = [
+        (["--out", str(tmp_path / "p.jsonl")], "is a folder of Parquet files"),
+        (["--out", str(tmp_path / "o"), "--labelled"], "--labelled"),
+        (["--out", str(tmp_path / "o"), "--data", str(tmp_path / "none*.csv")], "names no file"),
+    ]
+    for extra, message in cases:
+        args = ["predict", model, "--data", data, "--engine", "ray", *extra]
+        assert main(args) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
