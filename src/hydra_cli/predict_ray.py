@@ -63,9 +63,16 @@ def predict_on_ray(args: argparse.Namespace, out: Path, calibration, flag_score:
         screen_dataset,
         write_predictions,
     )
+    from hydra_ensembles.saving.files import remove_stale_temps
 
     files = data_files(args.data)
     precision = getattr(args, "precision_asked", args.precision)
+    if remove_stale_temps(out):
+        print(
+            f"an interrupted run's staged records beside {out} were removed: Ray Data names its output "
+            "files by task, not by input rows, so no block can be matched to the rows it holds, and the "
+            "job scores every row again"
+        )
     started = time.perf_counter()
     try:
         with ray_session(args.address, args.workers) as plan:

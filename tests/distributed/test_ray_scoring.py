@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import numpy as np
 import pytest
@@ -22,33 +23,11 @@ from hydra_ensembles.distributed import (  # noqa: E402  (after the skip: Ray is
     read_predictions,
     worker_room,
 )
+from tests.distributed.conftest import COMMON  # noqa: E402
 
-COMMON = ["--batch-size", "8", "--max-length", "12"]
 SCORE_FIELDS = ("ood_score_",)
 """Float64 feature scores: a matrix product over a batch of 8 rows rounds in another order than
 over the whole file (1e-13 relative seen); every other field is identical."""
-
-
-@pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
-    """A tiny fine-tuned classifier saved with a conformal calibration on mds and its statistics,
-    and a corpus of ID-like and OOD-like texts in two files."""
-    from tests.cli.test_pipeline import _model_and_tokenizer
-
-    w = tmp_path_factory.mktemp("ray")
-    _model_and_tokenizer("bert", w / "model")
-    rows = [f"goal match team score {i},sport" for i in range(12)]
-    rows += [f"bank shares market profit {i},money" for i in range(12)]
-    (w / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
-    data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--epochs", "1"]
-    assert main(["finetune", str(w / "model"), *data, "--out", str(w / "tuned"), *COMMON]) == 0
-    (w / "corpus").mkdir()
-    for part, start in (("a", 0), ("b", 1)):
-        texts = [
-            f"goal match team score {i}" if i % 3 else f"recipe with flour {i}" for i in range(start, 90, 2)
-        ]
-        (w / "corpus" / f"{part}.csv").write_text("text\n" + "\n".join(texts) + "\n")
-    return w
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +61,21 @@ def _assert_same_records(got: list[dict], expected: list[dict]) -> None:
 
 
 @pytest.mark.ray
-def test_ray_writes_predicts_records_and_screens_the_whole_dataset(tuned, embedded, tmp_path):
+def test_ray_writes_predicts_records_and_screens_the_whole_dataset(tuned, embedded, tmp_path, capsys):
     """Two files scored by two workers with --fdr: predict's records (ids, classes,
     probabilities, OOD scores, p-values, sets) row for row, every row exactly once, in a folder
     published whole with its manifest; the flags are the Benjamini-Hochberg selection of one
     process over all rows of both files, exactly (not per file, not per block)."""
     out = tmp_path / "preds"
+    gone = subprocess.Popen(["true"])  # a killed run's staging folder: its process is gone
+    gone.wait()
+    staged = tmp_path / f".preds.{gone.pid}.x.tmp"
+    (staged / "records").mkdir(parents=True)
+    (staged / "records" / "half.parquet").write_bytes(b"PAR1")
     args = ["predict", str(tuned / "tuned"), "--data", str(tuned / "corpus" / "*.csv"), "--engine", "ray"]
     assert main([*args, "--workers", "2", "--fdr", "0.1", "--out", str(out), *COMMON]) == 0
+    assert not staged.exists()
+    assert "staged records beside" in capsys.readouterr().out
     expected = _single_process(tuned, tmp_path)  # per-input flags; the selection over all rows:
     selected = benjamini_hochberg([r["ood_p_value"] for r in expected], 0.1)
     assert 0 < selected.sum() < len(expected)

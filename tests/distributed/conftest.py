@@ -1,0 +1,31 @@
+"""The tiny saved model and corpus the Ray tests score."""
+
+from __future__ import annotations
+
+import pytest
+
+from hydra_cli import main
+
+COMMON = ["--batch-size", "8", "--max-length", "12"]
+
+
+@pytest.fixture(scope="session")
+def tuned(tmp_path_factory):
+    """A tiny fine-tuned classifier saved with a conformal calibration on mds and its statistics,
+    and a corpus of ID-like and OOD-like texts in two files."""
+    from tests.cli.test_pipeline import _model_and_tokenizer
+
+    w = tmp_path_factory.mktemp("ray")
+    _model_and_tokenizer("bert", w / "model")
+    rows = [f"goal match team score {i},sport" for i in range(12)]
+    rows += [f"bank shares market profit {i},money" for i in range(12)]
+    (w / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--epochs", "1"]
+    assert main(["finetune", str(w / "model"), *data, "--out", str(w / "tuned"), *COMMON]) == 0
+    (w / "corpus").mkdir()
+    for part, start in (("a", 0), ("b", 1)):
+        texts = [
+            f"goal match team score {i}" if i % 3 else f"recipe with flour {i}" for i in range(start, 90, 2)
+        ]
+        (w / "corpus" / f"{part}.csv").write_text("text\n" + "\n".join(texts) + "\n")
+    return w
