@@ -27,6 +27,7 @@ from . import (
     info,
     predict,
     score,
+    serve,
     sweep,
     zero_shot,
 )
@@ -46,6 +47,7 @@ COMMANDS: tuple[Command, ...] = tuple(
         predict,
         bench,
         export,
+        serve,
         zero_shot,
         demo,
         analyze,

@@ -45,6 +45,11 @@ def check_ray_options(args: argparse.Namespace) -> Path:
         raise InputError("--plot draws from one process's scores: run predict without --engine ray")
     if args.labelled:
         raise InputError("--labelled with --engine ray is not supported: run predict without --engine")
+    if args.allow_random_head:
+        raise InputError(
+            "--allow-random-head with --engine ray: each worker would draw its own random head; save the "
+            "model with its head first (finetune)"
+        )
     if "," in args.model:
         raise InputError("--engine ray scores one saved model: build or fuse the ensemble into one folder")
     out = Path(args.out)
@@ -76,9 +81,7 @@ def predict_on_ray(args: argparse.Namespace, out: Path, calibration, flag_score:
     started = time.perf_counter()
     try:
         with ray_session(args.address, args.workers) as plan:
-            print(
-                f"scoring {len(files)} file(s) with {plan.describe()}, each in the precision auto picks there"
-            )
+            print(f"scoring {len(files)} file(s) with {plan.describe()}")
             records = predict_dataset(
                 args.model,
                 files,
@@ -90,6 +93,7 @@ def predict_on_ray(args: argparse.Namespace, out: Path, calibration, flag_score:
                 precision=precision,
                 flag_score=flag_score,
                 text_column=args.text_column,
+                preprocessor=args.preprocessor,
             )
             cutoff = None
             if args.fdr is not None:

@@ -138,6 +138,7 @@ def test_ray_options_are_checked_before_any_work(tuned, tmp_path, capsys):
     cases = [
         (["--out", str(tmp_path / "p.jsonl")], "is a folder of Parquet files"),
         (["--out", str(tmp_path / "o"), "--labelled"], "--labelled"),
+        (["--out", str(tmp_path / "o"), "--allow-random-head"], "its own random head"),
         (["--out", str(tmp_path / "o"), "--data", str(tmp_path / "none*.csv")], "names no file"),
     ]
     for extra, message in cases:

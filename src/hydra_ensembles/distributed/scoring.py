@@ -88,7 +88,8 @@ class _Scorer:
         from ..loading import load_any, load_preprocessor
 
         torch.set_num_threads(settings["threads"])
-        self.model, self.preprocessor = load_any(model).eval(), load_preprocessor(model)
+        self.model = load_any(model).eval()
+        self.preprocessor = load_preprocessor(settings["preprocessor"] or model)
         self.settings = settings
 
     def __call__(self, batch: dict[str, np.ndarray]) -> Any:
@@ -134,10 +135,12 @@ def predict_dataset(
     precision: str = "auto",
     flag_score: str = "msp",
     text_column: str | None = None,
+    preprocessor: str | None = None,
 ) -> Any:
     """The records of every row of ``files`` (`data_files`) scored by the saved ``model`` (a
     folder every node can read) on ``plan``'s workers, as a ``ray.data.Dataset``, lazily (one
-    row per input row, ``id`` first). ``calibration``: the calibration to record (else per-input
+    row per input row, ``id`` first), its inputs made by ``preprocessor`` (a folder or hub id; default: the
+    model's own). ``calibration``: the calibration to record (else per-input
     records flagged on ``flag_score``). Each worker resolves ``precision`` on its own node. A
     record equals `predict`'s for the same row computed in one batch with the same others."""
     ray = require_ray()
@@ -153,11 +156,20 @@ def predict_dataset(
         "precision": precision,
         "flag_score": flag_score,
         "threads": plan.threads,
+        "preprocessor": preprocessor,
     }
+    with warnings.catch_warnings():  # Ray names no other way to restart the workers that die
+        warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
+        return _scored(rows, model, settings, plan)
+
+
+def _scored(rows: Any, model: str | os.PathLike, settings: dict[str, Any], plan: RayPlan) -> Any:
+    """``rows`` mapped by a pool of ``plan.workers`` `_Scorer` actors, restarted when they die."""
+    ray = require_ray()
     return rows.map_batches(
         _Scorer,
         fn_constructor_args=(str(model), settings),
-        batch_size=batch_size,
+        batch_size=settings["batch_size"],
         compute=ray.data.ActorPoolStrategy(size=plan.workers),
         num_cpus=1,
         batch_format="numpy",

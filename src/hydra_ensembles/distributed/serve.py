@@ -1,0 +1,228 @@
+"""Serve a saved text model over HTTP on Ray Serve, with `predict`'s records.
+
+`serve_application` returns a Ray Serve application (for users who compose their own); ``hydra-ens
+serve`` runs it. The JSON API:
+
+- ``POST /predict`` with ``{"inputs": "a text"}`` or ``{"inputs": ["a text", ...]}``: ``{"records":
+  [...]}``, one record per input, in order, as ``predict`` writes it (without its ``id``);
+- ``GET /healthz``: ``{"status": "ok"}`` once the model is loaded (a replica answers nothing
+  before);
+- ``GET /info``: the model, its classes, its calibration, the precision and the limits;
+- ``GET /docs`` and ``GET /openapi.json``: the OpenAPI schema, from FastAPI.
+
+Concurrent requests are batched (``@serve.batch``: at most ``max_batch_size`` texts, waiting at
+most ``batch_wait_ms`` for a batch to fill). A record depends on the other texts of its batch only
+through the padding to the batch's longest text: within the precision's rounding
+(docs/serving.md). A request that breaks the API (malformed JSON, no ``inputs``, an empty text,
+more than `MAX_INPUTS` texts or a text over `MAX_CHARS` characters) gets a 4xx answer whose
+``error`` is one line naming the field; an internal failure a 500 whose ``error`` names an id the
+server's log explains, never a traceback."""
+
+# no `from __future__ import annotations`: FastAPI reads the routes' annotations (``Request``,
+# imported where the application is made) as objects
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from ..errors import InputError
+
+MAX_INPUTS = 256
+"""The most texts one request may carry."""
+MAX_CHARS = 20_000
+"""The most characters one text may hold (the model reads its first ``max_length`` tokens)."""
+
+PREDICT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "inputs": {
+                            "oneOf": [
+                                {"type": "string", "maxLength": MAX_CHARS},
+                                {"type": "array", "items": {"type": "string"}, "maxItems": MAX_INPUTS},
+                            ]
+                        }
+                    },
+                }
+            }
+        },
+    }
+}
+"""The body of ``POST /predict``, for the OpenAPI schema."""
+
+logger = logging.getLogger("hydra_ensembles.serve")
+
+__all__ = ["MAX_CHARS", "MAX_INPUTS", "serve_application"]
+
+
+def require_serve() -> Any:
+    """The ``ray.serve`` module; InputError naming the extra where it is not installed."""
+    try:
+        from ray import serve
+    except ImportError:
+        raise InputError(
+            'serving needs Ray Serve, which the core install leaves out: pip install "hydra-ensembles[ray]"'
+        ) from None
+    return serve
+
+
+class _Model:
+    """The model a replica serves: loaded once, records for a batch of texts."""
+
+    def __init__(self, model: str, settings: dict[str, Any]) -> None:
+        import torch
+
+        from ..data.labels import model_class_names
+        from ..data.registry import saved_length
+        from ..evaluation import saved_calibration
+        from ..loading import load_any, load_preprocessor
+        from ..precision import resolve_precision
+
+        torch.set_num_threads(settings["threads"])
+        self.model, self.preprocessor = load_any(model).eval(), load_preprocessor(model)
+        if self.preprocessor is None:
+            raise InputError(
+                f"{model} was saved without a tokenizer: serve takes a text model saved with one"
+            )
+        self.calibration = saved_calibration(self.model)
+        self.classes = model_class_names(self.model)
+        self.max_length = settings["max_length"] or saved_length(self.model) or 128
+        self.precision = resolve_precision(settings["precision"], "cpu")
+        self.info = {
+            "model": model,
+            "classes": self.classes,
+            "calibration": self.calibration.describe() if self.calibration is not None else None,
+            "precision": f"{self.precision.name} ({self.precision.reason})",
+            "max_length": self.max_length,
+            "limits": {"inputs_per_request": MAX_INPUTS, "characters_per_text": MAX_CHARS},
+            "batching": {
+                "max_batch_size": settings["max_batch_size"],
+                "batch_wait_ms": settings["batch_wait_ms"],
+            },
+        }
+
+    def records(self, texts: list[str]) -> list[dict[str, Any]]:
+        from ..data import model_batches
+        from ..data.text import TextDataset
+        from ..evaluation.uncertainty import predict_records
+
+        dataset = TextDataset(texts, [0] * len(texts), [str(i) for i in range(len(texts))], [])
+        _, batches = model_batches(dataset, self.model, self.preprocessor, len(texts), self.max_length, False)
+        _, rows, _ = predict_records(
+            self.model, dataset, batches, self.calibration, self.classes, precision=self.precision.name,
+            progress=False,
+        )  # fmt: skip
+        return [{k: v for k, v in row.items() if k != "id"} for row in rows]
+
+
+def check_servable(model: str) -> None:
+    """InputError, before any server starts, where ``model`` is not a saved text model folder with
+    its tokenizer (what a replica loads)."""
+    from pathlib import Path
+
+    from ..loading import load_preprocessor
+    from ..models import takes_images
+
+    if not Path(model).is_dir():
+        raise InputError(f"{model} is not a saved model folder")
+    if load_preprocessor(model) is None:
+        raise InputError(f"{model} was saved without a tokenizer: serve takes a text model saved with one")
+    from ..loading import load_any
+
+    if takes_images(load_any(model)):
+        raise InputError(f"{model} takes images: serve takes text models (serve images with the pipeline)")
+
+
+def checked_inputs(body: Any) -> list[str]:
+    """The texts of a request's JSON body; InputError naming the field that breaks the API."""
+    if not isinstance(body, dict) or "inputs" not in body:
+        raise InputError('the body must be a JSON object with "inputs": a text or a list of texts')
+    inputs = body["inputs"]
+    texts = [inputs] if isinstance(inputs, str) else inputs
+    if not isinstance(texts, list) or not texts:
+        raise InputError('"inputs" must be a text or a non-empty list of texts')
+    if len(texts) > MAX_INPUTS:
+        raise InputError(f'"inputs" holds {len(texts)} texts; at most {MAX_INPUTS} per request')
+    for i, text in enumerate(texts):
+        field = "inputs" if isinstance(inputs, str) else f"inputs[{i}]"
+        if not isinstance(text, str):
+            raise InputError(f"{field} is a {type(text).__name__}, not a text")
+        if not text.strip():
+            raise InputError(f"{field} is empty")
+        if len(text) > MAX_CHARS:
+            raise InputError(f"{field} holds {len(text)} characters; at most {MAX_CHARS}")
+    return texts
+
+
+def serve_application(
+    model: str,
+    *,
+    replicas: int = 1,
+    max_batch_size: int = 32,
+    batch_wait_ms: float = 10.0,
+    precision: str = "auto",
+    max_length: int | None = None,
+    threads: int = 1,
+) -> Any:
+    """The Ray Serve application serving the saved text model ``model`` (a folder every node can
+    read) with ``replicas`` replicas of one CPU, each computing with ``threads`` threads in
+    ``precision`` (``auto``: resolved on its node) and cutting texts at ``max_length`` tokens
+    (default: the length the model was saved with). Run it with ``ray.serve.run``."""
+    serve = require_serve()
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    api = FastAPI(title="hydra-ensembles", description="Calibrated predictions with an OOD flag")
+    settings = {
+        "precision": precision,
+        "max_length": max_length,
+        "threads": threads,
+        "max_batch_size": max_batch_size,
+        "batch_wait_ms": batch_wait_ms,
+    }
+
+    @serve.deployment(num_replicas=replicas, ray_actor_options={"num_cpus": 1}, max_ongoing_requests=1000)
+    @serve.ingress(api)
+    class HydraServer:
+        def __init__(self) -> None:
+            self.served = _Model(model, settings)
+            self.score.set_max_batch_size(max_batch_size)
+            self.score.set_batch_wait_timeout_s(batch_wait_ms / 1000)
+
+        @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+        async def score(self, texts: list[str]) -> list[dict[str, Any]]:
+            return self.served.records(list(texts))
+
+        @api.post("/predict", openapi_extra=PREDICT_BODY)
+        async def predict(self, request: Request) -> JSONResponse:
+            try:
+                texts = checked_inputs(await request.json())
+            except InputError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=422)
+            except ValueError as exc:  # the body is not JSON
+                return JSONResponse({"error": f"the body is not JSON: {exc}"}, status_code=400)
+            try:
+                records = await asyncio.gather(*(self.score(text) for text in texts))
+            except Exception:
+                failure = uuid.uuid4().hex[:12]
+                logger.exception("request %s failed", failure)
+                return JSONResponse(
+                    {"error": f"internal error {failure}: the server's log explains it"}, status_code=500
+                )
+            return JSONResponse({"records": records})
+
+        @api.get("/healthz")
+        async def healthz(self) -> dict[str, str]:
+            return {"status": "ok"}
+
+        @api.get("/info")
+        async def info(self) -> dict[str, Any]:
+            return self.served.info
+
+    return HydraServer.bind()

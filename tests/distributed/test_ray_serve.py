@@ -1,0 +1,184 @@
+"""``hydra-ens serve``'s application on Ray Serve, asked over HTTP by a real client: predict's
+records, concurrent requests batched, bad requests answered 4xx in one line while the server
+serves on, the OpenAPI schema, and a replica killed under load restarted with no request
+answered wrongly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from hydra_cli import main
+from tests.distributed.conftest import COMMON
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group("ray")]
+
+TEXTS = [f"goal match team score {i}" if i % 3 else f"recipe with flour {i}" for i in range(24)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tuned):
+    from hydra_ensembles.distributed.serve import serve_application
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = serve_application(str(tuned / "tuned"), replicas=1, max_batch_size=8, batch_wait_ms=20)
+    serve.run(app, name="hydra", route_prefix="/")
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _post(url: str, body: bytes | dict, timeout: float = 60) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{url}/predict", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _get(url: str, path: str) -> dict:
+    with urllib.request.urlopen(f"{url}{path}", timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def _expected(tuned, tmp_path) -> list[dict]:
+    path = tmp_path / "texts.csv"
+    path.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(tuned / "tuned"), "--data", str(path), "--out", str(out), *COMMON]) == 0
+    return [{k: v for k, v in json.loads(line).items() if k != "id"} for line in out.read_text().splitlines()]
+
+
+STEP = 1 / 25
+"""One step of the conformal p-values' grid, 1/(n+1) for the n = 24 validation inputs of the
+saved calibration (checked in the first test): a score that moves by rounding past one of the
+calibration's scores moves its p-value by one step."""
+
+
+def _assert_close(got: dict, expected: dict) -> None:
+    """Equal records, up to the rounding of another batch's padding (fp32: the probabilities to
+    1e-5, the OOD score to 1e-4 relative, the p-value by at most one step of its grid); the class,
+    flag and set are compared where the probabilities and p-value came out equal."""
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        if key == "ood_p_value":
+            assert abs(got[key] - value) <= STEP + 1e-12, key
+        elif isinstance(value, float):
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+        elif key not in ("flagged", "prediction_set", "set_size", "predicted"):
+            assert got[key] == value, key
+    if got.get("ood_p_value") == expected.get("ood_p_value"):
+        assert got["flagged"] == expected["flagged"]
+
+
+def test_served_records_are_predicts_and_bad_requests_get_one_line(server, tuned, tmp_path):
+    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.loading import load_any
+
+    assert 1 / (len(saved_calibration(load_any(str(tuned / "tuned"))).calibration_scores) + 1) == STEP
+    expected = _expected(tuned, tmp_path)
+    status, answer = _post(server, {"inputs": TEXTS})
+    assert status == 200 and len(answer["records"]) == len(TEXTS)
+    for got, want in zip(answer["records"], expected, strict=True):
+        _assert_close(got, want)
+    status, one = _post(server, {"inputs": TEXTS[0]})
+    assert status == 200 and len(one["records"]) == 1
+    _assert_close(one["records"][0], expected[0])
+    with ThreadPoolExecutor(8) as pool:  # concurrent requests, batched together
+        answers = list(pool.map(lambda t: _post(server, {"inputs": [t]}), TEXTS))
+    for (status, body), want in zip(answers, expected, strict=True):
+        assert status == 200
+        _assert_close(body["records"][0], want)
+    bad = [
+        (b"{not json", 400, "not JSON"),
+        ({"texts": ["a"]}, 422, '"inputs"'),
+        ({"inputs": ["fine", "  "]}, 422, "inputs[1] is empty"),
+        ({"inputs": [1]}, 422, "inputs[0] is a int"),
+        ({"inputs": ["x"] * 257}, 422, "at most 256"),
+        ({"inputs": "y" * 20_001}, 422, "at most 20000"),
+    ]
+    for body, code, message in bad:
+        status, answer = _post(server, body)
+        assert status == code and message in answer["error"] and "\n" not in answer["error"], answer
+    assert _post(server, {"inputs": TEXTS[:2]})[0] == 200  # serving on
+    assert _get(server, "/healthz") == {"status": "ok"}
+    info = _get(server, "/info")
+    assert info["classes"] == ["money", "sport"] and "mds" in info["calibration"]
+    schema = _get(server, "/openapi.json")
+    assert "/predict" in schema["paths"] and "requestBody" in schema["paths"]["/predict"]["post"]
+
+
+def _replica_pids() -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            title = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if entry.isdigit() and title.startswith("ray::ServeReplica:hydra:HydraServer"):
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_replica_killed_under_load_is_restarted_and_answers_nothing_wrong(server, tuned, tmp_path):
+    expected = _expected(tuned, tmp_path)
+    (pid,) = _replica_pids()
+    results: list = []
+
+    def load() -> None:
+        deadline = time.monotonic() + 90
+        i = 0
+        while time.monotonic() < deadline and not (
+            len(results) > 40 and [p for p in _replica_pids() if p != pid]
+        ):
+            try:
+                results.append(
+                    (i % len(TEXTS), *_post(server, {"inputs": [TEXTS[i % len(TEXTS)]]}, timeout=30))
+                )
+            except OSError as exc:  # the connection dropped with the replica
+                results.append((i % len(TEXTS), None, str(exc)))
+            i += 1
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    time.sleep(2)
+    os.kill(pid, signal.SIGKILL)
+    worker.join()
+    deadline = time.monotonic() + 60
+    while not [p for p in _replica_pids() if p != pid] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [p for p in _replica_pids() if p != pid], (
+        f"the replica was not restarted ({len(results)} requests)"
+    )
+    answered = [(i, body) for i, status, body in results if status == 200]
+    assert len(answered) > 10
+    for i, body in answered:  # an answer is right or is an error, never a wrong record
+        _assert_close(body["records"][0], expected[i])
+    assert all(status in (200, 500, 503, None) for _, status, _ in results)
+    assert _post(server, {"inputs": TEXTS[:3]})[0] == 200
