@@ -649,3 +649,19 @@ def test_eval_warns_where_the_methods_were_calibrated_on_different_data(monkeypa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         evaluate._warn_calibrated_apart({"single": ["single"], "hydra": ["hydra"]})
+
+
+def test_the_pipeline_answers_threads_at_once_as_it_answers_one_at_a_time(workspace):
+    """Threads sharing one pipeline (a threaded web server's workers): each call's records are the
+    records of the same call made alone; the feature tap's hooks never record another thread's
+    forward pass."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    served = pipeline(
+        "hydra-text-classification", model=str(workspace / "model"), truncation=True, max_length=12
+    )
+    texts = [f"goal match team score {i}" if i % 2 else f"recipe with flour and sugar {i}" for i in range(24)]
+    alone = [served(text) for text in texts]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(served, texts))
+    assert together == alone

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import warnings
+import weakref
 from typing import Any
 
 from transformers import (
@@ -101,13 +103,20 @@ class _UncertaintyRecords:
         calibration = self._calibration()
         if tap is not None:
             tap.every_layer = calibration is not None and calibration.reads_layers
-        with tap if tap is not None else contextlib.nullcontext(), serving_precision(model, self.precision):
-            outputs = super()._forward(model_inputs, **kwargs)
-        if tap is not None:
-            batch = outputs["logits"].shape[0]
-            outputs["features_per_member"] = tap.features(model_inputs, batch).transpose(0, 1)
-            if tap.every_layer:
-                outputs["layer_features_per_member"] = tap.layer_features(model_inputs, batch).transpose(0, 1)
+        # the tap's hooks sit on the model, which other threads' pipelines may run at once: one
+        # forward pass at a time per model, so that each records its own call only
+        with _model_lock(model):
+            with (
+                tap if tap is not None else contextlib.nullcontext(),
+                serving_precision(model, self.precision),
+            ):
+                outputs = super()._forward(model_inputs, **kwargs)
+            if tap is not None:
+                batch = outputs["logits"].shape[0]
+                outputs["features_per_member"] = tap.features(model_inputs, batch).transpose(0, 1)
+                if tap.every_layer:
+                    layers = tap.layer_features(model_inputs, batch)
+                    outputs["layer_features_per_member"] = layers.transpose(0, 1)
         return outputs
 
     def _sanitize_parameters(self, **kwargs: Any):
@@ -238,6 +247,18 @@ def _check_pixels(image: Any) -> None:
         raise InputError(
             f"{IMAGE_TASK}: the image has {width * height:,} pixels, past the {limit:,} Pillow reads safely"
         )
+
+
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def _model_lock(model: Any) -> threading.Lock:
+    """The lock of ``model``'s forward passes under a feature tap (one per model object)."""
+    with _LOCKS_LOCK:
+        if model not in _LOCKS:
+            _LOCKS[model] = threading.Lock()
+        return _LOCKS[model]
 
 
 def register_pipelines() -> None:
