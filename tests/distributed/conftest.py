@@ -29,3 +29,13 @@ def tuned(tmp_path_factory):
         ]
         (w / "corpus" / f"{part}.csv").write_text("text\n" + "\n".join(texts) + "\n")
     return w
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    """Ray embedded in this test process, as the command starts it (shared by the module's tests)."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

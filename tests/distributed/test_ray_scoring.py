@@ -30,15 +30,6 @@ SCORE_FIELDS = ("ood_score_",)
 over the whole file (1e-13 relative seen); every other field is identical."""
 
 
-@pytest.fixture(scope="module")
-def embedded():
-    """Ray embedded in this test process, as the command starts it (shared by the module's tests)."""
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def _single_process(w, out, *options) -> list[dict]:
     rows = []
     for part in ("a", "b"):
@@ -146,3 +137,43 @@ def test_ray_options_are_checked_before_any_work(tuned, tmp_path, capsys):
         assert main(args) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_http_answer_is_one_line_for_bad_input_and_an_id_for_a_failure(caplog):
+    """POST /predict's answer without a server: a body that is not JSON, a bad field, and a
+    failure inside the model (500 naming an id the log explains, no traceback to the client)."""
+    import asyncio
+
+    pytest.importorskip("fastapi")
+    from hydra_ensembles.distributed.serve import _answer
+
+    class Request:
+        def __init__(self, body):
+            self.body = body
+
+        async def json(self):
+            if isinstance(self.body, Exception):
+                raise self.body
+            return self.body
+
+    async def echo(text):
+        return {"text": text}
+
+    async def broken(text):
+        raise RuntimeError("the model failed")
+
+    answer = asyncio.run(_answer(echo, Request({"inputs": ["a", "b"]})))
+    assert answer.status_code == 200 and json.loads(answer.body) == {
+        "records": [{"text": "a"}, {"text": "b"}]
+    }
+    answer = asyncio.run(_answer(echo, Request(json.JSONDecodeError("Expecting value", "{x", 1))))
+    assert answer.status_code == 400 and "not JSON" in json.loads(answer.body)["error"]
+    answer = asyncio.run(_answer(echo, Request({"inputs": "   "})))
+    assert answer.status_code == 422 and json.loads(answer.body)["error"] == "inputs is empty"
+    answer = asyncio.run(_answer(broken, Request({"inputs": ["a"]})))
+    error = json.loads(answer.body)["error"]
+    assert (
+        answer.status_code == 500 and error.startswith("internal error ") and "the model failed" not in error
+    )
+    failure = error.split()[2].rstrip(":")
+    assert any(failure in record.getMessage() and record.exc_info for record in caplog.records)

@@ -160,6 +160,28 @@ def checked_inputs(body: Any) -> list[str]:
     return texts
 
 
+async def _answer(score: Any, request: Any) -> Any:
+    """``POST /predict``'s answer: the records of the request's texts (each scored by ``score``,
+    batched with other requests' texts), or a one-line error."""
+    from fastapi.responses import JSONResponse
+
+    try:
+        texts = checked_inputs(await request.json())
+    except InputError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=422)
+    except ValueError as exc:  # the body is not JSON
+        return JSONResponse({"error": f"the body is not JSON: {exc}"}, status_code=400)
+    try:
+        records = await asyncio.gather(*(score(text) for text in texts))
+    except Exception:
+        failure = uuid.uuid4().hex[:12]
+        logger.exception("request %s failed", failure)
+        return JSONResponse(
+            {"error": f"internal error {failure}: the server's log explains it"}, status_code=500
+        )
+    return JSONResponse({"records": records})
+
+
 def serve_application(
     model: str,
     *,
@@ -201,21 +223,7 @@ def serve_application(
 
         @api.post("/predict", openapi_extra=PREDICT_BODY)
         async def predict(self, request: Request) -> JSONResponse:
-            try:
-                texts = checked_inputs(await request.json())
-            except InputError as exc:
-                return JSONResponse({"error": str(exc)}, status_code=422)
-            except ValueError as exc:  # the body is not JSON
-                return JSONResponse({"error": f"the body is not JSON: {exc}"}, status_code=400)
-            try:
-                records = await asyncio.gather(*(self.score(text) for text in texts))
-            except Exception:
-                failure = uuid.uuid4().hex[:12]
-                logger.exception("request %s failed", failure)
-                return JSONResponse(
-                    {"error": f"internal error {failure}: the server's log explains it"}, status_code=500
-                )
-            return JSONResponse({"records": records})
+            return await _answer(self.score, request)
 
         @api.get("/healthz")
         async def healthz(self) -> dict[str, str]:

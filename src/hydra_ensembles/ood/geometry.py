@@ -11,15 +11,20 @@ import torch
 
 def ledoit_wolf(x: np.ndarray) -> np.ndarray:
     """The Ledoit-Wolf shrunk covariance of the centred rows ``x`` (scikit-learn's estimator)."""
-    n, d = x.shape
-    emp = x.T @ x / n
+    x2 = x**2
+    return shrunk_covariance(x.T @ x, float(np.sum(x2.T @ x2)), len(x))
+
+
+def shrunk_covariance(scatter: np.ndarray, fourth: float, n: int) -> np.ndarray:
+    """`ledoit_wolf` from the sums it reads, which add up over any split of the rows: the scatter
+    ``sum_i x_i x_i^T`` (D, D) and ``sum_i |x_i|^4`` of ``n`` centred rows."""
+    d = scatter.shape[0]
+    emp = scatter / n
     mu = np.trace(emp) / d
     if mu <= 0:
         return emp
-    x2 = x**2
-    beta_ = float(np.sum(x2.T @ x2))
     delta_ = float(np.sum(emp**2))
-    beta = (beta_ / n - delta_) / (d * n)
+    beta = (fourth / n - delta_) / (d * n)
     delta = (delta_ - 2 * mu * np.trace(emp) + d * mu**2) / d
     shrinkage = 0.0 if delta <= 0 else min(beta, delta) / delta
     return (1 - shrinkage) * emp + shrinkage * mu * np.eye(d)
@@ -28,12 +33,17 @@ def ledoit_wolf(x: np.ndarray) -> np.ndarray:
 def precision_matrix(x: np.ndarray, what: str) -> np.ndarray:
     """The inverse of the shrunk covariance of the centred rows ``x`` (its pseudo-inverse where it
     has no spread at all, with a warning naming ``what``)."""
-    covariance = ledoit_wolf(x)
+    return inverse_covariance(ledoit_wolf(x), what)
+
+
+def inverse_covariance(covariance: np.ndarray, what: str) -> np.ndarray:
+    """The inverse of a shrunk covariance (its pseudo-inverse where it has no spread at all, with
+    a warning naming ``what``)."""
     if np.trace(covariance) <= 0:
         warnings.warn(
             f"{what}: the training features have no spread around their means; the Mahalanobis "
             "distance is 0 for every input (fit on more varied data)",
-            stacklevel=4,
+            stacklevel=5,
         )
     try:  # positive definite (what shrinkage gives): its inverse through a Cholesky factor
         inverse = np.linalg.inv(np.linalg.cholesky(covariance))
