@@ -18,6 +18,7 @@ from .options import (
     _overwrite_option,
     calibration_config,
 )
+from .predict_ray import engine_options
 
 SAVED_KINDS = ("fused", "member", "ensemble")
 """The library's saved formats `calibrate` writes again (beside Hugging Face classifier folders)."""
@@ -27,7 +28,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from hydra_ensembles.evaluation import predict
     from hydra_ensembles.evaluation.calibration import Calibration, validation_aurocs
     from hydra_ensembles.evaluation.model_calibration import (
-        fit_statistics,
         record_calibration,
         saved_calibration,
     )
@@ -51,19 +51,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.preprocessor:
         preprocessor = load_preprocessor(args.preprocessor)
     config = calibration_config(args)
-    val, train, ood = _calibration_data(args, preprocessor, model, config)
+    ray = _check_ray_calibration(args, config)
+    val, train, ood = _calibration_data(args, preprocessor, model, config, train=not ray)
     saved = saved_calibration(model)
-    statistics = saved.statistics if saved is not None and train is None else None
     _say_precision(args)
-    if train is not None:
-        statistics = fit_statistics(model, train, precision=args.precision)
+    statistics, kept, train_sha256 = _statistics(args, model, saved, train, ray)
     layers = statistics is not None and statistics.reads_layers
     val_predictions = predict(model, val, "calibration", precision=args.precision, layers=layers)
     ood_predictions = (
         predict(model, ood, "OOD validation", precision=args.precision, layers=layers) if ood else None
     )
-    kept = statistics is not None and train is None  # the saved statistics, named as saved
-    train_sha256 = saved.statistics_data_sha256 if kept else (batches_digest(train) if train else "")
     fitted = Calibration.fit(
         val_predictions, config, data=args.val_data, data_sha256=batches_digest(val),
         precision=resolve_precision(args.precision, model_device(model)).name, statistics=statistics,
@@ -83,14 +80,76 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibration_data(args: argparse.Namespace, preprocessor, model, config) -> tuple:
+def _statistics(args: argparse.Namespace, model, saved, train, ray: bool) -> tuple:
+    """The feature statistics (fit on ``train``'s batches, or on Ray over --data, else the saved
+    ones), whether they are the saved ones, and the SHA-256 of the data they were fit on."""
+    from hydra_ensembles.evaluation.model_calibration import fit_statistics
+    from hydra_ensembles.hashing import batches_digest
+
+    if ray:
+        statistics, digest = _statistics_on_ray(args, model)
+        return statistics, False, digest
+    if train is not None:
+        return fit_statistics(model, train, precision=args.precision), False, batches_digest(train)
+    statistics = saved.statistics if saved is not None else None
+    kept = statistics is not None  # the saved statistics, named as saved
+    return statistics, kept, saved.statistics_data_sha256 if kept else ""
+
+
+def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
+    """Whether the feature statistics are fit on Ray (``--engine ray``); InputError, before any
+    work, where they cannot be: no --data, or a flag score Ray does not fit."""
+    from hydra_ensembles.ood import feature_scores
+    from hydra_ensembles.ood.moments import MERGEABLE_SCORES
+
+    if args.engine != "ray":
+        return False
+    if not args.data:
+        raise InputError(
+            "--engine ray fits the feature statistics on --data: give the labelled training data"
+        )
+    if config.score in feature_scores() and config.score not in MERGEABLE_SCORES:
+        fitted = ", ".join(MERGEABLE_SCORES)
+        raise InputError(
+            f"--engine ray fits the feature statistics of {fitted}; {config.score} is fit in one process "
+            "(calibrate without --engine ray)"
+        )
+    return True
+
+
+def _statistics_on_ray(args: argparse.Namespace, model) -> tuple:
+    """The feature statistics fit over ``--data`` on Ray, and the SHA-256 of its files' bytes in
+    the order of their names (what the calibration records of the data)."""
+    import hashlib
+
+    from hydra_ensembles.data.labels import model_class_names, num_model_labels
+    from hydra_ensembles.distributed import data_files, ray_session
+    from hydra_ensembles.distributed.statistics import fit_statistics_dataset
+    from hydra_ensembles.hashing import sha256_file
+
+    from .common import _resolve_length
+
+    files = data_files(args.data)
+    with ray_session(args.address, args.workers) as plan:
+        print(f"fitting the feature statistics on {len(files)} file(s) with {plan.describe()}")
+        statistics = fit_statistics_dataset(
+            args.model, files, plan, classes=model_class_names(model), num_labels=num_model_labels(model),
+            batch_size=args.batch_size, max_length=_resolve_length(args, model),
+            precision=getattr(args, "precision_asked", args.precision), text_column=args.text_column,
+            label_column=args.label_column, preprocessor=args.preprocessor,
+        )  # fmt: skip
+    digest = hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
+    return statistics, digest
+
+
+def _calibration_data(args: argparse.Namespace, preprocessor, model, config, train: bool = True) -> tuple:
     """The labelled ID validation batches (checked against what the calibration needs), and the labelled
-    training and unlabelled OOD validation batches where given (else None)."""
+    training (where ``train``) and unlabelled OOD validation batches where given (else None)."""
     from hydra_ensembles.evaluation.calibration import check_calibration_data
 
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1]
     check_calibration_data(val, config, model)
-    train = _data_batches(args.data, args, preprocessor, model=model)[1] if args.data else None
+    train = _data_batches(args.data, args, preprocessor, model=model)[1] if args.data and train else None
     ood = (
         _data_batches(args.ood_data, args, preprocessor, labels=False, model=model)[1]
         if args.ood_data
@@ -145,6 +204,7 @@ def _add_calibrate_command(sub) -> argparse.ArgumentParser:
     cal.add_argument("--out", required=True, help="the output folder: the model with its new calibration")
     _overwrite_option(cal)
     _data_options(cal)
+    engine_options(cal, "the feature statistics fit on --data (mds, rmds, mds++)")
     return cal
 
 

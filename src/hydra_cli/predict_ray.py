@@ -13,25 +13,25 @@ from .guards import check_output_dir
 from .options import POSITIVE
 
 
-def engine_options(pred: argparse.ArgumentParser) -> None:
-    """predict's options of the engine: this process, or Ray."""
-    pred.add_argument(
+def engine_options(parser: argparse.ArgumentParser, work: str = "the scoring") -> None:
+    """A command's options of the engine that does ``work``: this process, or Ray."""
+    parser.add_argument(
         "--engine",
         choices=("local", "ray"),
         default="local",
-        help="local (default): this process; ray: Ray Data workers, on Ray embedded on this machine or, "
-        "with --address, on a Ray cluster (needs the ray extra; docs/scaling.md)",
+        help=f"where {work} runs. local (default): this process; ray: Ray Data workers, on Ray embedded "
+        "on this machine or, with --address, on a Ray cluster (needs the ray extra; docs/scaling.md)",
     )
-    pred.add_argument(
+    parser.add_argument(
         "--address",
         help="with --engine ray: the Ray cluster to run on (auto, or ray://HOST:PORT); default: Ray "
         "embedded on this machine for the job",
     )
-    pred.add_argument(
+    parser.add_argument(
         "--workers",
         type=POSITIVE,
-        help="with --engine ray: scoring workers, one CPU each (default: as many as the machine or "
-        "cluster holds while each node keeps half a CPU for reading and writing)",
+        help="with --engine ray: workers, one CPU each (default: as many as the machine or cluster "
+        "holds while each node keeps half a CPU for reading and writing)",
     )
 
 

@@ -177,3 +177,15 @@ def test_the_http_answer_is_one_line_for_bad_input_and_an_id_for_a_failure(caplo
     )
     failure = error.split()[2].rstrip(":")
     assert any(failure in record.getMessage() and record.exc_info for record in caplog.records)
+
+
+def test_calibrate_on_ray_refuses_what_it_cannot_fit_before_any_work(tuned, tmp_path, capsys):
+    base = ["calibrate", str(tuned / "tuned"), "--val-data", str(tuned / "train.csv"), "--engine", "ray"]
+    cases = [
+        ([], "give the labelled training data"),
+        (["--data", str(tuned / "train.csv"), "--flag-score", "vim"], "vim is fit in one process"),
+    ]
+    for extra, message in cases:
+        assert main([*base, *extra, "--out", str(tmp_path / "o"), *COMMON]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

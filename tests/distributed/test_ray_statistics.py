@@ -49,3 +49,25 @@ def test_the_statistics_fit_on_ray_equal_the_one_process_fit(tuned, embedded, tm
     assert got.settings == expected.settings and set(got.tensors) == set(expected.tensors)
     for key, value in expected.tensors.items():
         torch.testing.assert_close(got.tensors[key], value, rtol=1e-10, atol=1e-10 * value.abs().max().item())
+
+
+def test_calibrate_on_ray_saves_the_calibration_one_process_fits(tuned, embedded, tmp_path):
+    """calibrate --engine ray --data: the statistics, threshold and sets of calibrate without it,
+    on the same rows (one file: the same batches); the data named by its files' digest."""
+    from hydra_cli import main
+    from hydra_ensembles.evaluation import saved_calibration
+    from tests.distributed.conftest import COMMON
+
+    w = tuned
+    args = ["calibrate", str(w / "tuned"), "--val-data", str(w / "train.csv"), "--data", str(w / "train.csv")]
+    args += ["--flag-score", "mds", *COMMON]
+    assert main([*args, "--engine", "ray", "--out", str(tmp_path / "ray")]) == 0
+    assert main([*args, "--out", str(tmp_path / "local")]) == 0
+    on_ray, local = (saved_calibration(load_any(str(tmp_path / name))) for name in ("ray", "local"))
+    assert on_ray.statistics.scores == MERGEABLE_SCORES and on_ray.score == local.score == "mds"
+    for key, value in on_ray.statistics.tensors.items():
+        expected = local.statistics.tensors[key]
+        torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10 * expected.abs().max().item())
+    assert on_ray.threshold == pytest.approx(local.threshold, rel=1e-9)
+    assert on_ray.temperature == local.temperature and on_ray.set_quantiles == local.set_quantiles
+    assert on_ray.statistics_data == str(w / "train.csv") and len(on_ray.statistics_data_sha256) == 64
