@@ -21,7 +21,9 @@ def tuned(tmp_path_factory):
     rows += [f"bank shares market profit {i},money" for i in range(12)]
     (w / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--epochs", "1"]
-    assert main(["finetune", str(w / "model"), *data, "--out", str(w / "tuned"), *COMMON]) == 0
+    # trained in fp32 in every run: the model is the subject, the engines' precision the test's
+    finetune = ["finetune", str(w / "model"), *data, "--precision", "fp32", "--out", str(w / "tuned")]
+    assert main([*finetune, *COMMON]) == 0
     (w / "corpus").mkdir()
     for part, start in (("a", 0), ("b", 1)):
         texts = [

@@ -51,8 +51,16 @@ def _assert_same_records(got: list[dict], expected: list[dict]) -> None:
                 assert a[key] == b[key], (a["id"], key)
 
 
+SLOW = pytest.mark.slow  # the reduced precisions: under CI's slow run (one Ray job each)
+
+
+@pytest.mark.parametrize(
+    "precision", ["fp32", pytest.param("bf16", marks=SLOW), pytest.param("fp16", marks=SLOW)]
+)
 @pytest.mark.ray
-def test_ray_writes_predicts_records_and_screens_the_whole_dataset(tuned, embedded, tmp_path, capsys):
+def test_ray_writes_predicts_records_and_screens_the_whole_dataset(
+    tuned, embedded, tmp_path, capsys, precision
+):
     """Two files scored by two workers with --fdr: predict's records (ids, classes,
     probabilities, OOD scores, p-values, sets) row for row, every row exactly once, in a folder
     published whole with its manifest; the flags are the Benjamini-Hochberg selection of one
@@ -64,10 +72,11 @@ def test_ray_writes_predicts_records_and_screens_the_whole_dataset(tuned, embedd
     (staged / "records").mkdir(parents=True)
     (staged / "records" / "half.parquet").write_bytes(b"PAR1")
     args = ["predict", str(tuned / "tuned"), "--data", str(tuned / "corpus" / "*.csv"), "--engine", "ray"]
-    assert main([*args, "--workers", "2", "--fdr", "0.1", "--out", str(out), *COMMON]) == 0
+    options = [*COMMON, "--precision", precision]  # each worker computes in it, as one process does
+    assert main([*args, "--workers", "2", "--fdr", "0.1", "--out", str(out), *options]) == 0
     assert not staged.exists()
     assert "staged records beside" in capsys.readouterr().out
-    expected = _single_process(tuned, tmp_path)  # per-input flags; the selection over all rows:
+    expected = _single_process(tuned, tmp_path, "--precision", precision)  # per-input flags; then:
     selected = benjamini_hochberg([r["ood_p_value"] for r in expected], 0.1)
     assert 0 < selected.sum() < len(expected)
     for row, chosen in zip(expected, selected, strict=True):

@@ -98,7 +98,9 @@ print("served alike:", len(rows), "rows")
 """
 
 
-def test_an_installed_score_is_fit_chosen_saved_and_served_in_a_fresh_process(tmp_path):
+def test_an_installed_score_is_fit_chosen_saved_and_served_in_a_fresh_process_in_fp32(tmp_path):
+    """In fp32: what is checked is the registry's reach; the precisions' paths are the built-in
+    scores' (tests/serving/test_feature_scores.py)."""
     site = tmp_path / "site"
     site.mkdir()
     _install(site)
@@ -107,7 +109,8 @@ def test_an_installed_score_is_fit_chosen_saved_and_served_in_a_fresh_process(tm
     (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     ood = [f"recipe with flour {i}" for i in range(10)]
     (tmp_path / "ood.csv").write_text("text\n" + "\n".join(ood) + "\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    path = os.pathsep.join([str(site), str(ROOT)])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HYDRA_PRECISION": "fp32", "PYTHONPATH": path}
     prelude = (
         "from tests.precision_use import record_from_environment\nrecord_from_environment()\n"
         f"import torch\ntorch.set_num_threads({torch.get_num_threads()})\n"
