@@ -555,9 +555,8 @@ def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(works
     assert saved_calibration(load_any(str(again))) == saved_calibration(old)
 
 
-@pytest.mark.parametrize(
-    "workspace", ["bert", pytest.param("distilbert", marks=pytest.mark.slow)], indirect=True
-)
+@pytest.mark.slow  # four models, each served three ways, in every precision: CI's slow run
+@pytest.mark.parametrize("workspace", ["bert", "distilbert"], indirect=True)
 def test_a_flag_on_every_layers_view_is_served_alike_by_predict_the_pipeline_and_onnx(
     workspace, tmp_path, capsys
 ):

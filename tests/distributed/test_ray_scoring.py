@@ -90,6 +90,7 @@ def test_ray_writes_predicts_records_and_screens_the_whole_dataset(
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray job that fails: CI's slow run
 def test_ray_refuses_a_bad_row_in_one_line_and_writes_nothing(tuned, embedded, tmp_path, capsys):
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -178,6 +178,12 @@ def _scored(rows: Any, model: str | os.PathLike, settings: dict[str, Any], plan:
     )
 
 
+def _value_counts(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A block's distinct p-values and how many rows hold each."""
+    values, counts = np.unique(np.asarray(batch["ood_p_value"], dtype=np.float64), return_counts=True)
+    return {"value": values, "count": counts}
+
+
 def screen_dataset(records: Any, level: float) -> tuple[Any, float]:
     """``records`` (with ``ood_p_value``) with ``flagged`` replaced by the Benjamini-Hochberg
     selection at false discovery rate ``level`` over every row (`conformal.benjamini_hochberg`,
@@ -186,9 +192,12 @@ def screen_dataset(records: Any, level: float) -> tuple[Any, float]:
 
     if "ood_p_value" not in records.columns():
         raise InputError("--fdr selects by conformal p-values: it needs a conformal calibration")
-    counts = records.groupby("ood_p_value").count().take_all()
-    values = [row["ood_p_value"] for row in counts]
-    cutoff = benjamini_hochberg_cutoff(values, [row["count()"] for row in counts], level)
+    counted: dict[float, int] = {}
+    for row in (
+        records.select_columns(["ood_p_value"]).map_batches(_value_counts, num_cpus=READ_CPUS).take_all()
+    ):
+        counted[float(row["value"])] = counted.get(float(row["value"]), 0) + int(row["count"])
+    cutoff = benjamini_hochberg_cutoff(list(counted), list(counted.values()), level)
 
     def select(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {**batch, "flagged": np.asarray(batch["ood_p_value"], dtype=np.float64) <= cutoff}
