@@ -87,20 +87,3 @@ def test_members_trained_for_different_step_counts_fuse_and_the_model_records_ea
     for member in same:
         write_metadata(member, training={"optimizer_steps": 4, "stages": [4]})
     assert read_metadata(he.fuse(same).model).training == {"optimizer_steps": 4, "stages": [4]}
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "name"),
-    [
-        ("saving.loading", "loading", "load_any"),
-        ("serialization", "saving.formats", "write_saved"),
-        ("io", "saving.files", "atomic_write_json"),
-    ],
-)
-def test_the_moved_saving_modules_still_answer_with_a_deprecation(old, new, name):
-    import importlib
-
-    moved = importlib.import_module(f"hydra_ensembles.{old}")
-    with pytest.warns(DeprecationWarning, match=f"hydra_ensembles.{new}"):
-        value = getattr(moved, name)
-    assert value is getattr(importlib.import_module(f"hydra_ensembles.{new}"), name)

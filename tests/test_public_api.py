@@ -1,10 +1,11 @@
-"""The public names: every name in ``__all__`` exists, and old names of renamed concepts still
-work for one release, with a deprecation warning."""
+"""The public names: every name in ``__all__`` exists, and the names removed from the package
+are gone (the package has no released users that would need them)."""
+
+import importlib
 
 import pytest
 
 import hydra_ensembles as he
-from hydra_ensembles import fusion
 
 
 def test_every_public_name_exists():
@@ -12,25 +13,25 @@ def test_every_public_name_exists():
     assert "HydraOutput" not in he.__all__ and "EnsembleOutput" in he.__all__
 
 
-@pytest.mark.parametrize("module", [he, fusion])
-def test_hydra_output_is_the_ensemble_output_under_its_deprecated_name(module):
-    with pytest.warns(DeprecationWarning, match="EnsembleOutput"):
-        assert module.HydraOutput is he.EnsembleOutput
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("hydra_ensembles", "HydraOutput"),
+        ("hydra_ensembles.fusion", "HydraOutput"),
+        ("hydra_ensembles.members", "fine_tune"),
+        ("hydra_ensembles.members", "batch_ensemble"),
+        ("hydra_ensembles.saving", "load_any"),
+        ("hydra_ensembles.data", "load_bbc_news"),
+    ],
+)
+def test_removed_names_are_gone(module, name):
     with pytest.raises(AttributeError):
-        module.NoSuchName  # noqa: B018
+        getattr(importlib.import_module(module), name)
 
 
 @pytest.mark.parametrize(
-    ("name", "home"),
-    [("fine_tune", "training"), ("FineTuneConfig", "training"), ("batch_ensemble", "baselines")],
+    "module", ["io", "serialization", "zeroshot", "saving.loading", "evaluation.bootstrap", "_moved"]
 )
-def test_names_moved_out_of_members_still_import_from_there_with_a_warning(name, home):
-    import importlib
-
-    from hydra_ensembles import members
-
-    with pytest.warns(DeprecationWarning, match=f"hydra_ensembles.{home}"):
-        assert getattr(members, name) is getattr(importlib.import_module(f"hydra_ensembles.{home}"), name)
-    assert name not in members.__all__
-    with pytest.raises(AttributeError):
-        members.NoSuchName  # noqa: B018
+def test_removed_modules_are_gone(module):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"hydra_ensembles.{module}")

@@ -70,11 +70,3 @@ __all__ = [
     "taylor_head_set",
     "taylor_scores",
 ]
-
-
-def __getattr__(name: str):
-    if name == "HydraOutput":  # deprecated: the one ensemble output is EnsembleOutput
-        from .fusion import model
-
-        return model.HydraOutput
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

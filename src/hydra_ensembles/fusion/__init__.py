@@ -12,9 +12,3 @@ __all__ = [
     "load_hydra",
     "save_hydra",
 ]
-
-
-def __getattr__(name: str):
-    from . import model
-
-    return getattr(model, name)  # HydraOutput: deprecated, warns

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -100,13 +99,6 @@ class FusionPolicy:
         if "head" in saved:
             saved["classifier"] = saved.pop("head")
         return cls(**saved)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "HydraOutput":  # the old name of the one ensemble output
-        warnings.warn("HydraOutput is deprecated: use EnsembleOutput", DeprecationWarning, stacklevel=2)
-        return EnsembleOutput
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class HydraModel(nn.Module):

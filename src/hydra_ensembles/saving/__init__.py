@@ -17,9 +17,6 @@ Nothing is ever unpickled and no code is loaded from files.
 
 from __future__ import annotations
 
-from typing import Any
-
-from .._moved import moved_to
 from .files import OutputError, atomic_dir, atomic_write, atomic_write_json, read_json
 from .formats import SavedFormat, read_saved, register_saved_format, saved_format, write_saved
 from .metadata import ModelMetadata, read_metadata, write_metadata
@@ -39,12 +36,3 @@ __all__ = [
     "write_metadata",
     "write_saved",
 ]
-
-
-_MOVED_UP = moved_to(__name__, "hydra_ensembles.loading")
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("load_any", "load_saved"):  # deprecated here: they live above the model packages
-        return _MOVED_UP(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
