@@ -8,7 +8,6 @@ again, saved, and fused with its siblings while members from another base are re
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -32,16 +31,6 @@ def kept_heads(model: nn.Module) -> HeadSet:
 def original_heads_per_layer(model: nn.Module) -> list[int]:
     """Head counts of the unpruned architecture, per layer."""
     return get_adapter(model).original_heads_per_layer(model)
-
-
-def heads_per_layer(model: nn.Module) -> list[int]:
-    """Deprecated name of `original_heads_per_layer`."""
-    warnings.warn(
-        "surgery.heads_per_layer is deprecated: use surgery.original_heads_per_layer",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return original_heads_per_layer(model)
 
 
 def base_fingerprint(model: nn.Module) -> str:

@@ -299,7 +299,3 @@ def test_the_task_heads_part_is_called_classifier_and_its_old_name_still_answers
     ) == (FusionPolicy(classifier="merge"))
     with pytest.warns(DeprecationWarning, match="classifier"):
         assert FineTuneConfig(trainable=("mlp", "head")).trainable == ("mlp", "classifier")
-    model = tiny_bert()
-    members = [he.prune(model, he.HeadSet({0: [0, 1]})), he.prune(model, he.HeadSet({1: [2]}))]
-    with pytest.warns(DeprecationWarning, match="classifier"):
-        assert he.fuse(members, head="merge").policy.classifier == "merge"

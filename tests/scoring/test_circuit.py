@@ -168,8 +168,6 @@ def test_head_set_for_any_budget_and_json_round_trip(tmp_path):
     assert he.CircuitOrder.load(path) == order
     with pytest.raises(CircuitError, match="num_pruned"):
         order.head_set(5)
-    with pytest.warns(DeprecationWarning, match="num_pruned"):
-        assert order.head_set(num_removed=3) == order.head_set(num_pruned=3)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

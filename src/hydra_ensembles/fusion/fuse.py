@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,7 +38,6 @@ def fuse(
     classifier: str | None = None,
     embeddings: str | None = None,
     shared_trunk: bool = True,
-    head: str | None = None,
 ) -> HydraModel:
     """Fuse M pruned members into one model that predicts like their ensemble in one pass.
 
@@ -53,8 +51,7 @@ def fuse(
       ``embeddings`` for the embeddings module. ``mlp="exact"`` makes every part exact (grouped
       per-member layers) so the fused model reproduces the explicit ensemble; ``mlp="merge"``
       (the paper) averages MLPs and embeddings and keeps LayerNorms and classifier per member
-      (override with ``norms=``/``classifier=``/``embeddings=``; ``head=`` is the deprecated
-      name of ``classifier=``).
+      (override with ``norms=``/``classifier=``/``embeddings=``).
 
     ``shared_trunk``: when all members keep the same heads with the same weights in the first k
     layers (and share the embeddings), those layers run once on the B input rows and only the
@@ -62,9 +59,6 @@ def fuse(
 
     The inputs are never modified; the fused model owns copies of every weight.
     """
-    if head is not None:
-        warnings.warn("fuse(head=...) is now fuse(classifier=...)", DeprecationWarning, stacklevel=2)
-        classifier = head if classifier is None else classifier
     policy = FusionPolicy.create(mlp, norms, classifier, embeddings)
     if isinstance(model_or_members, nn.Module):
         return _fuse_untrained(model_or_members, head_sets, policy, shared_trunk)

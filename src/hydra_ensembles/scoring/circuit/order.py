@@ -4,7 +4,6 @@ refusals of bad extraction arguments."""
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,27 +39,13 @@ class CircuitOrder:
     approximation: dict[str, Any] | None = None
     """``None`` for the exact algorithm; the lazy mode's settings otherwise."""
 
-    def head_set(self, num_pruned: int | None = None, *, num_removed: int | None = None) -> HeadSet:
+    def head_set(self, num_pruned: int | None = None) -> HeadSet:
         """The heads kept after pruning the first ``num_pruned`` heads of the order (all of them
-        by default). ``num_removed`` is the deprecated name of ``num_pruned``."""
-        if num_removed is not None:
-            warnings.warn("num_removed is deprecated: use num_pruned", DeprecationWarning, stacklevel=2)
-            num_pruned = num_removed
+        by default)."""
         n = len(self.removed) if num_pruned is None else num_pruned
         if not 0 <= n <= len(self.removed):
             raise CircuitError(f"num_pruned must be in [0, {len(self.removed)}], got {n}")
         return HeadSet.without(self.removed[:n], self.original_heads_per_layer)
-
-    @property
-    def heads_per_layer(self) -> list[int]:
-        """Deprecated name of `original_heads_per_layer` (``heads_per_layer`` names the heads a
-        member keeps)."""
-        warnings.warn(
-            "CircuitOrder.heads_per_layer is deprecated: use original_heads_per_layer",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.original_heads_per_layer
 
     def to_dict(self) -> dict[str, Any]:
         return {
