@@ -42,6 +42,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
+            print("stopping: requests in flight are answered first (graceful shutdown)", flush=True)
             serve.shutdown()
     print("stopped")
     return 0
