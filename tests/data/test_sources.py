@@ -7,14 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from hydra_ensembles.data import (
-    MissingDataError,
-    batches,
-    image_batches,
-    load_image_folder,
-    load_npz,
-    load_text_table,
-)
+from hydra_ensembles.data import MissingDataError, load_image_folder, load_npz, load_text_table
+from hydra_ensembles.data.images import image_batches
+from hydra_ensembles.data.text import batches
 from hydra_experiments.datasets import (
     _package_dir,
     load_bbc_news,
@@ -148,8 +143,8 @@ def test_named_sources_are_registered_and_their_parts_checked(monkeypatch):
 
 
 def test_the_paper_data_sets_live_with_the_applications():
-    """The library registers no data set of its own; the paper's are the applications', and
-    their old library names still answer, with a deprecation naming where they live."""
+    """The library registers no data set of its own; the paper's are the applications' (and
+    the library keeps no alias of them)."""
     import subprocess
     import sys
 
@@ -159,5 +154,4 @@ def test_the_paper_data_sets_live_with_the_applications():
     code = "import hydra_ensembles.data as d; print(len(d.DATA_SOURCES))"
     alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert alone.stdout.strip() == "0"
-    with pytest.warns(DeprecationWarning, match="hydra_experiments.datasets"):
-        assert data.load_bbc_news is datasets.load_bbc_news
+    assert callable(datasets.load_bbc_news) and not hasattr(data, "load_bbc_news")
