@@ -79,8 +79,10 @@ def _read_files(batch: dict[str, np.ndarray], text_column: str | None) -> dict[s
     return {"id": ids, "text": texts}
 
 
-class _Scorer:
-    """One scoring worker: the model loaded once, then records for each batch of rows."""
+class ModelWorker:
+    """A Ray worker that holds the saved ``model`` and its preprocessor (``settings["preprocessor"]``
+    or the model's own), loaded once, and computes with ``settings["threads"]`` threads; a
+    subclass's ``__call__`` maps one batch of rows."""
 
     def __init__(self, model: str, settings: dict[str, Any]) -> None:
         import torch
@@ -91,6 +93,10 @@ class _Scorer:
         self.model = load_any(model).eval()
         self.preprocessor = load_preprocessor(settings["preprocessor"] or model)
         self.settings = settings
+
+
+class _Scorer(ModelWorker):
+    """One scoring worker: records for each batch of rows."""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> Any:
         import pyarrow as pa

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InputError
 from .cluster import READ_CPUS, RayPlan, require_ray
+from .scoring import ModelWorker
 
 __all__ = ["fit_statistics_dataset"]
 
@@ -35,18 +36,8 @@ def _read_labelled(
     return {"text": texts, "label": np.asarray(labels, np.int64)}
 
 
-class _Featurizer:
-    """One worker: the model loaded once, then each batch's members' features (float64)."""
-
-    def __init__(self, model: str, settings: dict[str, Any]) -> None:
-        import torch
-
-        from ..loading import load_any, load_preprocessor
-
-        torch.set_num_threads(settings["threads"])
-        self.model = load_any(model).eval()
-        self.preprocessor = load_preprocessor(settings["preprocessor"] or model)
-        self.settings = settings
+class _Featurizer(ModelWorker):
+    """One worker: each batch's members' features (float64)."""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ..data import model_batches
