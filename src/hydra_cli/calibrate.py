@@ -120,12 +120,10 @@ def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
 def _statistics_on_ray(args: argparse.Namespace, model) -> tuple:
     """The feature statistics fit over ``--data`` on Ray, and the SHA-256 of its files' bytes in
     the order of their names (what the calibration records of the data)."""
-    import hashlib
-
     from hydra_ensembles.data.labels import model_class_names, num_model_labels
     from hydra_ensembles.distributed import data_files, ray_session
     from hydra_ensembles.distributed.statistics import fit_statistics_dataset
-    from hydra_ensembles.hashing import sha256_file
+    from hydra_ensembles.hashing import sha256_file, text_digest
 
     from .common import _resolve_length
 
@@ -138,7 +136,7 @@ def _statistics_on_ray(args: argparse.Namespace, model) -> tuple:
             precision=getattr(args, "precision_asked", args.precision), text_column=args.text_column,
             label_column=args.label_column, preprocessor=args.preprocessor,
         )  # fmt: skip
-    digest = hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
+    digest = text_digest("".join(sha256_file(f) for f in files))
     return statistics, digest
 
 

@@ -42,8 +42,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.preprocessor:
         preprocessor = load_preprocessor(args.preprocessor)
     model = models[0] if len(models) == 1 else models
-    if args.engine == "ray":
-        return _predict_on_ray(args, out, models, preprocessor)
+    if ray:
+        return _predict_on_ray(args, out, model, models, preprocessor)
     dataset, batches = _data_batches(args.data, args, preprocessor, labels=args.labelled, model=models)
     classes = _class_names(args, dataset, models[0])
     val_batches = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
@@ -84,11 +84,10 @@ def _class_names(args: argparse.Namespace, dataset, model) -> list[str] | None:
     return [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))] or None
 
 
-def _predict_on_ray(args: argparse.Namespace, out, models: list, preprocessor) -> int:
+def _predict_on_ray(args: argparse.Namespace, out, model, models: list, preprocessor) -> int:
     """``--engine ray``: the calibration (saved, or fit here on ``--val-data``), then the job."""
     from .predict_ray import predict_on_ray
 
-    model = models[0] if len(models) == 1 else models
     val = _data_batches(args.val_data, args, preprocessor, model=models)[1] if args.val_data else None
     calibration, _ = _calibration(args, model, len(models), val)
     _resolve_length(args, models)

@@ -104,7 +104,7 @@ def predict_on_ray(args: argparse.Namespace, out: Path, calibration, flag_score:
                 "batch_size": args.batch_size,
                 "max_length": args.max_length,
                 "precision": precision,
-                "flag_score": calibration.score if calibration is not None else flag_score,
+                "flag_score": flag_score,  # the calibration's where there is one (`_flag_score`)
                 "fdr": args.fdr,
             }
             manifest = write_predictions(records, out, settings)
@@ -121,7 +121,7 @@ def _user_error(exc: BaseException) -> BaseException:
 
     seen: BaseException | None = exc
     while seen is not None:
-        if type(seen) is InputError or (isinstance(seen, InputError) and "Ray" not in type(seen).__name__):
+        if isinstance(seen, InputError) and "Ray" not in type(seen).__name__:  # not Ray's wrapped copy
             return InputError(str(seen))
         cause = getattr(seen, "cause", None)
         seen = cause if isinstance(cause, BaseException) and cause is not seen else seen.__cause__

@@ -199,3 +199,33 @@ def test_calibrate_on_ray_refuses_what_it_cannot_fit_before_any_work(tuned, tmp_
         assert main([*base, *extra, "--out", str(tmp_path / "o"), *COMMON]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_predictions_manifest_naming_files_elsewhere_is_refused(tmp_path):
+    """read_predictions reads only the manifest's files of records/: a name that climbs out of the
+    folder, a missing file and a link are refused before anything is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    outside = tmp_path / "someone"
+    outside.mkdir()
+    pq.write_table(pa.table({"id": ["x/0"], "secret": [1]}), outside / "theirs.parquet")
+    folder = tmp_path / "preds"
+    (folder / "records").mkdir(parents=True)
+    pq.write_table(pa.table({"id": ["a.csv/0"], "flagged": [True]}), folder / "records" / "ok.parquet")
+    cases = [
+        ({"../someone/theirs.parquet": 1}, "not a file of records/"),
+        ({"records/../../someone/theirs.parquet": 1}, "not a file of records/"),
+        ({"records/gone.parquet": 1}, "is missing"),
+    ]
+    for files, message in cases:
+        (folder / PREDICTIONS_MANIFEST).write_text(json.dumps({"files": files, "rows": 1}))
+        with pytest.raises(ValueError, match=message):
+            read_predictions(folder)
+    (folder / "records" / "link.parquet").symlink_to(outside / "theirs.parquet")
+    (folder / PREDICTIONS_MANIFEST).write_text(json.dumps({"files": {"records/link.parquet": 1}, "rows": 1}))
+    with pytest.raises(ValueError, match="link"):
+        read_predictions(folder)
+    (folder / "records" / "link.parquet").unlink()
+    (folder / PREDICTIONS_MANIFEST).write_text(json.dumps({"files": {"records/ok.parquet": 1}, "rows": 1}))
+    assert read_predictions(folder) == [{"id": "a.csv/0", "flagged": True}]

@@ -72,7 +72,7 @@ def ray_session(address: str | None = None, workers: int | None = None) -> Itera
     embedded = address is None
     if started:
         options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-        if embedded:  # a new local instance ("local": never one a killed run left in /tmp/ray)
+        if embedded:  # "local": a new instance, never the one a killed run's cluster file names
             wanted = workers or max(1, cores - 1)
             ray.init(address="local", num_cpus=max(cores, wanted + 1), **options)
         else:

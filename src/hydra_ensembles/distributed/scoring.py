@@ -241,8 +241,9 @@ def write_predictions(records: Any, out: str | os.PathLike, settings: dict[str, 
 
 def read_predictions(out: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a predictions folder (`write_predictions`), nested values decoded, in the
-    order of their ids' files and rows; InputError where a file the manifest names is missing or
-    holds another number of rows."""
+    order of their ids' files and rows; InputError where the manifest names a file outside
+    ``records/`` or one that is missing, or a file holds another number of rows. Nothing is read
+    through a link (`saving.files.check_own_tree`)."""
     import pyarrow.parquet as pq
 
     from ..saving.files import check_own_tree, read_json
@@ -251,7 +252,14 @@ def read_predictions(out: str | os.PathLike) -> list[dict[str, Any]]:
     manifest = read_json(folder / PREDICTIONS_MANIFEST, "predictions manifest")
     rows: list[dict[str, Any]] = []
     for name, count in manifest["files"].items():
-        table = pq.read_table(folder / name)
+        part = Path(name)
+        if part.parent != Path(RECORDS_FOLDER) or part.suffix != ".parquet" or part.name.startswith("."):
+            raise InputError(
+                f"{folder / PREDICTIONS_MANIFEST} names {name!r}, not a file of {RECORDS_FOLDER}/"
+            )
+        if not (folder / part).is_file():
+            raise InputError(f"{folder / part} is missing: the predictions folder is incomplete")
+        table = pq.read_table(folder / part)
         if table.num_rows != count:
             raise InputError(f"{folder / name} holds {table.num_rows} rows; the manifest says {count}")
         rows += table.to_pylist()

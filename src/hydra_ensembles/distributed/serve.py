@@ -27,6 +27,7 @@ import uuid
 from typing import Any
 
 from ..errors import InputError
+from .scoring import ModelWorker
 
 MAX_INPUTS = 256
 """The most texts one request may carry."""
@@ -72,20 +73,16 @@ def require_serve() -> Any:
     return serve
 
 
-class _Model:
-    """The model a replica serves: loaded once, records for a batch of texts."""
+class _Model(ModelWorker):
+    """The model a replica serves: records for a batch of texts."""
 
     def __init__(self, model: str, settings: dict[str, Any]) -> None:
-        import torch
-
         from ..data.labels import model_class_names
         from ..data.registry import saved_length
         from ..evaluation import saved_calibration
-        from ..loading import load_any, load_preprocessor
         from ..precision import resolve_precision
 
-        torch.set_num_threads(settings["threads"])
-        self.model, self.preprocessor = load_any(model).eval(), load_preprocessor(model)
+        super().__init__(model, {**settings, "preprocessor": None})
         if self.preprocessor is None:
             raise InputError(
                 f"{model} was saved without a tokenizer: serve takes a text model saved with one"
@@ -126,15 +123,13 @@ def check_servable(model: str) -> None:
     its tokenizer (what a replica loads)."""
     from pathlib import Path
 
-    from ..loading import load_preprocessor
+    from ..loading import load_any, load_preprocessor
     from ..models import takes_images
 
     if not Path(model).is_dir():
         raise InputError(f"{model} is not a saved model folder")
     if load_preprocessor(model) is None:
         raise InputError(f"{model} was saved without a tokenizer: serve takes a text model saved with one")
-    from ..loading import load_any
-
     if takes_images(load_any(model)):
         raise InputError(f"{model} takes images: serve takes text models (serve images with the pipeline)")
 
