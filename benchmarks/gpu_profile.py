@@ -25,7 +25,7 @@ from hydra_ensembles.cost import multiply_adds
 from hydra_ensembles.fusion import fuse
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import sample_members
-from hydra_ensembles.precision import DTYPES
+from hydra_ensembles.precision import DTYPE_NAMES, dtype_of
 from hydra_experiments.bench import random_inputs
 
 
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--heads-per-layer", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--precision", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--precision", default="bf16", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     model = load_any(args.model, 4).eval()
@@ -76,7 +76,7 @@ def main() -> None:
         heads_per_layer=args.heads_per_layer,
         pool_size=config.num_attention_heads,
     )
-    dtype = DTYPES[args.precision]
+    dtype = dtype_of(args.precision)
     single = model.to("cuda", dtype)
     models = {"Single": single, "Hydra (fused)": fuse(single, heads).eval()}
     x = {k: v.to("cuda") for k, v in random_inputs(config, args.tokens, 0)(args.batch).items()}

@@ -16,7 +16,7 @@ import torch
 
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import predict
-from hydra_ensembles.precision import DTYPES
+from hydra_ensembles.precision import dtype_of
 from hydra_ensembles.zero_shot import fuse_dual_encoder
 from tests.factories import (
     FAMILIES,
@@ -67,7 +67,7 @@ def test_fused_model_equals_its_members_in_low_precision(family, precision, way)
         with torch.no_grad(), computing_in(precision):
             explicit = torch.stack([m(**x).logits.float() for m in _members(model)])
     else:
-        dtype = DTYPES[precision]
+        dtype = dtype_of(precision)
         with torch.no_grad():
             out = hydra.to(dtype)(**x).member_logits
             assert out.dtype == dtype
@@ -102,7 +102,7 @@ def test_zero_shot_hydra_runs_in_low_precision_and_returns_fp32_cosines(make, in
             with computing_in(precision):
                 out = fused(**x).member_logits
         else:
-            out = fused.to(DTYPES[precision])(**x).member_logits
+            out = fused.to(dtype_of(precision))(**x).member_logits
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     layers = 2  # each tower's depth: the two towers' errors meet in one cosine
     tol = rounding_tolerance(precision, exact, layers=2 * layers, fp32=0.0)

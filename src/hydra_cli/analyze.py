@@ -32,14 +32,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_analyze_command(sub) -> argparse.ArgumentParser:
+def _add_analyze_arguments(analyze: argparse.ArgumentParser) -> None:
     from hydra_ensembles.analysis import STUDIES
 
-    analyze = sub.add_parser(
-        "analyze",
-        help="the paper's analysis on the demo's models: Proposition 1's conditions, what heads "
-        "represent, member count, merged vs exact MLPs (reuses the demo's cached models)",
-    )
     analyze.add_argument("--task", choices=["text", "image"], default="text")
     analyze.add_argument(
         "--studies",
@@ -55,12 +50,13 @@ def _add_analyze_command(sub) -> argparse.ArgumentParser:
         "--bootstrap", type=_resamples, default=200, help="bootstrap resamples for intervals"
     )
     precision_option(analyze)
-    return analyze
 
 
 COMMAND = Command(
     "analyze",
-    add_parser=_add_analyze_command,
+    help="the paper's analysis on the demo's models: Proposition 1's conditions, what heads "
+    "represent, member count, merged vs exact MLPs (reuses the demo's cached models)",
+    add_arguments=_add_analyze_arguments,
     run=_cmd_analyze,
     locks_outputs=False,
     reports_precision=True,

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from hydra_ensembles.models import DEFAULT_TEXT_MODEL
-from hydra_experiments.bench import METHODS
-
 from .command import Command
 from .options import COUNT, POSITIVE, _num_labels_option, _report_overwrite_option, int_list
 
@@ -93,6 +90,8 @@ def _random_members(model, args: argparse.Namespace) -> tuple[list, list | None]
 
 def _method_list(text: str) -> list[str]:
     """An argparse type: comma-separated keys of the benchmark's methods."""
+    from hydra_experiments.bench import METHODS
+
     keys = [item.strip() for item in text.split(",") if item.strip()]
     unknown = [k for k in keys if k not in METHODS]
     if not keys or unknown:
@@ -114,8 +113,10 @@ def _device(text: str) -> str:
     return text
 
 
-def _add_bench_command(sub) -> argparse.ArgumentParser:
-    bench = sub.add_parser("bench", help="latency, parameters, multiply-adds and memory of every method")
+def _add_bench_arguments(bench: argparse.ArgumentParser) -> None:
+    from hydra_ensembles.models import DEFAULT_TEXT_MODEL
+    from hydra_experiments.bench import METHODS
+
     bench.add_argument("model", nargs="?", default=DEFAULT_TEXT_MODEL)
     bench.add_argument("--members", type=POSITIVE, default=3)
     bench.add_argument("--heads-per-layer", type=COUNT, default=8)
@@ -169,12 +170,12 @@ def _add_bench_command(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="also time the fused model exported to ONNX and run by onnxruntime (float32, CPU)",
     )
-    return bench
 
 
 COMMAND = Command(
     "bench",
-    add_parser=_add_bench_command,
+    help="latency, parameters, multiply-adds and memory of every method",
+    add_arguments=_add_bench_arguments,
     run=_cmd_bench,
     reports_precision=True,
 )

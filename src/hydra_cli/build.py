@@ -221,10 +221,7 @@ def member_training_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_build_command(sub) -> argparse.ArgumentParser:
-    build = sub.add_parser(
-        "build", help="members from a ranking -> optional fine-tuning -> fused Hydra model"
-    )
+def _add_build_arguments(build: argparse.ArgumentParser) -> None:
     build.add_argument("model", help="the model the ranking was computed on")
     build.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
     build.add_argument("--members", type=POSITIVE, default=3)
@@ -254,12 +251,12 @@ def _add_build_command(sub) -> argparse.ArgumentParser:
     _random_head_option(build)
     _overwrite_option(build)
     _data_options(build)
-    return build
 
 
 COMMAND = Command(
     "build",
-    add_parser=_add_build_command,
+    help="members from a ranking -> optional fine-tuning -> fused Hydra model",
+    add_arguments=_add_build_arguments,
     run=_cmd_build,
     resume="rerun the same command to resume (finished members and epochs are kept)",
 )

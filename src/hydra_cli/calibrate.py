@@ -182,12 +182,7 @@ def _write(model, found, folder: Path, preprocessor) -> None:
         model.save_pretrained(folder)
 
 
-def _add_calibrate_command(sub) -> argparse.ArgumentParser:
-    cal = sub.add_parser(
-        "calibrate",
-        help="fit a saved model's calibration again on new data (temperature, statistics, flag, sets) "
-        "without training; saved with the model to a new folder",
-    )
+def _add_calibrate_arguments(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("model", help="a saved Hydra model, member or ensemble (build's hydra/, members/), or "
                      "a Hugging Face classifier folder (finetune's output)")  # fmt: skip
     cal.add_argument(
@@ -203,7 +198,12 @@ def _add_calibrate_command(sub) -> argparse.ArgumentParser:
     _overwrite_option(cal)
     _data_options(cal)
     engine_options(cal, "the feature statistics fit on --data (mds, rmds, mds++)")
-    return cal
 
 
-COMMAND = Command("calibrate", add_parser=_add_calibrate_command, run=_cmd_calibrate)
+COMMAND = Command(
+    "calibrate",
+    help="fit a saved model's calibration again on new data (temperature, statistics, flag, sets) "
+    "without training; saved with the model to a new folder",
+    add_arguments=_add_calibrate_arguments,
+    run=_cmd_calibrate,
+)

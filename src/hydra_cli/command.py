@@ -1,5 +1,5 @@
-"""One record per ``hydra-ens`` subcommand: its parser, its handler, and what the runner in
-`main` needs to know about it (whether it locks its outputs itself, how a rerun resumes it,
+"""One record per ``hydra-ens`` subcommand: its name and help, its arguments, its handler, and
+what the runner in `main` needs to know about it (whether it locks its outputs itself, how a rerun resumes it,
 whether it reports its precision itself, which inputs hide inside its options)."""
 
 from __future__ import annotations
@@ -12,10 +12,15 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Command:
     name: str
-    add_parser: Callable[[argparse._SubParsersAction], argparse.ArgumentParser]
-    """Adds the command's parser (name, help, arguments) to the subcommands and returns it."""
+    help: str
+    """The line ``hydra-ens --help`` lists the command with."""
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    """Adds the command's arguments to its parser; called only when the command is parsed or its
+    help shown, so that what they import (registries, defaults) costs nothing to other commands."""
     run: Callable[[argparse.Namespace], int]
     """The handler: does the work and returns the exit code."""
+    description: str | None = None
+    """The paragraph above the command's own ``--help`` (none: the help line is not repeated)."""
     locks_outputs: bool = True
     """False where the command locks its own output folder (its default included)."""
     resume: str | Callable[[argparse.Namespace], str] | None = None

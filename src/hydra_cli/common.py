@@ -7,7 +7,6 @@ import argparse
 import sys
 
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.saving.metadata import write_metadata
 
 from .options import calibration_config
 
@@ -87,6 +86,8 @@ def _resolve_length(args: argparse.Namespace, model) -> int:
 def _record_length(model, args: argparse.Namespace) -> None:
     """Save the token length a command trains or calibrates at with the model it writes (its
     metadata's ``max_length``), so predict, eval and the pipelines cut texts alike."""
+    from hydra_ensembles.saving.metadata import write_metadata
+
     if args.max_length is not None and getattr(model, "config", None) is not None:
         write_metadata(model, max_length=int(args.max_length))
 

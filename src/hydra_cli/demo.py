@@ -7,8 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.models import DEFAULT_TEXT_MODEL
-from hydra_experiments.pretrained import DEFAULT_IMAGE_MODEL
 
 from .command import Command
 from .options import POSITIVE, precision_option, share
@@ -70,12 +68,10 @@ OPT_IN = {
 """The demo's opt-in rows (each an extra method, off by default to keep the default run short)."""
 
 
-def _add_demo_command(sub) -> argparse.ArgumentParser:
-    demo = sub.add_parser(
-        "demo",
-        help="the paper's experiment on an embedded benchmark (text: MiniLM-L6 on BBC News; "
-        "image: pretrained DINOv2-S fine-tuned on Fashion-MNIST)",
-    )
+def _add_demo_arguments(demo: argparse.ArgumentParser) -> None:
+    from hydra_ensembles.models import DEFAULT_TEXT_MODEL
+    from hydra_experiments.pretrained import DEFAULT_IMAGE_MODEL
+
     demo.add_argument(
         "--task",
         choices=["text", "image", "zero-shot"],
@@ -109,7 +105,6 @@ def _add_demo_command(sub) -> argparse.ArgumentParser:
     for flag, help_text in OPT_IN.items():
         demo.add_argument(flag, action="store_true", help=help_text)
     precision_option(demo)
-    return demo
 
 
 def _member_study_options(demo: argparse.ArgumentParser) -> None:
@@ -143,7 +138,9 @@ def _member_study_options(demo: argparse.ArgumentParser) -> None:
 
 COMMAND = Command(
     "demo",
-    add_parser=_add_demo_command,
+    help="the paper's experiment on an embedded benchmark (text: MiniLM-L6 on BBC News; "
+    "image: pretrained DINOv2-S fine-tuned on Fashion-MNIST)",
+    add_arguments=_add_demo_arguments,
     run=_cmd_demo,
     locks_outputs=False,
     reports_precision=True,

@@ -202,8 +202,7 @@ def _eval_data(args: argparse.Namespace, preprocessor, models: list, oods_named:
     return EvalData(id_test, oods, shift, val, train, ood_val)
 
 
-def _add_eval_command(sub) -> argparse.ArgumentParser:
-    evaluate = sub.add_parser("eval", help="evaluate methods on ID, OOD (near/far) data; write a report")
+def _add_eval_arguments(evaluate: argparse.ArgumentParser) -> None:
     evaluate.add_argument(
         "--method",
         action="append",
@@ -245,7 +244,6 @@ def _add_eval_command(sub) -> argparse.ArgumentParser:
     evaluate.add_argument("--out", required=True, help="report folder")
     _report_overwrite_option(evaluate)
     _data_options(evaluate)
-    return evaluate
 
 
 def _method_paths(args: argparse.Namespace) -> list[str]:
@@ -255,7 +253,8 @@ def _method_paths(args: argparse.Namespace) -> list[str]:
 
 COMMAND = Command(
     "eval",
-    add_parser=_add_eval_command,
+    help="evaluate methods on ID, OOD (near/far) data; write a report",
+    add_arguments=_add_eval_arguments,
     run=_cmd_eval,
     extra_inputs=_method_paths,
 )

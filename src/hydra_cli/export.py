@@ -7,7 +7,6 @@ import json
 import sys
 
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
 
 from .command import Command
 from .options import PREPROCESSOR_HELP, _data_options, _fraction, _overwrite_option
@@ -112,19 +111,9 @@ def _print_parity(parity: dict, score: str) -> None:
         )
 
 
-def _add_export_command(sub) -> argparse.ArgumentParser:
-    export = sub.add_parser(
-        "export",
-        help="export a saved Hydra model, member or ensemble as one ONNX graph with its calibration",
-        description=(
-            "Write MODEL as one ONNX graph (every member and the aggregation; dynamic batch and "
-            "sequence axes) to --out/model.onnx, with calibration.json (classes, temperature, OOD "
-            "score and threshold) and the preprocessor beside it. The graph is run by onnxruntime "
-            "and compared with PyTorch before it is kept (at most 1e-4 apart). With --quantize int8 "
-            "the graph written has int8 weights, its calibration fit again on its own outputs for "
-            "--val-data, with a parity report."
-        ),
-    )
+def _add_export_arguments(export: argparse.ArgumentParser) -> None:
+    from hydra_ensembles.serving.quantization import MIN_AGREEMENT, QUANTIZATIONS
+
     export.add_argument("model", help="a folder saved by hydra-ens build, fuse, finetune or the Python API")
     export.add_argument("--format", choices=["onnx"], default="onnx", help="the export format")
     export.add_argument("--out", required=True, help="output directory (replaced as a whole)")
@@ -155,11 +144,17 @@ def _add_export_command(sub) -> argparse.ArgumentParser:
     )
     _overwrite_option(export)
     _data_options(export, precision=False)
-    return export
 
 
 COMMAND = Command(
     "export",
-    add_parser=_add_export_command,
+    help="export a saved Hydra model, member or ensemble as one ONNX graph with its calibration",
+    description="Write MODEL as one ONNX graph (every member and the aggregation; dynamic batch and "
+    "sequence axes) to --out/model.onnx, with calibration.json (classes, temperature, OOD "
+    "score and threshold) and the preprocessor beside it. The graph is run by onnxruntime "
+    "and compared with PyTorch before it is kept (at most 1e-4 apart). With --quantize int8 "
+    "the graph written has int8 weights, its calibration fit again on its own outputs for "
+    "--val-data, with a parity report.",
+    add_arguments=_add_export_arguments,
     run=_cmd_export,
 )

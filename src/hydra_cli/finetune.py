@@ -107,12 +107,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_finetune_command(sub) -> argparse.ArgumentParser:
-    tune = sub.add_parser(
-        "finetune",
-        help="fine-tune a classifier (e.g. a base model's new head) on labelled data; save it with its "
-        "preprocessor and class names (what score and build start from)",
-    )
+def _add_finetune_arguments(tune: argparse.ArgumentParser) -> None:
     tune.add_argument("model", help="HF id or directory (a base model gets a new head), or minilm-l6")
     tune.add_argument("--data", required=True, help="labelled training data")
     tune.add_argument(
@@ -136,12 +131,13 @@ def _add_finetune_command(sub) -> argparse.ArgumentParser:
     _overwrite_option(tune)
     _data_options(tune)
     tune.set_defaults(allow_random_head=True)
-    return tune
 
 
 COMMAND = Command(
     "finetune",
-    add_parser=_add_finetune_command,
+    help="fine-tune a classifier (e.g. a base model's new head) on labelled data; save it with its "
+    "preprocessor and class names (what score and build start from)",
+    add_arguments=_add_finetune_arguments,
     run=_cmd_finetune,
     resume="rerun the same command to resume from the last finished epoch",
 )

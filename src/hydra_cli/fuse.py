@@ -49,11 +49,7 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_fuse_command(sub) -> argparse.ArgumentParser:
-    fuse = sub.add_parser(
-        "fuse",
-        help="fuse members into one model: untrained ones from head-set JSON files, or saved members",
-    )
+def _add_fuse_arguments(fuse: argparse.ArgumentParser) -> None:
     fuse.add_argument("model", nargs="?", help="with --heads: HF id, local directory or minilm-l6")
     fuse.add_argument(
         "--heads",
@@ -77,11 +73,11 @@ def _add_fuse_command(sub) -> argparse.ArgumentParser:
     fuse.add_argument("--out", required=True, help="output directory")
     _random_head_option(fuse)
     _overwrite_option(fuse)
-    return fuse
 
 
 COMMAND = Command(
     "fuse",
-    add_parser=_add_fuse_command,
+    help="fuse members into one model: untrained ones from head-set JSON files, or saved members",
+    add_arguments=_add_fuse_arguments,
     run=_cmd_fuse,
 )

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.models import DEFAULT_TEXT_MODEL
 
 from .command import Command
 from .options import _num_labels_option
@@ -123,18 +122,19 @@ def _print_calibration(model) -> None:
         print(f"fine-tuned: {trained} since the pretrained weights")
 
 
-def _add_info_command(sub) -> argparse.ArgumentParser:
-    info = sub.add_parser("info", help="show a model's family, layers and heads")
+def _add_info_arguments(info: argparse.ArgumentParser) -> None:
+    from hydra_ensembles.models import DEFAULT_TEXT_MODEL
+
     info.add_argument(
         "model", nargs="?", default=DEFAULT_TEXT_MODEL, help="HF id, local directory or minilm-l6"
     )
     info.add_argument("--families", action="store_true", help="list the supported model families and exit")
     _num_labels_option(info)
-    return info
 
 
 COMMAND = Command(
     "info",
-    add_parser=_add_info_command,
+    help="show a model's family, layers and heads",
+    add_arguments=_add_info_arguments,
     run=_cmd_info,
 )

@@ -8,11 +8,7 @@ import contextlib
 import os
 import sys
 
-import hydra_experiments.datasets
-import hydra_experiments.pretrained  # noqa: F401  (the demos' named models, dinov2-s-<px> and all-mpnet-base-v2, for every command)
-from hydra_ensembles.data import MissingDataError
-from hydra_ensembles.errors import InputError, UnsupportedModelError
-from hydra_ensembles.models import MissingModelError
+from hydra_ensembles.errors import InputError, MissingDataError, MissingModelError, UnsupportedModelError
 
 from . import (
     analyze,
@@ -32,6 +28,7 @@ from . import (
     zero_shot,
 )
 from .command import Command
+from .options import registered_scores
 
 COMMANDS: tuple[Command, ...] = tuple(
     module.COMMAND
@@ -60,7 +57,7 @@ class _DefaultsShown(argparse.HelpFormatter):
     """Help that states every option's default value (``None`` and off switches excepted)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
+        text = registered_scores(action.help or "")
         default = action.default
         shown = not (default is None or default is False or default == argparse.SUPPRESS)
         shown = shown and not isinstance(default, list)
@@ -87,14 +84,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _CommandParser(_Parser):
+    """A subcommand's parser, whose arguments are added (`Command.add_arguments`) the first time it
+    parses or shows its help: ``hydra-ens --help`` and a mistyped command import nothing of any
+    command, and a command imports only what its own options need."""
+
+    def __init__(self, *args, command: Command, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.command, self._complete = command, False
+        self.set_defaults(record=command)
+
+    def complete(self) -> _CommandParser:
+        """Add the command's arguments (once); returns the parser."""
+        if not self._complete:
+            self._complete = True
+            self.command.add_arguments(self)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self.complete()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command (each command's arguments are added when it is used, see
+    `_CommandParser`)."""
     parser = _Parser(
         prog="hydra-ens",
         description="Hydra Ensembles: prune attention heads M ways, fuse the members into one model.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
     for command in COMMANDS:
-        command.add_parser(sub).set_defaults(record=command)
+        described = {} if command.description is None else {"description": command.description}
+        sub.add_parser(command.name, help=command.help, command=command, **described)
     return parser
 
 
@@ -209,8 +235,16 @@ DEBUG_VARIABLE = "HYDRA_DEBUG"
 """Set to 1, an internal error shows its traceback."""
 
 
+def _register_demo_sources() -> None:
+    """The demos' named data and models (dinov2-s-<px>, all-mpnet-base-v2, ...), for every command;
+    imported when a command runs, not for ``--help`` or an argument error."""
+    import hydra_experiments.datasets
+    import hydra_experiments.pretrained  # noqa: F401
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
+        _register_demo_sources()
         _guard_outputs(args)
         with _locked_outputs(args):
             _resolve_precision_once(args)

@@ -33,11 +33,19 @@ def ood_score_or_auto(text: str) -> str:
     return text if text == "auto" else ood_score(text)
 
 
-def ood_score_names_help() -> str:
-    """The registered scores, for a help text: the logit scores, then the feature scores."""
+REGISTERED_SCORES = "<the registered OOD scores>"
+"""Stands in a help text for the scores registered when the help is shown (`registered_scores`):
+the registry is imported for ``--help`` only, never to parse arguments that do not name a score."""
+
+
+def registered_scores(text: str) -> str:
+    """``text`` with `REGISTERED_SCORES` spelled out: the logit scores, then the feature scores."""
+    if REGISTERED_SCORES not in text:
+        return text
     from hydra_ensembles.ood import feature_scores, logit_scores
 
-    return f"the logit scores {', '.join(logit_scores())}; the feature scores {', '.join(feature_scores())}"
+    names = f"the logit scores {', '.join(logit_scores())}; the feature scores {', '.join(feature_scores())}"
+    return text.replace(REGISTERED_SCORES, names)
 
 
 def precision_option(parser: argparse.ArgumentParser) -> None:
@@ -173,7 +181,7 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
         metavar="SCORE",
         default="auto",
         help=f"OOD score the saved calibration flags on (higher = more likely OOD), its threshold fit "
-        f"on {data}: {ood_score_names_help()} (these read statistics of the members' features on "
+        f"on {data}: {REGISTERED_SCORES} (these read statistics of the members' features on "
         "--data), and any an installed package registers (docs/ood.md). auto: with --ood-data, the "
         "score separating it best from the ID validation data; without, mds where --data is given, "
         "else msp (docs/ood.md)",

@@ -7,18 +7,17 @@ import sys
 import time
 
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.ood import feature_scores
 
 from .clock import STARTED
 from .command import Command
 from .common import _data_batches, _load_methods, _resolve_length, _say_precision
 from .options import (
     PREPROCESSOR_HELP,
+    REGISTERED_SCORES,
     _data_options,
     _fraction,
     _random_head_option,
     ood_score,
-    ood_score_names_help,
 )
 from .predict_ray import check_ray_options, engine_options
 
@@ -98,6 +97,8 @@ def _predict_on_ray(args: argparse.Namespace, out, model, models: list, preproce
 def _flag_score(args: argparse.Namespace, calibration) -> str:
     """The score the records flag on (the calibration's, else ``--flag-score`` or msp); InputError
     where it or ``--fdr`` needs a calibration that is not there."""
+    from hydra_ensembles.ood import feature_scores
+
     flag_score = calibration.score if calibration is not None else args.flag_score or "msp"
     if calibration is None and flag_score in feature_scores():
         raise InputError(
@@ -117,6 +118,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     or ``--keep`` ask for another), else none (with a warning)."""
     from hydra_ensembles.evaluation import CalibrationConfig, fit_calibration, saved_calibration
     from hydra_ensembles.evaluation.calibration import check_calibration_data
+    from hydra_ensembles.ood import feature_scores
 
     saved = saved_calibration(model) if num_models == 1 else None
     calibration = None if val_batches is not None else saved
@@ -200,10 +202,7 @@ def _nothing_selected(rows: list[dict], calibration, fdr: float) -> str:
     )
 
 
-def _add_predict_command(sub) -> argparse.ArgumentParser:
-    pred = sub.add_parser(
-        "predict", help="per-input predictions with uncertainty and an OOD flag (CSV or JSON Lines)"
-    )
+def _add_predict_arguments(pred: argparse.ArgumentParser) -> None:
     pred.add_argument(
         "model", help="PATH[,PATH...]: a saved Hydra model, member or HF model; several = ensemble"
     )
@@ -219,7 +218,7 @@ def _add_predict_command(sub) -> argparse.ArgumentParser:
         type=ood_score,
         metavar="SCORE",
         help=f"OOD score to flag on, with --val-data (default: the saved calibration's, else msp): "
-        f"{ood_score_names_help()} (these need a model saved with feature statistics), and any an "
+        f"{REGISTERED_SCORES} (these need a model saved with feature statistics), and any an "
         "installed package registers",
     )
     pred.add_argument(
@@ -249,11 +248,11 @@ def _add_predict_command(sub) -> argparse.ArgumentParser:
         "data's, with the threshold (a .png file)",
     )
     _data_options(pred)
-    return pred
 
 
 COMMAND = Command(
     "predict",
-    add_parser=_add_predict_command,
+    help="per-input predictions with uncertainty and an OOD flag (CSV or JSON Lines)",
+    add_arguments=_add_predict_arguments,
     run=_cmd_predict,
 )

@@ -59,8 +59,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_score_command(sub) -> argparse.ArgumentParser:
-    score = sub.add_parser("score", help="rank heads: Taylor importance or greedy circuit extraction (JSON)")
+def _add_score_arguments(score: argparse.ArgumentParser) -> None:
     score.add_argument("model", help="a fine-tuned classifier: HF id or directory, or a saved member")
     score.add_argument("--method", choices=["taylor", "circuit"], default="circuit")
     score.add_argument(
@@ -105,7 +104,6 @@ def _add_score_command(sub) -> argparse.ArgumentParser:
     _num_labels_option(score)
     score.add_argument("--out", required=True, help="output JSON file")
     _data_options(score)
-    return score
 
 
 def _circuit_config(args: argparse.Namespace):
@@ -132,7 +130,8 @@ def _score_resume(args: argparse.Namespace) -> str:
 
 COMMAND = Command(
     "score",
-    add_parser=_add_score_command,
+    help="rank heads: Taylor importance or greedy circuit extraction (JSON)",
+    add_arguments=_add_score_arguments,
     run=_cmd_score,
     resume=_score_resume,
 )

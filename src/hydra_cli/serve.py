@@ -48,13 +48,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_serve_command(sub) -> argparse.ArgumentParser:
+def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     from .options import precision_option
 
-    p = sub.add_parser(
-        "serve",
-        help="serve a saved text model over HTTP (Ray Serve): POST /predict answers with predict's records",
-    )
     p.add_argument("model", help="a saved model folder (build's hydra/, finetune's output, a fused ensemble)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     p.add_argument("--port", type=_at_least(1), default=8000)
@@ -81,7 +77,11 @@ def _add_serve_command(sub) -> argparse.ArgumentParser:
         help="a Ray cluster to serve on (auto, or ray://HOST:PORT); default: Ray embedded on this machine",
     )
     precision_option(p)
-    return p
 
 
-COMMAND = Command("serve", add_parser=_add_serve_command, run=_cmd_serve)
+COMMAND = Command(
+    "serve",
+    help="serve a saved text model over HTTP (Ray Serve): POST /predict answers with predict's records",
+    add_arguments=_add_serve_arguments,
+    run=_cmd_serve,
+)

@@ -311,12 +311,7 @@ def _grid_options(sweep: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_sweep_command(sub) -> argparse.ArgumentParser:
-    sweep = sub.add_parser(
-        "sweep",
-        help="many Hydra configurations beside the single model on your data: cost/quality frontier, "
-        "and the best within a latency budget",
-    )
+def _add_sweep_arguments(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("model", help="the model the ranking was computed on (the single model)")
     sweep.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
     _grid_options(sweep)
@@ -362,12 +357,13 @@ def _add_sweep_command(sub) -> argparse.ArgumentParser:
     _random_head_option(sweep)
     _overwrite_option(sweep)
     _data_options(sweep)
-    return sweep
 
 
 COMMAND = Command(
     "sweep",
-    add_parser=_add_sweep_command,
+    help="many Hydra configurations beside the single model on your data: cost/quality frontier, "
+    "and the best within a latency budget",
+    add_arguments=_add_sweep_arguments,
     run=_cmd_sweep,
     resume="rerun the same command to resume (finished configurations are kept)",
     extra_inputs=_compare_paths,

@@ -70,12 +70,7 @@ def _cmd_zero_shot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_zero_shot_command(sub) -> argparse.ArgumentParser:
-    zs = sub.add_parser(
-        "zero-shot",
-        help="zero-shot Hydra from a dual encoder (CLIP, SigLIP or a sentence encoder): circuit over the "
-        "heads of both towers -> members -> fused zero-shot model, no training",
-    )
+def _add_zero_shot_arguments(zs: argparse.ArgumentParser) -> None:
     zs.add_argument(
         "model", help="a CLIPModel, a SiglipModel or a sentence-transformers checkpoint (HF id or directory)"
     )
@@ -115,11 +110,12 @@ def _add_zero_shot_command(sub) -> argparse.ArgumentParser:
     _calibration_options(zs, "--data", ood_option=False)
     _overwrite_option(zs)
     _data_options(zs)
-    return zs
 
 
 COMMAND = Command(
     "zero-shot",
-    add_parser=_add_zero_shot_command,
+    help="zero-shot Hydra from a dual encoder (CLIP, SigLIP or a sentence encoder): circuit over the "
+    "heads of both towers -> members -> fused zero-shot model, no training",
+    add_arguments=_add_zero_shot_arguments,
     run=_cmd_zero_shot,
 )

@@ -9,16 +9,13 @@ own checked files; the class names are read from those files too, never from ``c
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from ._imports import first_use
 from .errors import InputError
 from .saving.files import atomic_write_json
 from .saving.formats import HF_CONFIG_NAME, classifier_kinds
@@ -34,6 +31,7 @@ class HydraConfig(PretrainedConfig):
     model_type = MODEL_TYPE
 
     def __init__(self, saved_format: str = "fused", base_model_type: str | None = None, **kwargs: Any):
+        first_use(HydraConfig)  # the serving classes, and with them every saved format, registered
         try:
             super().__init__(**kwargs)
         except (AttributeError, TypeError) as exc:  # e.g. class names that are no mapping
@@ -45,7 +43,6 @@ class HydraConfig(PretrainedConfig):
             raise InputError(f"saved_format must be one of {classifier_kinds()}, got {saved_format!r}")
         self.saved_format = saved_format
         self.base_model_type = base_model_type
-        _first_use()
 
     @classmethod
     def describing(cls, base_config: PretrainedConfig, saved_format: str) -> HydraConfig:
@@ -56,55 +53,6 @@ class HydraConfig(PretrainedConfig):
             id2label=dict(getattr(base_config, "id2label", None) or {}),
             problem_type="single_label_classification",
         )
-
-
-_FIRST_USE: list[Callable[[], None]] = []
-
-
-def on_first_config(hook: Callable[[], None]) -> None:
-    """Call ``hook`` once, when the first `HydraConfig` is made. `hydra_ensembles` registers the
-    serving classes and pipeline tasks this way: ``AutoModel...from_pretrained(folder)`` and
-    ``pipeline(task, model=folder)`` read the folder's config before they look a class or task
-    up, so importing transformers' modelling and pipeline code waits until a saved model is used."""
-    _FIRST_USE.append(hook)
-
-
-def _first_use() -> None:
-    while _FIRST_USE:
-        _FIRST_USE.pop(0)()
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``hook`` once the module ``name`` has been imported (its code executed)."""
-
-    def __init__(self, name: str, hook: Callable[[], None]) -> None:
-        self.name, self.hook = name, hook
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once; the other finders locate the module itself
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run, hook = spec.loader.exec_module, self.hook
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            hook()
-
-        spec.loader.exec_module = exec_module  # this spec's own loader object
-        return spec
-
-
-def after_import(name: str, hook: Callable[[], None]) -> None:
-    """Call ``hook`` when the module ``name`` is imported, or now where it already is.
-    `hydra_ensembles` registers its pipeline tasks this way when ``transformers.pipelines`` loads
-    (``from transformers import pipeline`` loads it), without importing it itself."""
-    if name in sys.modules:
-        hook()
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, hook))
 
 
 def register_config() -> None:
@@ -122,3 +70,6 @@ def write_hf_config(path: str | os.PathLike, base_config: Any, saved_format: str
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     return atomic_write_json(path / HF_CONFIG_NAME, config.to_dict())
+
+
+register_config()  # saved models load with AutoConfig once this module is imported (see `hydra_ensembles`)

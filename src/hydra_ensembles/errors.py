@@ -1,5 +1,6 @@
 """Errors that refuse what a user gave: `InputError` (each module's own refusals subclass it) and
-`UnsupportedModelError`.
+`UnsupportedModelError`; and the errors of a missing package (`MissingDataError`,
+`MissingModelError`).
 
 The command line ends a command in one line with exit 2 on an `InputError` or an
 `UnsupportedModelError` (a refusal of the user's input); any other exception, a plain
@@ -18,3 +19,11 @@ class InputError(ValueError):
     what is wrong and how to fix it. Every module's own refusals (`HeadSetError`, `ExportError`,
     ...) are InputErrors; a plain `ValueError` from inside a computation is not, and the command
     line reports it as an internal error."""
+
+
+class MissingDataError(RuntimeError):
+    """A data package is not installed; the message says how to install it."""
+
+
+class MissingModelError(RuntimeError):
+    """The embedded default model's package is not installed."""

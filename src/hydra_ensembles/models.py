@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import InputError
+from .errors import InputError, MissingModelError
 
 DEFAULT_TEXT_MODEL = "minilm-l6"
 """all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, hidden 384), shipped in the PyPI wheel
@@ -47,10 +47,6 @@ def small_vit(name: str = SCRATCH_IMAGE_MODEL, num_labels: int = 10, seed: int =
     torch.manual_seed(seed)
     config = ViTConfig(**{**SMALL_VITS[name], **overrides}, num_labels=num_labels)
     return ViTForImageClassification(config)
-
-
-class MissingModelError(RuntimeError):
-    """The embedded default model's package is not installed."""
 
 
 class ModelNotFoundError(InputError):

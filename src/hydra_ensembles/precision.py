@@ -27,14 +27,18 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import InputError
 from .runtime import cpu_info, machine_measurement
 
+if TYPE_CHECKING:
+    import torch
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""Each precision's torch dtype, by name (`dtype_of`): this module imports torch only when it
+computes, so the command line's ``--precision`` costs no torch import."""
 PRECISION_ENV = "HYDRA_PRECISION"
 CPU_BF16_ENV = "HYDRA_CPU_BF16"
 PROBE_SPEEDUP = 1.25
@@ -52,12 +56,12 @@ class Precision:
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.name]
+        return dtype_of(self.name)
 
     @property
     def dtype_name(self) -> str:
         """The torch dtype's name: ``float32``, ``bfloat16`` or ``float16``."""
-        return str(self.dtype).removeprefix("torch.")
+        return DTYPE_NAMES[self.name]
 
     @property
     def reduced(self) -> bool:
@@ -66,6 +70,8 @@ class Precision:
 
     def autocast(self, device: str | torch.device = "cpu") -> contextlib.AbstractContextManager:
         """Autocast to this precision on ``device`` (a no-op for fp32)."""
+        import torch
+
         device_type = torch.device(device).type
         if not self.reduced:
             return contextlib.nullcontext()
@@ -73,6 +79,13 @@ class Precision:
 
     def __str__(self) -> str:
         return f"{self.name} ({self.reason})"
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of the precision ``name`` (``fp32|bf16|fp16``)."""
+    import torch
+
+    return getattr(torch, DTYPE_NAMES[name])
 
 
 def check_precision(precision: str) -> str:
@@ -86,13 +99,15 @@ def resolve_precision(precision: str | Precision = "auto", device: str | torch.d
     """The precision to compute in on ``device`` (see the module docstring for the rules)."""
     if isinstance(precision, Precision):
         return precision
+    import torch
+
     check_precision(precision)
     device = torch.device(device)
     if precision == "auto":
         forced = os.environ.get(PRECISION_ENV)
         if forced:
-            if forced not in DTYPES:
-                raise InputError(f"{PRECISION_ENV}={forced!r}: choose one of {tuple(DTYPES)}")
+            if forced not in DTYPE_NAMES:
+                raise InputError(f"{PRECISION_ENV}={forced!r}: choose one of {tuple(DTYPE_NAMES)}")
             return Precision(forced, f"set by {PRECISION_ENV}")
         return _auto(device)
     if device.type == "cpu" and precision != "fp32":
@@ -106,6 +121,8 @@ def resolve_precision(precision: str | Precision = "auto", device: str | torch.d
 
 
 def _auto(device: torch.device) -> Precision:
+    import torch
+
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return Precision("bf16", f"auto: {torch.cuda.get_device_name(device)} supports bf16")
@@ -151,6 +168,8 @@ def measure_bf16_speedup(size: int = 512, rounds: int = 7, repeats: int = 3) -> 
     bf16, each the best of ``repeats`` runs), the median of the rounds' ratios, so one slow run on
     a busy machine cannot decide alone. Three rounds in which bf16 is 10x slower or worse end the
     probe early (emulated: no need to measure it precisely)."""
+    import torch
+
     pairs = {dtype: (torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype))
              for dtype in (torch.float32, torch.bfloat16)}  # fmt: skip
     for a, b in pairs.values():
@@ -188,6 +207,8 @@ def in_precision(model: torch.nn.Module, precision: Precision) -> torch.nn.Modul
 
 def model_device(model) -> torch.device:
     """The device of a model's (or the first of a list of models') first parameter."""
+    import torch
+
     first = model[0] if isinstance(model, list | tuple) else model
     try:
         return next(first.parameters()).device

@@ -95,6 +95,8 @@ def test_help_states_every_default():
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     for name, parser in sub.choices.items():
+        parser.complete()
+        assert len(parser._actions) > 1, name  # more than --help
         formatter = parser._get_formatter()
         for action in parser._actions:
             default = action.default

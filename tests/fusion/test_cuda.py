@@ -12,7 +12,7 @@ import torch
 import hydra_ensembles as he
 from hydra_ensembles.batching import on_device
 from hydra_ensembles.evaluation import predict
-from hydra_ensembles.precision import DTYPES
+from hydra_ensembles.precision import dtype_of
 from tests.factories import FAMILIES, rounding_tolerance
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -32,7 +32,7 @@ def test_fused_model_equals_its_members_on_cuda(family, precision):
         exact = torch.stack([he.prune(model, hs).eval()(**x).logits for hs in HEAD_SETS])
         cpu = he.fuse(model, HEAD_SETS).eval()(**x).member_logits
     tol = rounding_tolerance(precision, exact, layers=2, fp32=TOL)
-    dtype = DTYPES[precision]
+    dtype = dtype_of(precision)
     gx = on_device(x, "cuda")
     with torch.no_grad():
         fused = he.fuse(model, HEAD_SETS).eval().to("cuda", dtype)(**gx).member_logits

@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import hydra_ensembles as he
 from hydra_ensembles.batching import on_device
 from hydra_ensembles.evaluation import calibrate
-from hydra_ensembles.precision import DTYPES
+from hydra_ensembles.precision import dtype_of
 from hydra_ensembles.scoring import extract_circuit
 from hydra_ensembles.zero_shot import fuse_dual_encoder
 from tests.factories import (
@@ -56,7 +56,7 @@ def test_fused_equals_members_under_each_attention_kernel(kernel, precision):
     x = text_inputs(batch=6, tokens=11, seed=4, padded=masked)
     if not masked:
         x.pop("attention_mask")
-    dtype = DTYPES[precision]
+    dtype = dtype_of(precision)
     with torch.no_grad():
         exact = torch.stack([he.prune(model, hs).eval()(**x).logits for hs in RAGGED])
         fused_model = he.fuse(model, RAGGED).eval().to("cuda", dtype)
@@ -74,7 +74,7 @@ def test_fused_equals_members_under_each_attention_kernel(kernel, precision):
 def test_shared_trunk_fused_on_the_gpu_equals_its_members(precision):
     model = tiny_bert(layers=2, heads=4, head_dim=8, init_range=0.3, dropout=0.0).eval()
     x = text_inputs(batch=4, tokens=9, seed=5)
-    dtype = DTYPES[precision]
+    dtype = dtype_of(precision)
     with torch.no_grad():
         exact = torch.stack([he.prune(model, hs).eval()(**x).logits for hs in TRUNK])
         fused_model = he.fuse(model, TRUNK).eval().to("cuda", dtype)
@@ -89,7 +89,7 @@ def test_dual_encoder_fused_on_the_gpu_equals_its_members(precision):
     model = tiny_clip_zero_shot(classes=3, templates=2).eval()
     head_sets = [he.HeadSet({0: [0, 1], 3: []}), he.HeadSet({1: [2], 2: [0]}), he.HeadSet({1: [0, 3]})]
     x = image_inputs(4, seed=6)
-    dtype = DTYPES[precision]
+    dtype = dtype_of(precision)
     with torch.no_grad():
         exact = torch.stack([he.prune(model, hs)(**x).logits for hs in head_sets])
         fused = fuse_dual_encoder(model, head_sets).eval().to("cuda", dtype)

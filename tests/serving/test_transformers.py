@@ -130,9 +130,9 @@ def test_the_served_paths_compute_in_the_precision_predict_computes_in(saved, tm
     """The pipeline, the Auto model and a plain classifier in the pipeline compute in the
     precision asked for (``auto`` resolves as for ``predict``: HYDRA_PRECISION here), and give the
     probabilities ``predict`` gives in it, within that format's rounding."""
-    from hydra_ensembles.precision import DTYPES
+    from hydra_ensembles.precision import dtype_of
 
-    dtype = DTYPES[precision]
+    dtype = dtype_of(precision)
     folder = saved["calibrated"]
     library = load_any(str(folder))
     calibration = saved_calibration(library)

@@ -10,12 +10,8 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, MissingDataError
 from .labels import align_labels, parse_labels
-
-
-class MissingDataError(RuntimeError):
-    """A data package is not installed; the message says how to install it."""
 
 
 @dataclass(frozen=True)

@@ -12,27 +12,26 @@
 Loading whatever a folder holds (``load_saved``, ``load_any``) must know every model kind, so it
 sits above the model packages, in `hydra_ensembles.loading`; this package imports none of them.
 
-Nothing is ever unpickled and no code is loaded from files.
+Nothing is ever unpickled and no code is loaded from files. The names here load with their
+modules on first use, so the file helpers cost no torch import.
 """
 
 from __future__ import annotations
 
-from .files import OutputError, atomic_dir, atomic_write, atomic_write_json, read_json
-from .formats import SavedFormat, read_saved, register_saved_format, saved_format, write_saved
-from .metadata import ModelMetadata, read_metadata, write_metadata
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ModelMetadata",
-    "OutputError",
-    "SavedFormat",
-    "atomic_dir",
-    "atomic_write",
-    "atomic_write_json",
-    "read_json",
-    "read_metadata",
-    "read_saved",
-    "register_saved_format",
-    "saved_format",
-    "write_metadata",
-    "write_saved",
-]
+from .._imports import lazy_exports
+
+if TYPE_CHECKING:
+    from .files import OutputError, atomic_dir, atomic_write, atomic_write_json, read_json
+    from .formats import SavedFormat, read_saved, register_saved_format, saved_format, write_saved
+    from .metadata import ModelMetadata, read_metadata, write_metadata
+
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        ".files": ("OutputError", "atomic_dir", "atomic_write", "atomic_write_json", "read_json"),
+        ".formats": ("SavedFormat", "read_saved", "register_saved_format", "saved_format", "write_saved"),
+        ".metadata": ("ModelMetadata", "read_metadata", "write_metadata"),
+    },
+)
