@@ -1,7 +1,8 @@
 """What starting the command line and importing the library cost: neither imports torch (about a
 second on a 2-core machine) until a command works, so ``hydra-ens --help``, a mistyped command and
-an argument error answer at once (``export``, whose options are the quantizer's settings, excepted); saved models still load with transformers' Auto classes in
-whichever order the packages are imported. Each case runs in a fresh process."""
+an argument error answer at once (``export``, whose options are the quantizer's settings,
+excepted); saved models still load with transformers' Auto classes in whichever order the
+packages are imported. Each case runs in a fresh process."""
 
 from __future__ import annotations
 
@@ -51,7 +52,11 @@ def test_importing_the_library_imports_no_torch():
         (["--help"], 0, "predict"),
         (["predcit"], 2, "invalid choice: 'predcit'"),
         (["predict", "model"], 2, "the following arguments are required: --data, --out"),
-        (["build", "tuned", "--members", "0", "--scores", "s.json", "--heads-per-layer", "2"], 2, "--members"),
+        (
+            ["build", "tuned", "--members", "0", "--scores", "s.json", "--heads-per-layer", "2"],
+            2,
+            "--members",
+        ),
         (["calibrate", "m", "--out", "o", "--engine", "spark"], 2, "invalid choice: 'spark'"),
         (["serve", "--help"], 0, "--max-batch-size"),
         (["fuse", "--help"], 0, "--members"),

@@ -1,5 +1,6 @@
 """Datasets that work offline, and deterministic splits."""
 
+from ..errors import MissingDataError
 from .images import ImageDataset, load_image_folder, load_npz
 from .registry import (
     DATA_SOURCES,
@@ -11,7 +12,7 @@ from .registry import (
     to_batches,
 )
 from .splits import split_indices, split_of, stable_sample, stable_unit
-from .text import MissingDataError, TextDataset, data_dir, load_text_table
+from .text import TextDataset, data_dir, load_text_table
 
 __all__ = [
     "DATA_SOURCES",

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, MissingDataError
+from ..errors import InputError
 from .labels import align_labels, parse_labels
 
 

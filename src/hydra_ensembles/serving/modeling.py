@@ -1,8 +1,9 @@
 """Saved Hydra models, members and ensembles as Hugging Face models.
 
-Importing ``hydra_ensembles`` registers `HydraConfig` with ``AutoConfig``; the classes below are
+Importing ``hydra_ensembles`` registers `HydraConfig` with ``AutoConfig`` (when transformers' Auto
+configuration loads); the classes below are
 registered with ``AutoModelForSequenceClassification`` and ``AutoModelForImageClassification``
-when this module is imported, which the first `HydraConfig` does (`configuration.on_first_config`),
+when this module is imported, which the first `HydraConfig` does (`_imports.on_first_use`),
 so a folder the library saved loads with the Auto classes and serves through ``transformers.pipeline``::
 
     model = AutoModelForSequenceClassification.from_pretrained("built/hydra")
