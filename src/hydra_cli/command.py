@@ -1,6 +1,6 @@
 """One record per ``hydra-ens`` subcommand: its name and help, its arguments, its handler, and
-what the runner in `main` needs to know about it (whether it locks its outputs itself, how a rerun resumes it,
-whether it reports its precision itself, which inputs hide inside its options)."""
+what the runner in `main` needs to know about it (whether it locks its outputs itself, how a
+rerun resumes it, whether it reports its precision itself, which inputs hide inside its options)."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def _register_config() -> None:
 
 
 def _register_serving() -> None:
-    from . import serving
+    from . import serving  # (its import registers the Auto model classes and pipeline tasks)
 
 
 # saved models load with AutoConfig / AutoModel... and serve through pipeline

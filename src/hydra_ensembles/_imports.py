@@ -48,11 +48,10 @@ def after_import(name: str, hook: Callable[[], None]) -> None:
 
 def lazy_exports(package: str, exports: dict[str, tuple[str, ...]], submodules: tuple[str, ...] = ()):
     """A package's ``__getattr__``, ``__dir__`` and ``__all__`` that import each public name's
-        module on its first use (PEP 562): ``exports`` maps a relative module (``".fusion"``) to the
-        names it gives; ``submodules`` are the public submodules (every submodule is an attribute, as
-    after its import). A package that re-exports this way costs
-        nothing to import until a name is used, so importing one light module under it (an error
-        class, a file helper) does not import torch."""
+    module on its first use (PEP 562): ``exports`` maps a relative module (``".fusion"``) to the
+    names it gives; ``submodules`` are the public submodules (every submodule is an attribute, as
+    after its import). A package that re-exports this way costs nothing to import until a name is
+    used, so importing one light module under it (an error class, a file helper) imports no torch."""
     module_of = {name: module for module, names in exports.items() for name in names}
     public = sorted([*module_of, *submodules])
 
