@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Tests: set up the environment, lint, run the test suite in fp32 (slow tests excluded; `-m slow`
-# runs them), then run again in bf16 and in fp16 every test that computed in the resolved
-# precision during the fp32 pass, in its call or, resolved by auto, its fixtures' set-up (recorded by
+# runs them), then run again in bf16 and in fp16 every test that computed in the precision `auto`
+# resolved during the fp32 pass, in its call or its fixtures' set-up (recorded by
 # tests/precision_use.py: prediction, training, scoring, serving), except tests of pretrained
-# checkpoints, tests that name their precision and so ran in the fp32 pass already, and the tests
-# that compare one process with two. The tests run on every core (pytest-xdist,
-# one worker per core, each with its share of the threads). Arguments go to one fp32 run in one
-# process only, and skip the reruns.
+# checkpoints, tests that name their precision and so ran in the fp32 pass already, the tests
+# that compare one process with two, and tests marked same_in_every_precision. The two reruns run
+# side by side, every such test on both pytest-xdist workers, one in bf16, the other in fp16. The
+# fp32 pass runs on every core (one worker per core, each with its share of the threads).
+# Arguments go to one fp32 run in one process only, and skip the reruns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -25,8 +26,7 @@ if [ "${#PRECISION_TESTS[@]}" -lt 100 ]; then
     echo "only ${#PRECISION_TESTS[@]} tests computed in the precision: tests/precision_use.py records no more" >&2
     exit 1
 fi
-for precision in bf16 fp16; do
-    echo "--- the ${#PRECISION_TESTS[@]} tests that compute in the precision, in $precision"
-    HYDRA_PRECISION=$precision .venv/bin/python -m pytest -q -n auto --dist loadgroup -m "not slow and not real_model" \
-        -k "not bf16 and not fp16 and not fp32 and not two_process" "${PRECISION_TESTS[@]}"
-done
+echo "--- the ${#PRECISION_TESTS[@]} tests that compute in the precision, in bf16 and in fp16 (one worker each)"
+HYDRA_WORKER_PRECISIONS=bf16,fp16 .venv/bin/python -m pytest -q -n 2 --dist each \
+    -m "not slow and not real_model and not same_in_every_precision" \
+    -k "not bf16 and not fp16 and not fp32 and not two_process" "${PRECISION_TESTS[@]}"

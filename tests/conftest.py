@@ -13,6 +13,13 @@ import torch
 from tests.precision_use import record_from_environment
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# scripts/test.sh's reruns run every selected test on every pytest-xdist worker (--dist each),
+# each worker in its own precision: HYDRA_WORKER_PRECISIONS=bf16,fp16 gives gw0 bf16, gw1 fp16.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+_per_worker = [p for p in os.environ.get("HYDRA_WORKER_PRECISIONS", "").split(",") if p]
+_own_precision = _per_worker[int(_worker[2:])] if _per_worker and _worker.startswith("gw") else ""
+if _own_precision:
+    os.environ["HYDRA_PRECISION"] = _own_precision
 # The suite computes in fp32 on every kind of CPU (AMX, AVX-512 BF16, AVX2-only alike), so its
 # numbers and its time do not depend on the machine; tests of the precision decision unset this.
 os.environ.setdefault("HYDRA_PRECISION", "fp32")
@@ -35,6 +42,19 @@ record_from_environment()
 # child process the tests start: give the suite Python's usual Ctrl-C handling.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_report_header(config):
+    if _per_worker:
+        return f"each worker in its own precision: {', '.join(_per_worker)} (gw0, gw1, ...)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure of a rerun names the precision it ran in."""
+    outcome = yield
+    if _own_precision:
+        outcome.get_result().sections.append(("precision", f"ran in {_own_precision}"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,12 +3,12 @@ of ``scripts/test.sh`` run again.
 
 A resolved precision reaches the numbers only through `Precision.autocast`, `Precision.reduced`
 and `Precision.dtype` (prediction, training, Taylor scores, circuit extraction, serving, the
-tests that pick a dtype). With ``HYDRA_PRECISION_USES`` naming a folder, every use of one of
-them appends the running test's id to a file of its own process in that folder (child processes
-that a test starts inherit the variable and the test's id and record alike); `recorded` reads
-them back. A test that never uses a resolved precision computes the same in every precision, so
-rerunning it in bf16 and fp16 would only repeat the fp32 pass; one that does is selected with no
-mark to forget.
+tests that pick a dtype), and depends on `HYDRA_PRECISION` only where ``auto`` resolved it from
+that variable. With ``HYDRA_PRECISION_USES`` naming a folder, every such use appends the running
+test's id to a file of its own process in that folder (child processes that a test starts inherit
+the variable and the test's id and record alike); `recorded` reads them back. A test that never
+uses such a precision computes the same in every precision, so rerunning it in bf16 and fp16
+would only repeat the fp32 pass; one that does is selected with no mark to forget.
 """
 
 from __future__ import annotations
@@ -22,16 +22,14 @@ USES = "HYDRA_PRECISION_USES"
 
 def _test_id(precision) -> str | None:
     """The running test's node id (pytest sets ``PYTEST_CURRENT_TEST`` to "<id> (<stage>)"), where
-    ``precision``'s use makes the test depend on `HYDRA_PRECISION`: any use in its call; in its
-    fixtures' set-up, a use of a precision ``auto`` resolved from that variable (a fixture that
-    pins its precision, as the ONNX exports' fp32 checks do, computes alike in every rerun)."""
+    ``precision``'s use makes the test depend on `HYDRA_PRECISION`: a use of a precision ``auto``
+    resolved from that variable, in the test's call or its fixtures' set-up (a test or fixture
+    that pins its precision, as the ONNX exports' fp32 checks do, computes alike in every rerun)."""
     current = os.environ.get("PYTEST_CURRENT_TEST")
-    if not current:
+    if not current or not precision.reason.startswith("set by"):
         return None
     test, _, stage = current.rpartition(" (")
-    if stage.startswith("setup") and not precision.reason.startswith("set by"):
-        return None
-    return test
+    return test if stage.startswith(("setup", "call")) else None
 
 
 def record_from_environment() -> bool:

@@ -1,7 +1,7 @@
 """The record of which tests compute in the precision (tests/precision_use.py), which decides
 what the bf16 and fp16 reruns of scripts/test.sh run: a test that computes in the resolved
-precision (in its call, or in its fixtures' set-up where ``auto`` resolved it) is recorded, one
-that does not is not."""
+precision ``auto`` resolved from `HYDRA_PRECISION` (in its call, or in its fixtures' set-up) is
+recorded; one that computes in a precision it pins, or in none, is not."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ predict(tiny_bert(), [labelled(text_inputs())], progress=False)
 test("tests/b.py::test_uses_a_built_model (setup)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)
 test("tests/b.py::test_uses_a_pinned_model (setup)")
+predict(tiny_bert(), [labelled(text_inputs())], progress=False, precision="fp32")
+test("tests/c.py::test_pins_fp32 (call)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False, precision="fp32")
 test("tests/a.py::test_predicts[bert] (teardown)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)

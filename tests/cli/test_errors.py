@@ -28,6 +28,9 @@ from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.saving.formats import write_folder_checksums
 
+# refusals, messages and files left whole: what these tests assert is the same in every precision
+pytestmark = pytest.mark.same_in_every_precision
+
 TINY = {"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
 
 

@@ -200,6 +200,7 @@ def test_save_pretrained_killed_midway_never_loads_and_is_cleaned_by_the_next_sa
 @pytest.mark.parametrize(
     ("sent", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
 )
+@pytest.mark.same_in_every_precision
 def test_ctrl_c_or_sigterm_ends_with_one_line_saying_how_to_resume(w, sent, code, word):
     """Ctrl-C, and SIGTERM (what a scheduler or a container stop sends), end the same way."""
     ready = w / f"ready-{word}"

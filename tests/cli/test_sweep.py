@@ -174,6 +174,7 @@ def test_sweep_refusals_are_one_line_and_write_nothing(w, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.same_in_every_precision
 def test_a_link_planted_where_the_sweep_saves_its_choice_is_refused(w, swept, tmp_path, capsys):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -121,6 +121,7 @@ def test_a_fused_vision_model_exports_with_a_dynamic_batch(tmp_path):
     np.testing.assert_allclose(chunked[1], session.run(None, {"pixel_values": pixels})[1], atol=1e-6, rtol=0)
 
 
+@pytest.mark.same_in_every_precision
 def test_export_refuses_what_it_cannot_write_faithfully(saved, tmp_path):
     with pytest.raises(ExportError, match="lies inside the model folder"):
         export_onnx(saved["fused"], saved["fused"] / "onnx")
@@ -149,6 +150,7 @@ def test_a_calibration_fit_in_another_precision_than_the_graph_is_named(saved, t
         export_onnx(model, tmp_path / "bf16", check=False)
 
 
+@pytest.mark.same_in_every_precision
 def test_the_cli_exports_and_refuses_a_finished_output(saved, tmp_path, capsys):
     assert main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "onnx")]) == 0
     said = capsys.readouterr().out

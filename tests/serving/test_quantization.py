@@ -83,6 +83,7 @@ def test_the_int8_graph_is_calibrated_on_its_own_outputs(saved, quantized):
     np.testing.assert_allclose(outputs["logits"], mixture, atol=1e-5)
 
 
+@pytest.mark.same_in_every_precision
 def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, quantized, tmp_path):
     folder, val = quantized
     parity = json.loads((folder / "calibration.json").read_text())["quantization"]["parity"]
@@ -140,6 +141,7 @@ def test_a_flag_whose_held_out_rate_drifts_is_measured_as_drifted():
     assert report["flag_rate_held_out"] > report["flag_rate_ceiling"]
 
 
+@pytest.mark.same_in_every_precision
 def test_the_parity_report_measures_the_flag_scores_auroc_on_ood_validation_data(saved, quantized, tmp_path):
     """Both graphs run on the OOD validation batches; the AUROC of each graph's flag score (ID
     validation vs OOD) at its own calibration is reported."""
@@ -167,6 +169,7 @@ def test_the_int8_graph_keeps_the_nan_contract_for_rows_pytorch_refuses(quantize
     assert np.isnan(outputs["logits"][:2]).all() and np.isfinite(outputs["logits"][2:]).all()
 
 
+@pytest.mark.same_in_every_precision
 def test_an_int8_graph_that_changes_predictions_is_refused_and_nothing_written(saved, tmp_path, monkeypatch):
     val = validation(load_tokenizer())
     real = export_module.parity
