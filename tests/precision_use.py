@@ -4,7 +4,8 @@ of ``scripts/test.sh`` run again.
 A resolved precision reaches the numbers only through `Precision.autocast`, `Precision.reduced`
 and `Precision.dtype` (prediction, training, Taylor scores, circuit extraction, serving, the
 tests that pick a dtype), and depends on `HYDRA_PRECISION` only where ``auto`` resolved it from
-that variable. With ``HYDRA_PRECISION_USES`` naming a folder, every such use appends the running
+that variable (then passed on as such, or by name, as the command line does: resolving it counts
+as a use). With ``HYDRA_PRECISION_USES`` naming a folder, every such use appends the running
 test's id to a file of its own process in that folder (child processes that a test starts inherit
 the variable and the test's id and record alike); `recorded` reads them back. A test that never
 uses such a precision computes the same in every precision, so rerunning it in bf16 and fp16
@@ -59,6 +60,9 @@ def record_from_environment() -> bool:
 
     for name in ("autocast", "reduced", "dtype"):
         setattr(Precision, name, recording(name))
+    # resolving counts as a use: the command line resolves ``auto`` once and passes on the name
+    created = Precision.__init__
+    Precision.__init__ = lambda self, *args, **kwargs: (created(self, *args, **kwargs), note(self))[0]
     Precision._uses_recorded = True
     return True
 

@@ -36,6 +36,10 @@ test("tests/b.py::test_uses_a_pinned_model (setup)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False, precision="fp32")
 test("tests/c.py::test_pins_fp32 (call)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False, precision="fp32")
+test("tests/c.py::test_resolves_then_passes_the_name (call)")
+from hydra_ensembles.precision import resolve_precision
+name = resolve_precision("auto").name
+predict(tiny_bert(), [labelled(text_inputs())], progress=False, precision=name)
 test("tests/a.py::test_predicts[bert] (teardown)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)
 """
@@ -47,7 +51,11 @@ def test_tests_computing_in_the_precision_are_recorded_and_others_not(tmp_path):
         [sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert recorded(tmp_path) == ["tests/a.py::test_predicts[bert]", "tests/b.py::test_uses_a_built_model"]
+    assert recorded(tmp_path) == [
+        "tests/a.py::test_predicts[bert]",
+        "tests/b.py::test_uses_a_built_model",
+        "tests/c.py::test_resolves_then_passes_the_name",
+    ]
 
 
 def test_nothing_is_recorded_without_the_folder(tmp_path, monkeypatch):
