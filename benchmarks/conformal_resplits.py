@@ -91,7 +91,7 @@ def main() -> None:
         calibration_part, test = _part(pool, order[:n]), _part(pool, order[n:])
         fitted = Calibration.fit(
             calibration_part, saved.config.replace(flag_method="conformal"), statistics=saved.statistics,
-            statistics_data=saved.statistics_data,
+            statistics_data=saved.provenance.statistics,
         )  # fmt: skip
         sets = fitted.sets(test)
         covered.append(int(sets[np.arange(m), test.class_labels()].sum()))

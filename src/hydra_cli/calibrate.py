@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra_ensembles.errors import InputError
 
 from .command import Command
-from .common import _data_batches, _load_methods, _say_precision, _write_classifier
+from .common import _calibrate, _data_batches, _load_methods, _say_precision, _write_classifier
 from .options import (
     PREPROCESSOR_HELP,
     _calibration_options,
@@ -25,15 +25,7 @@ SAVED_KINDS = ("fused", "member", "ensemble")
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from hydra_ensembles.evaluation import predict
-    from hydra_ensembles.evaluation.calibration import Calibration, validation_aurocs
-    from hydra_ensembles.evaluation.model_calibration import (
-        record_calibration,
-        saved_calibration,
-    )
-    from hydra_ensembles.hashing import batches_digest
     from hydra_ensembles.loading import load_preprocessor
-    from hydra_ensembles.precision import model_device, resolve_precision
     from hydra_ensembles.saving.files import atomic_dir
     from hydra_ensembles.saving.formats import saved_format
 
@@ -53,47 +45,24 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     config = calibration_config(args)
     ray = _check_ray_calibration(args, config)
     val, train, ood = _calibration_data(args, preprocessor, model, config, train=not ray)
-    saved = saved_calibration(model)
     _say_precision(args)
-    statistics, kept, train_sha256 = _statistics(args, model, saved, train, ray)
-    layers = statistics is not None and statistics.reads_layers
-    val_predictions = predict(model, val, "calibration", precision=args.precision, layers=layers)
-    ood_predictions = (
-        predict(model, ood, "OOD validation", precision=args.precision, layers=layers) if ood else None
-    )
-    fitted = Calibration.fit(
-        val_predictions, config, data=args.val_data, data_sha256=batches_digest(val),
-        precision=resolve_precision(args.precision, model_device(model)).name, statistics=statistics,
-        statistics_data=saved.statistics_data if kept else (args.data or ""),
-        statistics_data_sha256=train_sha256,
-        ood_validation=ood_predictions, ood_data=args.ood_data or "",
-        ood_data_sha256=batches_digest(ood) if ood else "",
-    )  # fmt: skip
-    if ood_predictions is not None:
-        _print_aurocs(
-            validation_aurocs(val_predictions, ood_predictions, statistics, fitted.temperature), fitted
-        )
-    calibration = record_calibration(model, fitted)
+    _calibrate(model, val, args, args.val_data, train=train, ood=ood, **_statistics(args, model, ray, train))
     atomic_dir(out, lambda folder: _write(model, found, folder, preprocessor), marker=True)
-    print(f"calibration: {calibration.describe()}")
     print(f"saved the model with its new calibration to {out}")
     return 0
 
 
-def _statistics(args: argparse.Namespace, model, saved, train, ray: bool) -> tuple:
-    """The feature statistics (fit on ``train``'s batches, or on Ray over --data, else the saved
-    ones), whether they are the saved ones, and the SHA-256 of the data they were fit on."""
-    from hydra_ensembles.evaluation.model_calibration import fit_statistics
-    from hydra_ensembles.hashing import batches_digest
+def _statistics(args: argparse.Namespace, model, ray: bool, train) -> dict:
+    """The feature statistics `fit_calibration` is given, with the record of their data: fit on
+    Ray over --data; none where --data is fit in this process; else the saved ones, as saved."""
+    from hydra_ensembles.evaluation import saved_calibration
 
     if ray:
-        statistics, digest = _statistics_on_ray(args, model)
-        return statistics, False, digest
-    if train is not None:
-        return fit_statistics(model, train, precision=args.precision), False, batches_digest(train)
-    statistics = saved.statistics if saved is not None else None
-    kept = statistics is not None  # the saved statistics, named as saved
-    return statistics, kept, saved.statistics_data_sha256 if kept else ""
+        return dict(zip(("statistics", "statistics_data"), _statistics_on_ray(args, model), strict=True))
+    saved = saved_calibration(model)
+    if train is not None or saved is None or saved.statistics is None:
+        return {}
+    return {"statistics": saved.statistics, "statistics_data": saved.provenance.statistics}
 
 
 def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
@@ -118,11 +87,12 @@ def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
 
 
 def _statistics_on_ray(args: argparse.Namespace, model) -> tuple:
-    """The feature statistics fit over ``--data`` on Ray, and the SHA-256 of its files' bytes in
-    the order of their names (what the calibration records of the data)."""
+    """The feature statistics fit over ``--data`` on Ray, and the record of that data: its name and
+    the SHA-256 of its files' SHA-256s in the order of their names."""
     from hydra_ensembles.data.labels import model_class_names, num_model_labels
     from hydra_ensembles.distributed import data_files, ray_session
     from hydra_ensembles.distributed.statistics import fit_statistics_dataset
+    from hydra_ensembles.evaluation.provenance import DataRecord
     from hydra_ensembles.hashing import sha256_file, text_digest
 
     from .common import _resolve_length
@@ -136,8 +106,7 @@ def _statistics_on_ray(args: argparse.Namespace, model) -> tuple:
             precision=getattr(args, "precision_asked", args.precision), text_column=args.text_column,
             label_column=args.label_column, preprocessor=args.preprocessor,
         )  # fmt: skip
-    digest = text_digest("".join(sha256_file(f) for f in files))
-    return statistics, digest
+    return statistics, DataRecord(args.data, text_digest("".join(sha256_file(f) for f in files)))
 
 
 def _calibration_data(args: argparse.Namespace, preprocessor, model, config, train: bool = True) -> tuple:
@@ -154,15 +123,6 @@ def _calibration_data(args: argparse.Namespace, preprocessor, model, config, tra
         else None
     )
     return val, train, ood
-
-
-def _print_aurocs(aurocs: dict[str, float], fitted) -> None:
-    """Every candidate score's validation AUROC, best first, the flag score and inverted ones named."""
-    print("validation AUROC of each score, ID validation against OOD validation (higher separates better):")
-    for score, auroc in sorted(aurocs.items(), key=lambda item: -item[1]):
-        note = "  <- the flag score" if score == fitted.score else ""
-        note = note or ("  (inverted: ranks the OOD data as more in-distribution)" if auroc < 0.5 else "")
-        print(f"  {score:<20} {100 * auroc:6.2f}{note}")
 
 
 def _write(model, found, folder: Path, preprocessor) -> None:

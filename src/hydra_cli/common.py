@@ -156,26 +156,33 @@ def still_learning(history: list[dict], tolerance: float = 0.005) -> bool:
     )
 
 
-def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, train=None, ood=None):
-    """Fit ``model``'s calibration (temperature, ``--flag-score`` threshold keeping ``--keep`` of
-    ID validation) on labelled ``batches``, with the feature statistics on the labelled training
-    batches ``train`` (``--data``) where given and the flag score chosen on the OOD validation
-    batches ``ood`` (``--ood-data``), and record it in the model, saved with it."""
-    from hydra_ensembles.evaluation import calibrate
+def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, train=None, ood=None, **kept):
+    """Fit ``model``'s calibration (`fit_calibration`, with ``calibration_config(args)``) on labelled
+    ``batches`` named ``data``, with the feature statistics fit on the labelled training batches
+    ``train`` (``--data``) or given in ``kept`` (``statistics``, ``statistics_data``), the flag
+    score chosen on the OOD validation batches ``ood`` (``--ood-data``), where given; print every
+    candidate score's AUROC on those, and record the calibration in the model, saved with it."""
+    from hydra_ensembles.evaluation import fit_calibration, record_calibration
 
-    calibration = calibrate(
-        model,
-        batches,
-        calibration_config(args),
-        data=data,
-        precision=args.precision,
-        id_train=train,
-        train_data=args.data if train is not None else "",
-        ood_validation=ood,
+    fit = fit_calibration(
+        model, batches, calibration_config(args), data=data, precision=args.precision, id_train=train,
+        train_data=args.data if train is not None else "", **kept, ood_validation=ood,
         ood_data=getattr(args, "ood_data", None) or "",
-    )
+    )  # fmt: skip
+    if fit.aurocs:
+        _print_aurocs(fit.aurocs, fit.calibration.score)
+    calibration = record_calibration(model, fit.calibration)
     print(f"calibration: {calibration.describe()}")
     return calibration
+
+
+def _print_aurocs(aurocs: dict[str, float], chosen: str) -> None:
+    """Every candidate score's validation AUROC, best first, the flag score and inverted ones named."""
+    print("validation AUROC of each score, ID validation against OOD validation (higher separates better):")
+    for score, auroc in sorted(aurocs.items(), key=lambda item: -item[1]):
+        note = "  <- the flag score" if score == chosen else ""
+        note = note or ("  (inverted: ranks the OOD data as more in-distribution)" if auroc < 0.5 else "")
+        print(f"  {score:<20} {100 * auroc:6.2f}{note}")
 
 
 def _load_methods(spec: str, args: argparse.Namespace) -> tuple[list, object]:

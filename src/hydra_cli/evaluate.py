@@ -143,11 +143,7 @@ def _warn_calibrated_apart(methods: dict[str, list]) -> None:
     from hydra_ensembles.evaluation import saved_calibration
 
     saved = {n: saved_calibration(g[0]) for n, g in methods.items() if len(g) == 1}
-    fit_on = {
-        name: (c.data_sha256, c.ood_data_sha256, c.statistics_data_sha256)
-        for name, c in saved.items()
-        if c is not None
-    }
+    fit_on = {name: c.provenance.digests for name, c in saved.items() if c is not None}
     if len(set(fit_on.values())) > 1:
         named = "; ".join(
             f"{name}: validation {saved[name].data or '?'}, OOD validation {saved[name].ood_data or 'none'}, "

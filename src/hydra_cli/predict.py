@@ -118,6 +118,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     or ``--keep`` ask for another), else none (with a warning)."""
     from hydra_ensembles.evaluation import CalibrationConfig, fit_calibration, saved_calibration
     from hydra_ensembles.evaluation.calibration import check_calibration_data
+    from hydra_ensembles.evaluation.provenance import NO_DATA
     from hydra_ensembles.ood import feature_scores
 
     saved = saved_calibration(model) if num_models == 1 else None
@@ -136,14 +137,17 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
         config = config.replace(**{k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
         check_calibration_data(val_batches, config, model)
         feature = config.score in feature_scores()  # only a feature score reads the statistics
-        calibration, val = fit_calibration(
+        kept = saved is not None and feature and saved.statistics is not None
+        fit = fit_calibration(
             model,
             val_batches,
             config,
             data=args.val_data,
             precision=args.precision,
-            statistics=saved.statistics if saved is not None and feature else None,
+            statistics=saved.statistics if kept else None,
+            statistics_data=saved.provenance.statistics if kept else NO_DATA,
         )
+        calibration, val = fit.calibration, fit.validation
         source = "the saved calibration's" if saved is not None else "the defaults'"
         was = f"; the saved temperature was {saved.temperature:.3f}" if saved is not None else ""
         print(

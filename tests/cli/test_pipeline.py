@@ -20,6 +20,7 @@ from hydra_cli import main
 from hydra_ensembles.data import load_spec, to_batches
 from hydra_ensembles.evaluation import predict, saved_calibration
 from hydra_ensembles.evaluation.conformal import benjamini_hochberg
+from hydra_ensembles.evaluation.provenance import DataRecord
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
@@ -553,6 +554,21 @@ def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(works
     args = ["calibrate", str(tuned), "--val-data", str(w / "train.csv"), "--data", str(w / "train.csv")]
     assert main([*args, "--out", str(again), *common]) == 0
     assert saved_calibration(load_any(str(again))) == saved_calibration(old)
+    # without --data, the saved statistics flag, recorded with the data they were fit on, by
+    # calibrate and by predict --val-data alike (the library's one fit path)
+    kept, fitted = tmp_path / "kept", saved_calibration(old)
+    args = ["calibrate", str(again), "--val-data", str(w / "train.csv"), "--flag-score", "mds"]
+    assert main([*args, "--out", str(kept), *common]) == 0
+    refit = saved_calibration(load_any(str(kept)))
+    assert refit.score == "mds" and refit.statistics_sha256 == fitted.statistics_sha256
+    assert refit.provenance.statistics == fitted.provenance.statistics
+    assert fitted.provenance.statistics == DataRecord(str(w / "train.csv"), fitted.statistics_data_sha256)
+    capsys.readouterr()
+    args = ["predict", str(again), "--data", str(w / "ood.csv"), "--out", str(tmp_path / "v.jsonl")]
+    assert main([*args, "--val-data", str(w / "train.csv"), "--flag-score", "mds", *common]) == 0
+    said = capsys.readouterr().out
+    assert f"feature statistics fit on {w / 'train.csv'}" in said
+    assert f"sha256 {fitted.statistics_data_sha256[:12]}" in said
 
 
 @pytest.mark.slow  # four models, each served three ways, in every precision: CI's slow run
@@ -636,8 +652,8 @@ def test_eval_warns_where_the_methods_were_calibrated_on_different_data(monkeypa
 
     def calibration(ood: str):
         return types.SimpleNamespace(
-            data="val.csv", data_sha256="a", ood_data=ood, ood_data_sha256=ood and "b",
-            statistics_data="train.csv", statistics_data_sha256="c",
+            data="val.csv", ood_data=ood, statistics_data="train.csv",
+            provenance=types.SimpleNamespace(digests=("a", "c", ood and "b")),
         )  # fmt: skip
 
     found = {"single": calibration(""), "hydra": calibration("ood_val.csv")}

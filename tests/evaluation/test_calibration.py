@@ -23,6 +23,7 @@ from hydra_ensembles.evaluation import (
 )
 from hydra_ensembles.evaluation.calibration import RECORD_DIGEST
 from hydra_ensembles.evaluation.conformal import conformal_threshold
+from hydra_ensembles.evaluation.provenance import DataRecord
 from hydra_ensembles.hashing import batches_digest, fingerprint, json_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
@@ -39,7 +40,7 @@ def _val(batches: int = 3, batch: int = 24) -> list[dict]:
 def test_fit_is_the_temperature_then_the_threshold_at_it():
     rng = np.random.default_rng(0)
     preds = Predictions(rng.normal(size=(3, 80, 4)) * 3, rng.integers(0, 4, 80))
-    calibration = Calibration.fit(preds, score="entropy", keep=0.9, data="v.csv", data_sha256="ab" * 32)
+    calibration = Calibration.fit(preds, score="entropy", keep=0.9, data=DataRecord("v.csv", "ab" * 32))
     temperature = fit_temperature(preds)
     assert calibration.temperature == pytest.approx(temperature, rel=1e-12)
     scores = ood_scores(preds, "entropy", calibration.temperature)
@@ -110,12 +111,43 @@ def test_calibrate_records_what_it_fit_on_in_the_configuration():
     digest = batches_digest(val)
     weights = fingerprint(model)
     fit = Calibration.fit(
-        preds, data="val.csv", data_sha256=digest, precision=precision, model_sha256=weights
+        preds, data=DataRecord("val.csv", digest), precision=precision, model_sha256=weights
     )
     assert calibration == fit
     assert batches_digest(val) != batches_digest(_val(batches=2))
     with pytest.raises(ValueError, match="labelled ID validation"):
         calibrate(model, [text_inputs()])
+
+
+def test_fit_calibration_measures_the_ood_validation_data_and_records_it_where_it_chose():
+    """fit_calibration returns the predictions it fit on and, with OOD validation data, every
+    candidate score's AUROC at the fitted temperature; the OOD data is recorded only where it
+    chose the flag score, and statistics fit earlier keep the record of their data."""
+    from hydra_ensembles.evaluation import fit_calibration, fit_statistics
+    from hydra_ensembles.evaluation.calibration import validation_aurocs
+
+    model, val = tiny_bert(labels=3, init_range=0.3), _val()
+    ood = [text_inputs(24, seed=9)]
+    fixed = fit_calibration(model, val, score="msp", ood_validation=ood, ood_data="o.csv", progress=False)
+    expected = validation_aurocs(fixed.validation, fixed.ood_validation, None, fixed.calibration.temperature)
+    assert fixed.aurocs == expected and set(expected) >= {"msp", "entropy"}
+    assert fixed.calibration.provenance.ood == DataRecord()
+    chosen = fit_calibration(model, val, score="auto", ood_validation=ood, ood_data="o.csv", progress=False)
+    assert chosen.calibration.provenance.ood == DataRecord("o.csv", batches_digest(ood))
+    statistics = fit_statistics(model, val, progress=False)
+    record = DataRecord("train.csv", "c" * 64)
+    kept = fit_calibration(
+        model, val, score="mds", statistics=statistics, statistics_data=record, progress=False
+    )
+    assert kept.calibration.provenance.statistics == record and kept.aurocs == {}
+    with pytest.raises(ValueError, match="not both"):
+        fit_calibration(model, val, score="mds", statistics=statistics, id_train=val, progress=False)
+
+
+@pytest.mark.parametrize("sha256", ["abc", "A" * 64, 7])
+def test_a_data_record_holds_a_sha256_or_nothing(sha256):
+    with pytest.raises(ValueError, match="SHA-256"):
+        DataRecord("x.csv", sha256)
 
 
 def test_every_saved_model_carries_its_calibration(tmp_path):

@@ -13,6 +13,7 @@ from hydra_ensembles.evaluation import (
     ood_scores,
 )
 from hydra_ensembles.evaluation.calibration import validation_aurocs
+from hydra_ensembles.evaluation.provenance import DataRecord
 from hydra_ensembles.ood import FeatureStatistics, feature_scores
 
 
@@ -63,7 +64,9 @@ def test_ood_validation_data_that_separates_nothing_chooses_nothing_and_says_so(
 def test_a_calibration_on_a_feature_score_records_its_statistics():
     train, val = _preds(120, seed=1), _preds(90, seed=2)
     stats = FeatureStatistics.fit(train.member_features, train.labels, 3)
-    calibration = Calibration.fit(val, score="mds", keep=0.9, statistics=stats, statistics_data="train.csv")
+    calibration = Calibration.fit(
+        val, score="mds", keep=0.9, statistics=stats, statistics_data=DataRecord("train.csv")
+    )
     assert calibration.statistics_sha256 == stats.digest() and calibration.score == "mds"
     share = np.mean(ood_scores(val, "mds", statistics=stats) <= calibration.threshold)
     assert share == pytest.approx(0.9, abs=0.02)

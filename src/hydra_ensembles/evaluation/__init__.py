@@ -12,6 +12,7 @@ from .evaluate import (
 )
 from .intervals import MAIN_METRICS, add_comparisons, add_intervals, add_score_comparisons, bootstrap_draws
 from .model_calibration import (
+    CalibrationFit,
     calibrate,
     fit_calibration,
     fit_statistics,
@@ -19,6 +20,7 @@ from .model_calibration import (
     saved_calibration,
 )
 from .predict import Predictions, predict
+from .provenance import DataRecord, Provenance
 from .run import EvalData, MethodPredictions, evaluate_method, method_statistics, predict_method
 from .shift import (
     IMAGE_CORRUPTIONS,
@@ -38,9 +40,12 @@ __all__ = [
     "TEXT_CORRUPTIONS",
     "Calibration",
     "CalibrationConfig",
+    "CalibrationFit",
+    "DataRecord",
     "EvalData",
     "MethodPredictions",
     "Predictions",
+    "Provenance",
     "add_comparisons",
     "add_intervals",
     "add_score_comparisons",

@@ -48,6 +48,7 @@ from .conformal import (
 )
 from .evaluate import applicable_scores, ood_score_names, ood_scores
 from .predict import Predictions
+from .provenance import NO_DATA, DataRecord, Provenance
 from .temperature import check_temperature_data, fit_temperature
 from .uncertainty import per_example
 
@@ -197,27 +198,24 @@ class Calibration:
         id_validation: Predictions,
         config: CalibrationConfig | None = None,
         *,
-        data: str = "",
-        data_sha256: str = "",
+        data: DataRecord = NO_DATA,
         precision: str = "",
         model_sha256: str = "",
         statistics: FeatureStatistics | None = None,
-        statistics_data: str = "",
-        statistics_data_sha256: str = "",
+        statistics_data: DataRecord = NO_DATA,
         ood_validation: Predictions | None = None,
+        ood_data: DataRecord = NO_DATA,
         id_scores: Any = None,
-        ood_data: str = "",
-        ood_data_sha256: str = "",
         **settings: Any,
     ) -> Calibration:
-        """Fit on labelled ID validation predictions with ``config`` (keyword ``settings`` replace
-        its fields: ``Calibration.fit(val, score="mds", keep=0.9)``): the temperature minimising
-        their NLL, then the flag's threshold at it (`CalibrationConfig`; ``"auto"``:
-        `choose_flag_score`, which may read ``ood_validation``, named by ``ood_data``), and the
-        prediction sets' quantiles (the inputs split by position: `split_for_sets`).
-        ``statistics``: the feature scores' statistics, fit on ``statistics_data``. ``id_scores``:
-        the flag score's values on ``id_validation`` where computed elsewhere (an exported graph's
-        ``ood_score``); the flag is then fit on them."""
+        """Fit on labelled ID validation predictions (read from ``data``) with ``config`` (keyword
+        ``settings`` replace its fields: ``Calibration.fit(val, score="mds", keep=0.9)``): the
+        temperature minimising their NLL, then the flag's threshold at it (`CalibrationConfig`;
+        ``"auto"``: `choose_flag_score`, which may read ``ood_validation``, read from
+        ``ood_data``), and the prediction sets' quantiles (the inputs split by position:
+        `split_for_sets`). ``statistics``: the feature scores' statistics, fit on
+        ``statistics_data``. ``id_scores``: the flag score's values on ``id_validation`` where
+        computed elsewhere (an exported graph's ``ood_score``); the flag is then fit on them."""
         config = CalibrationConfig.merged(config, settings)
         n = _checked_fit(id_validation, config, id_scores)
         # with sets, half the inputs fit the temperature, the other half the sets
@@ -225,31 +223,41 @@ class Calibration:
             split_for_sets(id_validation) if config.set_method else (id_validation, None)
         )
         temperature = float(fit_temperature(temperature_on))
-        score = config.score
+        score, chosen_on = config.score, NO_DATA
         if score == AUTO_SCORE:
             score = choose_flag_score(id_validation, statistics, ood_validation, temperature)
+            chosen_on = ood_data if ood_validation is not None else chosen_on
         if id_scores is None:
             id_scores = ood_scores(id_validation, score, temperature, statistics)
         elif np.shape(id_scores) != (n,):
             raise InputError(f"id_scores must hold one score per ID validation input, {n} of them")
         flag = _fit_flag(np.asarray(id_scores, dtype=float), config.keep, config.flag_method)
-        chosen_on = (ood_data, ood_data_sha256) if ood_validation is not None else ("", "")
         return cls(
             **dataclasses.asdict(config.replace(score=score, flag_method=flag.pop("flag_method"))),
             **flag,
             **_fit_sets(sets_on, temperature, config),
             temperature=temperature,
-            data=data,
-            data_sha256=data_sha256,
+            data=data.name,
+            data_sha256=data.sha256,
             examples=n,
             precision=precision,
             model_sha256=model_sha256,
             statistics_sha256=statistics.digest() if statistics is not None else "",
-            statistics_data=statistics_data,
-            statistics_data_sha256=statistics_data_sha256,
-            ood_data=chosen_on[0],
-            ood_data_sha256=chosen_on[1],
+            statistics_data=statistics_data.name if statistics is not None else "",
+            statistics_data_sha256=statistics_data.sha256 if statistics is not None else "",
+            ood_data=chosen_on.name,
+            ood_data_sha256=chosen_on.sha256,
             statistics=statistics,
+        )
+
+    @property
+    def provenance(self) -> Provenance:
+        """What each part was fit on: the ID validation data, the feature statistics' training
+        data, the OOD validation data the flag score was chosen on (empty records where none)."""
+        return Provenance(
+            DataRecord(self.data, self.data_sha256),
+            DataRecord(self.statistics_data, self.statistics_data_sha256),
+            DataRecord(self.ood_data, self.ood_data_sha256),
         )
 
     @property

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
-from ..hashing import batches_digest
 from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
@@ -20,13 +20,10 @@ from ..ood.registry import feature_scores
 from ..precision import model_device, resolve_precision
 from ..saving.metadata import read_metadata, write_metadata
 from ..surgery import fingerprint
-from .calibration import (
-    AUTO_SCORE,
-    Calibration,
-    CalibrationConfig,
-)
+from .calibration import AUTO_SCORE, Calibration, CalibrationConfig, validation_aurocs
 from .evaluate import ood_score_names
 from .predict import Predictions, predict
+from .provenance import NO_DATA, DataRecord
 
 
 def fit_statistics(
@@ -63,6 +60,18 @@ def fit_statistics(
     )
 
 
+@dataclass(frozen=True)
+class CalibrationFit:
+    """What `fit_calibration` fit and measured: the calibration, the ID validation predictions it
+    was fit on, and where OOD validation data was given, their predictions and every candidate
+    score's AUROC of ID against OOD validation (`validation_aurocs`, at the fitted temperature)."""
+
+    calibration: Calibration
+    validation: Predictions
+    ood_validation: Predictions | None = None
+    aurocs: dict[str, float] = field(default_factory=dict)
+
+
 def fit_calibration(
     model: Any,
     id_validation: Iterable[dict[str, Any]],
@@ -73,91 +82,75 @@ def fit_calibration(
     progress: bool = True,
     id_train: Iterable[dict[str, Any]] | None = None,
     train_data: str = "",
-    ood_validation: Iterable[dict[str, Any]] | None = None,
     statistics: FeatureStatistics | None = None,
+    statistics_data: DataRecord = NO_DATA,
+    ood_validation: Iterable[dict[str, Any]] | None = None,
     ood_data: str = "",
     **settings: Any,
-) -> tuple[Calibration, Predictions]:
-    """A `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
-    included) fit on labelled ID validation batches with ``config`` (keyword ``settings`` replace
-    single fields of it), with the predictions it was fit on; nothing is recorded in the model
-    (`calibrate` does, for one model). With labelled ID training batches ``id_train`` (named
-    ``train_data``), the feature statistics are fit on them and the feature scores can flag;
-    ``score="auto"`` chooses the flag score by `choose_flag_score`, from the unlabelled OOD
-    validation batches ``ood_validation`` where given. Without ``id_train``, ``statistics`` fit
-    earlier (a saved calibration's) serve the feature scores."""
+) -> CalibrationFit:
+    """Fit a `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
+    included) on labelled ID validation batches (named ``data``) with ``config`` (keyword
+    ``settings`` replace single fields of it); nothing is recorded in the model (`calibrate`
+    does, for one model). The feature scores read statistics fit here on labelled ID training
+    batches ``id_train`` (named ``train_data``), or ``statistics`` fit earlier (a saved
+    calibration's, or fit on Ray) with the record of the data they were fit on,
+    ``statistics_data``. Unlabelled OOD validation batches ``ood_validation`` (named
+    ``ood_data``) choose the flag score where ``score="auto"`` (`choose_flag_score`) and are
+    measured against the ID validation data by every candidate score. The one fit path of the
+    library and of the command line (build, finetune, calibrate, predict --val-data)."""
     config = CalibrationConfig.merged(config, settings)
-    score = config.score
     batches = list(id_validation)
     if not batches or not all("labels" in batch for batch in batches):
         raise InputError("calibration needs labelled ID validation batches (every batch with labels)")
-    if score not in (*ood_score_names(), AUTO_SCORE):
-        raise InputError(f"unknown OOD score {score!r}; choose from {(AUTO_SCORE, *ood_score_names())}")
-    if score in feature_scores() and id_train is None and statistics is None:
-        raise InputError(f"the flag score {score!r} reads feature statistics: give the ID training data")
+    if config.score not in (*ood_score_names(), AUTO_SCORE):
+        choices = (AUTO_SCORE, *ood_score_names())
+        raise InputError(f"unknown OOD score {config.score!r}; choose from {choices}")
+    if id_train is not None and statistics is not None:
+        raise InputError("give the ID training data or statistics fit earlier, not both")
+    if config.score in feature_scores() and id_train is None and statistics is None:
+        raise InputError(
+            f"the flag score {config.score!r} reads feature statistics: give the ID training data"
+        )
     compute = resolve_precision(precision, model_device(model))
-    train_sha256 = ""
     if id_train is not None:
         train = list(id_train)
         statistics = fit_statistics(model, train, precision=precision, progress=progress)
-        train_sha256 = batches_digest(train)
+        statistics_data = DataRecord.of_batches(train_data, train)
     layers = statistics is not None and statistics.reads_layers  # what the scores read, recorded
     run = functools.partial(predict, model, progress=progress, precision=precision, layers=layers)
     predictions = run(batches, "calibration")
-    ood, ood_sha256 = None, ""
-    if ood_validation is not None and score == AUTO_SCORE:
+    ood, ood_record = None, NO_DATA
+    if ood_validation is not None:
         ood_batches = list(ood_validation)
         ood = run(ood_batches, "OOD validation")
-        ood_sha256 = batches_digest(ood_batches)
+        ood_record = DataRecord.of_batches(ood_data, ood_batches)
     calibration = Calibration.fit(
         predictions,
         config,
-        data=data,
-        data_sha256=batches_digest(batches),
+        data=DataRecord.of_batches(data, batches),
         precision=compute.name,
         statistics=statistics,
-        statistics_data=train_data,
-        statistics_data_sha256=train_sha256,
+        statistics_data=statistics_data,
         ood_validation=ood,
-        ood_data=ood_data,
-        ood_data_sha256=ood_sha256,
+        ood_data=ood_record,
     )
-    return calibration, predictions
+    aurocs = (
+        validation_aurocs(predictions, ood, statistics, calibration.temperature) if ood is not None else {}
+    )
+    return CalibrationFit(calibration, predictions, ood, aurocs)
 
 
 def calibrate(
     model: Any,
     id_validation: Iterable[dict[str, Any]],
     config: CalibrationConfig | None = None,
-    *,
-    data: str = "",
-    precision: str = "auto",
-    progress: bool = True,
-    id_train: Iterable[dict[str, Any]] | None = None,
-    train_data: str = "",
-    ood_validation: Iterable[dict[str, Any]] | None = None,
-    ood_data: str = "",
-    **settings: Any,
+    **options: Any,
 ) -> Calibration:
-    """Fit ``model``'s `Calibration` on labelled ID validation batches with ``config`` (keyword
-    ``settings`` replace single fields of it; `fit_calibration`, with the feature statistics
-    where ``id_train`` is given), bind it to the model's weights and record it in the model
-    (saved with it from then on). ``model`` is a Hydra model, a member, an ensemble of members or
-    a Hugging Face classifier; ``data`` names the batches' source."""
-    fitted, _ = fit_calibration(
-        model,
-        id_validation,
-        config,
-        data=data,
-        precision=precision,
-        progress=progress,
-        id_train=id_train,
-        train_data=train_data,
-        ood_validation=ood_validation,
-        ood_data=ood_data,
-        **settings,
-    )
-    return record_calibration(model, fitted)
+    """Fit ``model``'s `Calibration` on labelled ID validation batches with ``config``
+    (`fit_calibration`, which takes the same keyword options and settings), bind it to the
+    model's weights and record it in the model (saved with it from then on). ``model`` is a Hydra
+    model, a member, an ensemble of members or a Hugging Face classifier."""
+    return record_calibration(model, fit_calibration(model, id_validation, config, **options).calibration)
 
 
 def record_calibration(model: Any, calibration: Calibration) -> Calibration:

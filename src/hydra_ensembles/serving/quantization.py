@@ -33,6 +33,7 @@ from ..evaluation.calibration import Calibration
 from ..evaluation.conformal import flags as raised
 from ..evaluation.conformal import one_draw_range
 from ..evaluation.predict import Predictions
+from ..evaluation.provenance import DataRecord
 from ..ood.registry import feature_scores
 
 QUANTIZATIONS = ("int8",)
@@ -179,13 +180,11 @@ def refit(
     return Calibration.fit(
         predictions,
         calibration.config,
-        data=data,
-        data_sha256=digest,
+        data=DataRecord(data, digest),
         precision="int8",
         model_sha256=calibration.model_sha256,
         statistics=calibration.statistics,
-        statistics_data=calibration.statistics_data,
-        statistics_data_sha256=calibration.statistics_data_sha256,
+        statistics_data=calibration.provenance.statistics,
         id_scores=scores,
     )
 
