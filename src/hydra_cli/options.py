@@ -174,12 +174,16 @@ def _training_options(p: argparse.ArgumentParser) -> None:
 
 def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool = True) -> None:
     """The calibration a command fits on ``data`` and saves with the model it writes (with
-    ``ood_option``, an ``--ood-data`` option for the flag score's choice)."""
+    ``ood_option``, an ``--ood-data`` option for the flag score's choice); the defaults are the
+    library's (`CalibrationConfig`)."""
+    from hydra_ensembles.evaluation.settings import FLAG_METHODS, SET_METHODS, CalibrationConfig
+
+    default = CalibrationConfig()
     p.add_argument(
         "--flag-score",
         type=ood_score_or_auto,
         metavar="SCORE",
-        default="auto",
+        default=default.score,
         help=f"OOD score the saved calibration flags on (higher = more likely OOD), its threshold fit "
         f"on {data}: {REGISTERED_SCORES} (these read statistics of the members' features on "
         "--data), and any an installed package registers (docs/ood.md). auto: with --ood-data, the "
@@ -194,31 +198,32 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
     p.add_argument(
         "--keep",
         type=_fraction,
-        default=0.95,
+        default=default.keep,
         help=f"1 - the flag's level: with --flag-method conformal, at most 1 - KEEP of ID inputs like "
         f"{data}'s are flagged (in expectation); with quantile, the share of {data}'s inputs left unflagged",
     )
     p.add_argument(
         "--sets",
-        choices=("lac", "aps", "raps", "none"),
-        default="lac",
+        choices=(*SET_METHODS, "none"),
+        default=default.set_method or "none",
         help=f"conformal prediction sets saved with the calibration, fit on half of {data} (the other "
         "half fits the temperature): each input's set holds its true class with probability >= "
         "1 - --set-alpha (docs/ood.md)",
     )
     p.add_argument(
-        "--set-alpha", type=_fraction, default=0.1, help="the prediction sets' level (default 0.1)"
+        "--set-alpha", type=_fraction, default=default.set_alpha, help="the prediction sets' level"
     )
     p.add_argument(
         "--set-classwise",
         action="store_true",
+        default=default.set_classwise,
         help="class-conditional (Mondrian) sets: the coverage holds for every class, each class's "
         "quantile fit on its own validation inputs",
     )
     p.add_argument(
         "--flag-method",
-        choices=("conformal", "quantile"),
-        default="conformal",
+        choices=FLAG_METHODS,
+        default=default.flag_method,
         help="conformal: the threshold with the (n+1) correction, a bounded false-flag rate and a "
         "p-value per input (docs/ood.md); quantile: the plain empirical quantile",
     )
@@ -226,7 +231,7 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
 
 def calibration_config(args: argparse.Namespace):
     """The `CalibrationConfig` the options of `_calibration_options` ask for."""
-    from hydra_ensembles.evaluation import CalibrationConfig
+    from hydra_ensembles.evaluation.settings import CalibrationConfig
 
     return CalibrationConfig(
         score=args.flag_score,

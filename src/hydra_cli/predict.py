@@ -133,7 +133,7 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
         )
     _say_precision(args)
     if val_batches is not None:  # the saved calibration's settings, unless the options ask for others
-        config = saved.config if saved is not None else CalibrationConfig()  # msp, keep 0.95, no sets
+        config = saved.config if saved is not None else CalibrationConfig()  # the library's defaults
         config = config.replace(**{k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
         check_calibration_data(val_batches, config, model)
         feature = config.score in feature_scores()  # only a feature score reads the statistics

@@ -9,6 +9,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,9 @@ def lazy_exports(package: str, exports: dict[str, tuple[str, ...]], submodules: 
     used, so importing one light module under it (an error class, a file helper) imports no torch."""
     module_of = {name: module for module, names in exports.items() for name in names}
     public = sorted([*module_of, *submodules])
+    shadowed = {name for name in module_of if importlib.util.find_spec(f"{package}.{name}") is not None}
+    if shadowed:  # a submodule named as an exported name (evaluation.predict, the function)
+        sys.modules[package].__class__ = _keeping_exports(shadowed)
 
     def __getattr__(name: str) -> Any:
         if name not in module_of:
@@ -68,6 +72,20 @@ def lazy_exports(package: str, exports: dict[str, tuple[str, ...]], submodules: 
         return sorted(set(vars(sys.modules[package])) | set(public))
 
     return __getattr__, __dir__, public
+
+
+def _keeping_exports(names: set[str]) -> type:
+    """A module class whose attributes ``names`` keep meaning the exported names: importing a
+    submodule of the same name sets it as the package's attribute, which would replace the name
+    the package exports (an eager ``from .predict import predict`` rebinds it; a lazy one does not)."""
+
+    class Exports(types.ModuleType):
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in names and getattr(value, "__name__", "") == f"{self.__name__}.{name}":
+                return  # the submodule stays reachable as sys.modules[...] and by its full name
+            super().__setattr__(name, value)
+
+    return Exports
 
 
 _FIRST_USE: dict[str, list[Callable[[], None]]] = {}

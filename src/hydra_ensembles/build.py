@@ -31,7 +31,7 @@ from torch import nn
 from .adapters import get_adapter
 from .batching import bootstrap_batches, pad_id
 from .errors import InputError
-from .evaluation.calibration import AUTO_SCORE, Calibration, CalibrationConfig, check_calibration_data
+from .evaluation.calibration import Calibration, CalibrationConfig, check_calibration_data
 from .evaluation.evaluate import check_flag_score
 from .evaluation.model_calibration import calibrate
 from .fusion import fuse
@@ -58,7 +58,6 @@ __all__ = [
 Ranking = CircuitOrder | torch.Tensor
 
 
-BUILD_CALIBRATION = CalibrationConfig(score=AUTO_SCORE, set_method="lac")
 """How `build_hydra` calibrates by default: the flag score chosen by `choose_flag_score`, a
 conformal flag keeping 95% of ID inputs, LAC prediction sets at level 0.1."""
 
@@ -96,7 +95,7 @@ class BuildConfig:
     keep_base: bool = False
     mlp_keep: float = 1.0
     mlp: str = "merge"
-    calibration: CalibrationConfig = field(default_factory=lambda: BUILD_CALIBRATION)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     precision: str = "auto"
     circuit: CircuitConfig | None = None
     """The circuit extraction's other settings (objective, method, cache, ...) where heads are

@@ -87,6 +87,28 @@ def test_every_command_is_one_record_whose_parser_runs_it():
         assert sub.choices[command.name].get_default("record") is command
 
 
+def test_the_calibration_options_default_to_the_librarys_calibration():
+    """One place for the calibration's defaults: each command's options, left out, ask for the
+    `CalibrationConfig()` a library user gets, and BuildConfig and SweepConfig calibrate alike."""
+    import argparse
+
+    from hydra_cli import build_parser
+    from hydra_cli.options import calibration_config
+    from hydra_ensembles.build import BuildConfig
+    from hydra_ensembles.evaluation import CalibrationConfig
+    from hydra_ensembles.sweep.grid import SweepConfig
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    commands = ("build", "calibrate", "finetune", "sweep", "zero-shot")
+    for name in commands:
+        parser = sub.choices[name]
+        parser.complete()
+        defaults = argparse.Namespace(**{a.dest: a.default for a in parser._actions})
+        assert calibration_config(defaults) == CalibrationConfig(), name
+    assert BuildConfig().calibration == SweepConfig(num_pruned=(2,)).calibration == CalibrationConfig()
+    assert CalibrationConfig().score == "auto" and CalibrationConfig().set_method == "lac"
+
+
 def test_help_states_every_default():
     """Every option with a default says it in ``--help`` (a user must not have to read code)."""
     import argparse

@@ -75,7 +75,7 @@ def w(tmp_path_factory):
     (root / "bad-config" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 5}))
 
     val = {**tokenizer([f"text {i}" for i in range(8)], return_tensors="pt"), "labels": torch.arange(8) % 2}
-    calibrate(model, [val], progress=False)
+    calibrate(model, [val], score="msp", set_method="", progress=False)
     model.save_pretrained(root / "calibrated")  # with its calibration in config.json
     tokenizer.save_pretrained(root / "calibrated")
     shutil.copytree(root / "calibrated", root / "edited-calibration")  # edited by hand
@@ -262,7 +262,8 @@ def _saved_ensembles(root, model, tokenizer) -> None:
     members = [he.prune(model, he.HeadSet({0: [0, 1]})), he.prune(model, he.HeadSet({1: [2, 3]}))]
     ensemble = DeepEnsemble(members)
     batch = dict(tokenizer(["a text", "another one", "third", "fourth"], padding=True, return_tensors="pt"))
-    calibrate(ensemble, [{**batch, "labels": torch.tensor([0, 1, 0, 1])}], score="msp", progress=False)
+    labelled = {**batch, "labels": torch.tensor([0, 1, 0, 1])}
+    calibrate(ensemble, [labelled], score="msp", set_method="", progress=False)
     tokenizer.save_pretrained(root / "ens")  # first: the index's checksums cover it
     ensemble.save_pretrained(root / "ens")
     for name in ("ens-edited", "ens-twice", "ens-swapped", "ens-tokenizer-edited"):
@@ -434,7 +435,7 @@ CASES = [
     (
         "predict-calibrated-on-one-row",
         lambda w: predict(w, "--val-data", str(w / "one-row.csv")),
-        "of one class",
+        "at least 2 labelled validation inputs",
         "p.csv",
     ),
     (

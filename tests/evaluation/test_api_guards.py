@@ -166,11 +166,13 @@ def test_validation_data_of_one_class_fit_no_temperature():
         with pytest.raises(ValueError, match="of one class"):
             fit()
     with pytest.raises(ValueError, match="of one class"):  # one input is one class too
-        Calibration.fit(Predictions(np.zeros((2, 1, 3)), np.array([1])))
+        Calibration.fit(Predictions(np.zeros((2, 1, 3)), np.array([1])), set_method="")
     with pytest.raises(ValueError, match="at least 2 labelled validation inputs"):
         check_calibration_data(np.array([1]), CalibrationConfig(set_method="lac"))
     with pytest.raises(ValueError, match=r"of one class \(.sport.\)"):
-        check_calibration_data([{"labels": torch.ones(5, dtype=torch.long)}], CalibrationConfig(), _named())
+        check_calibration_data(
+            [{"labels": torch.ones(5, dtype=torch.long)}], CalibrationConfig(set_method=""), _named()
+        )
 
 
 def _named():
@@ -197,8 +199,9 @@ def test_per_class_sets_need_every_class_among_the_inputs_that_fit_them():
 def test_nan_logits_are_named_as_the_cause_not_as_a_temperature():
     logits = np.random.default_rng(0).normal(size=(2, 10, 3))
     logits[1, 4, 2] = np.nan
-    with pytest.raises(ValueError, match=r"NaN or Inf on validation input 4 \(member 1\)"):
-        he.evaluation.Calibration.fit(Predictions(logits, np.arange(10) % 3))
+    for sets in ("", "lac"):  # named by its index among every validation input, with sets too
+        with pytest.raises(ValueError, match=r"NaN or Inf on validation input 4 \(member 1\)"):
+            he.evaluation.Calibration.fit(Predictions(logits, np.arange(10) % 3), set_method=sets)
 
 
 def test_features_too_wide_for_memory_are_refused_before_allocating(monkeypatch):

@@ -40,7 +40,8 @@ def _val(batches: int = 3, batch: int = 24) -> list[dict]:
 def test_fit_is_the_temperature_then_the_threshold_at_it():
     rng = np.random.default_rng(0)
     preds = Predictions(rng.normal(size=(3, 80, 4)) * 3, rng.integers(0, 4, 80))
-    calibration = Calibration.fit(preds, score="entropy", keep=0.9, data=DataRecord("v.csv", "ab" * 32))
+    record = DataRecord("v.csv", "ab" * 32)
+    calibration = Calibration.fit(preds, score="entropy", keep=0.9, set_method="", data=record)
     temperature = fit_temperature(preds)
     assert calibration.temperature == pytest.approx(temperature, rel=1e-12)
     scores = ood_scores(preds, "entropy", calibration.temperature)

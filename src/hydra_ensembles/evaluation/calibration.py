@@ -36,8 +36,6 @@ from ..hashing import json_digest
 from ..ood.detectors import FeatureStatistics
 from ..ood.registry import feature_scores, reads_layers
 from .conformal import (
-    FLAG_METHODS,
-    SET_METHODS,
     conformal_p_values,
     conformal_threshold,
     fit_set_quantiles,
@@ -49,60 +47,14 @@ from .conformal import (
 from .evaluate import applicable_scores, ood_score_names, ood_scores
 from .predict import Predictions
 from .provenance import NO_DATA, DataRecord, Provenance
-from .temperature import check_temperature_data, fit_temperature
+from .settings import AUTO_SCORE, SET_METHODS, CalibrationConfig, check_flag_settings
+from .temperature import check_finite_logits, check_temperature_data, fit_temperature
 from .uncertainty import per_example
 
 RECORD_DIGEST = "record_sha256"
 """The key of a saved calibration record's own SHA-256."""
-AUTO_SCORE = "auto"
-"""The flag score `choose_flag_score` picks."""
 DEFAULT_FEATURE_SCORE = "mds"
 """The flag score where feature statistics were fit and no OOD validation data was given."""
-
-
-@dataclass(frozen=True)
-class CalibrationConfig:
-    """How a model is calibrated: the settings of `Calibration.fit`, `fit_calibration`,
-    `calibrate`, ``BuildConfig.calibration`` and the commands' options, one name each.
-
-    ``score``: the OOD score that decides the flag (`ood_score_names`, or ``"auto"``:
-    `choose_flag_score`); ``keep``: the share of ID inputs left unflagged (the flag's level is
-    1 - keep); ``flag_method``: ``"conformal"`` (the (n + 1)-corrected threshold, with p-values) or
-    ``"quantile"``; ``set_method``: conformal prediction sets (``lac``, ``aps``, ``raps``; ``""``:
-    none) at level ``set_alpha``, per class with ``set_classwise`` (Mondrian)."""
-
-    score: str = "msp"
-    keep: float = 0.95
-    flag_method: str = "conformal"
-    set_method: str = ""
-    set_alpha: float = 0.1
-    set_classwise: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.score, str) or not self.score:
-            raise InputError(f"the flag score must be a name, got {self.score!r}")
-        _check_flag_settings(self.keep, self.flag_method)
-        if self.set_method not in ("", *SET_METHODS):
-            raise InputError(f"unknown prediction-set method {self.set_method!r}; choose from {SET_METHODS}")
-        if not 0 < self.set_alpha < 1:
-            raise InputError(f"set_alpha must be in (0, 1), got {self.set_alpha}")
-        if not isinstance(self.set_classwise, bool):
-            raise InputError(f"set_classwise must be True or False, got {self.set_classwise!r}")
-
-    @classmethod
-    def merged(cls, config: CalibrationConfig | None, settings: dict[str, Any]) -> CalibrationConfig:
-        """``config`` (default ``CalibrationConfig()``) with keyword ``settings`` replacing its
-        fields: what the functions taking a config and settings calibrate with."""
-        if config is not None and not isinstance(config, CalibrationConfig):
-            raise TypeError(f"config must be a CalibrationConfig (settings by keyword), got {config!r:.40}")
-        return (config or cls()).replace(**settings)
-
-    def replace(self, **settings: Any) -> CalibrationConfig:
-        """This configuration with the named settings replaced (TypeError for an unknown name)."""
-        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise TypeError(f"unknown calibration settings {unknown}")
-        return dataclasses.replace(self, **settings)
 
 
 @dataclass(frozen=True)
@@ -140,7 +92,7 @@ class Calibration:
             raise InputError(f"unknown OOD score {self.score!r}; choose from {ood_score_names()}")
         if not math.isfinite(self.threshold):
             raise InputError(f"calibration threshold must be finite, got {self.threshold}")
-        _check_flag_settings(self.keep, self.flag_method)
+        check_flag_settings(self.keep, self.flag_method)
         if self.examples < 1:
             raise InputError(f"a calibration is fit on at least one input, got {self.examples}")
         if self.score in feature_scores() and not self.statistics_sha256:
@@ -314,6 +266,7 @@ def _checked_fit(id_validation: Predictions, config: CalibrationConfig, id_score
         raise InputError("id_scores are the values of one named score: name it, not 'auto'")
     labels = id_validation.class_labels("ID validation predictions")
     check_calibration_data(labels, config, classes=id_validation.num_classes)
+    check_finite_logits(id_validation.member_logits)  # named by their index in all the inputs
     return len(labels)
 
 
@@ -349,14 +302,6 @@ def _fit_sets(sets_on: Predictions | None, temperature: float, config: Calibrati
     probs, labels = sets_on.probs(temperature), sets_on.class_labels()
     quantiles = fit_set_quantiles(probs, labels, config.set_alpha, config.set_method, config.set_classwise)
     return {"set_quantiles": tuple(float(q) for q in quantiles), "set_examples": len(labels)}
-
-
-def _check_flag_settings(keep: float, flag_method: str) -> None:
-    """InputError for a flag level or method a calibration cannot have."""
-    if not 0 < keep <= 1:
-        raise InputError(f"keep must be in (0, 1], got {keep}")
-    if flag_method not in FLAG_METHODS:
-        raise InputError(f"unknown flag method {flag_method!r}; choose from {FLAG_METHODS}")
 
 
 def _rounded_rule(scores: tuple[float, ...], keep: float) -> float:

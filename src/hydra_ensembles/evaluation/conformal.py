@@ -24,8 +24,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..inputs import class_ids
+from .settings import FLAG_METHODS, SET_METHODS
 
-FLAG_METHODS = ("conformal", "quantile")
 """How a flag threshold is set from ID calibration scores: with the (n + 1) correction
 (conformal, the default), or as their plain ``keep`` quantile."""
 
@@ -175,7 +175,6 @@ def benjamini_hochberg_cutoff(values: Any, counts: Any, level: float) -> float:
     return float(values[passing[-1]]) if len(passing) else -np.inf
 
 
-SET_METHODS = ("lac", "aps", "raps")
 """Conformal prediction sets' non-conformity scores: LAC (1 - p_y), APS (the probability mass
 ranked at or above y) and RAPS (APS plus a penalty on ranks past ``k_reg``)."""
 

@@ -100,17 +100,7 @@ def fit_calibration(
     library and of the command line (build, finetune, calibrate, predict --val-data)."""
     config = CalibrationConfig.merged(config, settings)
     batches = list(id_validation)
-    if not batches or not all("labels" in batch for batch in batches):
-        raise InputError("calibration needs labelled ID validation batches (every batch with labels)")
-    if config.score not in (*ood_score_names(), AUTO_SCORE):
-        choices = (AUTO_SCORE, *ood_score_names())
-        raise InputError(f"unknown OOD score {config.score!r}; choose from {choices}")
-    if id_train is not None and statistics is not None:
-        raise InputError("give the ID training data or statistics fit earlier, not both")
-    if config.score in feature_scores() and id_train is None and statistics is None:
-        raise InputError(
-            f"the flag score {config.score!r} reads feature statistics: give the ID training data"
-        )
+    _check_fit_request(config, batches, id_train, statistics)
     compute = resolve_precision(precision, model_device(model))
     if id_train is not None:
         train = list(id_train)
@@ -119,11 +109,9 @@ def fit_calibration(
     layers = statistics is not None and statistics.reads_layers  # what the scores read, recorded
     run = functools.partial(predict, model, progress=progress, precision=precision, layers=layers)
     predictions = run(batches, "calibration")
-    ood, ood_record = None, NO_DATA
-    if ood_validation is not None:
-        ood_batches = list(ood_validation)
-        ood = run(ood_batches, "OOD validation")
-        ood_record = DataRecord.of_batches(ood_data, ood_batches)
+    ood_batches = list(ood_validation) if ood_validation is not None else None
+    ood = run(ood_batches, "OOD validation") if ood_batches is not None else None
+    ood_record = DataRecord.of_batches(ood_data, ood_batches) if ood_batches is not None else NO_DATA
     calibration = Calibration.fit(
         predictions,
         config,
@@ -138,6 +126,23 @@ def fit_calibration(
         validation_aurocs(predictions, ood, statistics, calibration.temperature) if ood is not None else {}
     )
     return CalibrationFit(calibration, predictions, ood, aurocs)
+
+
+def _check_fit_request(
+    config: CalibrationConfig, batches: list[dict[str, Any]], id_train: Any, statistics: Any
+) -> None:
+    """InputError, before any work, for what `fit_calibration` cannot fit."""
+    if not batches or not all("labels" in batch for batch in batches):
+        raise InputError("calibration needs labelled ID validation batches (every batch with labels)")
+    if config.score not in (*ood_score_names(), AUTO_SCORE):
+        choices = (AUTO_SCORE, *ood_score_names())
+        raise InputError(f"unknown OOD score {config.score!r}; choose from {choices}")
+    if id_train is not None and statistics is not None:
+        raise InputError("give the ID training data or statistics fit earlier, not both")
+    if config.score in feature_scores() and id_train is None and statistics is None:
+        raise InputError(
+            f"the flag score {config.score!r} reads feature statistics: give the ID training data"
+        )
 
 
 def calibrate(

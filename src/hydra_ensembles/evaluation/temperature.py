@@ -52,13 +52,19 @@ def check_temperature_data(labels: Any, logits: Any = None, classes: Sequence[st
             "sets, among every second input): give validation data of every class"
         )
     if logits is not None:
-        bad = ~np.isfinite(np.asarray(logits, dtype=np.float64)).reshape(*np.shape(logits)[:2], -1).all(-1)
-        if bad.any():
-            member, row = (int(i[0]) for i in np.nonzero(bad))
-            raise InputError(
-                f"the model's logits are NaN or Inf on validation input {row} (member {member}): "
-                "nothing can be calibrated on them; check the model's weights and that input"
-            )
+        check_finite_logits(logits)
+
+
+def check_finite_logits(logits: Any) -> None:
+    """InputError naming the first validation input (its index in ``logits``, members x inputs x
+    ...) and member whose logits hold NaN or Inf."""
+    bad = ~np.isfinite(np.asarray(logits, dtype=np.float64)).reshape(*np.shape(logits)[:2], -1).all(-1)
+    if bad.any():
+        member, row = (int(i[0]) for i in np.nonzero(bad))
+        raise InputError(
+            f"the model's logits are NaN or Inf on validation input {row} (member {member}): "
+            "nothing can be calibrated on them; check the model's weights and that input"
+        )
 
 
 def _class_name(index: int, classes: Sequence[str] | None) -> str:

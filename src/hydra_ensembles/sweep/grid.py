@@ -6,7 +6,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-from ..build import BUILD_CALIBRATION, BuildConfig
+from ..build import BuildConfig
 from ..errors import InputError
 from ..evaluation import CalibrationConfig
 from ..training import FineTuneConfig
@@ -77,7 +77,7 @@ class SweepConfig:
     fine_tune: FineTuneConfig | None = None
     bootstrap: bool = False
     seed: int = 0
-    calibration: CalibrationConfig = field(default_factory=lambda: BUILD_CALIBRATION)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     precision: str = "auto"
     batch_sizes: tuple[int, ...] = (1, 64)
     repeats: int = 5
