@@ -139,6 +139,7 @@ def test_build_fine_tune_killed_mid_epoch_then_resumed_gives_the_same_model(w):
         assert torch.allclose(tensor, again[name], atol=1e-6), name
 
 
+@pytest.mark.same_in_every_precision  # files left whole or replaced whole
 def test_build_overwrite_killed_keeps_the_old_result_whole_and_resumes(w, tmp_path, capsys):
     """build --overwrite of a finished output, killed mid-member: the output is still the old
     result (byte for byte) and never a mix; the rerun resumes beside it and replaces it whole.

@@ -22,6 +22,9 @@ from hydra_ensembles.serving.onnx import ExportError, export_onnx
 
 from .conftest import CLASSES, HEAD_SETS, tiny_image_classifier
 
+# one pytest-xdist worker: the module's exported graphs are built once, not once per worker
+pytestmark = pytest.mark.xdist_group("onnx")
+
 TOLERANCE = 1e-4  # fp32, as the export promises
 
 

@@ -27,6 +27,9 @@ from hydra_ensembles.serving.quantization import flag_scores
 
 from .conftest import validation
 
+# one pytest-xdist worker: the module's exported graphs are built once, not once per worker
+pytestmark = pytest.mark.xdist_group("int8")
+
 
 def _outputs(folder, batch) -> dict[str, np.ndarray]:
     """The graph's outputs in a session with the settings its calibration was fit under (int8
