@@ -58,10 +58,6 @@ __all__ = [
 Ranking = CircuitOrder | torch.Tensor
 
 
-"""How `build_hydra` calibrates by default: the flag score chosen by `choose_flag_score`, a
-conformal flag keeping 95% of ID inputs, LAC prediction sets at level 0.1."""
-
-
 @dataclass(frozen=True)
 class BuildConfig:
     """How `build_hydra` builds: give exactly one of ``num_pruned`` (heads each member prunes in

@@ -133,6 +133,11 @@ def test_fit_calibration_measures_the_ood_validation_data_and_records_it_where_i
     expected = validation_aurocs(fixed.validation, fixed.ood_validation, None, fixed.calibration.temperature)
     assert fixed.aurocs == expected and set(expected) >= {"msp", "entropy"}
     assert fixed.calibration.provenance.ood == DataRecord()
+    unmeasured = fit_calibration(
+        model, val, score="msp", ood_validation=ood, measure_ood=False, progress=False
+    )
+    assert unmeasured.ood_validation is None and unmeasured.aurocs == {}  # not read: nothing chose on it
+    assert unmeasured.calibration == fixed.calibration
     chosen = fit_calibration(model, val, score="auto", ood_validation=ood, ood_data="o.csv", progress=False)
     assert chosen.calibration.provenance.ood == DataRecord("o.csv", batches_digest(ood))
     statistics = fit_statistics(model, val, progress=False)

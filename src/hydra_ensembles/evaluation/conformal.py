@@ -26,9 +26,6 @@ from ..errors import InputError
 from ..inputs import class_ids
 from .settings import FLAG_METHODS, SET_METHODS
 
-"""How a flag threshold is set from ID calibration scores: with the (n + 1) correction
-(conformal, the default), or as their plain ``keep`` quantile."""
-
 __all__ = [
     "FLAG_METHODS",
     "benjamini_hochberg",
@@ -173,10 +170,6 @@ def benjamini_hochberg_cutoff(values: Any, counts: Any, level: float) -> float:
     values, ranks = values[order], np.cumsum(counts[order])
     passing = np.flatnonzero(values * ranks[-1:].sum() <= level * ranks) if len(values) else []
     return float(values[passing[-1]]) if len(passing) else -np.inf
-
-
-"""Conformal prediction sets' non-conformity scores: LAC (1 - p_y), APS (the probability mass
-ranked at or above y) and RAPS (APS plus a penalty on ranks past ``k_reg``)."""
 
 
 def set_scores(

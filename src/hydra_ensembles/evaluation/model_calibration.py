@@ -86,6 +86,7 @@ def fit_calibration(
     statistics_data: DataRecord = NO_DATA,
     ood_validation: Iterable[dict[str, Any]] | None = None,
     ood_data: str = "",
+    measure_ood: bool = True,
     **settings: Any,
 ) -> CalibrationFit:
     """Fit a `Calibration` of ``model`` (any model or ensemble `predict` takes, a list of models
@@ -96,8 +97,9 @@ def fit_calibration(
     calibration's, or fit on Ray) with the record of the data they were fit on,
     ``statistics_data``. Unlabelled OOD validation batches ``ood_validation`` (named
     ``ood_data``) choose the flag score where ``score="auto"`` (`choose_flag_score`) and are
-    measured against the ID validation data by every candidate score. The one fit path of the
-    library and of the command line (build, finetune, calibrate, predict --val-data)."""
+    measured against the ID validation data by every candidate score (with ``measure_ood=False``,
+    they are read only to choose the flag score). The one fit path of the library and of the
+    command line (build, finetune, calibrate, predict --val-data)."""
     config = CalibrationConfig.merged(config, settings)
     batches = list(id_validation)
     _check_fit_request(config, batches, id_train, statistics)
@@ -109,22 +111,16 @@ def fit_calibration(
     layers = statistics is not None and statistics.reads_layers  # what the scores read, recorded
     run = functools.partial(predict, model, progress=progress, precision=precision, layers=layers)
     predictions = run(batches, "calibration")
-    ood_batches = list(ood_validation) if ood_validation is not None else None
+    read_ood = ood_validation is not None and (measure_ood or config.score == AUTO_SCORE)
+    ood_batches = list(ood_validation) if read_ood else None
     ood = run(ood_batches, "OOD validation") if ood_batches is not None else None
     ood_record = DataRecord.of_batches(ood_data, ood_batches) if ood_batches is not None else NO_DATA
     calibration = Calibration.fit(
-        predictions,
-        config,
-        data=DataRecord.of_batches(data, batches),
-        precision=compute.name,
-        statistics=statistics,
-        statistics_data=statistics_data,
-        ood_validation=ood,
-        ood_data=ood_record,
-    )
-    aurocs = (
-        validation_aurocs(predictions, ood, statistics, calibration.temperature) if ood is not None else {}
-    )
+        predictions, config, data=DataRecord.of_batches(data, batches), precision=compute.name,
+        statistics=statistics, statistics_data=statistics_data, ood_validation=ood, ood_data=ood_record,
+    )  # fmt: skip
+    measured = ood is not None and measure_ood
+    aurocs = validation_aurocs(predictions, ood, statistics, calibration.temperature) if measured else {}
     return CalibrationFit(calibration, predictions, ood, aurocs)
 
 
@@ -152,10 +148,12 @@ def calibrate(
     **options: Any,
 ) -> Calibration:
     """Fit ``model``'s `Calibration` on labelled ID validation batches with ``config``
-    (`fit_calibration`, which takes the same keyword options and settings), bind it to the
-    model's weights and record it in the model (saved with it from then on). ``model`` is a Hydra
-    model, a member, an ensemble of members or a Hugging Face classifier."""
-    return record_calibration(model, fit_calibration(model, id_validation, config, **options).calibration)
+    (`fit_calibration`, which takes the same keyword options and settings; the OOD validation
+    data only chooses the flag score here, unmeasured), bind it to the model's weights and record
+    it in the model (saved with it from then on). ``model`` is a Hydra model, a member, an
+    ensemble of members or a Hugging Face classifier."""
+    fit = fit_calibration(model, id_validation, config, measure_ood=False, **options)
+    return record_calibration(model, fit.calibration)
 
 
 def record_calibration(model: Any, calibration: Calibration) -> Calibration:

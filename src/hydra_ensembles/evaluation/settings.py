@@ -13,10 +13,12 @@ from ..errors import InputError
 AUTO_SCORE = "auto"
 """The flag score `calibration.choose_flag_score` picks."""
 FLAG_METHODS = ("conformal", "quantile")
-"""How the flag's threshold is fit: conformal (the (n + 1)-corrected quantile, with p-values) or
-the plain empirical quantile."""
+"""How a flag threshold is set from ID calibration scores: with the (n + 1) correction
+(conformal, the default, with p-values), or as their plain ``keep`` quantile."""
 SET_METHODS = ("lac", "aps", "raps")
-"""The conformal prediction sets' scores (`conformal.prediction_sets`)."""
+"""Conformal prediction sets' non-conformity scores (`conformal.prediction_sets`): LAC (1 - p_y),
+APS (the probability mass ranked at or above y) and RAPS (APS plus a penalty on ranks past
+``k_reg``)."""
 
 
 @dataclass(frozen=True)
