@@ -69,7 +69,7 @@ def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
     """Whether the feature statistics are fit on Ray (``--engine ray``); InputError, before any
     work, where they cannot be: no --data, or a flag score Ray does not fit."""
     from hydra_ensembles.ood import feature_scores
-    from hydra_ensembles.ood.moments import MERGEABLE_SCORES
+    from hydra_ensembles.ood.registry import feature_score
 
     if args.engine != "ray":
         return False
@@ -77,11 +77,10 @@ def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
         raise InputError(
             "--engine ray fits the feature statistics on --data: give the labelled training data"
         )
-    if config.score in feature_scores() and config.score not in MERGEABLE_SCORES:
-        fitted = ", ".join(MERGEABLE_SCORES)
+    if config.score in feature_scores() and not feature_score(config.score).passes:
         raise InputError(
-            f"--engine ray fits the feature statistics of {fitted}; {config.score} is fit in one process "
-            "(calibrate without --engine ray)"
+            f"--engine ray fits the scores fit in passes over blocks of rows; {config.score} is fit in one "
+            "process only (calibrate without --engine ray)"
         )
     return True
 
@@ -94,6 +93,8 @@ def _statistics_on_ray(args: argparse.Namespace, model) -> tuple:
     from hydra_ensembles.distributed.statistics import fit_statistics_dataset
     from hydra_ensembles.evaluation.provenance import DataRecord
     from hydra_ensembles.hashing import sha256_file, text_digest
+    from hydra_ensembles.members.ensemble import as_ensemble
+    from hydra_ensembles.ood.features import ensemble_heads
 
     from .common import _resolve_length
 
@@ -102,6 +103,7 @@ def _statistics_on_ray(args: argparse.Namespace, model) -> tuple:
         print(f"fitting the feature statistics on {len(files)} file(s) with {plan.describe()}")
         statistics = fit_statistics_dataset(
             args.model, files, plan, classes=model_class_names(model), num_labels=num_model_labels(model),
+            heads=ensemble_heads(as_ensemble(model)),
             batch_size=args.batch_size, max_length=_resolve_length(args, model),
             precision=getattr(args, "precision_asked", args.precision), text_column=args.text_column,
             label_column=args.label_column, preprocessor=args.preprocessor,
@@ -157,7 +159,7 @@ def _add_calibrate_arguments(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("--out", required=True, help="the output folder: the model with its new calibration")
     _overwrite_option(cal)
     _data_options(cal)
-    engine_options(cal, "the feature statistics fit on --data (mds, rmds, mds++)")
+    engine_options(cal, "the feature statistics fit on --data")
 
 
 COMMAND = Command(

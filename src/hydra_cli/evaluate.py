@@ -215,7 +215,7 @@ def _add_eval_arguments(evaluate: argparse.ArgumentParser) -> None:
     evaluate.add_argument(
         "--train-data",
         help="labelled ID training data: fit each method's feature statistics on it and report the "
-        "feature scores (mds, rmds, mds++, knn, vim) beside the logit scores",
+        "feature scores (every registered one) beside the logit scores",
     )
     evaluate.add_argument(
         "--ood-val",

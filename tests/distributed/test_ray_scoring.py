@@ -190,14 +190,27 @@ def test_the_http_answer_is_one_line_for_bad_input_and_an_id_for_a_failure(caplo
 
 
 def test_calibrate_on_ray_refuses_what_it_cannot_fit_before_any_work(tuned, tmp_path, capsys):
+    """No training data; a flag score fit only in one process (registered here: no passes)."""
+    from hydra_ensembles.ood import registry
+
+    @registry.register_feature_score
+    class OneProcess(registry.FeatureScore):
+        name = "one_process_only"
+
     base = ["calibrate", str(tuned / "tuned"), "--val-data", str(tuned / "train.csv"), "--engine", "ray"]
     cases = [
         ([], "give the labelled training data"),
-        (["--data", str(tuned / "train.csv"), "--flag-score", "vim"], "vim is fit in one process"),
+        (
+            ["--data", str(tuned / "train.csv"), "--flag-score", "one_process_only"],
+            "is fit in one process only",
+        ),
     ]
-    for extra, message in cases:
-        assert main([*base, *extra, "--out", str(tmp_path / "o"), *COMMON]) == 2
-        assert message in capsys.readouterr().err
+    try:
+        for extra, message in cases:
+            assert main([*base, *extra, "--out", str(tmp_path / "o"), *COMMON]) == 2
+            assert message in capsys.readouterr().err
+    finally:
+        registry._REGISTRY.pop("one_process_only")
     assert not (tmp_path / "o").exists()
 
 

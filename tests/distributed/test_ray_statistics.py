@@ -1,6 +1,7 @@
-"""The feature statistics of ``mds``, ``rmds`` and ``mds++`` fit on Ray over training data split
-into files of uneven sizes equal the one-process fit on the same rows to 1e-10 relative in
-float64 (the members' features are computed in the same batches, so only the order of the sums
+"""The feature statistics of every built-in score (the Mahalanobis scores, kNN, ViM, the layer
+scores) fit on Ray over training data split into files of uneven sizes equal the one-process fit
+on the same rows to 1e-10 relative in float64 (ViM within its Davis-Kahan bound, where that is
+larger; the members' features are computed in the same batches, so only the order of the sums
 differs)."""
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import torch
 from hydra_ensembles.data import load_spec, model_batches
 from hydra_ensembles.evaluation import predict
 from hydra_ensembles.loading import load_any, load_preprocessor
+from hydra_ensembles.members.ensemble import as_ensemble
 from hydra_ensembles.ood import FeatureStatistics
-from hydra_ensembles.ood.moments import MERGEABLE_SCORES
+from hydra_ensembles.ood.features import ensemble_heads
+from tests.ood.test_passes import _davis_kahan, _projector
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group("ray")]
@@ -33,27 +36,36 @@ def test_the_statistics_fit_on_ray_equal_the_one_process_fit(tuned, embedded, tm
         files[-1].write_text("text,label\n" + "\n".join(rows[start:stop]) + "\n")
     model_path = str(tuned / "tuned")
     model = load_any(model_path)
+    heads = ensemble_heads(as_ensemble(model))
     got = fit_statistics_dataset(
-        model_path, files, RayPlan(2, 1, True), classes=["money", "sport"], num_labels=2, batch_size=8,
-        max_length=12, precision="fp32",
+        model_path, files, RayPlan(2, 1, True), classes=["money", "sport"], num_labels=2, heads=heads,
+        batch_size=8, max_length=12, precision="fp32",
     )  # fmt: skip
-    features, labels = [], []
+    features, layers, labels = [], [], []
     for file in files:
         _, batches = model_batches(load_spec(str(file)), model, load_preprocessor(model_path), 8, 12)
-        preds = predict(model, batches, progress=False, precision="fp32")
+        preds = predict(model, batches, progress=False, precision="fp32", layers=True)
         features.append(preds.member_features)
+        layers.append(preds.layer_features)
         labels += preds.class_labels().tolist()
+    x = np.concatenate(features, 1).astype(np.float64)
     expected = FeatureStatistics.fit(
-        np.concatenate(features, 1), np.asarray(labels), 2, scores=MERGEABLE_SCORES
+        x, np.asarray(labels), 2, heads, layer_features=np.concatenate(layers, 1)
     )
+    assert {"mds", "rmds", "mds++", "knn", "vim", "mds_layers"} <= set(expected.scores)
     assert got.settings == expected.settings and set(got.tensors) == set(expected.tensors)
+    vim = max(1e-10, _davis_kahan(x, expected))
     for key, value in expected.tensors.items():
-        torch.testing.assert_close(got.tensors[key], value, rtol=1e-10, atol=1e-10 * value.abs().max().item())
+        mine, rtol = got.tensors[key], vim if key.startswith("vim.") else 1e-10
+        if key == "vim.basis":
+            mine, value = _projector(mine), _projector(value)
+        torch.testing.assert_close(mine, value, rtol=rtol, atol=rtol * value.abs().max().item(), msg=key)
 
 
 def test_calibrate_on_ray_saves_the_calibration_one_process_fits(tuned, embedded, tmp_path):
-    """calibrate --engine ray --data: the statistics, threshold and sets of calibrate without it,
-    on the same rows (one file: the same batches); the data named by its files' digest."""
+    """calibrate --engine ray --data: the statistics (of every score), threshold and sets of
+    calibrate without it, on the same rows (one file: the same batches); the data named by its
+    files' digest."""
     from hydra_cli import main
     from hydra_ensembles.evaluation import saved_calibration
     from tests.distributed.conftest import COMMON
@@ -64,10 +76,14 @@ def test_calibrate_on_ray_saves_the_calibration_one_process_fits(tuned, embedded
     assert main([*args, "--engine", "ray", "--out", str(tmp_path / "ray")]) == 0
     assert main([*args, "--out", str(tmp_path / "local")]) == 0
     on_ray, local = (saved_calibration(load_any(str(tmp_path / name))) for name in ("ray", "local"))
-    assert on_ray.statistics.scores == MERGEABLE_SCORES and on_ray.score == local.score == "mds"
+    assert on_ray.statistics.scores == local.statistics.scores and on_ray.score == local.score == "mds"
     for key, value in on_ray.statistics.tensors.items():
+        if key.startswith("vim."):
+            continue  # within its Davis-Kahan bound: the test above
         expected = local.statistics.tensors[key]
-        torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10 * expected.abs().max().item())
+        torch.testing.assert_close(
+            value, expected, rtol=1e-10, atol=1e-10 * expected.abs().max().item(), msg=key
+        )
     assert on_ray.threshold == pytest.approx(local.threshold, rel=1e-9)
     assert on_ray.temperature == local.temperature and on_ray.set_quantiles == local.set_quantiles
     assert on_ray.statistics_data == str(w / "train.csv") and len(on_ray.statistics_data_sha256) == 64

@@ -25,10 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _page_module() -> str:
-    """The module of the page's "Adding a feature score" section."""
+    """The module of the page's "Adding a feature score" section (its first, fit in one process)."""
     text = PAGE.read_text().split("## Adding a feature score", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    return code
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
 
 
 def _install(site: Path) -> None:

@@ -18,13 +18,16 @@ from hydra_ensembles.ood import FeatureStatistics, registry
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "ood.md"
 
 
-def _page_score(section: str, name: str, registered: dict):
-    """Run the page's module under ``section``, which registers the score ``name``; yield its
-    namespace; take the registration back afterwards."""
+def _page_score(section: str, name: str, registered: dict, block: int = 0):
+    """Run the page's module under ``section`` (its code block ``block``, after those before it,
+    whose registrations are taken back), which registers the score ``name``; yield its namespace;
+    take the registration back afterwards."""
     text = PAGE.read_text().split(section, 1)[1]
-    (code,) = re.findall(r"```python\n(.*?)```", text.split("\n## ", 1)[0], flags=re.S)
+    codes = re.findall(r"```python\n(.*?)```", text.split("\n## ", 1)[0], flags=re.S)
     namespace: dict = {}
-    exec(compile(code, str(PAGE), "exec"), namespace)
+    for code in codes[: block + 1]:
+        registered.pop(name, None)
+        exec(compile(code, str(PAGE), "exec"), namespace)
     yield namespace
     registered.pop(name, None)
 
@@ -33,6 +36,13 @@ def _page_score(section: str, name: str, registered: dict):
 def toy():
     """The page's toy feature score, registered; taken back afterwards."""
     for namespace in _page_score("## Adding a feature score", "norm", registry._REGISTRY):
+        yield namespace["FeatureNorm"]
+
+
+@pytest.fixture
+def toy_in_passes():
+    """The page's toy feature score written in passes, registered; taken back afterwards."""
+    for namespace in _page_score("## Adding a feature score", "norm", registry._REGISTRY, block=1):
         yield namespace["FeatureNorm"]
 
 
@@ -90,6 +100,24 @@ def test_a_toy_score_is_one_module_and_one_registration(toy, tmp_path):
     scores = ood_scores(Predictions(test_logits, None, test), "norm", statistics=stats)
     assert [r["ood_score_norm"] for r in records] == pytest.approx(scores.tolist())
     assert [r["flagged"] for r in records] == [bool(s > calibration.threshold) for s in scores]
+
+
+def test_the_toy_score_in_passes_fits_what_its_fit_fits_in_one_process_and_over_blocks(toy_in_passes):
+    """The page's second module: the same arrays as the first's `fit` (to rounding), in one
+    process and over blocks of rows."""
+    from hydra_ensembles.ood.registry import Block
+
+    assert toy_in_passes.passes == 1
+    f, y, _ = _features()
+    expected = np.linalg.norm(f, axis=-1).mean(1, keepdims=True)
+    one = FeatureStatistics.fit(f, y, 3, scores=("norm",))
+    np.testing.assert_allclose(one.tensors["norm.mean"].numpy(), expected, rtol=1e-14)
+    blocks = np.array_split(np.random.default_rng(0).permutation(60), 4)
+    over_blocks = FeatureStatistics.fit_blocks(
+        lambda summarise: [summarise(Block(f[:, b], y[b], b)) for b in blocks], f.shape, np.bincount(y),
+        scores=("norm",),
+    )  # fmt: skip
+    np.testing.assert_allclose(over_blocks.tensors["norm.mean"].numpy(), expected, rtol=1e-14)
 
 
 def test_the_built_in_logit_scores_are_registered_in_their_order():

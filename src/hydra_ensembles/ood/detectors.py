@@ -19,7 +19,7 @@ float64, whatever precision the model ran in. Each score is one registered class
   layer features are given (`FeatureStatistics.fit`'s ``layer_features``).
 - ``mds_disagreement``: ``mds_layers`` plus the members' spread of each layer's standardised
   distance, each standardised on the ID training data (ensembles of two members or more; fit
-  across the members, `FeatureScore.fit_ensemble`).
+  across the members).
 
 The covariances are Ledoit-Wolf shrinkage estimates (the shrinkage is close to 0 where examples
 far outnumber dimensions, and keeps the matrix invertible where they do not: few examples, wide
@@ -48,7 +48,16 @@ from ..errors import InputError
 from ..inputs import class_ids
 from . import scores as _builtin_scores  # noqa: F401  (registers the built-in scores)
 from .geometry import vim_dimension
-from .registry import FitContext, ScoreContext, feature_score, feature_scores, reads_layers
+from .passes import fit_in_passes
+from .registry import (
+    Block,
+    FitContext,
+    PassContext,
+    ScoreContext,
+    feature_score,
+    feature_scores,
+    reads_layers,
+)
 
 KNN_K = 50
 """Neighbours of the kNN score (OpenOOD's setting; capped at the bank's size)."""
@@ -57,7 +66,15 @@ BANK_SIZE = 10_000
 STATISTICS_NAME = "ood_statistics.safetensors"
 FORMAT = "hydra-ensembles/ood-statistics"
 
-__all__ = ["BANK_SIZE", "KNN_K", "STATISTICS_NAME", "FeatureStatistics", "vim_dimension"]
+__all__ = [
+    "BANK_SIZE",
+    "KNN_K",
+    "STATISTICS_NAME",
+    "FeatureStatistics",
+    "bank_rows",
+    "fit_plan",
+    "vim_dimension",
+]
 
 
 def _checked_fit_inputs(
@@ -156,40 +173,54 @@ class FeatureStatistics:
         scores = feature_scores() if scores is None else tuple(scores)
         feats, y = _checked_fit_inputs(member_features, labels, num_classes, knn_k, bank_size, scores)
         layers = _checked_layer_features(layer_features, feats.shape[:2], "the training")
-        missing = sorted(set(range(num_classes)) - set(y.tolist()))
-        if missing:
-            warnings.warn(
-                f"classes {missing} have no training example: the class-conditional scores measure the "
-                "distance to the other classes only",
-                stacklevel=2,
+        block = Block(feats, y, np.arange(len(y)), layers)
+        counts = np.bincount(y, minlength=num_classes)
+        layer_shape = None if layers is None else layers.shape[2:]
+        return cls.fit_blocks(
+            lambda summarise: [summarise(block)], feats.shape, counts, heads, layer_shape,
+            knn_k=knn_k, bank_size=bank_size, seed=seed, scores=scores, whole=block,
+        )  # fmt: skip
+
+    @classmethod
+    def fit_blocks(
+        cls,
+        map_blocks: Any,
+        shape: tuple[int, int, int],
+        class_counts: Any,
+        heads: tuple[Any, Any] | None = None,
+        layer_shape: tuple[int, int] | None = None,
+        *,
+        knn_k: int = KNN_K,
+        bank_size: int = BANK_SIZE,
+        seed: int = 0,
+        scores: Sequence[str] | None = None,
+        whole: Block | None = None,
+    ) -> FeatureStatistics:
+        """`fit` over training rows held in blocks, wherever they are: ``map_blocks(f)`` applies
+        ``f`` to every `Block` (features (M, n, D) float64, class ids, each row's place among the
+        ``shape[1]`` rows, their layer tokens where ``layer_shape`` is given) and returns the
+        results in any order; ``shape`` = (members, rows, width) of all of them; ``class_counts``
+        their rows per class. The scores are fit in their passes (`ood.passes`); one fit only in
+        one process (`FeatureScore.passes` = 0) needs every row as one block, ``whole``, and is
+        refused without it. Equal to `fit` on the same rows to float64 rounding."""
+        scores = feature_scores() if scores is None else tuple(scores)
+        counts = np.asarray(class_counts, np.float64)
+        names, settings = fit_plan(
+            scores, shape, counts, heads is not None, layer_shape, knn_k=knn_k, bank_size=bank_size
+        )
+        by_member = [name for name in names if not feature_score(name).passes]
+        if by_member and whole is None:
+            raise InputError(
+                f"the OOD score {by_member[0]!r} is fit in one process only (it has no passes over "
+                "blocks of rows): fit its statistics without a distributed engine"
             )
-        members, n, width = feats.shape
-        fitted = _fitted_scores(scores, heads is not None, layers is not None, members, n, width)
-        settings = {
-            "format": FORMAT,
-            "members": members,
-            "classes": int(num_classes),
-            "width": width,
-            "examples": n,
-            "knn_k": int(min(knn_k, n, bank_size)),
-            "vim_dim": vim_dimension(width) if "vim" in fitted else None,
-            "scores": fitted,
-        }
-        if layers is not None and any(reads_layers(name) for name in fitted):
-            settings["layers"], settings["layer_width"] = int(layers.shape[2]), int(layers.shape[3])
-        bank_rows = np.sort(np.random.default_rng(seed).permutation(n)[:bank_size])
-        parts: dict[str, list[np.ndarray]] = {}
-        for m in range(members):
-            head = None if heads is None else (np.asarray(heads[0][m], np.float64), np.asarray(heads[1][m]))
-            context = FitContext(head, bank_rows, settings, None if layers is None else layers[m])
-            for name in _with_what_they_read(fitted):
-                for key, value in feature_score(name).fit(feats[m], y, num_classes, context).items():
-                    parts.setdefault(key, []).append(value)
-        tensors = {name: torch.from_numpy(np.stack(values)) for name, values in parts.items()}
-        across = ScoreContext(settings, None, None if layers is None else torch.from_numpy(layers))
-        for name in _with_what_they_read(fitted):
-            fit = feature_score(name).fit_ensemble(torch.from_numpy(feats), tensors, across)
-            tensors.update({key: torch.from_numpy(np.asarray(v, np.float64)) for key, v in fit.items()})
+        heads = None if heads is None else tuple(np.asarray(torch.as_tensor(h).double().cpu()) for h in heads)
+        context = PassContext(settings, heads, bank_rows(int(shape[1]), bank_size, seed), counts)
+        in_passes = [name for name in names if name not in by_member]
+        arrays = fit_in_passes(map_blocks, in_passes, context)
+        tensors = {key: torch.from_numpy(np.asarray(value, np.float64)) for key, value in arrays.items()}
+        if by_member:
+            tensors.update(_fit_by_member(by_member, whole, context, tensors))
         return cls(tensors, settings)
 
     @property
@@ -280,6 +311,80 @@ class FeatureStatistics:
                 "differs): it was modified or comes from another model"
             )
         return loaded
+
+
+def fit_plan(
+    asked: Sequence[str],
+    shape: tuple[int, int, int],
+    class_counts: np.ndarray,
+    heads: bool,
+    layer_shape: tuple[int, int] | None,
+    *,
+    knn_k: int = KNN_K,
+    bank_size: int = BANK_SIZE,
+) -> tuple[list[str], dict[str, Any]]:
+    """The scores a fit on training features of ``shape`` (members, rows, width) with
+    ``class_counts`` rows per class fits, with those they read (registration order), and the
+    statistics' settings; ``heads``: the output layers are given; ``layer_shape``: (layers,
+    width) of every layer's tokens where given. Warns of a class without rows."""
+    members, n, width = (int(v) for v in shape)
+    missing = np.flatnonzero(np.asarray(class_counts) == 0).tolist()
+    if missing:
+        warnings.warn(
+            f"classes {missing} have no training example: the class-conditional scores measure the "
+            "distance to the other classes only",
+            stacklevel=3,
+        )
+    fitted = _fitted_scores(asked, heads, layer_shape is not None, members, n, width)
+    settings = {
+        "format": FORMAT,
+        "members": members,
+        "classes": len(class_counts),
+        "width": width,
+        "examples": n,
+        "knn_k": int(min(knn_k, n, bank_size)),
+        "vim_dim": vim_dimension(width) if "vim" in fitted else None,
+        "scores": fitted,
+    }
+    if layer_shape is not None and any(reads_layers(name) for name in fitted):
+        settings["layers"], settings["layer_width"] = (int(v) for v in layer_shape)
+    return _with_what_they_read(fitted), settings
+
+
+def bank_rows(n: int, bank_size: int = BANK_SIZE, seed: int = 0) -> np.ndarray:
+    """The training rows kept as the kNN bank: a seeded random subset of at most ``bank_size``
+    of ``n``, in the order of the rows."""
+    return np.sort(np.random.default_rng(seed).permutation(n)[:bank_size])
+
+
+def _fit_by_member(
+    names: list[str], block: Block, context: PassContext, fitted: dict
+) -> dict[str, torch.Tensor]:
+    """The arrays of the scores ``names`` fit by `FeatureScore.fit` member by member, then by
+    `FeatureScore.fit_ensemble` across the members (scores not fit in passes)."""
+    if not names:
+        return {}
+    parts: dict[str, list[np.ndarray]] = {}
+    for m in range(block.features.shape[0]):
+        head = None if context.heads is None else (context.heads[0][m], context.heads[1][m])
+        layers = None if block.layers is None else block.layers[m]
+        member = FitContext(head, context.bank_rows, context.settings, layers)
+        for name in names:
+            for key, value in (
+                feature_score(name)
+                .fit(block.features[m], block.labels, len(context.class_counts), member)
+                .items()
+            ):
+                parts.setdefault(key, []).append(value)
+    tensors = {name: torch.from_numpy(np.stack(values)) for name, values in parts.items()}
+    layers = None if block.layers is None else torch.from_numpy(block.layers)
+    across = ScoreContext(context.settings, None, layers)
+    for name in names:
+        fit = feature_score(name).fit_ensemble(
+            torch.from_numpy(block.features), {**fitted, **tensors}, across
+        )
+        tensors.update({key: torch.from_numpy(np.asarray(v, np.float64)) for key, v in fit.items()})
+    return tensors
 
 
 def _fitted_scores(asked, heads: bool, layers: bool, members: int, n: int, width: int) -> list[str]:

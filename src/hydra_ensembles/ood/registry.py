@@ -18,11 +18,17 @@ exported graph computes it too), registered with `register_feature_score`:
 
 `FeatureStatistics` fits and scores every registered score by name; `feature_scores()` lists
 them in the order they were registered (the built-in ones: `scores/`).
+
+A score fit *in passes* over blocks of rows instead (``passes`` > 0: `FeatureScore.summarise`,
+`merge` and `finish`, run by `ood.passes`) is fit the same way in one process (one block) and
+over data split across processes (`hydra_ensembles.distributed`): each pass summarises every
+block (sums, or rows to keep), the summaries are merged in any order, and what they determine is
+fit before the next pass reads it. The built-in feature scores are all fit so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -32,10 +38,12 @@ import torch
 from ..errors import InputError
 
 __all__ = [
+    "Block",
     "FeatureScore",
     "FitContext",
     "LogitScore",
     "LogitView",
+    "PassContext",
     "ScoreContext",
     "feature_score",
     "feature_scores",
@@ -62,6 +70,42 @@ class FitContext:
 
 
 @dataclass(frozen=True)
+class Block:
+    """One block of the training rows, every member's, float64: features ``(M, n, D)``, class ids
+    ``labels`` (n,), each row's place among all training rows ``index`` (n,; the order
+    `FeatureStatistics.fit` reads them in) and the pooled token after every layer ``layers``
+    ``(M, n, L, D_h)`` where they are fit (else None)."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    index: np.ndarray
+    layers: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What a pass may read beside a block: the fit's settings (``examples``, ``knn_k``,
+    ``vim_dim``, ...), every member's output layer ``heads`` = (W (M, C, D), b (M, C)) where given,
+    the rows kept as the kNN bank ``bank_rows`` (places among all rows), the rows of each class
+    ``class_counts`` (C,), and ``fitted``: every array the earlier passes fit (leading member axis)."""
+
+    settings: Mapping[str, Any]
+    heads: tuple[np.ndarray, np.ndarray] | None
+    bank_rows: np.ndarray
+    class_counts: np.ndarray
+    fitted: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def present(self) -> np.ndarray:
+        """The classes with training rows (sorted): the rows of the fitted class means."""
+        return np.flatnonzero(self.class_counts > 0)
+
+    def class_slots(self, labels: np.ndarray) -> np.ndarray:
+        """Each class id's row among the fitted class means (`present`)."""
+        return (np.cumsum(self.class_counts > 0) - 1)[labels]
+
+
+@dataclass(frozen=True)
 class ScoreContext:
     """What a score may read beside the members' features: the statistics' settings, the
     members' logits (M, N, C) at temperature 1 and their pooled tokens after every layer
@@ -79,13 +123,16 @@ class FeatureScore:
     ``needs_layers``: it reads every layer's pooled token (`FitContext.layers`,
     `ScoreContext.layer_features`) and is fit only where they are given; ``ensemble_only``: it
     measures the members' disagreement, so it is fit only for two members or more (what it fits
-    across the members: `fit_ensemble`)."""
+    across the members: `fit_ensemble`). ``passes``: the passes over blocks of rows its fit takes
+    (`summarise`, `merge`, `finish`; such a score is fit in one process or across many alike); 0:
+    it is fit by `fit` and `fit_ensemble`, in one process only."""
 
     name: ClassVar[str]
     reads: ClassVar[tuple[str, ...]] = ()
     needs_head: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False
     ensemble_only: ClassVar[bool] = False
+    passes: ClassVar[int] = 0
 
     def can_fit(self, examples: int, width: int) -> bool:
         """Whether ``examples`` training features of ``width`` are enough to fit this score."""
@@ -105,12 +152,37 @@ class FeatureScore:
         default."""
         return {}
 
+    def summarise(self, step: int, block: Block, context: PassContext) -> dict[str, np.ndarray]:
+        """Pass ``step``'s summary of one block of rows (float64 arrays), read after the earlier
+        passes fit ``context.fitted``."""
+        raise NotImplementedError
+
+    def merge(self, step: int, summaries: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Pass ``step``'s summaries of every block in one, in any order: their sums by default."""
+        return add(summaries)
+
+    def finish(
+        self, step: int, summary: Mapping[str, np.ndarray], context: PassContext
+    ) -> dict[str, np.ndarray]:
+        """The arrays pass ``step`` fits from the merged ``summary`` (leading member axis; the
+        later passes read them in ``context.fitted``, and they are saved)."""
+        raise NotImplementedError
+
     def score(
         self, f: torch.Tensor, tensors: Mapping[str, torch.Tensor], context: ScoreContext
     ) -> torch.Tensor:
         """Each member's score (M, N), float64, from features ``f`` (M, N, D) and the fitted arrays
         ``tensors`` (each with a leading member axis)."""
         raise NotImplementedError
+
+
+def add(summaries: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The sums of several blocks' summaries, in any order (`FeatureScore.merge`'s default)."""
+    total: dict[str, np.ndarray] = {}
+    for summary in summaries:
+        for key, value in summary.items():
+            total[key] = total[key] + value if key in total else np.asarray(value, np.float64).copy()
+    return total
 
 
 _REGISTRY: dict[str, FeatureScore] = {}

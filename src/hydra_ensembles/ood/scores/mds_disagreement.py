@@ -13,8 +13,10 @@ single model has no disagreement) and every layer's tokens (`predict`'s ``layers
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from ..passes import merge_spread, spread, spread_summary
 from ..registry import FeatureScore, register_feature_score
 from .mds_layers import MIN_SCALE, standardised_layer_distances
 
@@ -32,23 +34,30 @@ class MahalanobisDisagreement(FeatureScore):
     reads = ("mds_layers",)
     needs_layers = True
     ensemble_only = True
+    passes = 4  # after mds_layers' three: the mean and spread of both terms, across the members
 
-    def fit(self, x, y, classes, context):
-        return {}  # everything it fits is across the members (fit_ensemble)
+    def summarise(self, step, block, context):
+        if step < 3:
+            return {}
+        if not len(block.labels):
+            return spread_summary(np.zeros((2, 0)))
+        tensors = {
+            key: torch.from_numpy(v) for key, v in context.fitted.items() if key.startswith("mds_layers.")
+        }
+        members, disagreement = _agreement_statistics(torch.from_numpy(block.layers), tensors)
+        return spread_summary(torch.stack([members.mean(0), disagreement]).numpy())
 
-    def fit_ensemble(self, f, tensors, context):
-        members, disagreement = _agreement_statistics(context.layer_features, tensors)
-        ensemble = members.mean(0)
-        values = torch.stack(
-            [
-                ensemble.mean(),
-                ensemble.std(unbiased=False).clamp_min(MIN_SCALE),
-                disagreement.mean(),
-                disagreement.std(unbiased=False).clamp_min(MIN_SCALE),
-            ]
-        )  # centre and scale of each term
+    def merge(self, step, summaries):
+        return {} if step < 3 else merge_spread(summaries)
+
+    def finish(self, step, summary, context):
+        if step < 3:
+            return {}
+        centre, scale = spread(summary)
+        scale = np.maximum(scale, MIN_SCALE)
+        values = np.array([centre[0], scale[0], centre[1], scale[1]])  # centre and scale of each term
         # (M, 4): one row per member, as every fitted array has a leading member axis
-        return {"mds_disagreement.standardise": values.expand(f.shape[0], 4).numpy().copy()}
+        return {"mds_disagreement.standardise": np.tile(values, (int(context.settings["members"]), 1))}
 
     def score(self, f, tensors, context):
         members, disagreement = _agreement_statistics(context.layer_features, tensors)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..geometry import class_means_and_precision, min_distance
+from ..geometry import min_distance
+from ..passes import class_covariance_finish, class_covariance_summary, merge_spread, spread, spread_summary
 from ..registry import FeatureScore, register_feature_score
 
 MIN_SCALE = 1e-12
@@ -24,40 +25,44 @@ MIN_SCALE = 1e-12
 class LayerMahalanobis(FeatureScore):
     name = "mds_layers"
     needs_layers = True
+    passes = 3  # each layer's class means; its covariance; its distances' mean and spread
 
-    def fit(self, x, y, classes, context):
-        layers = context.layers  # (N, L, D_h)
-        means, precisions, centres, scales = [], [], [], []
-        for layer in range(layers.shape[1]):
-            h = layers[:, layer]
-            fitted = class_means_and_precision(h, y, classes, "mds_layers")
-            mu, precision = fitted["mds_layers.means"], fitted["mds_layers.precision"]
-            d = min_distance(
-                torch.from_numpy(h)[None], torch.from_numpy(mu)[None], torch.from_numpy(precision)[None]
-            )
-            d = d[0].numpy()
-            means.append(mu)
-            precisions.append(precision)
-            centres.append(d.mean())
-            scales.append(max(float(d.std()), MIN_SCALE))
-        return {
-            "mds_layers.means": np.stack(means),  # (L, K, D_h)
-            "mds_layers.precision": np.stack(precisions),  # (L, D_h, D_h)
-            "mds_layers.centre": np.asarray(centres),  # (L,)
-            "mds_layers.scale": np.asarray(scales),  # (L,)
+    def summarise(self, step, block, context):
+        h = block.layers.transpose(0, 2, 1, 3)  # (M, L, n, D_h)
+        if step < 2:
+            return class_covariance_summary(step, h, block, context, self.name)
+        fitted = {
+            key: torch.from_numpy(context.fitted[key]) for key in ("mds_layers.means", "mds_layers.precision")
         }
+        return spread_summary(
+            layer_distances(torch.from_numpy(block.layers), fitted).permute(0, 2, 1).numpy()
+        )
+
+    def merge(self, step, summaries):
+        return super().merge(step, summaries) if step < 2 else merge_spread(summaries)
+
+    def finish(self, step, summary, context):
+        if step < 2:
+            return class_covariance_finish(step, summary, context, self.name)
+        centre, scale = spread(summary)
+        return {"mds_layers.centre": centre, "mds_layers.scale": np.maximum(scale, MIN_SCALE)}  # (M, L)
 
     def score(self, f, tensors, context):
         return standardised_layer_distances(context.layer_features, tensors).mean(-1)
 
 
+def layer_distances(h: torch.Tensor, tensors) -> torch.Tensor:
+    """Each member's distance at each layer ``d_l`` (M, N, L) from its pooled tokens after every
+    layer ``h`` (M, N, L, D_h) and the class means and precision `LayerMahalanobis` fit."""
+    means, precision = tensors["mds_layers.means"], tensors["mds_layers.precision"]
+    return torch.stack(
+        [min_distance(h[:, :, layer], means[:, layer], precision[:, layer]) for layer in range(h.shape[2])],
+        -1,
+    )
+
+
 def standardised_layer_distances(h: torch.Tensor, tensors) -> torch.Tensor:
     """Each member's standardised distance at each layer, ``z_l`` (M, N, L), from its pooled
     tokens after every layer ``h`` (M, N, L, D_h) and the arrays `LayerMahalanobis` fit."""
-    means, precision = tensors["mds_layers.means"], tensors["mds_layers.precision"]
-    per_layer = torch.stack(
-        [min_distance(h[:, :, layer], means[:, layer], precision[:, layer]) for layer in range(h.shape[2])],
-        -1,
-    )  # (M, N, L)
     centre, scale = tensors["mds_layers.centre"][:, None], tensors["mds_layers.scale"][:, None]
-    return (per_layer - centre) / scale
+    return (layer_distances(h, tensors) - centre) / scale

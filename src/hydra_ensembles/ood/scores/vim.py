@@ -17,20 +17,38 @@ from ..registry import FeatureScore, register_feature_score
 class VirtualLogit(FeatureScore):
     name = "vim"
     needs_head = True
+    passes = 3  # the origin; the principal space around it; the residual and largest logit's means
 
     def can_fit(self, examples, width):
         return examples > vim_dimension(width)  # else the features lie inside the principal subspace
 
-    def fit(self, x, y, classes, context):
-        weight, bias = context.head
-        origin = -np.linalg.pinv(weight) @ bias
-        centred = x - origin
-        values, vectors = np.linalg.eigh(centred.T @ centred / len(x))
-        basis = vectors[:, np.argsort(-values)[vim_dimension(x.shape[1]) :]]  # outside the principal subspace
-        residual = np.linalg.norm(centred @ basis, axis=-1).mean()
-        largest = (x @ weight.T + bias).max(-1).mean()
-        alpha = np.asarray(largest / residual if residual > 0 else 0.0)
-        return {"vim.origin": origin, "vim.basis": basis, "vim.alpha": alpha}
+    def summarise(self, step, block, context):
+        if step == 0:
+            return {}
+        centred = block.features - context.fitted["vim.origin"][:, None]
+        if step == 1:
+            return {"scatter": np.einsum("mnd,mne->mde", centred, centred)}
+        weight, bias = context.heads
+        logits = np.einsum("mnd,mcd->mnc", block.features, weight) + bias[:, None]
+        residual = np.linalg.norm(np.einsum("mnd,mdk->mnk", centred, context.fitted["vim.basis"]), axis=-1)
+        return {"residual": residual.sum(1), "largest": logits.max(-1).sum(1)}
+
+    def finish(self, step, summary, context):
+        n = int(context.settings["examples"])
+        if step == 0:
+            weight, bias = context.heads
+            return {
+                "vim.origin": np.stack([-np.linalg.pinv(w) @ b for w, b in zip(weight, bias, strict=True)])
+            }
+        if step == 1:
+            bases = []
+            for covariance in summary["scatter"] / n:
+                values, vectors = np.linalg.eigh(covariance)
+                bases.append(vectors[:, np.argsort(-values)[int(context.settings["vim_dim"]) :]])
+            return {"vim.basis": np.stack(bases)}  # outside the principal subspace
+        residual, largest = summary["residual"] / n, summary["largest"] / n
+        alpha = np.where(residual > 0, largest / np.where(residual > 0, residual, 1), 0.0)
+        return {"vim.alpha": alpha}
 
     def score(self, f, tensors, context):
         if context.member_logits is None:
