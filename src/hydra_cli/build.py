@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hydra_ensembles.errors import InputError
 from hydra_ensembles.saving.files import RUN_MARKER
@@ -30,6 +31,7 @@ from .options import (
     calibration_config,
     share,
 )
+from .predict_ray import engine_options
 
 FINISHED = "hydra/hydra_config.json"
 """What a finished build's output holds."""
@@ -83,6 +85,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     target = check_output_dir(args.out, finished=FINISHED, resumable=OWNED, overwrite=args.overwrite)
     out = overwrite_staging(target, FINISHED, OWNED) if args.overwrite else target
+    _check_ray_build(args)
     model, ranking, preprocessor = start_building(args)
     train, classes, val, ood = _build_data(args, preprocessor, model)
     _record_length(model, args)  # the members and the fused model inherit it, saved with them
@@ -106,6 +109,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
             ood_validation=ood,
             checkpoint_dir=out / "checkpoints",
             on_member=trained,
+            statistics=_ray_statistics(args, preprocessor, out / "checkpoints")
+            if args.engine == "ray"
+            else None,
             log=lambda line: print(line, file=sys.stderr),
         )
     _describe(built, model)
@@ -118,13 +124,65 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_ray_build(args: argparse.Namespace) -> None:
+    """InputError, before any work, where ``--engine ray`` cannot fit the feature statistics."""
+    if args.engine != "ray":
+        return
+    from hydra_ensembles.distributed import data_files, require_ray
+
+    require_ray()
+    if not args.data or not args.val_data:
+        raise InputError(
+            "--engine ray fits the calibration's feature statistics on --data: give the labelled training "
+            "data and --val-data"
+        )
+    data_files(args.data)
+
+
+def _ray_statistics(args: argparse.Namespace, preprocessor, staging: Path):
+    """`build_hydra`'s ``statistics``: a built model (the fused one; the members' ensemble) saved
+    into ``staging`` for Ray's workers to load, its feature statistics fit over ``--data`` on Ray,
+    the saved copy removed."""
+    import shutil
+
+    from .predict_ray import statistics_on_ray
+
+    def fit(model) -> tuple:
+        folder = staging / "statistics-model"
+        shutil.rmtree(folder, ignore_errors=True)
+        _save_for_workers(model, folder, preprocessor)
+        try:
+            return statistics_on_ray(args, model, str(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return fit
+
+
+def _save_for_workers(model, folder: Path, preprocessor) -> None:
+    """``model`` saved in the format its loader reads: each member and their index for an ensemble
+    of members, else the model's own."""
+    from hydra_ensembles.build import save_preprocessor, save_with_preprocessor
+    from hydra_ensembles.members.ensemble import DeepEnsemble, write_ensemble_index
+
+    if not isinstance(model, DeepEnsemble):
+        save_with_preprocessor(model, folder, preprocessor)
+        return
+    names = [f"member-{m}" for m in range(len(model.members))]
+    for name, member in zip(names, model.members, strict=True):
+        save_with_preprocessor(member, folder / name, preprocessor)
+    save_preprocessor(preprocessor, folder)
+    write_ensemble_index(folder, names, model.members[0].config)
+
+
 def _build_data(args: argparse.Namespace, preprocessor, model) -> tuple:
-    """The labelled training batches and their class names (None without ``--data``), the labelled
-    validation batches and the unlabelled OOD validation batches (None where not given)."""
+    """The labelled training batches and their class names (None without ``--data``, and with
+    ``--engine ray`` unless the members are fine-tuned on them: Ray's workers read them), the
+    labelled validation batches and the unlabelled OOD validation batches (None where not given)."""
     from hydra_ensembles.data.labels import check_trainable
 
     train, classes = None, None
-    if args.data:
+    if args.data and (args.engine != "ray" or args.fine_tune):
         dataset, train = _data_batches(args.data, args, preprocessor, model=model)
         check_trainable(dataset.labels, dataset.classes, args.data)
         classes = list(dataset.classes)  # saved models name their classes (predict, pipelines)
@@ -251,6 +309,7 @@ def _add_build_arguments(build: argparse.ArgumentParser) -> None:
     _random_head_option(build)
     _overwrite_option(build)
     _data_options(build)
+    engine_options(build, "the feature statistics fit on --data")
 
 
 COMMAND = Command(

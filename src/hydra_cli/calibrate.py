@@ -18,7 +18,7 @@ from .options import (
     _overwrite_option,
     calibration_config,
 )
-from .predict_ray import engine_options
+from .predict_ray import engine_options, statistics_on_ray
 
 SAVED_KINDS = ("fused", "member", "ensemble")
 """The library's saved formats `calibrate` writes again (beside Hugging Face classifier folders)."""
@@ -58,7 +58,8 @@ def _statistics(args: argparse.Namespace, model, ray: bool, train) -> dict:
     from hydra_ensembles.evaluation import saved_calibration
 
     if ray:
-        return dict(zip(("statistics", "statistics_data"), _statistics_on_ray(args, model), strict=True))
+        fitted = statistics_on_ray(args, model, args.model)
+        return dict(zip(("statistics", "statistics_data"), fitted, strict=True))
     saved = saved_calibration(model)
     if train is not None or saved is None or saved.statistics is None:
         return {}
@@ -83,32 +84,6 @@ def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
             "process only (calibrate without --engine ray)"
         )
     return True
-
-
-def _statistics_on_ray(args: argparse.Namespace, model) -> tuple:
-    """The feature statistics fit over ``--data`` on Ray, and the record of that data: its name and
-    the SHA-256 of its files' SHA-256s in the order of their names."""
-    from hydra_ensembles.data.labels import model_class_names, num_model_labels
-    from hydra_ensembles.distributed import data_files, ray_session
-    from hydra_ensembles.distributed.statistics import fit_statistics_dataset
-    from hydra_ensembles.evaluation.provenance import DataRecord
-    from hydra_ensembles.hashing import sha256_file, text_digest
-    from hydra_ensembles.members.ensemble import as_ensemble
-    from hydra_ensembles.ood.features import ensemble_heads
-
-    from .common import _resolve_length
-
-    files = data_files(args.data)
-    with ray_session(args.address, args.workers) as plan:
-        print(f"fitting the feature statistics on {len(files)} file(s) with {plan.describe()}")
-        statistics = fit_statistics_dataset(
-            args.model, files, plan, classes=model_class_names(model), num_labels=num_model_labels(model),
-            heads=ensemble_heads(as_ensemble(model)),
-            batch_size=args.batch_size, max_length=_resolve_length(args, model),
-            precision=getattr(args, "precision_asked", args.precision), text_column=args.text_column,
-            label_column=args.label_column, preprocessor=args.preprocessor,
-        )  # fmt: skip
-    return statistics, DataRecord(args.data, text_digest("".join(sha256_file(f) for f in files)))
 
 
 def _calibration_data(args: argparse.Namespace, preprocessor, model, config, train: bool = True) -> tuple:

@@ -35,6 +35,33 @@ def engine_options(parser: argparse.ArgumentParser, work: str = "the scoring") -
     )
 
 
+def statistics_on_ray(args: argparse.Namespace, model, path: str) -> tuple:
+    """The feature statistics of ``model`` (saved at ``path``, which every Ray node reads) fit over
+    ``--data`` on Ray (every score fit in passes), and the record of that data: its name and the
+    SHA-256 of its files' SHA-256s in the order of their names."""
+    from hydra_ensembles.data.labels import model_class_names, num_model_labels
+    from hydra_ensembles.distributed import data_files, ray_session
+    from hydra_ensembles.distributed.statistics import fit_statistics_dataset
+    from hydra_ensembles.evaluation.provenance import DataRecord
+    from hydra_ensembles.hashing import sha256_file, text_digest
+    from hydra_ensembles.members.ensemble import as_ensemble
+    from hydra_ensembles.ood.features import ensemble_heads
+
+    from .common import _resolve_length
+
+    files = data_files(args.data)
+    with ray_session(args.address, args.workers) as plan:
+        print(f"fitting the feature statistics on {len(files)} file(s) with {plan.describe()}")
+        statistics = fit_statistics_dataset(
+            path, files, plan, classes=model_class_names(model), num_labels=num_model_labels(model),
+            heads=ensemble_heads(as_ensemble(model)), batch_size=args.batch_size,
+            max_length=_resolve_length(args, model),
+            precision=getattr(args, "precision_asked", args.precision),
+            text_column=args.text_column, label_column=args.label_column, preprocessor=args.preprocessor,
+        )  # fmt: skip
+    return statistics, DataRecord(args.data, text_digest("".join(sha256_file(f) for f in files)))
+
+
 def check_ray_options(args: argparse.Namespace) -> Path:
     """The output folder, checked with the other options before any work (Ray installed, the
     data's files found); InputError for what the Ray engine does not take."""

@@ -188,6 +188,7 @@ def build_hydra(
     checkpoint_dir: str | os.PathLike | None = None,
     on_member: Callable[[int, nn.Module, FineTuneResult], None] | None = None,
     make_member: Callable[[int, HeadSet], nn.Module] | None = None,
+    statistics: Callable[[nn.Module], tuple[Any, Any]] | None = None,
     log: Callable[[str], None] | None = None,
     progress: bool = True,
 ) -> Build:
@@ -198,7 +199,9 @@ def build_hydra(
     batches for circuit extraction and the ``"auto"`` flag score. ``classes`` name the classes;
     ``checkpoint_dir`` keeps each member's checkpoints (``member-<m>/``: a rerun resumes);
     ``on_member(m, member, result)`` follows each member's training, ``log`` gets one line per step;
-    ``make_member(m, head_set)`` replaces pruning and training member m (a cache plugs in here)."""
+    ``make_member(m, head_set)`` replaces pruning and training member m (a cache plugs in here);
+    ``statistics(model)`` = (statistics, `DataRecord`) of a built model replaces their fit on
+    ``train`` here (`_calibrate`)."""
     say = log or (_to_stderr if progress else (lambda line: None))  # each step said as it starts
     train, validation = _checked_data(model, train, validation, config)
     if ranking is None:
@@ -217,14 +220,10 @@ def build_hydra(
     built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking, histories)
     if validation:
         calibrate_one = functools.partial(
-            _calibrate,
-            data=(validation, validation_name),
-            train=(train, train_name),
-            ood_validation=ood_validation,
-            config=config,
-            progress=progress,
-        )
-        _calibrate_built(built, calibrate_one, bool(train), say)
+            _calibrate, data=(validation, validation_name), train=(train, train_name),
+            ood_validation=ood_validation, config=config, progress=progress, statistics=statistics,
+        )  # fmt: skip
+        _calibrate_built(built, calibrate_one, bool(train) or statistics is not None, say)
     return built
 
 
@@ -360,10 +359,20 @@ def _rank(model, validation, ood_validation, config: BuildConfig, progress: bool
     return extract_circuit(model, validation, list(ood_validation), settings, progress=progress)
 
 
-def _calibrate(model, *, data, train, ood_validation, config: BuildConfig, progress: bool) -> Calibration:
+def _calibrate(
+    model, *, data, train, ood_validation, config: BuildConfig, progress: bool, statistics=None
+) -> Calibration:
     """``model``'s calibration on ``data`` = (validation batches, name), with feature statistics
-    fit on ``train`` = (training batches or None, name)."""
+    fit on ``train`` = (training batches or None, name), or by ``statistics(model)`` (the fused
+    model; the members' ensemble) = (`FeatureStatistics`, `DataRecord` of their data): ``train``
+    then only fine-tunes (`distributed.fit_statistics_dataset` fits them on Ray)."""
     (validation, name), (train_batches, train_name) = data, train
+    if statistics is not None:
+        fitted, record = statistics(model)
+        return calibrate(
+            model, validation, config.calibration, data=name, precision=config.precision, progress=progress,
+            statistics=fitted, statistics_data=record, ood_validation=ood_validation,
+        )  # fmt: skip
     return calibrate(
         model,
         validation,

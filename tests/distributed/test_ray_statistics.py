@@ -87,3 +87,33 @@ def test_calibrate_on_ray_saves_the_calibration_one_process_fits(tuned, embedded
     assert on_ray.threshold == pytest.approx(local.threshold, rel=1e-9)
     assert on_ray.temperature == local.temperature and on_ray.set_quantiles == local.set_quantiles
     assert on_ray.statistics_data == str(w / "train.csv") and len(on_ray.statistics_data_sha256) == 64
+
+
+def test_build_on_ray_saves_the_calibrations_build_saves_in_one_process(tuned, embedded, tmp_path, capsys):
+    """build --engine ray --fine-tune: the fused model's and the members' ensemble's feature
+    statistics fit on Ray equal those build fits in one process (same members: fp32, one seed),
+    and so do their flag scores and thresholds; the model copies saved for the workers are gone."""
+    from hydra_cli import main
+    from hydra_ensembles.evaluation import saved_calibration
+    from tests.distributed.conftest import COMMON
+
+    w, data = tuned, ["--data", str(tuned / "train.csv")]
+    scores = tmp_path / "taylor.json"
+    assert main(["score", str(w / "tuned"), "--method", "taylor", "--heads-per-layer", "2", *data,
+                 "--out", str(scores), *COMMON]) == 0  # fmt: skip
+    args = ["build", str(w / "tuned"), "--scores", str(scores), "--members", "2", "--num-pruned", "2"]
+    args += ["--fine-tune", *data, "--val-data", str(w / "train.csv"), "--epochs", "1", "--precision", "fp32"]
+    assert main([*args, "--engine", "ray", "--out", str(tmp_path / "ray"), *COMMON]) == 0
+    assert "fitting the feature statistics on 1 file(s)" in capsys.readouterr().out
+    assert main([*args, "--out", str(tmp_path / "local"), *COMMON]) == 0
+    assert not (tmp_path / "ray" / "checkpoints").exists()
+    for part in ("hydra", "members"):
+        on_ray, local = (saved_calibration(load_any(str(tmp_path / run / part))) for run in ("ray", "local"))
+        assert on_ray.statistics.scores == local.statistics.scores and on_ray.score == local.score
+        assert on_ray.statistics_data == str(w / "train.csv") and len(on_ray.statistics_data_sha256) == 64
+        for key, value in on_ray.statistics.tensors.items():
+            if key.startswith("vim."):
+                continue  # within its Davis-Kahan bound: the first test
+            expected = local.statistics.tensors[key]
+            torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10 * expected.abs().max().item())
+        assert on_ray.threshold == pytest.approx(local.threshold, rel=1e-9)

@@ -196,3 +196,31 @@ def test_a_4096_wide_decoder_feature_fits():
     stats = FeatureStatistics.fit(feats, y, 2, scores=("mds",))
     assert stats.tensors["mds.precision"].shape == (1, 4096, 4096)
     assert torch.isfinite(stats.member_scores("mds", feats[:, :10])).all()
+
+
+def test_an_inputs_score_is_the_same_number_in_any_batch():
+    """Every built-in feature score of one input, bitwise, alone and at any place of batches of
+    other inputs of any size (below, at and past `SCORE_ROWS`), as the calibration, predict and a
+    Ray worker's batches score it."""
+    from hydra_ensembles.ood.detectors import SCORE_ROWS
+
+    rng = np.random.default_rng(4)
+    members, n, width, depth = 2, 200, 48, 3
+    y = np.arange(n) % 3
+    feats = rng.normal(size=(members, n, width)) + y[None, :, None]
+    layers = rng.normal(size=(members, n, depth, 6)) + y[None, :, None, None]
+    head = (rng.normal(size=(members, 3, width)), rng.normal(size=(members, 3)))
+    stats = FeatureStatistics.fit(feats, y, 3, head, layer_features=layers)
+    assert len(stats.scores) == 7
+    one, one_layers = rng.normal(size=(members, 1, width)), rng.normal(size=(members, 1, depth, 6))
+    logits = lambda f: np.einsum("mnd,mcd->mnc", f, head[0]) + head[1][:, None]  # noqa: E731
+    alone = {s: stats.member_scores(s, one, logits(one), one_layers) for s in stats.scores}
+    for size, place in ((7, 3), (SCORE_ROWS, SCORE_ROWS - 1), (SCORE_ROWS + 5, SCORE_ROWS + 2), (150, 20)):
+        batch, batch_layers = (
+            rng.normal(size=(members, size, width)),
+            rng.normal(size=(members, size, depth, 6)),
+        )
+        batch[:, place], batch_layers[:, place] = one[:, 0], one_layers[:, 0]
+        for score, expected in alone.items():
+            got = stats.member_scores(score, batch, logits(batch), batch_layers)[:, place : place + 1]
+            assert torch.equal(got, expected), (score, size, place)

@@ -63,6 +63,11 @@ KNN_K = 50
 """Neighbours of the kNN score (OpenOOD's setting; capped at the bank's size)."""
 BANK_SIZE = 10_000
 """At most this many training features per member are kept for kNN (a seeded random subset)."""
+SCORE_ROWS = 64
+"""Inputs each feature score computes at once, the last part filled with zero rows: a matrix
+product's rounding depends on its shape, so an input's score is then the same number in any batch
+and at any place in it (an input that is also a calibration input gets the same score and p-value
+whether it is scored alone, in a file, or by a Ray worker's batch)."""
 STATISTICS_NAME = "ood_statistics.safetensors"
 FORMAT = "hydra-ensembles/ood-statistics"
 
@@ -255,7 +260,18 @@ class FeatureStatistics:
                 raise InputError(f"layer features of shape {tuple(layers.shape)}, expected {expected}")
         t = {name: value.to(f.device) for name, value in self.tensors.items()}
         logits = None if member_logits is None else torch.as_tensor(member_logits)
-        return feature_score(score).score(f, t, ScoreContext(self.settings, logits, layers))
+        compute = feature_score(score).score
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
+            return compute(f, t, ScoreContext(self.settings, logits, layers))  # one graph for any batch
+        parts = []
+        for start in range(0, f.shape[1], SCORE_ROWS):  # every part SCORE_ROWS rows (zeros fill the last)
+            rows = slice(start, start + SCORE_ROWS)
+            part = (
+                _rows_of(f, rows),
+                ScoreContext(self.settings, _rows_of(logits, rows), _rows_of(layers, rows)),
+            )
+            parts.append(compute(part[0], t, part[1])[:, : f[:, rows].shape[1]])
+        return torch.cat(parts, 1) if parts else compute(f, t, ScoreContext(self.settings, logits, layers))
 
     def ensemble_scores(
         self, score: str, member_features: Any, member_logits: Any = None, layer_features: Any = None
@@ -311,6 +327,17 @@ class FeatureStatistics:
                 "differs): it was modified or comes from another model"
             )
         return loaded
+
+
+def _rows_of(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """``x[:, rows]`` (members first) with zero rows after it up to `SCORE_ROWS` rows."""
+    if x is None:
+        return None
+    part = x[:, rows]
+    missing = SCORE_ROWS - part.shape[1]
+    if missing == 0:
+        return part
+    return torch.cat([part, part.new_zeros((part.shape[0], missing, *part.shape[2:]))], 1)
 
 
 def fit_plan(
