@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from hydra_ensembles.errors import InputError
 
@@ -38,28 +39,49 @@ def engine_options(parser: argparse.ArgumentParser, work: str = "the scoring") -
 def statistics_on_ray(args: argparse.Namespace, model, path: str) -> tuple:
     """The feature statistics of ``model`` (saved at ``path``, which every Ray node reads) fit over
     ``--data`` on Ray (every score fit in passes), and the record of that data: its name and the
-    SHA-256 of its files' SHA-256s in the order of their names."""
-    from hydra_ensembles.data.labels import model_class_names, num_model_labels
-    from hydra_ensembles.distributed import data_files, ray_session
-    from hydra_ensembles.distributed.statistics import fit_statistics_dataset
+    SHA-256 of its files' SHA-256s in the order of their names (an image folder's images, each
+    with its id)."""
+    from hydra_ensembles.distributed import data_files
     from hydra_ensembles.evaluation.provenance import DataRecord
-    from hydra_ensembles.hashing import sha256_file, text_digest
+    from hydra_ensembles.hashing import text_digest
+
+    files = data_files(args.data)
+    try:
+        statistics = _fit_on_ray(args, model, path, files)
+    except Exception as exc:
+        raise _user_error(exc) from None
+    return statistics, DataRecord(args.data, text_digest("".join(_digests(files))))
+
+
+def _fit_on_ray(args: argparse.Namespace, model, path: str, files: list) -> Any:
+    """`statistics_on_ray`'s fit, in a Ray session of its own."""
+    from hydra_ensembles.data.labels import model_class_names, num_model_labels
+    from hydra_ensembles.distributed import ray_session
+    from hydra_ensembles.distributed.statistics import fit_statistics_dataset
     from hydra_ensembles.members.ensemble import as_ensemble
     from hydra_ensembles.ood.features import ensemble_heads
 
     from .common import _resolve_length
 
-    files = data_files(args.data)
     with ray_session(args.address, args.workers) as plan:
         print(f"fitting the feature statistics on {len(files)} file(s) with {plan.describe()}")
-        statistics = fit_statistics_dataset(
+        return fit_statistics_dataset(
             path, files, plan, classes=model_class_names(model), num_labels=num_model_labels(model),
             heads=ensemble_heads(as_ensemble(model)), batch_size=args.batch_size,
             max_length=_resolve_length(args, model),
             precision=getattr(args, "precision_asked", args.precision),
             text_column=args.text_column, label_column=args.label_column, preprocessor=args.preprocessor,
         )  # fmt: skip
-    return statistics, DataRecord(args.data, text_digest("".join(sha256_file(f) for f in files)))
+
+
+def _digests(files: list) -> list[str]:
+    """The SHA-256 of each file, in order; an image folder's: each image's id and SHA-256."""
+    from hydra_ensembles.data.images import image_folder_files
+    from hydra_ensembles.hashing import sha256_file
+
+    if len(files) == 1 and files[0].is_dir():
+        return [image_id + sha256_file(file) for _, image_id, file in image_folder_files(files[0])[1]]
+    return [sha256_file(f) for f in files]
 
 
 def check_ray_options(args: argparse.Namespace) -> Path:

@@ -242,3 +242,82 @@ def test_a_predictions_manifest_naming_files_elsewhere_is_refused(tmp_path):
     (folder / "records" / "link.parquet").unlink()
     (folder / PREDICTIONS_MANIFEST).write_text(json.dumps({"files": {"records/ok.parquet": 1}, "rows": 1}))
     assert read_predictions(folder) == [{"id": "a.csv/0", "flagged": True}]
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # two Ray jobs: CI's slow run
+def test_ray_scores_an_image_folder_as_predict_does(embedded, tmp_path, capsys):
+    """An image folder (class sub-folders of PNG files, read in parts by Ray's read tasks, one part
+    of one class only): calibrate --engine ray fits the statistics calibrate fits in one process
+    (a model naming no classes: the folder's classes numbered as a whole); scored by the
+    calibrated ViT on Ray: predict's records for every image, ids and order included; an
+    unreadable image ends the job with predict's one line naming it, nothing written."""
+    from PIL import Image
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from hydra_ensembles.distributed import scoring
+    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.loading import load_any
+
+    try:
+        from transformers import ViTImageProcessorPil as ViTProcessor
+    except ImportError:  # pragma: no cover - older 5.x releases
+        from transformers import ViTImageProcessor as ViTProcessor
+
+    import torch
+
+    torch.manual_seed(0)
+    config = ViTConfig(
+        hidden_size=12, num_hidden_layers=2, num_attention_heads=4, intermediate_size=25, image_size=16,
+        patch_size=8, num_channels=3, num_labels=2, initializer_range=0.3,
+    )  # fmt: skip
+    ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
+    ViTProcessor(size={"height": 16, "width": 16}).save_pretrained(tmp_path / "vit")
+    rng = np.random.default_rng(0)
+    for name, shift in (("cat", 0), ("dog", 120)):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for i in range(40):
+            pixels = rng.integers(0, 136, (12, 12, 3)) + shift
+            Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / "photos" / name / f"{i}.png")
+    photos = str(tmp_path / "photos")
+    cal = ["calibrate", str(tmp_path / "vit"), "--val-data", photos, "--data", photos, "--flag-score", "mds"]
+    cal += ["--precision", "fp32"]
+    assert main([*cal, "--out", str(tmp_path / "calibrated")]) == 0
+    assert main([*cal, "--engine", "ray", "--out", str(tmp_path / "on-ray")]) == 0
+    local, on_ray = (saved_calibration(load_any(str(tmp_path / n))) for n in ("calibrated", "on-ray"))
+    for key, value in local.statistics.tensors.items():
+        if not key.startswith("vim."):  # ViM within its Davis-Kahan bound: test_ray_statistics.py
+            mine = on_ray.statistics.tensors[key]
+            torch.testing.assert_close(
+                mine, value, rtol=1e-10, atol=1e-10 * value.abs().max().item(), msg=key
+            )
+    args = [
+        "predict",
+        str(tmp_path / "calibrated"),
+        "--data",
+        photos,
+        "--precision",
+        "fp32",
+        "--batch-size",
+        "8",
+    ]
+    assert main([*args, "--engine", "ray", "--workers", "2", "--out", str(tmp_path / "preds")]) == 0
+    assert main([*args, "--out", str(tmp_path / "one.jsonl")]) == 0
+    expected = [json.loads(line) for line in (tmp_path / "one.jsonl").read_text().splitlines()]
+    got = read_predictions(tmp_path / "preds")
+    assert len(got) == 80 and got[0]["id"] == "cat/0.png" and "ood_score_mds" in got[0]
+    assert scoring.IMAGES_PER_READ % 40 and scoring.IMAGES_PER_READ < 80  # a part of one class
+    _assert_same_records(got, expected)
+    (tmp_path / "photos" / "dog" / "broken.png").write_bytes(b"not a png")
+    capsys.readouterr()
+    assert main([*args, "--engine", "ray", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "broken.png is not a readable image" in err and not (tmp_path / "bad").exists()
+    import shutil
+
+    shutil.copytree(tmp_path / "photos", tmp_path / "val", ignore=shutil.ignore_patterns("broken.png"))
+    cal[cal.index("--val-data") + 1] = str(tmp_path / "val")  # the broken image only in --data:
+    assert main([*cal, "--engine", "ray", "--out", str(tmp_path / "bad")]) == 2  # read by Ray's tasks
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("hydra-ens: ") and "broken.png is not a readable image" in err, err
+    assert not (tmp_path / "bad").exists()

@@ -125,13 +125,22 @@ def unit_pixels(x: np.ndarray, source: str) -> np.ndarray:
 
 def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool = False) -> ImageDataset:
     """``path/<class>/<image>`` files (any format Pillow reads); classes in sorted order."""
-    from PIL import Image
+    classes, files = image_folder_files(path)
+    images = [read_image(file, grayscale, size) for _, _, file in files]
+    return ImageDataset(
+        stack_images(images, str(path)), [c for c, _, _ in files], [i for _, i, _ in files], classes
+    )
 
+
+def image_folder_files(path: str | Path) -> tuple[list[str], list[tuple[int, str, Path]]]:
+    """The classes of an image folder ``path/<class>/<image>`` (its sub-folders, sorted) and its
+    images as (class id, id ``<class>/<file>``, file), hidden files left out; InputError for a
+    folder without classes or images, or a class folder holding folders."""
     root = Path(path)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not classes:
         raise InputError(f"{root} has no class sub-folders")
-    images, labels, ids = [], [], []
+    files = []
     for label, name in enumerate(classes):
         nested = sorted(p.name for p in (root / name).iterdir() if p.is_dir())
         if nested:  # its images would be left out without a word
@@ -140,18 +149,23 @@ def load_image_folder(path: str | Path, size: int | None = None, grayscale: bool
                 "<class>/<image>, one level; move their images up or into their own class folders"
             )
         for file in sorted((root / name).iterdir()):
-            if not file.is_file() or file.name.startswith("."):
-                continue
-            try:
-                with Image.open(file) as image:
-                    images.append(pil_array(image, grayscale, size))
-            except (OSError, Image.DecompressionBombError) as exc:  # not an image Pillow reads safely
-                raise InputError(f"{file} is not a readable image ({' '.join(str(exc).split())})") from None
-            labels.append(label)
-            ids.append(f"{name}/{file.name}")
-    if not images:
+            if file.is_file() and not file.name.startswith("."):
+                files.append((label, f"{name}/{file.name}", file))
+    if not files:
         raise InputError(f"{root} has class sub-folders but no images")
-    return ImageDataset(stack_images(images, str(root)), labels, ids, classes)
+    return classes, files
+
+
+def read_image(file: str | Path, grayscale: bool = False, size: int | None = None) -> np.ndarray:
+    """One image file as float32 (C, H, W) in [0, 1] (`pil_array`); InputError naming the file
+    where Pillow cannot read it safely."""
+    from PIL import Image
+
+    try:
+        with Image.open(file) as image:
+            return pil_array(image, grayscale, size)
+    except (OSError, Image.DecompressionBombError) as exc:  # not an image Pillow reads safely
+        raise InputError(f"{file} is not a readable image ({' '.join(str(exc).split())})") from None
 
 
 def pil_array(image: Any, grayscale: bool = False, size: int | None = None) -> np.ndarray:

@@ -42,10 +42,19 @@ __all__ = [
 ]
 
 
+IMAGES_PER_READ = 64
+"""Images one read task decodes (an image folder is read in parts of this many files)."""
+
+
 def data_files(spec: str) -> list[Path]:
-    """The files ``spec`` names: a file, or a glob pattern (``'corpus/*.parquet'``), sorted;
-    InputError where it names none, a file of another kind, or two files of one name (whose ids,
-    ``NAME/ROW``, would collide)."""
+    """The files ``spec`` names: a file, or a glob pattern (``'corpus/*.parquet'``), sorted; or an
+    image folder (``<class>/<image>``), as a list of itself. InputError where it names none, a
+    file of another kind, or two files of one name (whose ids, ``NAME/ROW``, would collide)."""
+    from ..data.images import image_folder_files
+
+    if not glob.has_magic(spec) and Path(spec).is_dir():
+        image_folder_files(spec)  # checked before any work, as predict reads it
+        return [Path(spec)]
     matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
     files = [Path(m) for m in matches if Path(m).is_file()]
     if not files:
@@ -53,8 +62,7 @@ def data_files(spec: str) -> list[Path]:
     other = [f for f in files if f.suffix not in TABLE_SUFFIXES]
     if other:
         raise InputError(
-            f"{other[0]}: --engine ray reads {', '.join(TABLE_SUFFIXES)} files (image folders: "
-            "run predict without --engine)"
+            f"{other[0]}: --engine ray reads {', '.join(TABLE_SUFFIXES)} files and image folders"
         )
     names = [f.name for f in files]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -77,6 +85,31 @@ def _read_files(batch: dict[str, np.ndarray], text_column: str | None) -> dict[s
         ids += dataset.ids
         texts += dataset.texts
     return {"id": ids, "text": texts}
+
+
+def _read_images(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The images of ``batch["path"]`` as `predict` reads an image folder's, with their ids."""
+    from ..data.images import read_image, stack_images
+
+    images = [read_image(str(path)) for path in batch["path"]]
+    return {"id": list(batch["id"]), "image": stack_images(images, "the image folder")}
+
+
+def _rows(files: Sequence[str | os.PathLike], text_column: str | None) -> Any:
+    """The rows of ``files`` (`data_files`) as a Ray dataset: a table per read task, or an image
+    folder's images `IMAGES_PER_READ` per read task; ``id`` first, then ``text`` or ``image``."""
+    ray = require_ray()
+    if len(files) == 1 and Path(files[0]).is_dir():
+        from ..data.images import image_folder_files
+
+        items = [{"path": str(f), "id": i} for _, i, f in image_folder_files(files[0])[1]]
+        parts = -(-len(items) // IMAGES_PER_READ)
+        images = ray.data.from_items(items, override_num_blocks=parts)
+        return images.map_batches(_read_images, batch_size=IMAGES_PER_READ, num_cpus=READ_CPUS)
+    paths = ray.data.from_items([{"path": str(f)} for f in files], override_num_blocks=len(files))
+    return paths.map_batches(
+        _read_files, batch_size=1, fn_kwargs={"text_column": text_column}, num_cpus=READ_CPUS
+    )
 
 
 class ModelWorker:
@@ -102,12 +135,16 @@ class _Scorer(ModelWorker):
         import pyarrow as pa
 
         from ..data import model_batches
+        from ..data.images import ImageDataset
         from ..data.text import TextDataset
         from ..evaluation.uncertainty import predict_records
 
         s = self.settings
-        texts, ids = [str(t) for t in batch["text"]], [str(i) for i in batch["id"]]
-        dataset = TextDataset(texts, [0] * len(texts), ids, [])
+        ids = [str(i) for i in batch["id"]]
+        if "image" in batch:
+            dataset = ImageDataset(np.stack(list(batch["image"])).astype(np.float32), [0] * len(ids), ids, [])
+        else:
+            dataset = TextDataset([str(t) for t in batch["text"]], [0] * len(ids), ids, [])
         _, batches = model_batches(
             dataset, self.model, self.preprocessor, s["batch_size"], s["max_length"], False, "the data"
         )
@@ -149,11 +186,7 @@ def predict_dataset(
     model's own). ``calibration``: the calibration to record (else per-input
     records flagged on ``flag_score``). Each worker resolves ``precision`` on its own node. A
     record equals `predict`'s for the same row computed in one batch with the same others."""
-    ray = require_ray()
-    paths = ray.data.from_items([{"path": str(f)} for f in files], override_num_blocks=len(files))
-    rows = paths.map_batches(
-        _read_files, batch_size=1, fn_kwargs={"text_column": text_column}, num_cpus=READ_CPUS
-    )
+    rows = _rows(files, text_column)
     settings = {
         "calibration": calibration,
         "classes": list(classes) if classes else None,
@@ -241,9 +274,9 @@ def write_predictions(records: Any, out: str | os.PathLike, settings: dict[str, 
 
 def read_predictions(out: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a predictions folder (`write_predictions`), nested values decoded, in the
-    order of their ids' files and rows; InputError where the manifest names a file outside
-    ``records/`` or one that is missing, or a file holds another number of rows. Nothing is read
-    through a link (`saving.files.check_own_tree`)."""
+    order of their ids' files and rows (an image folder's: classes and file names, as `predict`);
+    InputError where the manifest names a file outside ``records/`` or one that is missing, or a
+    file holds another number of rows. Nothing is read through a link (`saving.files.check_own_tree`)."""
     import pyarrow.parquet as pq
 
     from ..saving.files import check_own_tree, read_json
@@ -267,4 +300,10 @@ def read_predictions(out: str | os.PathLike) -> list[dict[str, Any]]:
         for key in JSON_COLUMNS:
             if key in row:
                 row[key] = json.loads(row[key])
-    return sorted(rows, key=lambda r: (r["id"].rpartition("/")[0], int(r["id"].rpartition("/")[2])))
+    numbered = all(row["id"].rpartition("/")[2].isdigit() for row in rows)  # FILE/ROW; else CLASS/IMAGE
+
+    def order(row: dict[str, Any]) -> tuple:
+        source, _, place = row["id"].rpartition("/")
+        return (source, int(place)) if numbered else (source, place)
+
+    return sorted(rows, key=order)

@@ -12,6 +12,7 @@ import collections
 import io
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,18 +44,70 @@ def _read_labelled(
             "row": np.asarray(rows, np.int64)}  # fmt: skip
 
 
+def _read_labelled_images(
+    batch: dict[str, np.ndarray], folder_classes: list[str], classes: list[str] | None, num_labels: int
+) -> dict:
+    """The images of ``batch["path"]`` and their class ids: the model's numbering (``classes``,
+    ``num_labels``) of their folder's classes ``folder_classes`` (all of them, as `predict`
+    numbers an image folder's, whichever a part holds), ``batch["folder_class"]`` each."""
+    from ..data.images import ImageDataset, read_image, stack_images
+    from ..data.labels import align_labels
+
+    images = stack_images([read_image(str(path)) for path in batch["path"]], "the image folder")
+    labels = [int(c) for c in batch["folder_class"]]
+    dataset = ImageDataset(images, labels, [str(p) for p in batch["path"]], list(folder_classes))
+    dataset = align_labels(dataset, classes, num_labels, "the image folder")
+    return {
+        "image": images,
+        "label": np.asarray(dataset.labels, np.int64),
+        "file": batch["file"],
+        "row": batch["row"],
+    }
+
+
+def _labelled_rows(files: Sequence, read: dict) -> Any:
+    """The labelled rows of ``files`` as a Ray dataset: a table per read task (`_read_labelled`),
+    or an image folder's images in parts (`_read_labelled_images`), in `load_spec`'s order."""
+    from ..data.images import image_folder_files
+    from .scoring import IMAGES_PER_READ
+
+    ray = require_ray()
+    if len(files) == 1 and Path(files[0]).is_dir():
+        folder_classes, listed = image_folder_files(files[0])
+        items = [
+            {"path": str(f), "folder_class": c, "file": 0, "row": row} for row, (c, _, f) in enumerate(listed)
+        ]
+        labels = {
+            "folder_classes": folder_classes,
+            "classes": read["classes"],
+            "num_labels": read["num_labels"],
+        }
+        parts = ray.data.from_items(items, override_num_blocks=-(-len(items) // IMAGES_PER_READ))
+        return parts.map_batches(
+            _read_labelled_images, batch_size=IMAGES_PER_READ, fn_kwargs=labels, num_cpus=READ_CPUS
+        )
+    items = [{"path": str(f), "file": number} for number, f in enumerate(files)]
+    paths = ray.data.from_items(items, override_num_blocks=len(files))
+    return paths.map_batches(_read_labelled, batch_size=1, fn_kwargs=read, num_cpus=READ_CPUS)
+
+
 class _Featurizer(ModelWorker):
     """One worker: each batch's members' features (and every layer's tokens where asked), as
     computed (float32 holds every precision's values exactly)."""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ..data import model_batches
+        from ..data.images import ImageDataset
         from ..data.text import TextDataset
         from ..evaluation.predict import predict
 
         s, labels = self.settings, [int(label) for label in batch["label"]]
-        texts = [str(t) for t in batch["text"]]
-        dataset = TextDataset(texts, labels, [str(i) for i in range(len(texts))], list(s["classes"]))
+        ids = [str(i) for i in range(len(labels))]
+        if "image" in batch:
+            images = np.stack(list(batch["image"])).astype(np.float32)
+            dataset = ImageDataset(images, labels, ids, list(s["classes"]))
+        else:
+            dataset = TextDataset([str(t) for t in batch["text"]], labels, ids, list(s["classes"]))
         _, batches = model_batches(
             dataset,
             self.model,
@@ -163,21 +216,22 @@ def fit_statistics_dataset(
 
 
 def _features(model: str, files: Sequence, plan: RayPlan, settings: dict, read: dict) -> Any:
-    """The labelled rows of ``files`` (read one file per task: `_read_labelled` with ``read``) with
-    their features computed by ``plan``'s workers, each holding ``model`` (`_Featurizer`),
-    materialised in Ray's object store."""
+    """The labelled rows of ``files`` (`_labelled_rows`, with ``read``) with their features
+    computed by ``plan``'s workers, each holding ``model`` (`_Featurizer`), materialised in Ray's
+    object store."""
     ray = require_ray()
-    items = [{"path": str(f), "file": number} for number, f in enumerate(files)]
-    paths = ray.data.from_items(items, override_num_blocks=len(files))
-    rows = paths.map_batches(_read_labelled, batch_size=1, fn_kwargs=read, num_cpus=READ_CPUS)
-    return rows.map_batches(
-        _Featurizer,
-        fn_constructor_args=(model, settings),
-        batch_size=settings["batch_size"],
-        compute=ray.data.ActorPoolStrategy(size=plan.workers),
-        num_cpus=1,
-        batch_format="numpy",
-    ).materialize()
+    return (
+        _labelled_rows(files, read)
+        .map_batches(
+            _Featurizer,
+            fn_constructor_args=(model, settings),
+            batch_size=settings["batch_size"],
+            compute=ray.data.ActorPoolStrategy(size=plan.workers),
+            num_cpus=1,
+            batch_format="numpy",
+        )
+        .materialize()
+    )
 
 
 def _layout(features: Any, files: int, classes: int) -> tuple:
