@@ -1,7 +1,7 @@
 """``predict --engine ray --address`` on a Ray cluster of two nodes started on this machine
-(`ray.cluster_utils.Cluster`), with a scoring worker's process killed mid-job: Ray restarts it
-and retries its batches, and the output holds every input row exactly once, with predict's
-records."""
+(`ray.cluster_utils.Cluster`), with a scoring worker's process killed mid-job, and with a third
+node removed from the cluster mid-job: Ray restarts the worker (or its actor elsewhere) and
+retries its batches, and the output holds every input row exactly once, with predict's records."""
 
 from __future__ import annotations
 
@@ -88,3 +88,41 @@ def test_two_nodes_and_a_killed_worker_yield_every_row_once(tuned, cluster, tmp_
         expected += [json.loads(line) for line in path.read_text().splitlines()]
     assert len(got) == len({r["id"] for r in got}) == 3000
     _assert_same_records(got, expected)
+
+
+def _remove_when_scoring(cluster, node, removed: list) -> None:
+    """Remove ``node`` from ``cluster`` (its raylet and workers killed) once scoring runs."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not removed:
+        if len(_scoring_workers()) >= 3:  # one on each node, the added one's among them
+            time.sleep(1.0)  # mid-job: they have loaded the model and scored some batches
+            cluster.remove_node(node, allow_graceful=False)
+            removed.append(node)
+        time.sleep(0.1)
+
+
+def test_a_node_removed_mid_job_costs_no_row(tuned, cluster, tmp_path, capsys):
+    """A third node joins, and is removed from the cluster while its worker scores: its batches
+    are scored again elsewhere, and the output holds every input row exactly once."""
+    from tests.distributed.test_ray_scoring import read_predictions
+
+    node = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [f"goal match team score {i}" if i % 3 else f"recipe with flour {i}" for i in range(3000)]
+    for part in range(6):
+        (corpus / f"part{part}.csv").write_text("text\n" + "\n".join(texts[part::6]) + "\n")
+    removed: list = []
+    remover = threading.Thread(target=_remove_when_scoring, args=(cluster, node, removed), daemon=True)
+    remover.start()
+    out = tmp_path / "preds"
+    args = ["predict", str(tuned / "tuned"), "--data", str(corpus / "*.csv"), "--engine", "ray"]
+    assert main([*args, "--address", cluster.address, "--out", str(out), *COMMON]) == 0
+    remover.join(timeout=5)
+    assert removed, "no node was removed while scoring"
+    assert "3 worker(s)" in capsys.readouterr().out  # one on each node: the removed one's among them
+    assert sum(n["Alive"] for n in ray.nodes()) == 2
+    got = read_predictions(out)
+    assert len(got) == len({r["id"] for r in got}) == 3000
+    assert sorted(r["id"] for r in got) == sorted(f"part{p}.csv/{i}" for p in range(6) for i in range(500))
