@@ -1,4 +1,4 @@
-"""``hydra-ens serve``: a saved text model over HTTP on Ray Serve, with predict's records."""
+"""``hydra-ens serve``: a saved model over HTTP on Ray Serve, with predict's records."""
 
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND = Command(
     "serve",
-    help="serve a saved text model over HTTP (Ray Serve): POST /predict answers with predict's records",
+    help="serve a saved model over HTTP (Ray Serve): POST /predict answers with predict's records "
+    "(texts, or base64 image files)",
     add_arguments=_add_serve_arguments,
     run=_cmd_serve,
 )

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
+import torch
 
 from hydra_cli import main
 
@@ -41,3 +45,42 @@ def embedded():
         ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def vit(tmp_path_factory):
+    """A tiny calibrated ViT with its image processor, and a folder of its validation images."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    try:
+        from transformers import ViTImageProcessorPil as ViTProcessor
+    except ImportError:  # pragma: no cover - older 5.x releases
+        from transformers import ViTImageProcessor as ViTProcessor
+
+    root = tmp_path_factory.mktemp("vit")
+    torch.manual_seed(0)
+    config = ViTConfig(
+        hidden_size=12, num_hidden_layers=2, num_attention_heads=4, intermediate_size=25, image_size=16,
+        patch_size=8, num_channels=3, num_labels=2, initializer_range=0.3, id2label={0: "cat", 1: "dog"},
+        label2id={"cat": 0, "dog": 1},
+    )  # fmt: skip
+    ViTForImageClassification(config).save_pretrained(root / "vit")
+    ViTProcessor(size={"height": 16, "width": 16}).save_pretrained(root / "vit")
+    rng = np.random.default_rng(0)
+    for name, shift in (("cat", 0), ("dog", 120)):
+        (root / "photos" / name).mkdir(parents=True)
+        for i in range(12):
+            pixels = rng.integers(0, 136, (12, 12, 3)) + shift
+            (root / "photos" / name / f"{i}.png").write_bytes(_png(pixels))
+    photos = str(root / "photos")
+    args = ["calibrate", str(root / "vit"), "--val-data", photos, "--data", photos, "--flag-score", "mds"]
+    assert main([*args, "--out", str(root / "calibrated")]) == 0
+    return root

@@ -191,3 +191,44 @@ def test_a_replica_killed_under_load_is_restarted_and_answers_nothing_wrong(serv
         _assert_close(body["records"][0], expected[i])
     assert all(status in (200, 500, 503, None) for _, status, _ in results)
     assert _post(server, {"inputs": TEXTS[:3]})[0] == 200
+
+
+def test_an_image_model_is_served_with_predicts_records(server, vit, tmp_path):
+    """A second application on the same Ray Serve: an image model, asked with base64 PNG files
+    (one request of all, and concurrent single ones), answers predict's records (within fp32's
+    rounding of another batch); an unreadable image gets a 422 naming its field, serving on."""
+    import base64
+
+    from hydra_ensembles.distributed.serve import serve_application
+
+    serve.run(
+        serve_application(str(vit / "calibrated"), max_batch_size=8), name="images", route_prefix="/images"
+    )
+    url = f"{server}/images"
+    files = sorted((vit / "photos").glob("*/*.png"))
+    encoded = [base64.b64encode(f.read_bytes()).decode() for f in files]
+    out = tmp_path / "p.jsonl"
+    args = ["predict", str(vit / "calibrated"), "--data", str(vit / "photos"), "--out", str(out)]
+    assert main(args) == 0
+    expected = [
+        {k: v for k, v in json.loads(line).items() if k != "id"} for line in out.read_text().splitlines()
+    ]
+    status, answer = _post(url, {"inputs": encoded})
+    assert status == 200 and len(answer["records"]) == len(files) == len(expected)
+    with ThreadPoolExecutor(8) as pool:
+        single = list(pool.map(lambda image: _post(url, {"inputs": image}), encoded))
+    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.loading import load_any
+
+    calibration = saved_calibration(load_any(str(vit / "calibrated")))
+    steps = 1 / (len(calibration.calibration_scores) + 1)  # one step of the p-values' grid
+    for records in (answer["records"], [body["records"][0] for _, body in single]):
+        for got, want in zip(records, expected, strict=True):
+            assert got.keys() == want.keys() and got["predicted"] == want["predicted"]
+            assert abs(got["ood_p_value"] - want["ood_p_value"]) <= steps + 1e-12
+            assert got["p_cat"] == pytest.approx(want["p_cat"], rel=1e-4, abs=1e-5)
+    status, answer = _post(url, {"inputs": [encoded[0], base64.b64encode(b"GIF89a").decode()]})
+    assert status == 422 and answer["error"].startswith("inputs[1] is not a readable image"), answer
+    assert _post(url, {"inputs": encoded[:2]})[0] == 200  # serving on
+    assert _get(server, "/images/info")["inputs"] == "images (base64 files)"
+    serve.delete("images")

@@ -156,16 +156,29 @@ def image_folder_files(path: str | Path) -> tuple[list[str], list[tuple[int, str
     return classes, files
 
 
-def read_image(file: str | Path, grayscale: bool = False, size: int | None = None) -> np.ndarray:
-    """One image file as float32 (C, H, W) in [0, 1] (`pil_array`); InputError naming the file
-    where Pillow cannot read it safely."""
+def read_image(
+    file: Any,
+    grayscale: bool = False,
+    size: int | None = None,
+    *,
+    name: str | None = None,
+    max_pixels: int | None = None,
+) -> np.ndarray:
+    """One image file (a path or a binary file object) as float32 (C, H, W) in [0, 1]
+    (`pil_array`); InputError naming it (``name``, else the file) where Pillow cannot read it
+    safely, or where it holds more than ``max_pixels`` pixels (checked before decoding)."""
     from PIL import Image
 
+    name = name or str(file)
     try:
         with Image.open(file) as image:
+            if max_pixels is not None and image.width * image.height > max_pixels:
+                raise InputError(
+                    f"{name} is {image.width} x {image.height} pixels; at most {max_pixels} pixels per image"
+                )
             return pil_array(image, grayscale, size)
     except (OSError, Image.DecompressionBombError) as exc:  # not an image Pillow reads safely
-        raise InputError(f"{file} is not a readable image ({' '.join(str(exc).split())})") from None
+        raise InputError(f"{name} is not a readable image ({' '.join(str(exc).split())})") from None
 
 
 def pil_array(image: Any, grayscale: bool = False, size: int | None = None) -> np.ndarray:

@@ -41,7 +41,7 @@ def scatter(centred: np.ndarray) -> Summary:
     """The scatter ``sum_i c_i c_i^T`` (..., D, D) and ``sum_i |c_i|^4`` (...) of the centred rows
     ``c`` (..., n, D): what `precisions` reads, summed over blocks."""
     squares = (centred**2).sum(-1)
-    return {"scatter": np.einsum("...nd,...ne->...de", centred, centred), "fourth": (squares**2).sum(-1)}
+    return {"scatter": np.swapaxes(centred, -1, -2) @ centred, "fourth": (squares**2).sum(-1)}
 
 
 def precisions(summary: Mapping[str, np.ndarray], n: int, what: str) -> np.ndarray:
@@ -63,7 +63,7 @@ def class_covariance_summary(
     then the `scatter` of the rows around their class's mean (``what.means``)."""
     if step == 0:
         onehot = np.eye(len(context.class_counts))[block.labels][:, context.present]  # (n, K)
-        return {"sums": np.einsum("nk,...nd->...kd", onehot, x)}
+        return {"sums": onehot.T @ x}
     return scatter(x - context.fitted[f"{what}.means"][..., context.class_slots(block.labels), :])
 
 

@@ -27,10 +27,10 @@ class VirtualLogit(FeatureScore):
             return {}
         centred = block.features - context.fitted["vim.origin"][:, None]
         if step == 1:
-            return {"scatter": np.einsum("mnd,mne->mde", centred, centred)}
+            return {"scatter": centred.transpose(0, 2, 1) @ centred}
         weight, bias = context.heads
-        logits = np.einsum("mnd,mcd->mnc", block.features, weight) + bias[:, None]
-        residual = np.linalg.norm(np.einsum("mnd,mdk->mnk", centred, context.fitted["vim.basis"]), axis=-1)
+        logits = block.features @ weight.transpose(0, 2, 1) + bias[:, None]
+        residual = np.linalg.norm(centred @ context.fitted["vim.basis"], axis=-1)
         return {"residual": residual.sum(1), "largest": logits.max(-1).sum(1)}
 
     def finish(self, step, summary, context):
