@@ -271,6 +271,7 @@ if int(os.environ["RANK"]) == 0:
 """
 
 
+@pytest.mark.slow  # two torch.distributed processes (8 s): CI's slow run
 def test_two_processes_train_like_one(tmp_path):
     """Accelerate over 2 CPU processes (gloo) gives the weights of 1 process with the same
     batches per step (no dropout, so both draw the same randomness)."""

@@ -121,6 +121,8 @@ def _contents(folder: Path) -> dict[Path, bytes]:
     return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow  # three builds, one killed (11 s): CI's slow run
+@pytest.mark.same_in_every_precision  # resuming in each precision: test_training.py's resume test
 def test_build_fine_tune_killed_mid_epoch_then_resumed_gives_the_same_model(w):
     if not (w / "straight.json").is_file():
         assert main(score_args(w, "straight.json", "straight-ck.json")) == 0

@@ -134,6 +134,7 @@ def test_a_killed_sweep_resumes_to_the_same_measures(w, tmp_path):
     assert [{k: r[k] for k in QUALITY} for r in again] == [{k: r[k] for k in QUALITY} for r in first]
 
 
+@pytest.mark.same_in_every_precision  # what a rerun redoes and keeps: no precision changes it
 def test_a_finished_sweep_run_again_with_a_budget_only_times_and_chooses(w, tmp_path, capsys):
     out = tmp_path / "again"
     assert main(sweep_args(w, out)) == 0

@@ -51,13 +51,9 @@ def _assert_same_records(got: list[dict], expected: list[dict]) -> None:
                 assert a[key] == b[key], (a["id"], key)
 
 
-SLOW = pytest.mark.slow  # the reduced precisions: under CI's slow run (one Ray job each)
-
-
-@pytest.mark.parametrize(
-    "precision", ["fp32", pytest.param("bf16", marks=SLOW), pytest.param("fp16", marks=SLOW)]
-)
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray job of two workers (30 s on one pytest worker): CI's slow run
 def test_ray_writes_predicts_records_and_screens_the_whole_dataset(
     tuned, embedded, tmp_path, capsys, precision
 ):

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from hydra_ensembles.evaluation import Predictions, choose_flag_score
@@ -46,6 +47,7 @@ import json, sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import onnxruntime
 import torch
 from transformers import AutoTokenizer, pipeline
@@ -97,6 +99,7 @@ print("served alike:", len(rows), "rows")
 """
 
 
+@pytest.mark.slow  # fresh processes through every command (14 s): CI's slow run
 def test_an_installed_score_is_fit_chosen_saved_and_served_in_a_fresh_process_in_fp32(tmp_path):
     """In fp32: what is checked is the registry's reach; the precisions' paths are the built-in
     scores' (tests/serving/test_feature_scores.py)."""

@@ -360,6 +360,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # two torch.distributed processes (8 s): CI's slow run
 def test_two_process_extraction_matches_one_process(tmp_path):
     import subprocess
 

@@ -70,9 +70,10 @@ def built(tmp_path_factory):
     return made
 
 
-SLOW_SCORES = ("rmds", "mds++", "knn")
+SLOW_SCORES = ("rmds", "mds++", "knn", "vim", "mds_disagreement")
 """Scores whose served paths are checked under slow (CI runs them): the README's test command
-keeps the others (ONNX and layer-reading ones among them) to stay under ten minutes."""
+keeps ``mds`` and ``mds_layers`` (one score of the features, one of every layer's tokens, both
+exported to ONNX) to stay under ten minutes."""
 
 
 @pytest.mark.parametrize(
