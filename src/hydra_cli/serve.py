@@ -12,30 +12,17 @@ from .options import POSITIVE, _at_least
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hydra_ensembles.distributed import ray_session
-    from hydra_ensembles.distributed.serve import check_servable, require_serve, serve_application
+    from hydra_ensembles.distributed.serve import check_servable, require_serve
 
     serve = require_serve()
     check_servable(args.model)
     stop = threading.Event()
     with ray_session(args.address, args.replicas) as plan:
-        serve.start(http_options={"host": args.host, "port": args.port})
-        app = serve_application(
-            args.model,
-            replicas=args.replicas,
-            max_batch_size=args.max_batch_size,
-            batch_wait_ms=args.batch_wait_ms,
-            precision=getattr(args, "precision_asked", args.precision),
-            max_length=args.max_length,
-            threads=plan.threads,
-        )
-        serve.run(app, name="hydra", route_prefix="/")
-        print(
-            f"serving {args.model} at http://{args.host}:{args.port} with {args.replicas} replica(s) of "
-            f"{plan.threads} thread(s): POST /predict, GET /healthz, GET /info, GET /docs; Ctrl-C stops",
-            flush=True,
-        )
+        # SIGTERM from here on (Ray has installed its own handlers) stops the server gracefully,
+        # also while the application is still starting
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
+            _start(serve, args, plan)
             while not stop.wait(0.5):
                 pass
         except KeyboardInterrupt:
@@ -46,6 +33,28 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             serve.shutdown()
     print("stopped")
     return 0
+
+
+def _start(serve, args: argparse.Namespace, plan) -> None:
+    """Ray Serve started on ``--host``/``--port`` with the model's application, and said so."""
+    from hydra_ensembles.distributed.serve import serve_application
+
+    serve.start(http_options={"host": args.host, "port": args.port})
+    app = serve_application(
+        args.model,
+        replicas=args.replicas,
+        max_batch_size=args.max_batch_size,
+        batch_wait_ms=args.batch_wait_ms,
+        precision=getattr(args, "precision_asked", args.precision),
+        max_length=args.max_length,
+        threads=plan.threads,
+    )
+    serve.run(app, name="hydra", route_prefix="/")
+    print(
+        f"serving {args.model} at http://{args.host}:{args.port} with {args.replicas} replica(s) of "
+        f"{plan.threads} thread(s): POST /predict, GET /healthz, GET /info, GET /docs; Ctrl-C stops",
+        flush=True,
+    )
 
 
 def _add_serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -232,3 +232,33 @@ def test_an_image_model_is_served_with_predicts_records(server, vit, tmp_path):
     assert _post(url, {"inputs": encoded[:2]})[0] == 200  # serving on
     assert _get(server, "/images/info")["inputs"] == "images (base64 files)"
     serve.delete("images")
+
+
+def test_the_serve_command_starts_answers_and_stops_on_sigterm(vit):
+    """``hydra-ens serve`` as a user runs it (its own process and embedded Ray), on an image
+    model: healthy once loaded, answers a base64 image, and SIGTERM stops it (exit 0)."""
+    import base64
+    import subprocess
+    import sys
+
+    port = _free_port()
+    script = "import sys; from hydra_cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", script, "serve", str(vit / "calibrated"), "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if _get(url, "/healthz") == {"status": "ok"}:
+                    break
+            except OSError:
+                time.sleep(1)
+        image = base64.b64encode((vit / "photos" / "cat" / "0.png").read_bytes()).decode()
+        status, answer = _post(url, {"inputs": image})
+        assert status == 200 and len(answer["records"]) == 1 and "ood_p_value" in answer["records"][0]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-2000:]
+    assert f"serving {vit / 'calibrated'} at {url}" in out and out.rstrip().endswith("stopped")
