@@ -62,8 +62,11 @@ def class_covariance_summary(
     ``mds_layers``) over the rows ``x`` (..., n, D) of ``block``: first each class's sum of rows,
     then the `scatter` of the rows around their class's mean (``what.means``)."""
     if step == 0:
-        onehot = np.eye(len(context.class_counts))[block.labels][:, context.present]  # (n, K)
-        return {"sums": onehot.T @ x}
+        slots = context.class_slots(block.labels)
+        sums = np.zeros((*x.shape[:-2], len(context.present), x.shape[-1]))
+        for slot in np.unique(slots):  # class by class: no (rows x classes) matrix
+            sums[..., slot, :] = x[..., slots == slot, :].sum(-2)
+        return {"sums": sums}
     return scatter(x - context.fitted[f"{what}.means"][..., context.class_slots(block.labels), :])
 
 
