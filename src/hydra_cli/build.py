@@ -67,8 +67,14 @@ def start_building(args: argparse.Namespace) -> tuple:
         raise InputError("--bootstrap resamples the members' training data: it needs --fine-tune")
     if getattr(args, "ood_data", None) and not args.val_data:
         raise InputError("--ood-data chooses the flag score of the calibration: it needs --val-data")
+    if args.num_pruned == 0 and not args.fine_tune:
+        raise InputError(
+            "--num-pruned 0: members that keep every head differ only by their fine-tuning: give --fine-tune"
+        )
+    if args.scores is None and args.num_pruned != 0:
+        raise InputError("--scores is required (a ranking written by hydra-ens score), unless --num-pruned 0")
     model = _load_model(args.model, args)
-    ranking = read_ranking(args.scores, model)
+    ranking = None if args.num_pruned == 0 else read_ranking(args.scores, model)
     preprocessor = load_preprocessor(args.preprocessor or args.model)
     _say_precision(args)
     return model, ranking, preprocessor
@@ -214,7 +220,7 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
         bootstrap=args.bootstrap,
         keep_base=args.keep_base,
         mlp_keep=args.mlp_keep,
-        mlp=args.mlp,
+        mlp=args.mlp or ("exact" if args.num_pruned == 0 else "merge"),
         calibration=calibration_config(args),
         precision=args.precision,
     )
@@ -281,11 +287,18 @@ def member_training_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_build_arguments(build: argparse.ArgumentParser) -> None:
     build.add_argument("model", help="the model the ranking was computed on")
-    build.add_argument("--scores", required=True, help="JSON written by hydra-ens score")
+    build.add_argument(
+        "--scores", help="JSON written by hydra-ens score (not read with --num-pruned 0: no head is pruned)"
+    )
     build.add_argument("--members", type=POSITIVE, default=3)
     group = build.add_mutually_exclusive_group(required=True)
     group.add_argument("--heads-per-layer", type=COUNT, help="heads each member keeps per layer")
-    group.add_argument("--num-pruned", type=COUNT, help="heads each member prunes in total")
+    group.add_argument(
+        "--num-pruned",
+        type=COUNT,
+        help="heads each member prunes in total; 0: every member keeps every head, a deep ensemble of "
+        "fine-tunes (with --fine-tune), fused",
+    )
     _member_options(build)
     build.add_argument(
         "--data",
@@ -298,7 +311,12 @@ def _add_build_arguments(build: argparse.ArgumentParser) -> None:
         "flag score and threshold) saved with the fused model and the members' ensemble",
     )
     _training_options(build)
-    build.add_argument("--mlp", choices=["merge", "exact"], default="merge")
+    build.add_argument(
+        "--mlp",
+        choices=["merge", "exact"],
+        help="the members' MLPs in the fused model: merge (averaged, the paper) or exact (per member). "
+        "Default: merge; exact with --num-pruned 0",
+    )
     _num_labels_option(build)
     build.add_argument("--out", required=True, help="output directory (hydra/, members/, checkpoints/)")
     build.add_argument(

@@ -74,7 +74,8 @@ class BuildConfig:
     ``num_members - 1`` are sampled and trained as usual. ``mlp_keep``: the share of each
     layer's MLP neurons the members keep (`surgery.prune_mlp`, the same neurons for every member,
     chosen on ``model``'s weights): a narrower merged MLP, the second cost knob; the members are
-    then fine-tuned (it needs ``fine_tune``). ``calibration`` (`CalibrationConfig`) sets the
+    then fine-tuned (it needs ``fine_tune``). ``num_pruned=0``: a deep ensemble of fine-tunes
+    (`deep_ensemble`). ``calibration`` (`CalibrationConfig`) sets the
     OOD flag and the prediction sets; by default the flag score is ``"auto"``
     (`evaluation.choose_flag_score`, a feature score where training data is given) and the sets
     are ``lac`` at level 0.1."""
@@ -119,6 +120,14 @@ class BuildConfig:
             )
         if self.bootstrap and self.fine_tune is None:
             raise InputError("bootstrap resamples the members' training data: it needs fine_tune")
+        if self.deep_ensemble and (
+            self.fine_tune is None or self.keep_base or self.shared_layers or self.mlp != "exact"
+        ):
+            raise InputError(
+                "num_pruned=0: members that keep every head differ only by their fine-tuning (a deep "
+                "ensemble): it needs fine_tune and mlp='exact' (every part per member, so the fused "
+                "model is their ensemble), and no keep_base or shared_layers"
+            )
         for name, nested in (("fine_tune", self.fine_tune), ("circuit", self.circuit)):
             if nested is not None and nested.precision not in ("auto", self.precision):
                 raise InputError(
@@ -126,6 +135,12 @@ class BuildConfig:
                     f"precision={self.precision!r}, which every step of a build computes in: "
                     "set BuildConfig(precision=...) and leave the nested one 'auto'"
                 )
+
+    @property
+    def deep_ensemble(self) -> bool:
+        """``num_pruned=0``: every member keeps every head, fine-tuned with its own seed (a deep
+        ensemble of fine-tunes, fused into one model); no ranking is read or computed."""
+        return self.num_pruned == 0
 
 
 @dataclass
@@ -137,7 +152,7 @@ class Build:
     hydra: HydraModel
     members: list[nn.Module]
     head_sets: list[HeadSet]
-    ranking: Ranking
+    ranking: Ranking | None
     histories: list[FineTuneResult] = field(default_factory=list)
     calibration: Calibration | None = None
     members_calibration: Calibration | None = None
@@ -204,7 +219,7 @@ def build_hydra(
     ``train`` here (`_calibrate`)."""
     say = log or (_to_stderr if progress else (lambda line: None))  # each step said as it starts
     train, validation = _checked_data(model, train, validation, config)
-    if ranking is None:
+    if ranking is None and not config.deep_ensemble:
         ranking = _rank(model, validation, ood_validation, config, progress, say)
     head_sets = sample_head_sets(model, ranking, config, say)
     histories = []
@@ -233,6 +248,9 @@ def sample_head_sets(
     """The members' head sets: sampled from ``ranking`` (with ``keep_base``, every head of
     ``model`` first, then M - 1 sampled); InputError where ``config`` cannot be cut from ``model``
     and ``ranking`` (cheap: what a sweep checks of every build before the first is made)."""
+    if config.deep_ensemble:
+        say(f"{config.num_members} members keeping every head (a deep ensemble of fine-tunes)")
+        return [HeadSet.full(original_heads_per_layer(model))] * config.num_members
     sampled = config.num_members - config.keep_base
     say(
         f"sampling {sampled} members' head sets from the ranking"

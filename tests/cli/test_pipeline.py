@@ -680,3 +680,36 @@ def test_the_pipeline_answers_threads_at_once_as_it_answers_one_at_a_time(worksp
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(served, texts))
     assert together == alone
+
+
+def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(workspace, tmp_path, capsys):
+    """--num-pruned 0 --fine-tune, no ranking: members that keep every head, each fine-tuned with
+    its own seed, fused with every part per member (the MLPs exact by default): the fused model
+    predicts what the saved members' explicit ensemble predicts, and carries its calibration.
+    Without --fine-tune, or with --mlp merge (averaged MLPs: not their ensemble), it is refused
+    in one line before any work."""
+    w, common = workspace, ["--batch-size", "8", "--max-length", "12", "--precision", "fp32"]
+    args = ["build", str(w / "model"), "--members", "2", "--num-pruned", "0", "--data", str(w / "train.csv")]
+    args += ["--val-data", str(w / "train.csv"), *common]
+    for extra, message in (([], "give --fine-tune"), (["--fine-tune", "--mlp", "merge"], "mlp='exact'")):
+        assert main([*args, *extra, "--out", str(tmp_path / "refused")]) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "refused").exists()
+    assert main([*args, "--fine-tune", "--epochs", "1", "--out", str(tmp_path / "deep")]) == 0
+    assert "2 members keeping every head" in capsys.readouterr().err
+    hydra, members = load_any(str(tmp_path / "deep" / "hydra")), load_any(str(tmp_path / "deep" / "members"))
+    assert isinstance(members, DeepEnsemble) and hydra.num_members == 2
+    every_head = he.HeadSet.full(he.surgery.original_heads_per_layer(load_any(str(w / "model"))))
+    for member in members.members:  # every head kept, and the members differ (their seeds)
+        assert he.surgery.kept_heads(member) == every_head
+    first, second = (dict(m.named_parameters()) for m in members.members)
+    assert any(not torch.equal(first[k], second[k]) for k in first)
+    batches = list(
+        to_batches(load_spec(str(w / "ood.csv"), labelled=False), load_tokenizer(str(w / "model")), 8, 12)
+    )
+    fused = predict(hydra, batches, progress=False, precision="fp32")
+    explicit = predict(members, batches, progress=False, precision="fp32")
+    torch.testing.assert_close(
+        torch.as_tensor(fused.member_logits), torch.as_tensor(explicit.member_logits), rtol=1e-5, atol=1e-5
+    )
+    saved = saved_calibration(hydra)
+    assert saved is not None and saved.statistics is not None and saved_calibration(members) is not None
