@@ -149,13 +149,21 @@ def _ray_statistics(args: argparse.Namespace, preprocessor, staging: Path):
     """`build_hydra`'s ``statistics``: a built model (the fused one; the members' ensemble) saved
     into ``staging`` for Ray's workers to load, its feature statistics fit over ``--data`` on Ray,
     the saved copy removed."""
+    import os
     import shutil
+
+    from hydra_ensembles.saving.files import check_own_tree
 
     from .predict_ray import statistics_on_ray
 
     def fit(model) -> tuple:
         folder = staging / "statistics-model"
-        shutil.rmtree(folder, ignore_errors=True)
+        if os.path.lexists(staging):
+            check_own_tree(staging)  # a link planted there since the run claimed it: refused
+        if folder.exists():
+            shutil.rmtree(folder)  # what a killed run left
+        staging.mkdir(parents=True, exist_ok=True)
+        folder.mkdir()
         _save_for_workers(model, folder, preprocessor)
         try:
             return statistics_on_ray(args, model, str(folder))

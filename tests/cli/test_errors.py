@@ -1090,3 +1090,25 @@ def test_a_saved_classifier_loads_with_its_own_head_as_the_readme_loads_it(tmp_p
     assert load_classifier(str(tmp_path / "tuned")).config.num_labels == 4
     with pytest.raises(ValueError, match="contradicts"):
         load_classifier(str(tmp_path / "tuned"), num_labels=2)
+
+
+@pytest.mark.same_in_every_precision
+def test_build_on_ray_never_saves_its_workers_model_through_a_planted_link(tmp_path):
+    """build --engine ray saves each built model under checkpoints/ for Ray's workers: a link
+    planted there (at the folder, or at checkpoints/ itself) is refused in one line, and nothing is
+    written through it."""
+    import argparse
+
+    from hydra_cli.build import _ray_statistics
+    from hydra_ensembles.saving.files import OutputError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for planted in ("checkpoints/statistics-model", "checkpoints"):
+        out = tmp_path / f"out-{planted.count('/')}"
+        (out / planted).parent.mkdir(parents=True, exist_ok=True)
+        (out / planted).symlink_to(elsewhere, target_is_directory=True)
+        fit = _ray_statistics(argparse.Namespace(), None, out / "checkpoints")
+        with pytest.raises(OutputError, match="link"):
+            fit(object())
+        assert list(elsewhere.iterdir()) == []
