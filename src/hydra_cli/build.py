@@ -229,6 +229,7 @@ def _build_config(args: argparse.Namespace, train: list[dict] | None):
         keep_base=args.keep_base,
         mlp_keep=args.mlp_keep,
         mlp=args.mlp or ("exact" if args.num_pruned == 0 else "merge"),
+        lora_rank=args.lora_rank,
         calibration=calibration_config(args),
         precision=args.precision,
     )
@@ -277,6 +278,13 @@ def _member_options(build: argparse.ArgumentParser) -> None:
         default=1.0,
         help="the share of each layer's MLP neurons the members keep (the same neurons for every "
         "member, by weight norm): a narrower merged MLP, less compute; needs --fine-tune. Default 1",
+    )
+    build.add_argument(
+        "--lora-rank",
+        type=POSITIVE,
+        help="with --fine-tune: each member trains LoRA adapters of this rank on W_Q and W_V (its task "
+        "head in full), merged into its weights; with --num-pruned 0, a LoRA-Ensemble, fused (needs the "
+        "baselines extra: peft)",
     )
     member_training_options(build)
 

@@ -75,8 +75,11 @@ class BuildConfig:
     layer's MLP neurons the members keep (`surgery.prune_mlp`, the same neurons for every member,
     chosen on ``model``'s weights): a narrower merged MLP, the second cost knob; the members are
     then fine-tuned (it needs ``fine_tune``). ``num_pruned=0``: a deep ensemble of fine-tunes
-    (`deep_ensemble`). ``calibration`` (`CalibrationConfig`) sets the
-    OOD flag and the prediction sets; by default the flag score is ``"auto"``
+    (`deep_ensemble`). ``lora_rank``: each member fine-tunes LoRA adapters of that rank on W_Q
+    and W_V (its task head in full), merged into its weights (`baselines.lora_fine_tune`; not
+    checkpointed within a member): with ``num_pruned=0``, a LoRA-Ensemble. ``calibration``
+    (`CalibrationConfig`) sets the OOD flag and the prediction sets; by default the flag score is
+    ``"auto"``
     (`evaluation.choose_flag_score`, a feature score where training data is given) and the sets
     are ``lac`` at level 0.1."""
 
@@ -92,6 +95,7 @@ class BuildConfig:
     keep_base: bool = False
     mlp_keep: float = 1.0
     mlp: str = "merge"
+    lora_rank: int | None = None
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     precision: str = "auto"
     circuit: CircuitConfig | None = None
@@ -120,6 +124,10 @@ class BuildConfig:
             )
         if self.bootstrap and self.fine_tune is None:
             raise InputError("bootstrap resamples the members' training data: it needs fine_tune")
+        if self.lora_rank is not None and (self.fine_tune is None or self.lora_rank < 1):
+            raise InputError(
+                f"lora_rank trains LoRA adapters: it needs fine_tune and a rank >= 1, got {self.lora_rank}"
+            )
         if self.deep_ensemble and (
             self.fine_tune is None or self.keep_base or self.shared_layers or self.mlp != "exact"
         ):
@@ -229,7 +237,7 @@ def build_hydra(
         narrow = model if config.mlp_keep == 1 else narrow_mlp(model, config.mlp_keep, say)
         members = [name_classes(prune(narrow, hs), classes) for hs in head_sets]
         if config.fine_tune is not None:
-            train_one = functools.partial(_train_member, train, validation, config.bootstrap, progress)
+            train_one = functools.partial(_train_member, train, validation, config, progress)
             histories = _fine_tune_members(members, train_one, config, checkpoint_dir, on_member, say)
     say(f"fusing {len(members)} members into one model")
     built = Build(fuse(members, mlp=config.mlp), members, head_sets, ranking, histories)
@@ -303,17 +311,26 @@ def _to_stderr(line: str) -> None:
 def _train_member(
     train: Sequence[dict[str, Any]],
     validation: Sequence[dict[str, Any]] | None,
-    bootstrap: bool,
+    build: BuildConfig,
     progress: bool,
     member: nn.Module,
     m: int,
     config: FineTuneConfig,
     **options: Any,
 ) -> FineTuneResult:
-    """Fine-tune member ``m`` on ``train`` (its own bootstrap resample of it with ``bootstrap``)."""
-    if bootstrap:
+    """Fine-tune member ``m`` on ``train`` (its own bootstrap resample of it with
+    ``build.bootstrap``), in full or, with ``build.lora_rank``, by LoRA adapters merged into it."""
+    if build.bootstrap:
         train = bootstrap_batches(list(train), config.seed, pad_id(member))
-    return fine_tune(member, train=train, val=validation, config=config, progress=progress, **options)
+    if build.lora_rank is None:
+        return fine_tune(member, train=train, val=validation, config=config, progress=progress, **options)
+    from .baselines.lora import lora_fine_tune
+
+    merged, result = lora_fine_tune(
+        member, train, validation, config, rank=build.lora_rank, progress=progress
+    )
+    member.load_state_dict(merged.state_dict())  # in place, as a full fine-tune trains it
+    return result
 
 
 def _fine_tune_members(

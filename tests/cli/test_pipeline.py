@@ -713,3 +713,55 @@ def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(worksp
     )
     saved = saved_calibration(hydra)
     assert saved is not None and saved.statistics is not None and saved_calibration(members) is not None
+
+
+def test_build_with_lora_members_and_no_head_pruned_is_a_fused_lora_ensemble(workspace, tmp_path, capsys):
+    """--num-pruned 0 --fine-tune --lora-rank 2: members whose merged LoRA adapters changed W_Q,
+    W_V and their task heads only (every other weight the base's), fused into one model that
+    predicts what their explicit ensemble predicts."""
+    w, common = workspace, ["--batch-size", "8", "--max-length", "12", "--precision", "fp32"]
+    args = [
+        "build",
+        str(w / "model"),
+        "--members",
+        "2",
+        "--num-pruned",
+        "0",
+        "--fine-tune",
+        "--lora-rank",
+        "2",
+    ]
+    args += [
+        "--data",
+        str(w / "train.csv"),
+        "--val-data",
+        str(w / "train.csv"),
+        "--epochs",
+        "1",
+        "--lr",
+        "1e-2",
+    ]
+    assert main([*args, *common, "--out", str(tmp_path / "lora")]) == 0
+    hydra, members = load_any(str(tmp_path / "lora" / "hydra")), load_any(str(tmp_path / "lora" / "members"))
+    base = dict(load_any(str(w / "model")).named_parameters())
+    adapter = he.adapters.get_adapter(members.members[0])
+    q_path, _, v_path, _ = adapter.projection_paths
+    changed = (
+        q_path.rpartition(".")[2],
+        v_path.rpartition(".")[2],
+        *adapter.task_head_modules(members.members[0]),
+    )
+    for member in members.members:
+        for name, value in member.named_parameters():
+            if not any(part in name.split(".") for part in changed):
+                assert torch.equal(value, base[name]), name  # frozen: the base's
+    first, second = (dict(m.named_parameters()) for m in members.members)
+    assert any(not torch.equal(first[k], second[k]) for k in first if q_path.rpartition(".")[2] in k)
+    batches = list(
+        to_batches(load_spec(str(w / "ood.csv"), labelled=False), load_tokenizer(str(w / "model")), 8, 12)
+    )
+    fused = predict(hydra, batches, progress=False, precision="fp32")
+    explicit = predict(members, batches, progress=False, precision="fp32")
+    torch.testing.assert_close(
+        torch.as_tensor(fused.member_logits), torch.as_tensor(explicit.member_logits), rtol=1e-5, atol=1e-5
+    )
