@@ -718,7 +718,8 @@ def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(worksp
 def test_build_with_lora_members_and_no_head_pruned_is_a_fused_lora_ensemble(workspace, tmp_path, capsys):
     """--num-pruned 0 --fine-tune --lora-rank 2: members whose merged LoRA adapters changed W_Q,
     W_V and their task heads only (every other weight the base's), fused into one model that
-    predicts what their explicit ensemble predicts."""
+    runs what they share once, with one weight, and predicts what their explicit ensemble
+    predicts."""
     w, common = workspace, ["--batch-size", "8", "--max-length", "12", "--precision", "fp32"]
     args = [
         "build",
@@ -757,6 +758,13 @@ def test_build_with_lora_members_and_no_head_pruned_is_a_fused_lora_ensemble(wor
                 assert torch.equal(value, base[name]), name  # frozen: the base's
     first, second = (dict(m.named_parameters()) for m in members.members)
     assert any(not torch.equal(first[k], second[k]) for k in first if q_path.rpartition(".")[2] in k)
+    from hydra_ensembles.layers import GroupedLinear
+
+    # what the members share (the base's MLPs, embeddings, norms) is one module run with one weight;
+    # only attention (fused) and the task heads are per member
+    grouped = [path for path, module in hydra.named_modules() if isinstance(module, GroupedLinear)]
+    heads = adapter.task_head_modules(members.members[0])
+    assert grouped and all(path.rpartition(".")[2] in heads for path in grouped), grouped
     batches = list(
         to_batches(load_spec(str(w / "ood.csv"), labelled=False), load_tokenizer(str(w / "model")), 8, 12)
     )
