@@ -295,7 +295,11 @@ def _grid_options(sweep: argparse.ArgumentParser) -> None:
     """The grid's options: every combination is one candidate build."""
     sweep.add_argument("--members", type=int_list(2), default=(2, 3), help="members, e.g. 2,3 (default: 2,3)")
     sweep.add_argument(
-        "--num-pruned", type=int_list(1), required=True, help="heads each member prunes, e.g. 4,8"
+        "--num-pruned",
+        type=int_list(0),
+        required=True,
+        help="heads each member prunes, e.g. 4,8; 0: the fused deep ensemble of fine-tunes (every head "
+        "kept; with --fine-tune) as a candidate too",
     )
     sweep.add_argument(
         "--shared-layers", type=int_list(0), default=(0,), help="trunk depths to try, e.g. 0,2 (default: 0)"

@@ -459,3 +459,22 @@ def test_validation_data_of_one_class_are_refused_before_any_candidate(w, tmp_pa
     args[args.index("--val-data") + 1] = str(one)
     assert main(args) == 2
     assert "of one class" in one_error(capsys) and not out.exists()
+
+
+def test_the_fused_deep_ensemble_is_a_candidate_of_the_sweep(w, tmp_path, capsys):
+    """--num-pruned 0,3: the fused deep ensemble of fine-tunes (``deep-m2``, every head kept, every
+    part per member) is measured beside the Hydra build and the single model: its cost ratio and
+    its paired differences from the single model; without --fine-tune it is refused in one line."""
+    args = sweep_args(w, tmp_path / "deep")
+    args[args.index("--num-pruned") + 1] = "0,3"
+    refused = [a for a in args if a != "--fine-tune"]
+    refused[refused.index("--out") + 1] = str(tmp_path / "refused")
+    assert main(refused) == 2
+    assert "needs fine_tune" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+    assert main(args) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "deep" / "sweep.json").read_text())["rows"]}
+    assert set(rows) == {SINGLE, "deep-m2", "hydra-m2-p3-t0"}
+    deep = rows["deep-m2"]
+    assert deep["latency_ratio@8"] > 1 and deep["auroc_vs_single_low"] <= deep["auroc_vs_single_high"]
+    fused = load_any(str(tmp_path / "deep" / "configs" / "deep-m2" / "build" / "hydra"))
+    assert fused.num_members == 2

@@ -64,7 +64,8 @@ class SweepConfig:
     """The grid of a sweep (`run_sweep`): every combination of ``members`` x ``num_pruned`` x
     ``shared_layers`` x ``keep_base`` x ``mlp_keep`` is one Hydra build (combinations
     `BuildConfig` refuses, a shared trunk or a narrower MLP beside the unpruned model, are left
-    out), beside the single model. Every build
+    out), beside the single model; ``num_pruned`` 0 is the fused deep ensemble of fine-tunes of
+    ``members`` members (``deep-m<M>``, every part per member), once per member count. Every build
     shares ``fine_tune``, ``bootstrap``, ``seed``, ``calibration`` and ``precision``. The cost is
     measured at ``batch_sizes`` with ``repeats`` interleaved rounds; ``budget``: the largest
     latency ratio to the single model (at the largest batch size) of the configuration chosen."""
@@ -88,7 +89,11 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         _values("members", self.members, 2)
-        _values("num_pruned", self.num_pruned, 1)
+        _values("num_pruned", self.num_pruned, 0)
+        if 0 in self.num_pruned and self.fine_tune is None:
+            raise InputError(
+                "num_pruned 0 is a deep ensemble of fine-tunes (every head kept): the sweep needs fine_tune"
+            )
         _values("shared_layers", self.shared_layers, 0)
         _values("batch_sizes", self.batch_sizes, 1)
         shares = self.mlp_keep
@@ -113,7 +118,7 @@ class SweepConfig:
             self.members, self.num_pruned, self.shared_layers, self.keep_base, self.mlp_keep
         )
         for members, pruned, trunk, keep, mlp in grid:
-            if keep and (trunk or mlp < 1):
+            if (keep and (trunk or mlp < 1)) or (pruned == 0 and (keep or trunk or mlp < 1)):
                 continue
             build = BuildConfig(
                 num_members=members,
@@ -126,9 +131,11 @@ class SweepConfig:
                 mlp_keep=mlp,
                 calibration=self.calibration,
                 precision=self.precision,
+                mlp="exact" if pruned == 0 else "merge",
             )
             name = f"hydra-m{members}-p{pruned}-t{trunk}" + ("-base" if keep else "")
             name += f"-mlp{round(100 * mlp)}" if mlp < 1 else ""
+            name = f"deep-m{members}" if pruned == 0 else name
             out.append(Candidate(name, build))
         names = [c.name for c in out]
         if len(set(names)) != len(names):
