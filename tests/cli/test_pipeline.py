@@ -682,6 +682,18 @@ def test_the_pipeline_answers_threads_at_once_as_it_answers_one_at_a_time(worksp
     assert together == alone
 
 
+def _assert_predicts_as_its_members(w, hydra, members) -> None:
+    """The fused model's members' logits on the OOD texts are their explicit ensemble's (fp32)."""
+    batches = list(
+        to_batches(load_spec(str(w / "ood.csv"), labelled=False), load_tokenizer(str(w / "model")), 8, 12)
+    )
+    fused = predict(hydra, batches, progress=False, precision="fp32")
+    explicit = predict(members, batches, progress=False, precision="fp32")
+    torch.testing.assert_close(
+        torch.as_tensor(fused.member_logits), torch.as_tensor(explicit.member_logits), rtol=1e-5, atol=1e-5
+    )
+
+
 def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(workspace, tmp_path, capsys):
     """--num-pruned 0 --fine-tune, no ranking: members that keep every head, each fine-tuned with
     its own seed, fused with every part per member (the MLPs exact by default): the fused model
@@ -703,14 +715,7 @@ def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(worksp
         assert he.surgery.kept_heads(member) == every_head
     first, second = (dict(m.named_parameters()) for m in members.members)
     assert any(not torch.equal(first[k], second[k]) for k in first)
-    batches = list(
-        to_batches(load_spec(str(w / "ood.csv"), labelled=False), load_tokenizer(str(w / "model")), 8, 12)
-    )
-    fused = predict(hydra, batches, progress=False, precision="fp32")
-    explicit = predict(members, batches, progress=False, precision="fp32")
-    torch.testing.assert_close(
-        torch.as_tensor(fused.member_logits), torch.as_tensor(explicit.member_logits), rtol=1e-5, atol=1e-5
-    )
+    _assert_predicts_as_its_members(w, hydra, members)
     saved = saved_calibration(hydra)
     assert saved is not None and saved.statistics is not None and saved_calibration(members) is not None
 
@@ -721,27 +726,9 @@ def test_build_with_lora_members_and_no_head_pruned_is_a_fused_lora_ensemble(wor
     runs what they share once, with one weight, and predicts what their explicit ensemble
     predicts."""
     w, common = workspace, ["--batch-size", "8", "--max-length", "12", "--precision", "fp32"]
-    args = [
-        "build",
-        str(w / "model"),
-        "--members",
-        "2",
-        "--num-pruned",
-        "0",
-        "--fine-tune",
-        "--lora-rank",
-        "2",
-    ]
-    args += [
-        "--data",
-        str(w / "train.csv"),
-        "--val-data",
-        str(w / "train.csv"),
-        "--epochs",
-        "1",
-        "--lr",
-        "1e-2",
-    ]
+    args = ["build", str(w / "model"), "--members", "2", "--num-pruned", "0", "--fine-tune"]
+    args += ["--lora-rank", "2", "--data", str(w / "train.csv"), "--val-data", str(w / "train.csv")]
+    args += ["--epochs", "1", "--lr", "1e-2"]
     assert main([*args, *common, "--out", str(tmp_path / "lora")]) == 0
     hydra, members = load_any(str(tmp_path / "lora" / "hydra")), load_any(str(tmp_path / "lora" / "members"))
     base = dict(load_any(str(w / "model")).named_parameters())
@@ -765,11 +752,4 @@ def test_build_with_lora_members_and_no_head_pruned_is_a_fused_lora_ensemble(wor
     grouped = [path for path, module in hydra.named_modules() if isinstance(module, GroupedLinear)]
     heads = adapter.task_head_modules(members.members[0])
     assert grouped and all(path.rpartition(".")[2] in heads for path in grouped), grouped
-    batches = list(
-        to_batches(load_spec(str(w / "ood.csv"), labelled=False), load_tokenizer(str(w / "model")), 8, 12)
-    )
-    fused = predict(hydra, batches, progress=False, precision="fp32")
-    explicit = predict(members, batches, progress=False, precision="fp32")
-    torch.testing.assert_close(
-        torch.as_tensor(fused.member_logits), torch.as_tensor(explicit.member_logits), rtol=1e-5, atol=1e-5
-    )
+    _assert_predicts_as_its_members(w, hydra, members)

@@ -55,9 +55,10 @@ def _png(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture(scope="session")
-def vit(tmp_path_factory):
-    """A tiny calibrated ViT with its image processor, and a folder of its validation images."""
+def tiny_vit_and_photos(root, images_per_class: int, named: bool) -> str:
+    """A tiny 16 x 16 RGB ViT with its image processor saved at ``root/vit`` (its classes named
+    cat and dog where ``named``), and an image folder ``root/photos`` of 12 x 12 PNG files, dark
+    cats and light dogs; returns the folder."""
     from transformers import ViTConfig, ViTForImageClassification
 
     try:
@@ -65,22 +66,28 @@ def vit(tmp_path_factory):
     except ImportError:  # pragma: no cover - older 5.x releases
         from transformers import ViTImageProcessor as ViTProcessor
 
-    root = tmp_path_factory.mktemp("vit")
     torch.manual_seed(0)
+    names = {"id2label": {0: "cat", 1: "dog"}, "label2id": {"cat": 0, "dog": 1}} if named else {}
     config = ViTConfig(
         hidden_size=12, num_hidden_layers=2, num_attention_heads=4, intermediate_size=25, image_size=16,
-        patch_size=8, num_channels=3, num_labels=2, initializer_range=0.3, id2label={0: "cat", 1: "dog"},
-        label2id={"cat": 0, "dog": 1},
+        patch_size=8, num_channels=3, num_labels=2, initializer_range=0.3, **names,
     )  # fmt: skip
     ViTForImageClassification(config).save_pretrained(root / "vit")
     ViTProcessor(size={"height": 16, "width": 16}).save_pretrained(root / "vit")
     rng = np.random.default_rng(0)
     for name, shift in (("cat", 0), ("dog", 120)):
         (root / "photos" / name).mkdir(parents=True)
-        for i in range(12):
+        for i in range(images_per_class):
             pixels = rng.integers(0, 136, (12, 12, 3)) + shift
             (root / "photos" / name / f"{i}.png").write_bytes(_png(pixels))
-    photos = str(root / "photos")
+    return str(root / "photos")
+
+
+@pytest.fixture(scope="session")
+def vit(tmp_path_factory):
+    """A tiny calibrated ViT with its image processor, and a folder of its validation images."""
+    root = tmp_path_factory.mktemp("vit")
+    photos = tiny_vit_and_photos(root, 12, named=True)
     args = ["calibrate", str(root / "vit"), "--val-data", photos, "--data", photos, "--flag-score", "mds"]
     assert main([*args, "--out", str(root / "calibrated")]) == 0
     return root

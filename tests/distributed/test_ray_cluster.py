@@ -49,29 +49,46 @@ def _scoring_workers() -> list[int]:
     return pids
 
 
-def _kill_a_worker_when_scoring(killed: list) -> None:
-    """SIGKILL the process of the first scoring actor seen (once it has scored a while)."""
+def _when_scoring(workers: int, act, done: list) -> None:
+    """Once ``workers`` scoring actors run here and have scored a while, ``act()``, until it returns
+    what it did (appended to ``done``; None: nothing, try again); give up after two minutes."""
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not killed:
-        alive = _scoring_workers()
-        if alive:
-            time.sleep(1.0)  # mid-job: it has loaded the model and scored some batches
-            os.kill(alive[0], signal.SIGKILL)
-            killed.append(alive[0])
+    while time.monotonic() < deadline and not done:
+        if len(_scoring_workers()) >= workers:
+            time.sleep(1.0)  # mid-job: they have loaded the model and scored some batches
+            did = act()
+            if did is not None:
+                done.append(did)
         time.sleep(0.1)
+
+
+def _kill_a_worker() -> int | None:
+    """SIGKILL the process of a scoring actor: its process id (None where none runs now)."""
+    for pid in _scoring_workers():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # gone since it was listed
+            continue
+        return pid
+    return None
+
+
+def _corpus(tmp_path: Path, parts: int) -> Path:
+    """3,000 short texts, two in three ID-like, in ``parts`` CSV files."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [f"goal match team score {i}" if i % 3 else f"recipe with flour {i}" for i in range(3000)]
+    for part in range(parts):
+        (corpus / f"part{part}.csv").write_text("text\n" + "\n".join(texts[part::parts]) + "\n")
+    return corpus
 
 
 def test_two_nodes_and_a_killed_worker_yield_every_row_once(tuned, cluster, tmp_path):
     from tests.distributed.test_ray_scoring import read_predictions
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    texts = [f"goal match team score {i}" if i % 3 else f"recipe with flour {i}" for i in range(3000)]
-    for part in range(4):
-        rows = texts[part::4]
-        (corpus / f"part{part}.csv").write_text("text\n" + "\n".join(rows) + "\n")
+    corpus = _corpus(tmp_path, 4)
     killed: list = []
-    killer = threading.Thread(target=_kill_a_worker_when_scoring, args=(killed,), daemon=True)
+    killer = threading.Thread(target=_when_scoring, args=(1, _kill_a_worker, killed), daemon=True)
     killer.start()
     out = tmp_path / "preds"
     args = ["predict", str(tuned / "tuned"), "--data", str(corpus / "*.csv"), "--engine", "ray"]
@@ -90,17 +107,6 @@ def test_two_nodes_and_a_killed_worker_yield_every_row_once(tuned, cluster, tmp_
     _assert_same_records(got, expected)
 
 
-def _remove_when_scoring(cluster, node, removed: list) -> None:
-    """Remove ``node`` from ``cluster`` (its raylet and workers killed) once scoring runs."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not removed:
-        if len(_scoring_workers()) >= 3:  # one on each node, the added one's among them
-            time.sleep(1.0)  # mid-job: they have loaded the model and scored some batches
-            cluster.remove_node(node, allow_graceful=False)
-            removed.append(node)
-        time.sleep(0.1)
-
-
 def test_a_node_removed_mid_job_costs_no_row(tuned, cluster, tmp_path, capsys):
     """A third node joins, and is removed from the cluster while its worker scores: its batches
     are scored again elsewhere, and the output holds every input row exactly once."""
@@ -108,13 +114,15 @@ def test_a_node_removed_mid_job_costs_no_row(tuned, cluster, tmp_path, capsys):
 
     node = cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    texts = [f"goal match team score {i}" if i % 3 else f"recipe with flour {i}" for i in range(3000)]
-    for part in range(6):
-        (corpus / f"part{part}.csv").write_text("text\n" + "\n".join(texts[part::6]) + "\n")
+    corpus = _corpus(tmp_path, 6)
     removed: list = []
-    remover = threading.Thread(target=_remove_when_scoring, args=(cluster, node, removed), daemon=True)
+
+    def remove() -> object:  # its raylet and workers killed, without warning
+        cluster.remove_node(node, allow_graceful=False)
+        return node
+
+    # one worker on each node, the added one's among them
+    remover = threading.Thread(target=_when_scoring, args=(3, remove, removed), daemon=True)
     remover.start()
     out = tmp_path / "preds"
     args = ["predict", str(tuned / "tuned"), "--data", str(corpus / "*.csv"), "--engine", "ray"]

@@ -248,34 +248,14 @@ def test_ray_scores_an_image_folder_as_predict_does(embedded, tmp_path, capsys):
     (a model naming no classes: the folder's classes numbered as a whole); scored by the
     calibrated ViT on Ray: predict's records for every image, ids and order included; an
     unreadable image ends the job with predict's one line naming it, nothing written."""
-    from PIL import Image
-    from transformers import ViTConfig, ViTForImageClassification
+    import torch
 
     from hydra_ensembles.distributed import scoring
     from hydra_ensembles.evaluation import saved_calibration
     from hydra_ensembles.loading import load_any
+    from tests.distributed.conftest import tiny_vit_and_photos
 
-    try:
-        from transformers import ViTImageProcessorPil as ViTProcessor
-    except ImportError:  # pragma: no cover - older 5.x releases
-        from transformers import ViTImageProcessor as ViTProcessor
-
-    import torch
-
-    torch.manual_seed(0)
-    config = ViTConfig(
-        hidden_size=12, num_hidden_layers=2, num_attention_heads=4, intermediate_size=25, image_size=16,
-        patch_size=8, num_channels=3, num_labels=2, initializer_range=0.3,
-    )  # fmt: skip
-    ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
-    ViTProcessor(size={"height": 16, "width": 16}).save_pretrained(tmp_path / "vit")
-    rng = np.random.default_rng(0)
-    for name, shift in (("cat", 0), ("dog", 120)):
-        (tmp_path / "photos" / name).mkdir(parents=True)
-        for i in range(40):
-            pixels = rng.integers(0, 136, (12, 12, 3)) + shift
-            Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / "photos" / name / f"{i}.png")
-    photos = str(tmp_path / "photos")
+    photos = tiny_vit_and_photos(tmp_path, 40, named=False)
     cal = ["calibrate", str(tmp_path / "vit"), "--val-data", photos, "--data", photos, "--flag-score", "mds"]
     cal += ["--precision", "fp32"]
     assert main([*cal, "--out", str(tmp_path / "calibrated")]) == 0

@@ -98,18 +98,20 @@ def _read_images(batch: dict[str, np.ndarray]) -> dict[str, Any]:
 def _rows(files: Sequence[str | os.PathLike], text_column: str | None) -> Any:
     """The rows of ``files`` (`data_files`) as a Ray dataset: a table per read task, or an image
     folder's images `IMAGES_PER_READ` per read task; ``id`` first, then ``text`` or ``image``."""
-    ray = require_ray()
     if len(files) == 1 and Path(files[0]).is_dir():
         from ..data.images import image_folder_files
 
         items = [{"path": str(f), "id": i} for _, i, f in image_folder_files(files[0])[1]]
-        parts = -(-len(items) // IMAGES_PER_READ)
-        images = ray.data.from_items(items, override_num_blocks=parts)
-        return images.map_batches(_read_images, batch_size=IMAGES_PER_READ, num_cpus=READ_CPUS)
-    paths = ray.data.from_items([{"path": str(f)} for f in files], override_num_blocks=len(files))
-    return paths.map_batches(
-        _read_files, batch_size=1, fn_kwargs={"text_column": text_column}, num_cpus=READ_CPUS
-    )
+        return read_in_parts(items, _read_images, IMAGES_PER_READ)
+    items = [{"path": str(f)} for f in files]
+    return read_in_parts(items, _read_files, 1, {"text_column": text_column})
+
+
+def read_in_parts(items: list[dict], read: Any, per_task: int, fn_kwargs: dict | None = None) -> Any:
+    """``items`` as a Ray dataset mapped by ``read``, ``per_task`` of them in each read task."""
+    ray = require_ray()
+    parts = ray.data.from_items(items, override_num_blocks=-(-len(items) // per_task))
+    return parts.map_batches(read, batch_size=per_task, fn_kwargs=fn_kwargs or {}, num_cpus=READ_CPUS)
 
 
 class ModelWorker:
@@ -127,6 +129,16 @@ class ModelWorker:
         self.preprocessor = load_preprocessor(settings["preprocessor"] or model)
         self.settings = settings
 
+    @staticmethod
+    def dataset(batch: dict[str, np.ndarray], ids: list[str], labels: list[int], classes: list[str]) -> Any:
+        """A batch of rows (``image`` or ``text``) as the dataset `data.model_batches` takes."""
+        from ..data.images import ImageDataset
+        from ..data.text import TextDataset
+
+        if "image" in batch:
+            return ImageDataset(np.stack(list(batch["image"])).astype(np.float32), labels, ids, classes)
+        return TextDataset([str(t) for t in batch["text"]], labels, ids, classes)
+
 
 class _Scorer(ModelWorker):
     """One scoring worker: records for each batch of rows."""
@@ -135,16 +147,11 @@ class _Scorer(ModelWorker):
         import pyarrow as pa
 
         from ..data import model_batches
-        from ..data.images import ImageDataset
-        from ..data.text import TextDataset
         from ..evaluation.uncertainty import predict_records
 
         s = self.settings
         ids = [str(i) for i in batch["id"]]
-        if "image" in batch:
-            dataset = ImageDataset(np.stack(list(batch["image"])).astype(np.float32), [0] * len(ids), ids, [])
-        else:
-            dataset = TextDataset([str(t) for t in batch["text"]], [0] * len(ids), ids, [])
+        dataset = self.dataset(batch, ids, [0] * len(ids), [])
         _, batches = model_batches(
             dataset, self.model, self.preprocessor, s["batch_size"], s["max_length"], False, "the data"
         )

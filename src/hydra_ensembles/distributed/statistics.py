@@ -69,9 +69,8 @@ def _labelled_rows(files: Sequence, read: dict) -> Any:
     """The labelled rows of ``files`` as a Ray dataset: a table per read task (`_read_labelled`),
     or an image folder's images in parts (`_read_labelled_images`), in `load_spec`'s order."""
     from ..data.images import image_folder_files
-    from .scoring import IMAGES_PER_READ
+    from .scoring import IMAGES_PER_READ, read_in_parts
 
-    ray = require_ray()
     if len(files) == 1 and Path(files[0]).is_dir():
         folder_classes, listed = image_folder_files(files[0])
         items = [
@@ -82,13 +81,9 @@ def _labelled_rows(files: Sequence, read: dict) -> Any:
             "classes": read["classes"],
             "num_labels": read["num_labels"],
         }
-        parts = ray.data.from_items(items, override_num_blocks=-(-len(items) // IMAGES_PER_READ))
-        return parts.map_batches(
-            _read_labelled_images, batch_size=IMAGES_PER_READ, fn_kwargs=labels, num_cpus=READ_CPUS
-        )
+        return read_in_parts(items, _read_labelled_images, IMAGES_PER_READ, labels)
     items = [{"path": str(f), "file": number} for number, f in enumerate(files)]
-    paths = ray.data.from_items(items, override_num_blocks=len(files))
-    return paths.map_batches(_read_labelled, batch_size=1, fn_kwargs=read, num_cpus=READ_CPUS)
+    return read_in_parts(items, _read_labelled, 1, read)
 
 
 class _Featurizer(ModelWorker):
@@ -97,17 +92,10 @@ class _Featurizer(ModelWorker):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ..data import model_batches
-        from ..data.images import ImageDataset
-        from ..data.text import TextDataset
         from ..evaluation.predict import predict
 
         s, labels = self.settings, [int(label) for label in batch["label"]]
-        ids = [str(i) for i in range(len(labels))]
-        if "image" in batch:
-            images = np.stack(list(batch["image"])).astype(np.float32)
-            dataset = ImageDataset(images, labels, ids, list(s["classes"]))
-        else:
-            dataset = TextDataset([str(t) for t in batch["text"]], labels, ids, list(s["classes"]))
+        dataset = self.dataset(batch, [str(i) for i in range(len(labels))], labels, list(s["classes"]))
         _, batches = model_batches(
             dataset,
             self.model,
