@@ -14,7 +14,8 @@ from hydra_ensembles.batching import bootstrap_batches, pad_id
 from hydra_ensembles.build import Build, BuildConfig, build_hydra, narrow_mlp
 from hydra_ensembles.cost import count_parameters
 from hydra_ensembles.heads import HeadSet
-from hydra_ensembles.members.ensemble import DeepEnsemble, has_dropout
+from hydra_ensembles.fusion import fuse
+from hydra_ensembles.members.ensemble import has_dropout
 from hydra_ensembles.precision import resolve_precision
 from hydra_ensembles.scoring import (
     CircuitConfig,
@@ -358,8 +359,21 @@ def table_methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> l
             cost_name="Deep Ensemble (D)",
         ),
         *([Method("MC Dropout", base, full, mc_samples=config.mc_samples)] if has_dropout(base) else []),
-        Method(deep, DeepEnsemble(baselines.singles), full, cost_name="Deep Ensemble", reliability=True),
-        Method(f"LoRA-Ensemble (M={config.members})", DeepEnsemble(baselines.loras), full),
+        Method(
+            deep,
+            fuse(baselines.singles, mlp="exact").eval(),
+            full,
+            cost_name="Deep Ensemble",
+            reliability=True,
+            compare_with=("Single",),
+        ),
+        Method(
+            f"LoRA-Ensemble (M={config.members})",
+            fuse(baselines.loras, mlp="exact").eval(),
+            full,
+            cost_name="LoRA-Ensemble",
+            compare_with=("Single",),
+        ),
         *(Method(n, m, full, cost_name=n) for n, m in baselines.one_model.items()),
         Method("Taylor (single pruned)", pruned.singles["Taylor"], f"{config.heads_per_layer}/{full_heads}"),
         Method("CircAvg (single pruned)", pruned.singles["CircAvg"], pruned_avg),
