@@ -15,7 +15,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from hydra_ensembles.precision import resolve_precision
     from hydra_ensembles.runtime import ALLOCATOR_ENV, describe_machine, ensure_cpu_allocator_tuned
     from hydra_ensembles.saving.files import atomic_write_json, atomic_write_text
-    from hydra_experiments.bench import bench_report, random_inputs, run_bench
+    from hydra_experiments.bench import BenchConfig, bench_report, random_inputs, run_bench
 
     from .guards import check_report_dir, mark_report_dir
 
@@ -39,20 +39,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     precision = "; ".join(str(p) for p in chosen)
     print(f"machine: {describe_machine()}\nsetting: {setting}\nprecision: {precision}")
-    results = run_bench(
-        model,
-        heads,
-        make_inputs,
-        args.batch_sizes,
-        [p.dtype_name for p in chosen],
+    bench = BenchConfig(
+        batch_sizes=tuple(args.batch_sizes),
+        dtypes=tuple(p.dtype_name for p in chosen),
         repeats=args.repeats,
         test_set=args.test_set,
         device=args.device,
         onnx=args.onnx,
-        trunk_head_sets=trunk,
-        methods=args.methods,
+        methods=None if args.methods is None else tuple(args.methods),
         compile_mode=None if args.compile == "off" else args.compile,
     )
+    results = run_bench(model, heads, make_inputs, bench, trunk_head_sets=trunk)
     mark_report_dir(out)
     atomic_write_json(
         out / "bench.json",
@@ -90,7 +87,7 @@ def _random_members(model, args: argparse.Namespace) -> tuple[list, list | None]
 
 def _method_list(text: str) -> list[str]:
     """An argparse type: comma-separated keys of the benchmark's methods."""
-    from hydra_experiments.bench import METHODS
+    from hydra_experiments.bench_methods import METHODS
 
     keys = [item.strip() for item in text.split(",") if item.strip()]
     unknown = [k for k in keys if k not in METHODS]
@@ -115,7 +112,7 @@ def _device(text: str) -> str:
 
 def _add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     from hydra_ensembles.models import DEFAULT_TEXT_MODEL
-    from hydra_experiments.bench import METHODS
+    from hydra_experiments.bench_methods import METHODS
 
     bench.add_argument("model", nargs="?", default=DEFAULT_TEXT_MODEL)
     bench.add_argument("--members", type=POSITIVE, default=3)

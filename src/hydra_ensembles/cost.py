@@ -1,15 +1,19 @@
-"""Cost of models: parameters, multiply-adds (``torch.utils.flop_counter``) and latency."""
+"""Cost of models: parameters, multiply-adds (``torch.utils.flop_counter``), latency and peak
+memory."""
 
 from __future__ import annotations
 
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 
@@ -94,3 +98,49 @@ def measure(
             for name, run in runs.items():
                 measured[name]["gmacs"] = multiply_adds(run) / 1e9
     return measured
+
+
+class _PeakMemory(TorchDispatchMode):
+    """Tracks the bytes of tensor storages created during a region, and their peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _release(self, key: int, size: int) -> None:
+        self._seen.discard(key)
+        self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in self._seen:
+                    size = storage.nbytes()
+                    self._seen.add(key)
+                    self.live += size
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self._release, key, size)
+        return out
+
+
+@torch.inference_mode()
+def peak_memory(run: Callable[[], Any], device: str | torch.device = "cpu") -> int:
+    """Peak bytes of tensors allocated by ``run`` (weights that existed before are not counted):
+    on a GPU the CUDA allocator's peak over what was allocated before; elsewhere the storages
+    created during the run, tracked as they are created and freed."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        torch.cuda.synchronize(device)
+        return max(0, torch.cuda.max_memory_allocated(device) - before)
+    with _PeakMemory() as tracker:
+        run()
+    return tracker.peak

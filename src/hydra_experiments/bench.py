@@ -11,75 +11,34 @@ be timed compiled (``torch.compile``; ``reduce-overhead`` replays CUDA graphs on
 
 from __future__ import annotations
 
-import copy
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from hydra_ensembles.baselines.batch_ensemble import batch_ensemble
-from hydra_ensembles.baselines.packed import PACKED_KEY, packed_ensemble
+from hydra_ensembles.baselines.packed import PACKED_KEY
 from hydra_ensembles.batching import on_device
-from hydra_ensembles.cost import count_parameters, interleaved_latency, measure, multiply_adds, synchronizer
+from hydra_ensembles.cost import interleaved_latency, measure, multiply_adds, peak_memory, synchronizer
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.fusion import fuse
 from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.models import VISION_MODEL_TYPES
 from hydra_ensembles.precision import resolve_precision
 from hydra_ensembles.reporting import markdown_table
-from hydra_ensembles.surgery import prune
 
-
-class _PeakMemory(TorchDispatchMode):
-    """Tracks the bytes of tensor storages created during a region, and their peak."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self._seen: set[int] = set()
-
-    def _release(self, key: int, size: int) -> None:
-        self._seen.discard(key)
-        self.live -= size
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor):
-                storage = tensor.untyped_storage()
-                key = storage.data_ptr()
-                if key and key not in self._seen:
-                    size = storage.nbytes()
-                    self._seen.add(key)
-                    self.live += size
-                    self.peak = max(self.peak, self.live)
-                    weakref.finalize(storage, self._release, key, size)
-        return out
-
-
-@torch.inference_mode()
-def peak_memory(run: Callable[[], Any], device: str | torch.device = "cpu") -> int:
-    """Peak bytes of tensors allocated by ``run`` (weights that existed before are not counted):
-    on a GPU the CUDA allocator's peak over what was allocated before; elsewhere the storages
-    created during the run, tracked as they are created and freed."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        run()
-        torch.cuda.synchronize(device)
-        return max(0, torch.cuda.max_memory_allocated(device) - before)
-    with _PeakMemory() as tracker:
-        run()
-    return tracker.peak
+from .bench_methods import (
+    DEEP,
+    HYDRA,
+    ORT,
+    PACKED,
+    SINGLE,
+    GraphRun,
+    build_methods,
+    chosen_methods,
+    compile_limits,
+    compiled,
+)
 
 
 def random_inputs(config: Any, tokens: int, seed: int) -> Callable[[int], dict[str, torch.Tensor]]:
@@ -106,66 +65,92 @@ def _each(run: Callable[[dict], Any], chunks: list[dict]) -> list:
     return [run(c) for c in chunks]
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `run_bench` measures, and how.
+
+    ``dtypes`` (torch dtype names): default float32, plus the reduced precision ``auto`` picks on
+    ``device``. ``test_set``: inputs of the whole-test-set timing, in batches of ``test_batch``
+    (0: skipped). ``onnx``: also the fused models run by onnxruntime (float32, CPU). ``methods``:
+    keys of `METHODS` (default all; Single always). ``compile_mode``: every model
+    ``torch.compile``d in this mode, static shapes (multiply-adds counted eagerly)."""
+
+    batch_sizes: tuple[int, ...] = (1, 8, 64)
+    dtypes: tuple[str, ...] | None = None
+    repeats: int = 10
+    test_set: int = 0
+    test_batch: int = 64
+    device: str = "cpu"
+    onnx: bool = False
+    methods: tuple[str, ...] | None = None
+    compile_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 1 or self.repeats < 1 or self.test_batch < 1:
+            raise InputError("batch sizes, repeats and the test batch must be positive")
+        if self.test_set < 0:
+            raise InputError(f"test_set is a count of inputs, got {self.test_set}")
+
+
 def run_bench(
     model: torch.nn.Module,
     head_sets: Sequence[HeadSet],
     make_inputs: Callable[[int], dict[str, torch.Tensor]],
-    batch_sizes: Sequence[int] = (1, 8, 64),
-    dtypes: Sequence[str] | None = None,
-    repeats: int = 10,
-    test_set: int = 0,
-    test_batch: int = 64,
-    progress: Callable[[str], None] = print,
-    device: str | torch.device = "cpu",
-    onnx: bool = False,
+    config: BenchConfig = BenchConfig(),
     trunk_head_sets: Sequence[HeadSet] | None = None,
-    methods: Sequence[str] | None = None,
-    compile_mode: str | None = None,
+    progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Measure every method on ``device``; ``make_inputs(batch)`` builds one input batch (on CPU).
-    ``dtypes`` (torch dtype names): default float32, plus the reduced precision ``auto`` picks on
-    ``device``. ``onnx``: also the fused model run by onnxruntime (float32, CPU; peak memory not
-    measured). ``trunk_head_sets``: members sharing their first layers, timed as `SHARED_TRUNK`.
-    ``methods``: keys of `METHODS` (default all; Single always). ``compile_mode``: every model
-    ``torch.compile``d in this mode, static shapes (multiply-adds counted eagerly)."""
-    device = torch.device(device)
-    chosen = _chosen_methods(methods, trunk_head_sets is not None)
+    """Measure every method of ``config`` on its device; ``make_inputs(batch)`` builds one input
+    batch (on CPU). ``trunk_head_sets``: members sharing their first layers, timed as
+    `SHARED_TRUNK`."""
+    device = torch.device(config.device)
+    chosen = chosen_methods(config.methods, trunk_head_sets is not None)
+    dtypes = config.dtypes
     if dtypes is None:
         auto = resolve_precision("auto", device)
-        dtypes = ["float32"] + ([auto.dtype_name] if auto.reduced else [])
+        dtypes = ("float32",) + ((auto.dtype_name,) if auto.reduced else ())
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InputError("device cuda requested, but torch sees no CUDA GPU")
     results: dict[str, Any] = {
-        "batch_sizes": list(batch_sizes),
+        "batch_sizes": list(config.batch_sizes),
         "dtypes": {},
         "device": str(device),
-        "compile": compile_mode,
+        "compile": config.compile_mode,
     }
-    warmup = 2 if compile_mode is None else 4  # compiling, then recording CUDA graphs, take calls
-    setting = _Setting(
-        partial(_inputs_on, make_inputs, device), repeats, synchronizer(device), progress, device, warmup
-    )
+    setting = _Setting.of(config, make_inputs, progress)
     built: dict[str, dict[str, Callable[[dict], Any]]] = {}
-    with _compile_limits(compile_mode):  # compiling happens at the first timed calls
+    with compile_limits(config.compile_mode):  # compiling happens at the first timed calls
         for dtype_name in dtypes:
-            dtype = getattr(torch, dtype_name)
-            with_onnx = onnx and dtype == torch.float32 and device.type == "cpu"
-            eager, params = _build_methods(
-                model, head_sets, dtype, device, with_onnx, setting.inputs(1), trunk_head_sets, chosen
+            example = setting.inputs(1) if _with_onnx(config, dtype_name) else None
+            eager, params = build_methods(
+                model, head_sets, getattr(torch, dtype_name), device, chosen, trunk_head_sets, example
             )
-            methods = _compiled(eager, compile_mode)
+            built[dtype_name] = compiled(eager, config.compile_mode)
             if PACKED in eager:
                 results["packed_alpha"] = getattr(eager[PACKED].models[0].config, PACKED_KEY)["alpha"]
-            built[dtype_name] = methods
-            table = _dtype_table(methods, eager, params, batch_sizes, setting, dtype_name)
-            if test_set:
-                progress(f"[{dtype_name}] whole test set: {test_set} inputs in batches of {test_batch}")
-                for name, seconds in _test_set_seconds(methods, setting, test_set, test_batch).items():
-                    table[name]["test_set_s"] = seconds
-            results["dtypes"][dtype_name] = table
+            results["dtypes"][dtype_name] = _dtype_results(
+                built[dtype_name], eager, params, config, setting, dtype_name
+            )
         if {"float32", "bfloat16"} <= set(built) and HYDRA in chosen:
-            results["hydra_bf16_vs_single_fp32"] = _bf16_vs_fp32(built, max(batch_sizes), setting)
+            results["hydra_bf16_vs_single_fp32"] = _bf16_vs_fp32(built, max(config.batch_sizes), setting)
     return results
+
+
+def _with_onnx(config: BenchConfig, dtype_name: str) -> bool:
+    """Whether the fused models also run in onnxruntime in this dtype (float32 on the CPU)."""
+    return config.onnx and dtype_name == "float32" and torch.device(config.device).type == "cpu"
+
+
+def _dtype_results(methods, eager, params, config: BenchConfig, setting: _Setting, dtype_name: str) -> dict:
+    """One dtype's table (`_dtype_table`), with each method's whole-test-set time where asked."""
+    table = _dtype_table(methods, eager, params, config.batch_sizes, setting, dtype_name)
+    if config.test_set:
+        setting.progress(
+            f"[{dtype_name}] whole test set: {config.test_set} inputs in batches of {config.test_batch}"
+        )
+        for name, seconds in _test_set_seconds(methods, setting, config.test_set, config.test_batch).items():
+            table[name]["test_set_s"] = seconds
+    return table
 
 
 def _test_set_seconds(
@@ -180,89 +165,6 @@ def _test_set_seconds(
     return {name: values[0] for name, values in totals.items()}
 
 
-SINGLE, DEEP, MEMBERS, HYDRA = "Single", "Deep Ensemble", "Members one by one", "Hydra (fused)"
-SHARED_TRUNK, BATCH_ENSEMBLE, PACKED = "Hydra (shared trunk)", "BatchEnsemble", "Packed-Ensembles"
-METHODS = {
-    "single": SINGLE,
-    "deep-ensemble": DEEP,
-    "members": MEMBERS,
-    "hydra": HYDRA,
-    "trunk": SHARED_TRUNK,
-    "batch-ensemble": BATCH_ENSEMBLE,
-    "packed": PACKED,
-}
-"""The methods `run_bench` can time: key (as ``hydra-ens bench --methods`` names it) -> row name."""
-PACKED_ALPHA = 2
-"""Packed-Ensembles' width factor in the benchmark (Laurent et al.'s usual alpha = 2, gamma = 1);
-where the widened heads do not split into M members, alpha = M (members as wide as the model)."""
-
-
-def packed_model(model: torch.nn.Module, members: int) -> torch.nn.Module:
-    """The Packed-Ensemble the benchmark times: ``PACKED_ALPHA`` times as wide as ``model``, or
-    ``members`` times where that width does not split into ``members`` members; its alpha is
-    recorded in its config (`baselines.packed.PACKED_KEY`)."""
-    try:
-        return packed_ensemble(model, members, alpha=PACKED_ALPHA).eval()
-    except InputError:
-        return packed_ensemble(model, members, alpha=members).eval()
-
-
-def _chosen_methods(methods: Sequence[str] | None, with_trunk: bool) -> list[str]:
-    """The row names to time, in `METHODS`' order; InputError for an unknown key, or for the
-    shared-trunk row without trunk head sets."""
-    keys = list(METHODS) if methods is None else list(methods)
-    unknown = [k for k in keys if k not in METHODS]
-    if unknown:
-        raise InputError(f"unknown bench method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
-    if methods is not None and "trunk" in keys and not with_trunk:
-        raise InputError("the shared-trunk method needs --shared-layers K (K > 0)")
-    if methods is None and not with_trunk:
-        keys.remove("trunk")
-    return [name for key, name in METHODS.items() if key in keys or key == "single"]
-
-
-def _compiled(methods: dict[str, Callable[[dict], Any]], mode: str | None) -> dict[str, Callable]:
-    """``methods`` with every PyTorch model in them compiled in ``mode`` (None: as they are)."""
-    if mode is None:
-        return methods
-    compile_ = partial(torch.compile, mode=mode, dynamic=False)
-    return {
-        name: run if isinstance(run, GraphRun) else _ModelsRun([compile_(m) for m in run.models])
-        for name, run in methods.items()
-    }
-
-
-RECOMPILE_LIMIT = 64
-"""Compilations torch.compile may make of one function while the benchmark compiles: every model
-is its own instance of the same classes, at every batch size, and dynamo's default (8) would
-leave the models compiled after the limit running eagerly, their times mislabelled."""
-
-
-def _compile_limits(mode: str | None):
-    """While models are compiled in ``mode``: dynamo's recompilation limits raised to
-    `RECOMPILE_LIMIT` (nothing changes without ``mode``)."""
-    import contextlib
-
-    if mode is None:
-        return contextlib.nullcontext()
-    import torch._dynamo.config as dynamo
-
-    return dynamo.patch(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=16 * RECOMPILE_LIMIT)
-
-
-class _ModelsRun:
-    """One method of the benchmark: its models, called one after another on the same inputs (one
-    model: its output; several: the list of their outputs)."""
-
-    def __init__(self, models: Sequence[Callable[..., Any]]) -> None:
-        self.models = list(models)
-
-    def __call__(self, inputs: dict[str, torch.Tensor]) -> Any:
-        if len(self.models) == 1:
-            return self.models[0](**inputs)
-        return [m(**inputs) for m in self.models]
-
-
 @dataclass(frozen=True)
 class _Setting:
     """How every timing of one benchmark runs: its inputs, rounds, device sync and progress."""
@@ -273,6 +175,13 @@ class _Setting:
     progress: Callable[[str], None]
     device: torch.device
     warmup: int
+
+    @classmethod
+    def of(cls, config: BenchConfig, make_inputs: Callable[[int], dict], progress: Callable[[str], None]):
+        device = torch.device(config.device)
+        warmup = 2 if config.compile_mode is None else 4  # compiling, then recording CUDA graphs, take calls
+        inputs = partial(_inputs_on, make_inputs, device)
+        return cls(inputs, config.repeats, synchronizer(device), progress, device, warmup)
 
 
 def _dtype_table(
@@ -332,125 +241,6 @@ def _bf16_vs_fp32(built: dict[str, dict[str, Callable]], batch: int, setting: _S
 
 def _inputs_on(make_inputs: Callable[[int], dict], device: torch.device, batch: int) -> dict:
     return on_device(make_inputs(batch), device)
-
-
-def _build_methods(
-    model: torch.nn.Module,
-    head_sets: Sequence[HeadSet],
-    dtype: torch.dtype,
-    device: torch.device,
-    onnx: bool = False,
-    example: dict[str, torch.Tensor] | None = None,
-    trunk_head_sets: Sequence[HeadSet] | None = None,
-    chosen: Sequence[str] = (SINGLE, DEEP, MEMBERS, HYDRA, BATCH_ENSEMBLE, PACKED),
-) -> tuple[dict[str, Callable[[dict], Any]], dict[str, int]]:
-    """The ``chosen`` methods of the benchmark in ``dtype`` on ``device``, and their parameters.
-
-    BatchEnsemble (M members in one model, all of them computed on M x B rows) and
-    Packed-Ensembles (M narrow members side by side in one model ``PACKED_ALPHA`` times as wide,
-    from a random start) are timed beside them as the other one-model ensembles; with ``onnx``,
-    the fused model run by onnxruntime, with the inputs named as in ``example``."""
-    single = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
-    m = len(head_sets)
-    builders: dict[str, Callable[[], list[torch.nn.Module]]] = {
-        SINGLE: lambda: [single],
-        DEEP: lambda: [single] + [copy.deepcopy(single) for _ in range(m - 1)],
-        MEMBERS: lambda: [prune(single, hs).eval() for hs in head_sets],
-        HYDRA: lambda: [fuse(single, head_sets).eval()],
-        SHARED_TRUNK: lambda: [fuse(single, trunk_head_sets).eval()],
-        BATCH_ENSEMBLE: lambda: [batch_ensemble(single, m).eval()],
-        PACKED: lambda: [packed_model(single, m)],
-    }
-    built = {name: builders[name]() for name in chosen}
-    methods: dict[str, Callable[[dict], Any]] = {name: _ModelsRun(models) for name, models in built.items()}
-    params = {name: sum(count_parameters(x) for x in models) for name, models in built.items()}
-    if onnx:
-        names = list(example or {})
-        for name in (SINGLE, HYDRA):
-            if name in built:
-                fp32, int8 = _onnxruntime_methods(built[name][0], names, example)
-                methods[f"{name}{ORT}"], methods[f"{name}{ORT} int8"] = fp32, int8
-                params[f"{name}{ORT}"] = params[f"{name}{ORT} int8"] = params[name]
-    return methods, params
-
-
-ORT = " onnxruntime"
-"""What the names of the methods run by onnxruntime end in (after the PyTorch method's name)."""
-
-
-def _onnxruntime_methods(
-    model: torch.nn.Module, input_names: list[str], example: dict[str, torch.Tensor]
-) -> tuple[GraphRun, GraphRun]:
-    """``model`` exported (and checked against PyTorch) and loaded into onnxruntime, as float32
-    and int8 (`serving.quantization.quantize_int8`, as ``export --quantize int8``, its activation
-    scales fixed on ``example``)."""
-    import json
-    import tempfile
-
-    from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
-    from hydra_ensembles.serving.quantization import graph_feeds, quantize_int8
-
-    with tempfile.TemporaryDirectory() as folder:
-        written = export_onnx(model, Path(folder) / "onnx", input_names=input_names)
-        graph = (written / ONNX_NAME).read_bytes()
-        settings = json.loads((written / SIDECAR_NAME).read_text())["onnxruntime"]
-    feeds = graph_feeds([{name: example[name].cpu() for name in input_names}], input_names)
-    return GraphRun(graph, settings), GraphRun(quantize_int8(graph, feeds), settings)
-
-
-class GraphRun:
-    """An exported graph in onnxruntime, run as served (`serving.onnx_ops`: the sidecar's runs in
-    pieces and disabled fusion), called on a batch of PyTorch inputs. Its session's threads stop
-    spin-waiting when a run returns, so that they leave the cores to the methods timed after it."""
-
-    def __init__(self, weights: bytes, settings: dict[str, Any]) -> None:
-        from hydra_ensembles.serving.onnx_ops import inference_session, session_options
-
-        self.weights, self.settings = weights, settings
-        self.session = inference_session(weights, session_options(idle_spin=False))
-
-    def __call__(self, inputs: dict[str, torch.Tensor]) -> list:
-        from hydra_ensembles.serving.onnx_ops import run_session
-
-        return run_session(self.session, {k: v.numpy() for k, v in inputs.items()}, self.settings)
-
-    def peak_bytes(self, inputs: dict[str, torch.Tensor]) -> int | None:
-        """The memory one run on ``inputs`` adds to a fresh process holding a session of the graph
-        (the weights, loaded before, are not counted); None where it cannot be read."""
-        import json
-        import subprocess
-        import sys
-        import tempfile
-
-        import numpy as np
-
-        with tempfile.TemporaryDirectory() as folder:
-            graph, feed = Path(folder) / "model.onnx", Path(folder) / "inputs.npz"
-            graph.write_bytes(self.weights)
-            np.savez(feed, **{k: v.numpy() for k, v in inputs.items()})
-            setup = [str(graph), str(feed), json.dumps(self.settings)]
-            done = subprocess.run(
-                [sys.executable, "-c", _PEAK_CHILD, *setup], capture_output=True, text=True, check=False
-            )
-        try:
-            return int(done.stdout.split()[-1])
-        except (IndexError, ValueError):
-            return None
-
-
-_PEAK_CHILD = """
-import json, os, sys
-import numpy as np
-from hydra_ensembles.serving.onnx_ops import inference_session, run_session
-def resident():
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-session, feed = inference_session(sys.argv[1]), dict(np.load(sys.argv[2]))
-loaded = resident()
-run_session(session, feed, json.loads(sys.argv[3]))
-print(resident() - loaded)
-"""
-"""Run in a fresh process by `GraphRun.peak_bytes`: onnxruntime's arena keeps the memory a run
-needed, so the resident size after the run less before it is that run's peak (Linux)."""
 
 
 def check_targets(results: dict[str, Any]) -> list[str]:

@@ -13,8 +13,8 @@ from hydra_ensembles.baselines.unstructured import make_permanent, matched_spars
 from hydra_ensembles.batching import bootstrap_batches, pad_id
 from hydra_ensembles.build import Build, BuildConfig, build_hydra, narrow_mlp
 from hydra_ensembles.cost import count_parameters
-from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.fusion import fuse
+from hydra_ensembles.heads import HeadSet
 from hydra_ensembles.members.ensemble import has_dropout
 from hydra_ensembles.precision import resolve_precision
 from hydra_ensembles.scoring import (
@@ -343,6 +343,23 @@ def prune_and_fine_tune(
     return member
 
 
+def fused_ensembles(baselines: Baselines, heads: str) -> list[Method]:
+    """The deep ensemble and the LoRA-Ensemble, each fused into one model (exact per-member parts;
+    what LoRA members share runs as one module), compared with Single on the same resamples."""
+    members = len(baselines.singles)
+    return [
+        Method(
+            f"{family} (M={members})",
+            fuse(models, mlp="exact").eval(),
+            heads,
+            cost_name=family,
+            reliability=family == "Deep Ensemble",
+            compare_with=("Single",),
+        )
+        for family, models in (("Deep Ensemble", baselines.singles), ("LoRA-Ensemble", baselines.loras))
+    ]
+
+
 def table_methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> list[Method]:
     """Every method of the table, in its order: adding a method is one record here."""
     config, base = run.config, baselines.singles[0]
@@ -359,21 +376,7 @@ def table_methods(run: DemoRun, baselines: Baselines, pruned: PrunedModels) -> l
             cost_name="Deep Ensemble (D)",
         ),
         *([Method("MC Dropout", base, full, mc_samples=config.mc_samples)] if has_dropout(base) else []),
-        Method(
-            deep,
-            fuse(baselines.singles, mlp="exact").eval(),
-            full,
-            cost_name="Deep Ensemble",
-            reliability=True,
-            compare_with=("Single",),
-        ),
-        Method(
-            f"LoRA-Ensemble (M={config.members})",
-            fuse(baselines.loras, mlp="exact").eval(),
-            full,
-            cost_name="LoRA-Ensemble",
-            compare_with=("Single",),
-        ),
+        *fused_ensembles(baselines, full),
         *(Method(n, m, full, cost_name=n) for n, m in baselines.one_model.items()),
         Method("Taylor (single pruned)", pruned.singles["Taylor"], f"{config.heads_per_layer}/{full_heads}"),
         Method("CircAvg (single pruned)", pruned.singles["CircAvg"], pruned_avg),

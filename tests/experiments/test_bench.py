@@ -6,11 +6,13 @@ import pytest
 import torch
 
 import hydra_ensembles as he
-import hydra_ensembles.cost
 from hydra_cli import main
 from hydra_ensembles import sample_members
+from hydra_ensembles.baselines.lora import lora_parts
 from hydra_ensembles.baselines.packed import PACKED_KEY
-from hydra_experiments.bench import bench_report, check_targets, packed_model, peak_memory, run_bench
+from hydra_ensembles.cost import count_parameters, peak_memory
+from hydra_experiments.bench import BenchConfig, bench_report, check_targets, run_bench
+from hydra_experiments.bench_methods import distinct_members, packed_model
 from tests.factories import VOCAB, tiny_bert
 
 
@@ -38,21 +40,14 @@ def test_run_bench_reports_every_method(tmp_path):
         ids = torch.randint(1, VOCAB, (batch, 8))
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
-    results = run_bench(
-        model,
-        heads,
-        make,
-        batch_sizes=(1, 4),
-        dtypes=("float32",),
-        repeats=2,
-        test_set=6,
-        test_batch=4,
-        progress=lambda _: None,
-    )
+    setting = BenchConfig(batch_sizes=(1, 4), dtypes=("float32",), repeats=2, test_set=6, test_batch=4)
+    results = run_bench(model, heads, make, setting, progress=lambda _: None)
     table = results["dtypes"]["float32"]
     assert set(table) == {
         "Single",
         "Deep Ensemble",
+        "Deep Ensemble (fused)",
+        "LoRA-Ensemble (fused)",
         "Members one by one",
         "Hydra (fused)",
         "BatchEnsemble",
@@ -61,10 +56,24 @@ def test_run_bench_reports_every_method(tmp_path):
     assert table["BatchEnsemble"]["gmacs_per_input"] >= table["Deep Ensemble"]["gmacs_per_input"]
     packed = packed_model(model, 3)  # 4 heads x alpha 2 do not split into 3 members: alpha 3
     assert getattr(packed.config, PACKED_KEY)["alpha"] == 3
-    assert table["Packed-Ensembles"]["params"] == he.cost.count_parameters(packed)
+    assert table["Packed-Ensembles"]["params"] == count_parameters(packed)
     assert table["Deep Ensemble"]["params"] == 3 * table["Single"]["params"]
-    assert table["Hydra (fused)"]["params"] == he.cost.count_parameters(he.fuse(model, heads))
+    assert table["Hydra (fused)"]["params"] == count_parameters(he.fuse(model, heads))
     assert table["Hydra (fused)"]["gmacs_per_input"] == table["Members one by one"]["gmacs_per_input"]
+    # the fused deep ensemble holds every member's weights; the fused LoRA-Ensemble the base's
+    # MLPs, embeddings and norms once, and per member its attention (grouped per member) and task head
+    assert table["Deep Ensemble (fused)"]["params"] == table["Deep Ensemble"]["params"]
+    adapter = he.adapters.get_adapter(model)
+    apart = [f"{path}." for path in adapter.projection_paths] + [
+        f"{h}." for h in adapter.task_head_modules(model)
+    ]
+    own = sum(p.numel() for name, p in model.named_parameters() if any(a in name for a in apart))
+    assert 0 < own < table["Single"]["params"] / 2
+    assert table["LoRA-Ensemble (fused)"]["params"] == table["Single"]["params"] + 2 * own
+    for fused in ("Deep Ensemble (fused)", "LoRA-Ensemble (fused)"):
+        assert table[fused]["gmacs_per_input"] == pytest.approx(
+            table["Deep Ensemble"]["gmacs_per_input"], rel=0.05
+        )
     for row in table.values():
         assert set(row["latency"]) == {"1", "4"} and row["peak_memory_mb"] > 0 and row["test_set_s"] > 0
     lines = check_targets(results)
@@ -145,25 +154,27 @@ def test_shared_trunk_row_and_a_chosen_subset_of_methods():
     model = tiny_bert(layers=2, heads=4, head_dim=4)
     heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
     trunk = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4, shared_layers=1)
-    quiet = {"dtypes": ("float32",), "repeats": 1, "progress": lambda _: None}
-    results = run_bench(model, heads, _make, (2,), trunk_head_sets=trunk, methods=["hydra", "trunk"], **quiet)
+
+    def quiet(methods):
+        return BenchConfig(batch_sizes=(2,), dtypes=("float32",), repeats=1, methods=methods)
+
+    results = run_bench(model, heads, _make, quiet(("hydra", "trunk")), trunk, progress=lambda _: None)
     table = results["dtypes"]["float32"]
     assert list(table) == ["Single", "Hydra (fused)", "Hydra (shared trunk)"]
     assert table["Hydra (shared trunk)"]["gmacs_per_input"] < table["Hydra (fused)"]["gmacs_per_input"]
     assert check_targets(results) == []  # no deep ensemble to compare with, not a GPU
     with pytest.raises(he.InputError, match="unknown bench method"):
-        run_bench(model, heads, _make, (2,), methods=["hydra", "lora"], **quiet)
+        run_bench(model, heads, _make, quiet(("hydra", "lora")))
     with pytest.raises(he.InputError, match="--shared-layers"):
-        run_bench(model, heads, _make, (2,), methods=["trunk"], **quiet)
+        run_bench(model, heads, _make, quiet(("trunk",)))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_run_bench_on_cuda():
     model = tiny_bert(layers=2, heads=4, head_dim=4)
     heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
-    results = run_bench(
-        model, heads, _make, (1, 2), ("float32", "bfloat16"), repeats=1, progress=print, device="cuda"
-    )
+    setting = BenchConfig(batch_sizes=(1, 2), dtypes=("float32", "bfloat16"), repeats=1, device="cuda")
+    results = run_bench(model, heads, _make, setting)
     assert results["device"] == "cuda" and "hydra_bf16_vs_single_fp32" in results
     for row in results["dtypes"]["float32"].values():  # the CUDA allocator's peak over the weights
         assert row["peak_memory_mb"] > 0
@@ -173,18 +184,32 @@ def test_run_bench_on_cuda():
 def test_run_bench_compiled_with_cuda_graphs():
     model = tiny_bert(layers=2, heads=4, head_dim=8)
     heads = sample_members(torch.zeros(2, 4), 3, heads_per_layer=2, pool_size=4)
-    results = run_bench(
-        model,
-        heads,
-        _make,
-        (2,),
-        ("bfloat16",),
+    setting = BenchConfig(
+        batch_sizes=(2,),
+        dtypes=("bfloat16",),
         repeats=2,
-        progress=print,
         device="cuda",
-        methods=["hydra"],
+        methods=("hydra",),
         compile_mode="reduce-overhead",
     )
+    results = run_bench(model, heads, _make, setting)
     table = results["dtypes"]["bfloat16"]
     assert results["compile"] == "reduce-overhead" and list(table) == ["Single", "Hydra (fused)"]
     assert table["Hydra (fused)"]["latency"]["2"]["median_ms"] > 0
+
+
+def test_distinct_members_differ_where_they_trained_and_fuse_equal_to_their_ensemble():
+    """The benchmark's members: copies apart in every weight (deep) or in LoRA's parts only, and
+    their fusion is their explicit ensemble (the library's exactness, on these members too)."""
+    model = tiny_bert(layers=2, heads=4, head_dim=4).eval()
+    x = _make(3)
+    for parts in (None, lora_parts(model)):
+        members = distinct_members(model, 3, parts)
+        for name, weight in members[2].named_parameters():
+            moved = not torch.equal(weight, dict(model.named_parameters())[name])
+            assert moved == (parts is None or parts(name)), name
+        fused = he.fuse(members, mlp="exact").eval()
+        with torch.no_grad():
+            got = fused(**x).member_logits
+            want = torch.stack([m(**x).logits for m in members])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -4,7 +4,7 @@ pretrained model with its own seed, trained with `peft` and merged back into a p
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -31,10 +31,7 @@ def lora_fine_tune(
     from peft import LoraConfig, get_peft_model
 
     config = config or FineTuneConfig()
-    adapter = get_adapter(model)
-    q_path, _, v_path, _ = adapter.projection_paths
-    targets = [q_path.rpartition(".")[2], v_path.rpartition(".")[2]]
-    heads = adapter.task_head_modules(model)  # trained in full: usually freshly initialised
+    targets, heads = lora_targets(model)
     torch.manual_seed(config.seed)
     lora = LoraConfig(
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, modules_to_save=heads
@@ -44,3 +41,24 @@ def lora_fine_tune(
     result = fine_tune(peft_model, train, val, settings, progress=progress)
     merged = peft_model.merge_and_unload()
     return merged.eval(), result
+
+
+def lora_targets(model: nn.Module) -> tuple[list[str], list[str]]:
+    """What a LoRA-Ensemble member of ``model`` trains, as peft names it: the modules that get
+    adapters (W_Q and W_V, by their last name) and the modules trained in full (the task head,
+    usually freshly initialised)."""
+    adapter = get_adapter(model)
+    q_path, _, v_path, _ = adapter.projection_paths
+    return [q_path.rpartition(".")[2], v_path.rpartition(".")[2]], list(adapter.task_head_modules(model))
+
+
+def lora_parts(model: nn.Module) -> Callable[[str], bool]:
+    """A parameter's name in ``model`` -> whether a LoRA-Ensemble member trains it (`lora_targets`):
+    every other parameter stays the pretrained model's, the same in every member."""
+    targets, heads = lora_targets(model)
+
+    def trained(name: str) -> bool:
+        module = name.rpartition(".")[0]
+        return module.rpartition(".")[2] in targets or any(f".{name}".find(f".{h}.") >= 0 for h in heads)
+
+    return trained
