@@ -34,7 +34,7 @@ WRITTEN = ("configs", "chosen", *PUBLISHED)
 OWNED = (*WRITTEN, FINISHED, RUN_MARKER)
 UNSETTING = (
     *("out", "overwrite", "repeats", "batch_sizes", "budget", "prefer"),
-    *("members", "num_pruned", "shared_layers", "keep_base", "mlp_keep", "compare"),
+    *("members", "num_pruned", "shared_layers", "keep_base", "mlp_keep", "lora_rank", "compare"),
 )
 """Options that change no finished candidate's model or measures (what each candidate is made
 of is checked on its own: `sweep.run.identity`): a rerun that differs only in them resumes, or
@@ -141,6 +141,7 @@ def _sweep_config(args: argparse.Namespace, train):
         batch_sizes=args.batch_sizes,
         repeats=args.repeats,
         budget=args.budget,
+        lora_rank=args.lora_rank,
         prefer=args.prefer,
     )
 
@@ -312,6 +313,13 @@ def _grid_options(sweep: argparse.ArgumentParser) -> None:
         type=share_list,
         default=(1.0,),
         help="shares of each layer's MLP neurons the members keep, to try, e.g. 1,0.5 (default: 1)",
+    )
+    sweep.add_argument(
+        "--lora-rank",
+        type=POSITIVE,
+        help="also the fused LoRA-Ensemble of each member count as a candidate (lora-m<M>-r<R>): members "
+        "fine-tune LoRA adapters of this rank on W_Q and W_V, merged; with --fine-tune (needs the "
+        "baselines extra: peft)",
     )
 
 

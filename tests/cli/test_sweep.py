@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hydra_cli import main
 from hydra_ensembles.data import load_spec, split_indices, to_batches
@@ -461,11 +462,14 @@ def test_validation_data_of_one_class_are_refused_before_any_candidate(w, tmp_pa
     assert "of one class" in one_error(capsys) and not out.exists()
 
 
-def test_the_fused_deep_ensemble_is_a_candidate_of_the_sweep(w, tmp_path, capsys):
-    """--num-pruned 0,3: the fused deep ensemble of fine-tunes (``deep-m2``, every head kept, every
-    part per member) is measured beside the Hydra build and the single model: its cost ratio and
-    its paired differences from the single model; without --fine-tune it is refused in one line."""
-    args = sweep_args(w, tmp_path / "deep")
+def test_the_fused_deep_ensemble_and_lora_ensemble_are_candidates_of_the_sweep(w, tmp_path, capsys):
+    """--num-pruned 0,3 --lora-rank 2: the fused deep ensemble of fine-tunes (``deep-m2``, every
+    head kept, every part per member) and the fused LoRA-Ensemble (``lora-m2-r2``) are measured
+    beside the Hydra build and the single model: cost ratio and paired differences from the single
+    model; without --fine-tune they are refused in one line."""
+    with pytest.raises(InputError, match=r"lora_rank .* needs fine_tune"):
+        SweepConfig(num_pruned=(3,), lora_rank=2)
+    args = [*sweep_args(w, tmp_path / "deep"), "--lora-rank", "2"]
     args[args.index("--num-pruned") + 1] = "0,3"
     refused = [a for a in args if a != "--fine-tune"]
     refused[refused.index("--out") + 1] = str(tmp_path / "refused")
@@ -473,8 +477,15 @@ def test_the_fused_deep_ensemble_is_a_candidate_of_the_sweep(w, tmp_path, capsys
     assert "needs fine_tune" in capsys.readouterr().err and not (tmp_path / "refused").exists()
     assert main(args) == 0
     rows = {r["name"]: r for r in json.loads((tmp_path / "deep" / "sweep.json").read_text())["rows"]}
-    assert set(rows) == {SINGLE, "deep-m2", "hydra-m2-p3-t0"}
-    deep = rows["deep-m2"]
-    assert deep["latency_ratio@8"] > 1 and deep["auroc_vs_single_low"] <= deep["auroc_vs_single_high"]
-    fused = load_any(str(tmp_path / "deep" / "configs" / "deep-m2" / "build" / "hydra"))
-    assert fused.num_members == 2
+    assert set(rows) == {SINGLE, "deep-m2", "hydra-m2-p3-t0", "lora-m2-r2"}
+    for name in ("deep-m2", "lora-m2-r2"):
+        row = rows[name]
+        assert row["latency_ratio@8"] > 0 and row["auroc_vs_single_low"] <= row["auroc_vs_single_high"]
+        assert row["gmacs_per_input"] == pytest.approx(2 * rows[SINGLE]["gmacs_per_input"], rel=0.05)
+        fused = load_any(str(tmp_path / "deep" / "configs" / name / "build" / "hydra"))
+        assert fused.num_members == 2
+    members = list(load_any(str(tmp_path / "deep" / "configs" / "lora-m2-r2" / "build" / "members")).members)
+    assert len(members) == 2  # the LoRA members changed only what LoRA trains
+    for name, weight in members[0].named_parameters():
+        if "intermediate" in name or "embeddings" in name:
+            assert torch.equal(weight, dict(members[1].named_parameters())[name]), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..build import BuildConfig
 from ..errors import InputError
@@ -65,7 +66,10 @@ class SweepConfig:
     ``shared_layers`` x ``keep_base`` x ``mlp_keep`` is one Hydra build (combinations
     `BuildConfig` refuses, a shared trunk or a narrower MLP beside the unpruned model, are left
     out), beside the single model; ``num_pruned`` 0 is the fused deep ensemble of fine-tunes of
-    ``members`` members (``deep-m<M>``, every part per member), once per member count. Every build
+    ``members`` members (``deep-m<M>``, every part per member), once per member count; with
+    ``lora_rank`` R, the fused LoRA-Ensemble of ``members`` members (``lora-m<M>-r<R>``: each
+    member's LoRA adapters of rank R merged, what they share one module) is a candidate too, once
+    per member count. Every build
     shares ``fine_tune``, ``bootstrap``, ``seed``, ``calibration`` and ``precision``. The cost is
     measured at ``batch_sizes`` with ``repeats`` interleaved rounds; ``budget``: the largest
     latency ratio to the single model (at the largest batch size) of the configuration chosen."""
@@ -83,6 +87,7 @@ class SweepConfig:
     batch_sizes: tuple[int, ...] = (1, 64)
     repeats: int = 5
     budget: float | None = None
+    lora_rank: int | None = None
     prefer: str | None = None
     """The measure a candidate must be significantly better on to replace the single model
     (``auroc`` or ``nll``; None: the flag's AUROC where OOD validation data measure it, else NLL)."""
@@ -93,6 +98,11 @@ class SweepConfig:
         if 0 in self.num_pruned and self.fine_tune is None:
             raise InputError(
                 "num_pruned 0 is a deep ensemble of fine-tunes (every head kept): the sweep needs fine_tune"
+            )
+        if self.lora_rank is not None and (self.fine_tune is None or self.lora_rank < 1):
+            raise InputError(
+                f"lora_rank adds the LoRA-Ensemble of fine-tunes: it needs fine_tune and a rank >= 1, "
+                f"got {self.lora_rank}"
             )
         _values("shared_layers", self.shared_layers, 0)
         _values("batch_sizes", self.batch_sizes, 1)
@@ -110,6 +120,19 @@ class SweepConfig:
                 f"the budget is a latency ratio to the single model, a finite number >= 1; got {self.budget}"
             )
 
+    def _build(self, members: int, **settings: Any) -> BuildConfig:
+        """The build of ``members`` members with ``settings`` (what sets a candidate of the grid
+        apart) and the sweep's shared settings."""
+        return BuildConfig(
+            num_members=members,
+            seed=self.seed,
+            fine_tune=self.fine_tune,
+            bootstrap=self.bootstrap,
+            calibration=self.calibration,
+            precision=self.precision,
+            **settings,
+        )
+
     def candidates(self, compared: tuple[str, ...] = ()) -> list[Candidate]:
         """The single model, the models ``compared`` (as they are), then every build of the grid,
         named by its settings; a compared name that is taken or no folder name is refused."""
@@ -118,25 +141,20 @@ class SweepConfig:
             self.members, self.num_pruned, self.shared_layers, self.keep_base, self.mlp_keep
         )
         for members, pruned, trunk, keep, mlp in grid:
-            if (keep and (trunk or mlp < 1)) or (pruned == 0 and (keep or trunk or mlp < 1)):
+            if pruned == 0 and not (keep or trunk or mlp < 1):
+                out.append(Candidate(f"deep-m{members}", self._build(members, num_pruned=0, mlp="exact")))
+            if pruned == 0 or (keep and (trunk or mlp < 1)):
                 continue
-            build = BuildConfig(
-                num_members=members,
-                num_pruned=pruned,
-                seed=self.seed,
-                shared_layers=trunk,
-                fine_tune=self.fine_tune,
-                bootstrap=self.bootstrap,
-                keep_base=keep,
-                mlp_keep=mlp,
-                calibration=self.calibration,
-                precision=self.precision,
-                mlp="exact" if pruned == 0 else "merge",
-            )
+            build = self._build(members, num_pruned=pruned, shared_layers=trunk, keep_base=keep, mlp_keep=mlp)
             name = f"hydra-m{members}-p{pruned}-t{trunk}" + ("-base" if keep else "")
             name += f"-mlp{round(100 * mlp)}" if mlp < 1 else ""
-            name = f"deep-m{members}" if pruned == 0 else name
             out.append(Candidate(name, build))
+        if self.lora_rank is not None:
+            rank = self.lora_rank
+            out += [
+                Candidate(f"lora-m{m}-r{rank}", self._build(m, num_pruned=0, mlp="exact", lora_rank=rank))
+                for m in self.members
+            ]
         names = [c.name for c in out]
         if len(set(names)) != len(names):
             raise InputError(f"a compared model is named like a configuration of the sweep: {names}")
