@@ -14,7 +14,7 @@ from .options import PREPROCESSOR_HELP, _data_options, _fraction, _overwrite_opt
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from hydra_ensembles.loading import load_preprocessor
-    from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME, export_onnx
+    from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME, Quantization, export_onnx
 
     from .guards import check_output_dir
 
@@ -27,16 +27,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     val = ood = None
     if args.quantize:
         val, ood = _validation(args, preprocessor)
+    quantize = None
+    if args.quantize:
+        quantize = Quantization(val, ood, args.val_data or "", args.min_agreement, kind=args.quantize)
     out = export_onnx(
         args.model,
         args.out,
         preprocessor=preprocessor,
         opset=args.opset,
-        quantize=args.quantize,
-        validation=val,
-        ood_validation=ood,
-        validation_name=args.val_data or "",
-        min_agreement=args.min_agreement,
+        quantize=quantize,
         log=lambda line: print(f"export: {line}", file=sys.stderr, flush=True),
     )
     sidecar = json.loads((out / SIDECAR_NAME).read_text())

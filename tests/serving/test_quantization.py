@@ -21,7 +21,7 @@ from hydra_ensembles.hashing import batches_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.serving import onnx as export_module
-from hydra_ensembles.serving.onnx import ExportError, export_onnx
+from hydra_ensembles.serving.onnx import ExportError, Quantization, export_onnx
 from hydra_ensembles.serving.onnx_ops import inference_session
 from hydra_ensembles.serving.quantization import flag_scores
 
@@ -43,15 +43,8 @@ def _outputs(folder, batch) -> dict[str, np.ndarray]:
 def quantized(saved, tmp_path_factory):
     root = tmp_path_factory.mktemp("quantized")
     val = validation(load_tokenizer())
-    return export_onnx(
-        saved["calibrated"],
-        root / "q",
-        quantize="int8",
-        validation=val,
-        ood_validation=_ood(),
-        validation_name="val",
-        min_agreement=0.5,
-    ), val
+    setting = Quantization(val, ood_validation=_ood(), validation_name="val", min_agreement=0.5)
+    return export_onnx(saved["calibrated"], root / "q", quantize=setting), val
 
 
 def _ood() -> list[dict]:
@@ -182,10 +175,12 @@ def test_an_int8_graph_that_changes_predictions_is_refused_and_nothing_written(s
 
     monkeypatch.setattr(export_module, "parity", drifted)
     with pytest.raises(ExportError, match=r"another class than the float32 graph for 10\.0%"):
-        export_onnx(saved["calibrated"], tmp_path / "q", quantize="int8", validation=val, min_agreement=0.95)
+        export_onnx(saved["calibrated"], tmp_path / "q", quantize=Quantization(val, min_agreement=0.95))
     assert not (tmp_path / "q").exists()
     with pytest.raises(ExportError, match="labelled ID validation"):
-        export_onnx(saved["calibrated"], tmp_path / "q", quantize="int8")
+        Quantization([])
+    with pytest.raises(ExportError, match="unknown quantization"):
+        Quantization(val, kind="int4")
 
 
 @pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)

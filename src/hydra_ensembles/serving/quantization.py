@@ -54,6 +54,32 @@ class ExportError(InputError):
 
 
 @dataclass(frozen=True)
+class Quantization:
+    """How an export is quantized (``export_onnx(..., quantize=Quantization(...))``): ``kind``
+    (`QUANTIZATIONS`); the labelled ID ``validation`` batches the calibration is fit again on, from
+    the quantized graph's own outputs (named ``validation_name`` where recorded); the unlabelled
+    ``ood_validation`` batches the flag's AUROC is compared on (optional); the least share of
+    validation inputs whose top-1 class must agree with the float32 graph's (``min_agreement``)."""
+
+    validation: Sequence[dict[str, Any]]
+    ood_validation: Sequence[dict[str, Any]] | None = None
+    validation_name: str = ""
+    min_agreement: float = MIN_AGREEMENT
+    kind: str = "int8"
+
+    def __post_init__(self) -> None:
+        if self.kind not in QUANTIZATIONS:
+            raise ExportError(f"unknown quantization {self.kind!r}; choose from {QUANTIZATIONS}")
+        if not self.validation:
+            raise ExportError(
+                "a quantized graph is calibrated again on its own outputs: give labelled ID validation "
+                "batches (--val-data)"
+            )
+        if not 0 < self.min_agreement <= 1:
+            raise ExportError(f"min_agreement is a share in (0, 1], got {self.min_agreement}")
+
+
+@dataclass(frozen=True)
 class Parity:
     """What quantization changed, measured on labelled ID validation data (and OOD validation
     data where given): top-1 agreement with the float32 graph, the largest change of a calibrated
