@@ -24,6 +24,7 @@ from hydra_ensembles.evaluation.provenance import DataRecord
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.ood.registry import feature_scores
 from hydra_ensembles.precision import resolve_precision
 from tests.factories import computing_in, rounding_tolerance
 
@@ -573,15 +574,54 @@ def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(works
 
 @pytest.mark.slow  # four models, each served three ways, in every precision: CI's slow run
 @pytest.mark.parametrize("workspace", ["bert", "distilbert"], indirect=True)
+def _served_alike(w, tmp_path, folder, common, precision) -> None:
+    """predict, the uncertainty pipeline and (but for an ensemble of members, exported member by
+    member) the exported graph give the saved model's flag score and class on the OOD texts alike,
+    within ``precision``'s rounding (the graph computes in fp32), and the same flags where a score
+    is clear of the threshold."""
+    import onnxruntime
+
+    from hydra_ensembles.serving.onnx import TOLERANCE
+
+    calibration = saved_calibration(load_any(str(folder)))
+    assert calibration is not None and calibration.score in feature_scores()
+    key = f"ood_score_{calibration.score}"
+    out = tmp_path / f"{folder.name}.jsonl"
+    assert main(["predict", str(folder), "--data", str(w / "ood.csv"), "--out", str(out), *common]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    scores = [r[key] for r in rows]
+    tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
+    served = pipeline("hydra-text-classification", model=str(folder), truncation=True, max_length=12)
+    with computing_in(precision):
+        records = served([r["text"] for r in rows], batch_size=3)
+    assert [r[key] for r in records] == pytest.approx(scores, abs=tol)
+    clear = [i for i, s in enumerate(scores) if abs(s - calibration.threshold) > tol]
+    assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
+    if folder.name == "members":
+        return
+    onnx = tmp_path / f"{folder.name}-onnx"
+    assert main(["export", str(folder), "--format", "onnx", "--out", str(onnx)]) == 0
+    side = json.loads((onnx / "calibration.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(onnx)
+    encoded = tokenizer(
+        [r["text"] for r in rows], padding=True, truncation=True, max_length=12, return_tensors="np"
+    )
+    feed = {name: encoded[name].astype("int64") for name in side["inputs"]}
+    session = onnxruntime.InferenceSession(str(onnx / "model.onnx"))
+    logits, graph = session.run(["logits", "ood_score"], feed)
+    assert graph.tolist() == pytest.approx(scores, abs=tol + TOLERANCE * max(abs(s) for s in scores))
+    probs = torch.as_tensor(logits).softmax(-1)
+    confident = [i for i, r in enumerate(rows) if float(probs[i].topk(2).values.diff().abs()) > tol]
+    classes = side["classes"]
+    assert [classes[int(probs[i].argmax())] for i in confident] == [rows[i]["predicted"] for i in confident]
+
+
 def test_a_flag_on_every_layers_view_is_served_alike_by_predict_the_pipeline_and_onnx(
     workspace, tmp_path, capsys
 ):
     """finetune and build flagging on mds_layers (every layer's token, per member): predict, the
     uncertainty pipeline (a plain classifier, a fused model, an ensemble of members) and the
     exported graph give the same score and flag, within the precision's rounding."""
-    import onnxruntime
-
-    from hydra_ensembles.serving.onnx import TOLERANCE
 
     w, common = workspace, ["--batch-size", "8", "--max-length", "12"]
     data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv"), "--flag-score", "mds_layers"]
@@ -594,32 +634,8 @@ def test_a_flag_on_every_layers_view_is_served_alike_by_predict_the_pipeline_and
     assert main([*args, "--fine-tune", "--epochs", "1", "--out", str(built), *common]) == 0
     precision = resolve_precision("auto", "cpu").name
     for folder in (tuned, built / "hydra", built / "members"):
-        calibration = saved_calibration(load_any(str(folder)))
-        assert calibration.score == "mds_layers" and calibration.reads_layers
-        out = tmp_path / f"{folder.name}.jsonl"
-        assert main(["predict", str(folder), "--data", str(w / "ood.csv"), "--out", str(out), *common]) == 0
-        rows = [json.loads(line) for line in out.read_text().splitlines()]
-        scores = [r["ood_score_mds_layers"] for r in rows]
-        tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
-        served = pipeline("hydra-text-classification", model=str(folder), truncation=True, max_length=12)
-        with computing_in(precision):
-            records = served([r["text"] for r in rows], batch_size=3)
-        assert [r["ood_score_mds_layers"] for r in records] == pytest.approx(scores, abs=tol)
-        clear = [i for i, s in enumerate(scores) if abs(s - calibration.threshold) > tol]
-        assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
-        if folder.name == "members":
-            continue  # an ensemble of members is exported member by member (docs/serving.md)
-        onnx = tmp_path / f"{folder.name}-onnx"
-        assert main(["export", str(folder), "--format", "onnx", "--out", str(onnx)]) == 0
-        side = json.loads((onnx / "calibration.json").read_text())
-        tokenizer = AutoTokenizer.from_pretrained(onnx)
-        encoded = tokenizer(
-            [r["text"] for r in rows], padding=True, truncation=True, max_length=12, return_tensors="np"
-        )
-        feed = {name: encoded[name].astype("int64") for name in side["inputs"]}
-        (graph,) = onnxruntime.InferenceSession(str(onnx / "model.onnx")).run(["ood_score"], feed)
-        graph_tol = tol + TOLERANCE * max(abs(s) for s in scores)
-        assert graph.tolist() == pytest.approx(scores, abs=graph_tol)
+        assert saved_calibration(load_any(str(folder))).score == "mds_layers"
+        _served_alike(w, tmp_path, folder, common, precision)
     disagreement = tmp_path / "disagreement"  # calibrate's output, flagging on another layer score
     args = ["calibrate", str(built / "hydra"), *data[:4], "--flag-score", "mds_disagreement"]
     assert main([*args, "--out", str(disagreement), *common]) == 0
@@ -718,6 +734,7 @@ def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(worksp
     _assert_predicts_as_its_members(w, hydra, members)
     saved = saved_calibration(hydra)
     assert saved is not None and saved.statistics is not None and saved_calibration(members) is not None
+    _served_alike(w, tmp_path, tmp_path / "deep" / "hydra", common, "fp32")
 
 
 def test_build_with_lora_members_and_no_head_pruned_is_a_fused_lora_ensemble(workspace, tmp_path, capsys):
@@ -753,3 +770,4 @@ def test_build_with_lora_members_and_no_head_pruned_is_a_fused_lora_ensemble(wor
     heads = adapter.task_head_modules(members.members[0])
     assert grouped and all(path.rpartition(".")[2] in heads for path in grouped), grouped
     _assert_predicts_as_its_members(w, hydra, members)
+    _served_alike(w, tmp_path, tmp_path / "lora" / "hydra", common, "fp32")
