@@ -23,7 +23,7 @@ from hydra_ensembles.evaluation import (
 )
 from hydra_ensembles.evaluation.calibration import RECORD_DIGEST
 from hydra_ensembles.evaluation.conformal import conformal_threshold
-from hydra_ensembles.evaluation.provenance import DataRecord
+from hydra_ensembles.evaluation.provenance import DataRecord, Provenance
 from hydra_ensembles.hashing import batches_digest, fingerprint, json_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
@@ -41,7 +41,9 @@ def test_fit_is_the_temperature_then_the_threshold_at_it():
     rng = np.random.default_rng(0)
     preds = Predictions(rng.normal(size=(3, 80, 4)) * 3, rng.integers(0, 4, 80))
     record = DataRecord("v.csv", "ab" * 32)
-    calibration = Calibration.fit(preds, score="entropy", keep=0.9, set_method="", data=record)
+    calibration = Calibration.fit(
+        preds, score="entropy", keep=0.9, set_method="", provenance=Provenance(record)
+    )
     temperature = fit_temperature(preds)
     assert calibration.temperature == pytest.approx(temperature, rel=1e-12)
     scores = ood_scores(preds, "entropy", calibration.temperature)
@@ -112,7 +114,7 @@ def test_calibrate_records_what_it_fit_on_in_the_configuration():
     digest = batches_digest(val)
     weights = fingerprint(model)
     fit = Calibration.fit(
-        preds, data=DataRecord("val.csv", digest), precision=precision, model_sha256=weights
+        preds, provenance=Provenance(DataRecord("val.csv", digest)), precision=precision, model_sha256=weights
     )
     assert calibration == fit
     assert batches_digest(val) != batches_digest(_val(batches=2))
@@ -125,7 +127,7 @@ def test_fit_calibration_measures_the_ood_validation_data_and_records_it_where_i
     candidate score's AUROC at the fitted temperature; the OOD data is recorded only where it
     chose the flag score, and statistics fit earlier keep the record of their data."""
     from hydra_ensembles.evaluation import fit_calibration, fit_statistics
-    from hydra_ensembles.evaluation.calibration import validation_aurocs
+    from hydra_ensembles.evaluation.flag_score import validation_aurocs
 
     model, val = tiny_bert(labels=3, init_range=0.3), _val()
     ood = [text_inputs(24, seed=9)]

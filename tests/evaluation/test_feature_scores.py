@@ -12,8 +12,8 @@ from hydra_ensembles.evaluation import (
     main_row,
     ood_scores,
 )
-from hydra_ensembles.evaluation.calibration import validation_aurocs
-from hydra_ensembles.evaluation.provenance import DataRecord
+from hydra_ensembles.evaluation.flag_score import validation_aurocs
+from hydra_ensembles.evaluation.provenance import NO_DATA, DataRecord, Provenance
 from hydra_ensembles.ood import FeatureStatistics, feature_scores
 
 
@@ -65,7 +65,7 @@ def test_a_calibration_on_a_feature_score_records_its_statistics():
     train, val = _preds(120, seed=1), _preds(90, seed=2)
     stats = FeatureStatistics.fit(train.member_features, train.labels, 3)
     calibration = Calibration.fit(
-        val, score="mds", keep=0.9, statistics=stats, statistics_data=DataRecord("train.csv")
+        val, score="mds", keep=0.9, statistics=stats, provenance=Provenance(NO_DATA, DataRecord("train.csv"))
     )
     assert calibration.statistics_sha256 == stats.digest() and calibration.score == "mds"
     share = np.mean(ood_scores(val, "mds", statistics=stats) <= calibration.threshold)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hydra_ensembles.evaluation import Predictions, choose_flag_score
-from hydra_ensembles.evaluation.calibration import validation_aurocs
+from hydra_ensembles.evaluation.flag_score import validation_aurocs
 from hydra_ensembles.ood import FeatureStatistics, registry
 from tests.ood.test_registry import PAGE
 

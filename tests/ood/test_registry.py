@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hydra_ensembles.evaluation import Calibration, Predictions, applicable_scores, ood_scores
-from hydra_ensembles.evaluation.provenance import DataRecord
+from hydra_ensembles.evaluation.provenance import NO_DATA, DataRecord, Provenance
 from hydra_ensembles.ood import FeatureStatistics, registry
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "ood.md"
@@ -94,7 +94,7 @@ def test_a_toy_score_is_one_module_and_one_registration(toy, tmp_path):
     assert torch.equal(again.member_scores("norm", test), got)
     val = Predictions(*(lambda v: (v[2], v[1], v[0]))(_features(n=60, seed=2)))
     calibration = Calibration.fit(
-        val, score="norm", keep=0.9, statistics=stats, statistics_data=DataRecord("train")
+        val, score="norm", keep=0.9, statistics=stats, provenance=Provenance(NO_DATA, DataRecord("train"))
     )
     records = calibration.records(Predictions(test_logits, None, test), ["a", "b", "c"])
     scores = ood_scores(Predictions(test_logits, None, test), "norm", statistics=stats)

@@ -16,7 +16,7 @@ from hydra_cli import main
 from hydra_ensembles import metrics as M
 from hydra_ensembles.evaluation import Predictions, saved_calibration
 from hydra_ensembles.evaluation.calibration import Calibration
-from hydra_ensembles.evaluation.provenance import DataRecord
+from hydra_ensembles.evaluation.provenance import DataRecord, Provenance
 from hydra_ensembles.hashing import batches_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
@@ -67,7 +67,7 @@ def test_the_int8_graph_is_calibrated_on_its_own_outputs(saved, quantized):
     expected = Calibration.fit(
         Predictions(outputs["logits_per_member"].transpose(1, 0, 2), labels),
         original.config,
-        data=DataRecord("val", batches_digest(val)),
+        provenance=Provenance(DataRecord("val", batches_digest(val))),
         precision="int8",
         model_sha256=original.model_sha256,
     )

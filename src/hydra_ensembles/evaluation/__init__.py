@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .._imports import lazy_exports
 
 if TYPE_CHECKING:  # what `__getattr__` gives, for type checkers and editors
-    from .calibration import Calibration, choose_flag_score
+    from .calibration import Calibration
     from .evaluate import (
         applicable_scores,
         evaluate_predictions,
@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for type checkers and editors
         ood_scores,
         summarise_ood,
     )
+    from .flag_score import choose_flag_score
     from .intervals import (
         MAIN_METRICS,
         add_comparisons,
@@ -68,10 +69,8 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "add_score_comparisons",
             "bootstrap_draws",
         ),
-        ".calibration": (
-            "Calibration",
-            "choose_flag_score",
-        ),
+        ".calibration": ("Calibration",),
+        ".flag_score": ("choose_flag_score",),
         ".model_calibration": (
             "CalibrationFit",
             "calibrate",

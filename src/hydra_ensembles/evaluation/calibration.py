@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import metrics as M
 from ..data.labels import model_class_names, num_model_labels
 from ..errors import InputError
 from ..hashing import json_digest
@@ -44,17 +43,16 @@ from .conformal import (
     quantile_threshold,
     smallest_alpha,
 )
-from .evaluate import applicable_scores, ood_score_names, ood_scores
+from .evaluate import ood_score_names, ood_scores
+from .flag_score import choose_flag_score
 from .predict import Predictions
-from .provenance import NO_DATA, DataRecord, Provenance
+from .provenance import NO_DATA, NOTHING_READ, DataRecord, Provenance
 from .settings import AUTO_SCORE, SET_METHODS, CalibrationConfig, check_flag_settings
 from .temperature import check_finite_logits, check_temperature_data, fit_temperature
 from .uncertainty import per_example
 
 RECORD_DIGEST = "record_sha256"
 """The key of a saved calibration record's own SHA-256."""
-DEFAULT_FEATURE_SCORE = "mds"
-"""The flag score where feature statistics were fit and no OOD validation data was given."""
 
 
 @dataclass(frozen=True)
@@ -150,24 +148,23 @@ class Calibration:
         id_validation: Predictions,
         config: CalibrationConfig | None = None,
         *,
-        data: DataRecord = NO_DATA,
+        provenance: Provenance = NOTHING_READ,
         precision: str = "",
         model_sha256: str = "",
         statistics: FeatureStatistics | None = None,
-        statistics_data: DataRecord = NO_DATA,
         ood_validation: Predictions | None = None,
-        ood_data: DataRecord = NO_DATA,
         id_scores: Any = None,
         **settings: Any,
     ) -> Calibration:
-        """Fit on labelled ID validation predictions (read from ``data``) with ``config`` (keyword
-        ``settings`` replace its fields: ``Calibration.fit(val, score="mds", keep=0.9)``): the
-        temperature minimising their NLL, then the flag's threshold at it (`CalibrationConfig`;
-        ``"auto"``: `choose_flag_score`, which may read ``ood_validation``, read from
-        ``ood_data``), and the prediction sets' quantiles (the inputs split by position:
-        `split_for_sets`). ``statistics``: the feature scores' statistics, fit on
-        ``statistics_data``. ``id_scores``: the flag score's values on ``id_validation`` where
-        computed elsewhere (an exported graph's ``ood_score``); the flag is then fit on them."""
+        """Fit on labelled ID validation predictions with ``config`` (keyword ``settings`` replace
+        its fields: ``Calibration.fit(val, score="mds", keep=0.9)``): the temperature minimising
+        their NLL, then the flag's threshold at it (`CalibrationConfig`; ``"auto"``:
+        `choose_flag_score`, which may read ``ood_validation``), and the prediction sets'
+        quantiles (the inputs split by position: `split_for_sets`). ``statistics``: the feature
+        scores' statistics. ``provenance``: the data each part was read from (the OOD validation
+        data recorded only where it chose the flag score). ``id_scores``: the flag score's values
+        on ``id_validation`` where computed elsewhere (an exported graph's ``ood_score``); the
+        flag is then fit on them."""
         config = CalibrationConfig.merged(config, settings)
         n = _checked_fit(id_validation, config, id_scores)
         # with sets, half the inputs fit the temperature, the other half the sets
@@ -178,27 +175,24 @@ class Calibration:
         score, chosen_on = config.score, NO_DATA
         if score == AUTO_SCORE:
             score = choose_flag_score(id_validation, statistics, ood_validation, temperature)
-            chosen_on = ood_data if ood_validation is not None else chosen_on
+            chosen_on = provenance.ood if ood_validation is not None else chosen_on
         if id_scores is None:
             id_scores = ood_scores(id_validation, score, temperature, statistics)
         elif np.shape(id_scores) != (n,):
             raise InputError(f"id_scores must hold one score per ID validation input, {n} of them")
         flag = _fit_flag(np.asarray(id_scores, dtype=float), config.keep, config.flag_method)
+        fitted_on = Provenance(
+            provenance.validation, provenance.statistics if statistics else NO_DATA, chosen_on
+        )
         return cls(
             **dataclasses.asdict(config.replace(score=score, flag_method=flag.pop("flag_method"))),
             **flag,
             **_fit_sets(sets_on, temperature, config),
+            **_provenance_fields(fitted_on, statistics),
             temperature=temperature,
-            data=data.name,
-            data_sha256=data.sha256,
             examples=n,
             precision=precision,
             model_sha256=model_sha256,
-            statistics_sha256=statistics.digest() if statistics is not None else "",
-            statistics_data=statistics_data.name if statistics is not None else "",
-            statistics_data_sha256=statistics_data.sha256 if statistics is not None else "",
-            ood_data=chosen_on.name,
-            ood_data_sha256=chosen_on.sha256,
             statistics=statistics,
         )
 
@@ -257,6 +251,20 @@ class Calibration:
     def from_dict(cls, saved: Any) -> Calibration:
         """A calibration from its saved dict; InputError naming what is wrong or missing."""
         return _calibration_from_dict(saved)
+
+
+def _provenance_fields(provenance: Provenance, statistics: FeatureStatistics | None) -> dict[str, str]:
+    """A `Calibration`'s fields of what it was fit on: ``provenance``'s records and the digest of
+    its ``statistics`` (empty where none)."""
+    return {
+        "data": provenance.validation.name,
+        "data_sha256": provenance.validation.sha256,
+        "statistics_sha256": statistics.digest() if statistics is not None else "",
+        "statistics_data": provenance.statistics.name,
+        "statistics_data_sha256": provenance.statistics.sha256,
+        "ood_data": provenance.ood.name,
+        "ood_data_sha256": provenance.ood.sha256,
+    }
 
 
 def _checked_fit(id_validation: Predictions, config: CalibrationConfig, id_scores: Any) -> int:
@@ -448,61 +456,3 @@ def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions
         )
 
     return part(0), part(1)
-
-
-def choose_flag_score(
-    id_validation: Predictions,
-    statistics: FeatureStatistics | None = None,
-    ood_validation: Predictions | None = None,
-    temperature: float | np.ndarray = 1.0,
-) -> str:
-    """The flag score, by the rule of docs/ood.md: with OOD validation predictions, the score
-    (among those the predictions and statistics allow) with the highest AUROC of ID validation
-    against OOD validation, the earlier in `ood_score_names` on a tie; without, `DEFAULT_FEATURE_SCORE`
-    where feature statistics were fit, else ``msp``. OOD validation data that no score separates
-    from the ID validation data beyond chance (every AUROC within two null standard errors of
-    0.5) chooses nothing: the rule without OOD data applies, with a warning saying so. Never give
-    it an OOD test set."""
-    usable = applicable_scores(id_validation, statistics)
-    default = DEFAULT_FEATURE_SCORE if DEFAULT_FEATURE_SCORE in usable else "msp"
-    if ood_validation is None:
-        return default
-    aurocs = validation_aurocs(id_validation, ood_validation, statistics, temperature)
-    order = list(aurocs)
-    best = max(order, key=lambda s: (aurocs[s], -order.index(s)))
-    n_id, n_ood = id_validation.member_logits.shape[1], ood_validation.member_logits.shape[1]
-    chance = 0.5 + 2 * math.sqrt((n_id + n_ood + 1) / (12 * n_id * n_ood))  # AUROC's null sd (Mann-Whitney)
-    if aurocs[best] <= chance:
-        warnings.warn(
-            f"the OOD validation data separates no score from the ID validation data beyond chance (best "
-            f"AUROC {aurocs[best]:.3f}, by {best}; chance reaches {chance:.3f} at these sizes): the flag "
-            f"score is {default}, as without OOD data; give OOD validation data unlike the ID data",
-            stacklevel=2,
-        )
-        return default
-    return best
-
-
-def validation_aurocs(
-    id_validation: Predictions,
-    ood_validation: Predictions,
-    statistics: FeatureStatistics | None = None,
-    temperature: float | np.ndarray = 1.0,
-) -> dict[str, float]:
-    """The AUROC of ID validation against OOD validation of every score both allow (what
-    `choose_flag_score` chooses by), in the order of `ood_score_names`."""
-    ood_shape, id_shape = ood_validation.member_logits.shape, id_validation.member_logits.shape
-    if ood_shape[::2] != id_shape[::2]:
-        raise InputError(
-            f"the OOD validation predictions (members, inputs, classes) {ood_shape} are not of the "
-            f"model of the ID ones {id_shape}: predict both with one model"
-        )
-    usable = applicable_scores(id_validation, statistics)
-    usable = [s for s in usable if s in applicable_scores(ood_validation, statistics)]
-    return {
-        s: M.auroc(
-            ood_scores(id_validation, s, temperature, statistics),
-            ood_scores(ood_validation, s, temperature, statistics),
-        )
-        for s in usable
-    }

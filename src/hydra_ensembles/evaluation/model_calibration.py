@@ -20,10 +20,11 @@ from ..ood.registry import feature_scores
 from ..precision import model_device, resolve_precision
 from ..saving.metadata import read_metadata, write_metadata
 from ..surgery import fingerprint
-from .calibration import AUTO_SCORE, Calibration, CalibrationConfig, validation_aurocs
+from .calibration import AUTO_SCORE, Calibration, CalibrationConfig
 from .evaluate import ood_score_names
+from .flag_score import validation_aurocs
 from .predict import Predictions, predict
-from .provenance import NO_DATA, DataRecord
+from .provenance import NO_DATA, DataRecord, Provenance
 
 
 def fit_statistics(
@@ -112,16 +113,19 @@ def fit_calibration(
     run = functools.partial(predict, model, progress=progress, precision=precision, layers=layers)
     predictions = run(batches, "calibration")
     read_ood = ood_validation is not None and (measure_ood or config.score == AUTO_SCORE)
-    ood_batches = list(ood_validation) if read_ood else None
-    ood = run(ood_batches, "OOD validation") if ood_batches is not None else None
-    ood_record = DataRecord.of_batches(ood_data, ood_batches) if ood_batches is not None else NO_DATA
-    calibration = Calibration.fit(
-        predictions, config, data=DataRecord.of_batches(data, batches), precision=compute.name,
-        statistics=statistics, statistics_data=statistics_data, ood_validation=ood, ood_data=ood_record,
-    )  # fmt: skip
+    ood, ood_record = _predicted(run, ood_validation, ood_data) if read_ood else (None, NO_DATA)
+    read = Provenance(DataRecord.of_batches(data, batches), statistics_data, ood_record)
+    fit = functools.partial(Calibration.fit, provenance=read, precision=compute.name, statistics=statistics)
+    calibration = fit(predictions, config, ood_validation=ood)
     measured = ood is not None and measure_ood
     aurocs = validation_aurocs(predictions, ood, statistics, calibration.temperature) if measured else {}
     return CalibrationFit(calibration, predictions, ood, aurocs)
+
+
+def _predicted(run: Any, batches: Iterable[dict[str, Any]], name: str) -> tuple[Predictions, DataRecord]:
+    """The OOD validation ``batches``' predictions (by ``run``) and their record, named ``name``."""
+    batches = list(batches)
+    return run(batches, "OOD validation"), DataRecord.of_batches(name, batches)
 
 
 def _check_fit_request(

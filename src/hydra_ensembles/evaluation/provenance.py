@@ -53,3 +53,7 @@ class Provenance:
     def digests(self) -> tuple[str, str, str]:
         """The three SHA-256s (empty where nothing was read), in that order."""
         return self.validation.sha256, self.statistics.sha256, self.ood.sha256
+
+
+NOTHING_READ = Provenance(NO_DATA)
+"""The provenance of a calibration fit on predictions with no record of their data."""

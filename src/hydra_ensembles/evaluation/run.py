@@ -2,7 +2,7 @@
 predict the ID test, validation, OOD and shifted sets, evaluate, and add temperature-scaled rows
 fit on ID validation only. With ID training data, the method's feature statistics are fit on its
 members' training features and every feature score is evaluated too; each row then names its
-flag score (`calibration.choose_flag_score`, on ID validation and the OOD validation set)."""
+flag score (`flag_score.choose_flag_score`, on ID validation and the OOD validation set)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
-from .calibration import DEFAULT_FEATURE_SCORE, choose_flag_score, split_for_sets, validation_aurocs
+from .calibration import split_for_sets
 from .conformal import (
     conformal_threshold,
     fit_set_quantiles,
@@ -25,6 +25,7 @@ from .conformal import (
     smallest_alpha,
 )
 from .evaluate import applicable_scores, evaluate_predictions, ood_scores
+from .flag_score import DEFAULT_FEATURE_SCORE, choose_flag_score, validation_aurocs
 from .intervals import add_intervals, bootstrap_draws
 from .predict import Predictions
 from .temperature import fit_temperature

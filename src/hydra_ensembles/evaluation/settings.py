@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import InputError
 
 AUTO_SCORE = "auto"
-"""The flag score `calibration.choose_flag_score` picks."""
+"""The flag score `flag_score.choose_flag_score` picks."""
 FLAG_METHODS = ("conformal", "quantile")
 """How a flag threshold is set from ID calibration scores: with the (n + 1) correction
 (conformal, the default, with p-values), or as their plain ``keep`` quantile."""

@@ -33,7 +33,7 @@ from ..evaluation.calibration import Calibration
 from ..evaluation.conformal import flags as raised
 from ..evaluation.conformal import one_draw_range
 from ..evaluation.predict import Predictions
-from ..evaluation.provenance import DataRecord
+from ..evaluation.provenance import DataRecord, Provenance
 from ..ood.registry import feature_scores
 
 QUANTIZATIONS = ("int8",)
@@ -206,11 +206,10 @@ def refit(
     return Calibration.fit(
         predictions,
         calibration.config,
-        data=DataRecord(data, digest),
+        provenance=Provenance(DataRecord(data, digest), calibration.provenance.statistics),
         precision="int8",
         model_sha256=calibration.model_sha256,
         statistics=calibration.statistics,
-        statistics_data=calibration.provenance.statistics,
         id_scores=scores,
     )
 
