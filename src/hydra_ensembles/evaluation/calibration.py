@@ -172,23 +172,20 @@ class Calibration:
             split_for_sets(id_validation) if config.set_method else (id_validation, None)
         )
         temperature = float(fit_temperature(temperature_on))
-        score, chosen_on = config.score, NO_DATA
+        score = config.score
         if score == AUTO_SCORE:
             score = choose_flag_score(id_validation, statistics, ood_validation, temperature)
-            chosen_on = provenance.ood if ood_validation is not None else chosen_on
         if id_scores is None:
             id_scores = ood_scores(id_validation, score, temperature, statistics)
         elif np.shape(id_scores) != (n,):
             raise InputError(f"id_scores must hold one score per ID validation input, {n} of them")
         flag = _fit_flag(np.asarray(id_scores, dtype=float), config.keep, config.flag_method)
-        fitted_on = Provenance(
-            provenance.validation, provenance.statistics if statistics else NO_DATA, chosen_on
-        )
+        chose = config.score == AUTO_SCORE and ood_validation is not None
         return cls(
             **dataclasses.asdict(config.replace(score=score, flag_method=flag.pop("flag_method"))),
             **flag,
             **_fit_sets(sets_on, temperature, config),
-            **_provenance_fields(fitted_on, statistics),
+            **_provenance_fields(provenance, statistics, chose),
             temperature=temperature,
             examples=n,
             precision=precision,
@@ -253,17 +250,22 @@ class Calibration:
         return _calibration_from_dict(saved)
 
 
-def _provenance_fields(provenance: Provenance, statistics: FeatureStatistics | None) -> dict[str, str]:
-    """A `Calibration`'s fields of what it was fit on: ``provenance``'s records and the digest of
-    its ``statistics`` (empty where none)."""
+def _provenance_fields(
+    provenance: Provenance, statistics: FeatureStatistics | None, ood_chose: bool
+) -> dict[str, str]:
+    """A `Calibration`'s fields of what it was fit on: ``provenance``'s records (the statistics'
+    data only with ``statistics``, the OOD validation data only where it chose the flag score:
+    ``ood_chose``) and the digest of the ``statistics`` (empty where none)."""
+    data = provenance.statistics if statistics is not None else NO_DATA
+    ood = provenance.ood if ood_chose else NO_DATA
     return {
         "data": provenance.validation.name,
         "data_sha256": provenance.validation.sha256,
         "statistics_sha256": statistics.digest() if statistics is not None else "",
-        "statistics_data": provenance.statistics.name,
-        "statistics_data_sha256": provenance.statistics.sha256,
-        "ood_data": provenance.ood.name,
-        "ood_data_sha256": provenance.ood.sha256,
+        "statistics_data": data.name,
+        "statistics_data_sha256": data.sha256,
+        "ood_data": ood.name,
+        "ood_data_sha256": ood.sha256,
     }
 
 
