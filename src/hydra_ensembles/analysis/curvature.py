@@ -254,29 +254,50 @@ def proposition1(
     losses = _losses(model, clean, noisy, heads)
     bar.update()
     bar.close()
-    before = losses[None]
-    results = {}
-    for name, hs in heads.items():
-        delta, support = deltas[name], supports[name]
-        values = torch.tensor(per_probe[name], dtype=torch.float64) / counts[name]
-        alignment_n, alignment_t = _dot(grad_n, delta), _dot(grad_t, delta)
-        positive = sum(int(((g > 0) & s).sum()) for g, s in zip(gap_sum, support, strict=True))
-        after = losses[name]
-        results[name] = Proposition1Result(
-            heads_removed=kept_heads(model).num_kept(original) - hs.num_kept(original),
+    measured = _Measured(
+        grad_n, grad_t, curvature, per_probe, gap_sum, losses, deltas, supports, counts, probes
+    )
+    kept = kept_heads(model).num_kept(original)
+    return {name: measured.result(name, kept - hs.num_kept(original)) for name, hs in heads.items()}
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What `proposition1` measured once for every head set, by head-set name where it depends
+    on one."""
+
+    grad_noisy: list[torch.Tensor]
+    grad_clean: list[torch.Tensor]
+    curvature: dict[str, float]
+    per_probe: dict[str, list[float]]
+    gap_sum: list[torch.Tensor]
+    losses: dict[Any, tuple[float, float]]
+    deltas: dict[str, list[torch.Tensor]]
+    supports: dict[str, list[torch.Tensor]]
+    counts: dict[str, int]
+    probes: int
+
+    def result(self, name: str, heads_removed: int) -> Proposition1Result:
+        """The conditions for the head set ``name``, which removes ``heads_removed`` heads."""
+        delta, support, count = self.deltas[name], self.supports[name], self.counts[name]
+        values = torch.tensor(self.per_probe[name], dtype=torch.float64) / count
+        alignment_n, alignment_t = _dot(self.grad_noisy, delta), _dot(self.grad_clean, delta)
+        positive = sum(int(((g > 0) & s).sum()) for g, s in zip(self.gap_sum, support, strict=True))
+        before, after = self.losses[None], self.losses[name]
+        return Proposition1Result(
+            heads_removed=heads_removed,
             alignment_noisy=alignment_n,
             alignment_clean=alignment_t,
-            curvature_gap=curvature[name],
+            curvature_gap=self.curvature[name],
             diagonal_gap=float(values.mean()),
-            diagonal_gap_stderr=float(values.std() / math.sqrt(probes)),
-            diagonal_gap_positive=positive / counts[name],
-            probes=probes,
-            predicted_gap_change=alignment_n - alignment_t + curvature[name],
+            diagonal_gap_stderr=float(values.std() / math.sqrt(self.probes)),
+            diagonal_gap_positive=positive / count,
+            probes=self.probes,
+            predicted_gap_change=alignment_n - alignment_t + self.curvature[name],
             measured_gap_change=(after[0] - after[1]) - (before[0] - before[1]),
             loss_clean=before[1],
             loss_noisy=before[0],
         )
-    return results
 
 
 def _curvature_gaps(model, clean, noisy, params, deltas: dict, step: Callable) -> dict[str, float]:
