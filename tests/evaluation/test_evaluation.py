@@ -125,9 +125,9 @@ def test_a_temperature_the_validation_data_cannot_set_is_not_sent_to_zero():
 
 
 def test_the_report_names_a_score_that_ranks_ood_as_more_in_distribution():
-    from hydra_ensembles.reporting.tables import _inverted_note
+    from hydra_ensembles.reporting.ood_sections import inverted_note
 
-    assert _inverted_note({"A": {"msp": 0.8, "rmds": 0.04}, "B": {"msp": 0.7, "rmds": None}}) != []
-    note = _inverted_note({"A": {"msp": 0.8, "rmds": 0.04}})[0]
+    assert inverted_note({"A": {"msp": 0.8, "rmds": 0.04}, "B": {"msp": 0.7, "rmds": None}}) != []
+    note = inverted_note({"A": {"msp": 0.8, "rmds": 0.04}})[0]
     assert note.startswith("Inverted here: rmds") and "msp" not in note.split("(")[0]
-    assert _inverted_note({"A": {"msp": 0.8, "mds": 0.5}}) == []
+    assert inverted_note({"A": {"msp": 0.8, "mds": 0.5}}) == []
