@@ -2,7 +2,8 @@
 # The GPU checks in one run, for a machine with one CUDA GPU: the device line, the CUDA tests,
 # the whole suite (its failures again with their tracebacks), the compiled (CUDA-graph) bench, fine-tuning and circuit extraction on the GPU
 # against the CPU, a profile of Single against the fused model, then `hydra-ens bench --device
-# cuda` on a MiniLM-L6-sized and a ViT-B/16-sized model (random weights; ViT-B in fp32 and fp16,
+# cuda` on a MiniLM-L6-sized and a ViT-B/16-sized model (random weights; Single, the deep ensemble
+# explicit and fused, the fused LoRA-Ensemble, Hydra with and without a shared trunk; ViT-B in fp32 and fp16,
 # its bf16 recorded in docs/benchmarks.md). Every step has its own time limit (560 s in all), so
 # a slow step costs only itself; logs and reports go to $OUT.
 #
@@ -67,6 +68,8 @@ step training 50 "python3 benchmarks/training_devices.py --model /tmp/minilm-l6-
 step profile 30 "python3 benchmarks/gpu_profile.py --model /tmp/minilm-l6-random --batch 64 --precision bf16; \
   python3 benchmarks/gpu_profile.py --model /tmp/vit-b16-random --batch 64 --precision bf16"
 TAIL=70 step bench-minilm 60 "$HYDRA bench /tmp/minilm-l6-random --device cuda --precision fp32,bf16,fp16 \
-  --batch-sizes 1,8,64,256 --test-set 0 --repeats 20 --shared-layers 3 --out $OUT/bench-minilm"
+  --batch-sizes 1,8,64,256 --test-set 0 --repeats 20 --shared-layers 3 \
+  --methods deep-ensemble,deep-fused,lora-fused,hydra,trunk --out $OUT/bench-minilm"
 TAIL=70 step bench-vit 60 "$HYDRA bench /tmp/vit-b16-random --device cuda --precision fp32,fp16 \
-  --batch-sizes 1,8,64,256 --test-set 0 --repeats 5 --shared-layers 6 --out $OUT/bench-vit"
+  --batch-sizes 1,8,64,256 --test-set 0 --repeats 5 --shared-layers 6 \
+  --methods deep-ensemble,deep-fused,lora-fused,hydra,trunk --out $OUT/bench-vit"
