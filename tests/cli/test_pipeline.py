@@ -591,9 +591,10 @@ def _served_alike(w, tmp_path, folder, common, precision) -> None:
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     scores = [r[key] for r in rows]
     tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
-    served = pipeline("hydra-text-classification", model=str(folder), truncation=True, max_length=12)
-    with computing_in(precision):
-        records = served([r["text"] for r in rows], batch_size=3)
+    served = pipeline(
+        "hydra-text-classification", model=str(folder), truncation=True, max_length=12, precision=precision
+    )
+    records = served([r["text"] for r in rows], batch_size=3)
     assert [r[key] for r in records] == pytest.approx(scores, abs=tol)
     clear = [i for i, s in enumerate(scores) if abs(s - calibration.threshold) > tol]
     assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
@@ -710,6 +711,7 @@ def _assert_predicts_as_its_members(w, hydra, members) -> None:
     )
 
 
+@pytest.mark.same_in_every_precision  # built, predicted, served and exported in fp32, as asked
 def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(workspace, tmp_path, capsys):
     """--num-pruned 0 --fine-tune, no ranking: members that keep every head, each fine-tuned with
     its own seed, fused with every part per member (the MLPs exact by default): the fused model
@@ -737,6 +739,7 @@ def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(worksp
     _served_alike(w, tmp_path, tmp_path / "deep" / "hydra", common, "fp32")
 
 
+@pytest.mark.same_in_every_precision  # built, predicted, served and exported in fp32, as asked
 def test_build_with_lora_members_and_no_head_pruned_is_a_fused_lora_ensemble(workspace, tmp_path, capsys):
     """--num-pruned 0 --fine-tune --lora-rank 2: members whose merged LoRA adapters changed W_Q,
     W_V and their task heads only (every other weight the base's), fused into one model that
