@@ -1,5 +1,6 @@
-"""`hydra-ens bench`: the cost of Single, Deep Ensemble, members one by one, the fused model and
-the other one-model ensembles (BatchEnsemble, Packed-Ensembles).
+"""`hydra-ens bench`: the cost of Single, the deep ensemble (M models, and fused into one), the
+fused LoRA-Ensemble, the pruned members one by one, the fused Hydra model and the other one-model
+ensembles (BatchEnsemble, Packed-Ensembles); the methods themselves: `bench_methods`.
 
 For one model and Hydra configuration: median and p90 latency per batch at several batch sizes,
 whole-test-set time, parameters, multiply-adds (``torch.utils.flop_counter``) and peak tensor
