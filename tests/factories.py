@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from transformers import (
     BertConfig,
@@ -572,3 +574,40 @@ def computing_in(precision: str):
     from hydra_ensembles.precision import Precision
 
     return Precision(precision, "test").autocast("cpu")
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """``pixels`` (rows, columns[, channels]) as the bytes of a PNG file."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def tiny_vit_and_photos(root, images_per_class: int, named: bool) -> str:
+    """A tiny 16 x 16 RGB ViT with its image processor saved at ``root/vit`` (its classes named
+    cat and dog where ``named``), and an image folder ``root/photos`` of 12 x 12 PNG files, dark
+    cats and light dogs; returns the folder."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    try:
+        from transformers import ViTImageProcessorPil as ViTProcessor
+    except ImportError:  # pragma: no cover - older 5.x releases
+        from transformers import ViTImageProcessor as ViTProcessor
+
+    torch.manual_seed(0)
+    names = {"id2label": {0: "cat", 1: "dog"}, "label2id": {"cat": 0, "dog": 1}} if named else {}
+    config = ViTConfig(
+        hidden_size=12, num_hidden_layers=2, num_attention_heads=4, intermediate_size=25, image_size=16,
+        patch_size=8, num_channels=3, num_labels=2, initializer_range=0.3, **names,
+    )  # fmt: skip
+    ViTForImageClassification(config).save_pretrained(root / "vit")
+    ViTProcessor(size={"height": 16, "width": 16}).save_pretrained(root / "vit")
+    rng = np.random.default_rng(0)
+    for name, shift in (("cat", 0), ("dog", 120)):
+        (root / "photos" / name).mkdir(parents=True)
+        for i in range(images_per_class):
+            pixels = rng.integers(0, 136, (12, 12, 3)) + shift
+            (root / "photos" / name / f"{i}.png").write_bytes(png_bytes(pixels))
+    return str(root / "photos")

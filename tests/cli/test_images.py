@@ -2,6 +2,8 @@
 gives grey images the model's three channels and normalises them with it."""
 
 import csv
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +17,10 @@ except ImportError:  # pragma: no cover - older 5.x releases
 
 from hydra_cli import main
 from hydra_ensembles.data import ImageDataset, to_batches
+from hydra_ensembles.evaluation import predict
+from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_image_processor
+from tests.factories import tiny_vit_and_photos
 
 MEAN, STD = [0.2, 0.4, 0.6], [0.5, 0.25, 0.125]
 
@@ -64,3 +69,43 @@ def test_predict_on_grey_images_with_an_rgb_model(rgb_model, capsys):
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 10 and {"p_0", "p_1", "label", "correct"} <= set(rows[0])
     assert "10 predictions" in capsys.readouterr().out
+
+
+@pytest.mark.same_in_every_precision  # built, predicted, served and exported in fp32, as asked
+def test_a_fused_deep_ensemble_of_vits_is_served_alike_by_predict_the_image_pipeline_and_onnx(tmp_path):
+    """build --num-pruned 0 --fine-tune on an image folder: the fused deep ensemble of two tiny ViTs
+    predicts what its saved members predict one by one, and predict, the image pipeline and the
+    exported ONNX graph give each image the same flag score and class."""
+    import onnxruntime
+    from PIL import Image
+    from transformers import pipeline
+
+    from hydra_ensembles.serving.onnx import TOLERANCE
+
+    photos = tiny_vit_and_photos(tmp_path, 8, named=True)
+    common = ["--batch-size", "8", "--precision", "fp32"]
+    args = ["build", str(tmp_path / "vit"), "--members", "2", "--num-pruned", "0", "--fine-tune"]
+    args += ["--epochs", "1", "--data", photos, "--val-data", photos, "--flag-score", "mds"]
+    assert main([*args, *common, "--out", str(tmp_path / "built")]) == 0
+    folder = tmp_path / "built" / "hydra"
+    out = tmp_path / "preds.jsonl"
+    assert main(["predict", str(folder), "--data", photos, "--out", str(out), *common]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    scores = [r["ood_score_mds"] for r in rows]
+    images = [Image.open(Path(photos) / r["id"]).convert("RGB") for r in rows]
+    served = pipeline("hydra-image-classification", model=str(folder), precision="fp32")(images)
+    assert [r["ood_score_mds"] for r in served] == pytest.approx(scores, rel=1e-5)
+    assert [r["predicted"] for r in served] == [r["predicted"] for r in rows]
+    pixels = load_image_processor(str(folder))(images, return_tensors="pt")["pixel_values"]
+    batches = [{"pixel_values": pixels}]
+    fused, members = load_any(str(folder)), load_any(str(tmp_path / "built" / "members"))
+    torch.testing.assert_close(
+        torch.as_tensor(predict(fused, batches, progress=False, precision="fp32").member_logits),
+        torch.as_tensor(predict(members, batches, progress=False, precision="fp32").member_logits),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    assert main(["export", str(folder), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
+    (graph,) = session.run(["ood_score"], {"pixel_values": pixels.numpy()})
+    assert graph.tolist() == pytest.approx(scores, rel=TOLERANCE)

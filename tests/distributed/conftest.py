@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import pytest
-import torch
 
 from hydra_cli import main
+from tests.factories import tiny_vit_and_photos
 
 COMMON = ["--batch-size", "8", "--max-length", "12"]
 
@@ -45,42 +42,6 @@ def embedded():
         ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
-
-
-def _png(pixels: np.ndarray) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def tiny_vit_and_photos(root, images_per_class: int, named: bool) -> str:
-    """A tiny 16 x 16 RGB ViT with its image processor saved at ``root/vit`` (its classes named
-    cat and dog where ``named``), and an image folder ``root/photos`` of 12 x 12 PNG files, dark
-    cats and light dogs; returns the folder."""
-    from transformers import ViTConfig, ViTForImageClassification
-
-    try:
-        from transformers import ViTImageProcessorPil as ViTProcessor
-    except ImportError:  # pragma: no cover - older 5.x releases
-        from transformers import ViTImageProcessor as ViTProcessor
-
-    torch.manual_seed(0)
-    names = {"id2label": {0: "cat", 1: "dog"}, "label2id": {"cat": 0, "dog": 1}} if named else {}
-    config = ViTConfig(
-        hidden_size=12, num_hidden_layers=2, num_attention_heads=4, intermediate_size=25, image_size=16,
-        patch_size=8, num_channels=3, num_labels=2, initializer_range=0.3, **names,
-    )  # fmt: skip
-    ViTForImageClassification(config).save_pretrained(root / "vit")
-    ViTProcessor(size={"height": 16, "width": 16}).save_pretrained(root / "vit")
-    rng = np.random.default_rng(0)
-    for name, shift in (("cat", 0), ("dog", 120)):
-        (root / "photos" / name).mkdir(parents=True)
-        for i in range(images_per_class):
-            pixels = rng.integers(0, 136, (12, 12, 3)) + shift
-            (root / "photos" / name / f"{i}.png").write_bytes(_png(pixels))
-    return str(root / "photos")
 
 
 @pytest.fixture(scope="session")

@@ -253,7 +253,7 @@ def test_ray_scores_an_image_folder_as_predict_does(embedded, tmp_path, capsys):
     from hydra_ensembles.distributed import scoring
     from hydra_ensembles.evaluation import saved_calibration
     from hydra_ensembles.loading import load_any
-    from tests.distributed.conftest import tiny_vit_and_photos
+    from tests.factories import tiny_vit_and_photos
 
     photos = tiny_vit_and_photos(tmp_path, 40, named=False)
     cal = ["calibrate", str(tmp_path / "vit"), "--val-data", photos, "--data", photos, "--flag-score", "mds"]

@@ -18,7 +18,7 @@ from hydra_cli import main
 from hydra_ensembles.data.images import read_image
 from hydra_ensembles.distributed import serve
 from hydra_ensembles.errors import InputError
-from tests.distributed.conftest import _png
+from tests.factories import png_bytes
 
 
 def _encoded(path) -> str:
@@ -29,7 +29,7 @@ def test_a_requests_images_are_read_as_predict_reads_files_and_bad_ones_refused_
     file = vit / "photos" / "dog" / "3.png"
     (image,) = serve.checked_inputs({"inputs": _encoded(file)}, images=True)
     assert image.dtype == np.float32 and np.array_equal(image, read_image(file))
-    huge = base64.b64encode(_png(np.zeros((4097, 4096)))).decode()
+    huge = base64.b64encode(png_bytes(np.zeros((4097, 4096)))).decode()
     bad = [
         ({"inputs": ["not base64!"]}, "inputs[0] is not base64"),
         ({"inputs": [base64.b64encode(b"not an image").decode()]}, "inputs[0] is not a readable image"),
