@@ -8,6 +8,7 @@ Tiny models: bf16 is emulated on CPUs without AVX-512 BF16 or AMX, slow on large
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import numpy as np
@@ -136,3 +137,54 @@ def test_fp16_mask_plus_position_bias_never_makes_nan():
         single = model.half()(**x).logits
         fused = hydra(**x).member_logits
     assert torch.isfinite(single).all() and torch.isfinite(fused).all()
+
+
+def _apart(model, members: int, trained=None, scale: float = 0.05) -> list[torch.nn.Module]:
+    """``members`` copies of ``model`` that keep every head, apart (seeded noise) in every weight,
+    or only where ``trained`` (a parameter's name -> whether it trains) says: a deep ensemble of
+    fine-tunes, or LoRA-Ensemble members whose other weights stay the base's."""
+    copies = []
+    for m in range(members):
+        member = copy.deepcopy(model)
+        g = torch.Generator().manual_seed(200 + m)
+        with torch.no_grad():
+            for name, weight in member.named_parameters():
+                if trained is None or trained(name):
+                    weight.add_(scale * torch.randn(weight.shape, generator=g))
+        copies.append(member.eval())
+    return copies
+
+
+FULL_ENSEMBLE_FAMILIES = ["bert", "distilbert", "mpnet", "deberta-v3", "modernbert", "vit", "dinov2", "llama"]
+"""A family of each layout whose members train in full or by LoRA (W_Q, W_V and the task head)."""
+
+
+@pytest.mark.parametrize("precision", ["fp32", *LOW])
+@pytest.mark.parametrize("kind", ["deep", "lora"])
+@pytest.mark.parametrize("family", FULL_ENSEMBLE_FAMILIES)
+def test_a_fused_deep_or_lora_ensemble_equals_its_members_in_every_precision(family, kind, precision):
+    """Members that keep every head, apart everywhere (a deep ensemble) or only where LoRA trains
+    them (the rest one shared module in the fused model), fused with exact parts: their explicit
+    ensemble, exactly in fp32 and within the format's rounding in bf16 and fp16 (weights cast),
+    on padded rows."""
+    from hydra_ensembles.baselines.lora import lora_parts
+
+    factory, inputs = FAMILIES[family]
+    model = factory(layers=2, heads=4, head_dim=3, init_range=0.3)
+    members = _apart(model, 3, None if kind == "deep" else lora_parts(model))
+    x = inputs(batch=4, seed=1)
+    with torch.no_grad():
+        exact = torch.stack([m(**x).logits for m in members])
+    tol = rounding_tolerance(precision, exact, layers=2, fp32=1e-5)
+    hydra = he.fuse(members, mlp="exact").eval()
+    dtype = dtype_of(precision)
+    with torch.no_grad():
+        out = hydra.to(dtype)(**x).member_logits.float()
+        explicit = torch.stack([m.to(dtype)(**x).logits for m in members]).float()
+    assert torch.isfinite(out).all()
+    assert (out - explicit).abs().max().item() <= tol
+    assert (out - exact).abs().max().item() <= tol
+    shared = sum(p.numel() for p in hydra.parameters()) < sum(
+        p.numel() for m in members for p in m.parameters()
+    )
+    assert shared == (kind == "lora")  # LoRA members' frozen parts are held once
