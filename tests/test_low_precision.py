@@ -155,8 +155,9 @@ def _apart(model, members: int, trained=None, scale: float = 0.05) -> list[torch
     return copies
 
 
-FULL_ENSEMBLE_FAMILIES = ["bert", "distilbert", "mpnet", "deberta-v3", "modernbert", "vit", "dinov2", "llama"]
-"""A family of each layout whose members train in full or by LoRA (W_Q, W_V and the task head)."""
+FULL_ENSEMBLE_FAMILIES = ["bert", "distilbert", "mpnet", "modernbert", "vit", "llama"]
+"""A family of each attention layout (BERT's, W_O inside attention, per-head biases, packed Q/K/V with
+rotary embeddings, vision, grouped-query) whose members train in full or by LoRA."""
 
 
 @pytest.mark.parametrize("precision", ["fp32", *LOW])
