@@ -153,3 +153,24 @@ def test_the_library_registers_its_saved_formats():
 
     assert {"fused", "member", "ensemble", "zero-shot"} <= set(SAVED_FORMATS)
     assert [k for k, f in SAVED_FORMATS.items() if not f.classifier] == ["zero-shot"]
+
+
+def test_a_hugging_face_classifier_folder_is_written_by_its_format(tmp_path):
+    """`members.storage.CLASSIFIER` writes what finetune and calibrate write for a plain classifier:
+    a folder transformers reads as it is, with the calibration's statistics and checksums, that no
+    registered format claims (the library knows it by elimination) and that loads back equal."""
+    from transformers import AutoModelForSequenceClassification
+
+    from hydra_ensembles.build import save_with_preprocessor
+    from hydra_ensembles.members.storage import CLASSIFIER
+    from hydra_ensembles.saving.formats import FOLDER_CHECKSUMS, saved_format
+    from tests.factories import text_inputs, tiny_bert
+
+    model = tiny_bert().eval()
+    folder = save_with_preprocessor(model, tmp_path / "tuned", None, CLASSIFIER)
+    assert (folder / FOLDER_CHECKSUMS).is_file() and saved_format(folder) is None
+    x = text_inputs()
+    with torch.no_grad():
+        want = model(**x).logits
+        for loaded in (load_any(str(folder)), AutoModelForSequenceClassification.from_pretrained(folder)):
+            assert torch.equal(loaded.eval()(**x).logits, want)

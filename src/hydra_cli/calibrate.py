@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra_ensembles.errors import InputError
 
 from .command import Command
-from .common import _calibrate, _data_batches, _load_methods, _say_precision, _write_classifier
+from .common import _calibrate, _data_batches, _load_methods, _say_precision
 from .options import (
     PREPROCESSOR_HELP,
     _calibration_options,
@@ -103,20 +103,12 @@ def _calibration_data(args: argparse.Namespace, preprocessor, model, config, tra
 
 
 def _write(model, found, folder: Path, preprocessor) -> None:
-    """``model`` in the format it was read in: the library's own (a fused model, a member, an
-    ensemble of members: each writes its statistics and checksums), or a Hugging Face classifier
-    folder as ``finetune`` writes it (weights, config, statistics, preprocessor, checksums last)."""
-    from hydra_ensembles.build import save_preprocessor
-    from hydra_ensembles.members import save_member
+    """``model`` in the format it was read in (``found``; a Hugging Face classifier folder where no
+    registered format claims it), its preprocessor beside it."""
+    from hydra_ensembles.build import save_with_preprocessor
+    from hydra_ensembles.members.storage import CLASSIFIER
 
-    if found is None:  # a Hugging Face classifier
-        _write_classifier(model, folder, preprocessor)
-        return
-    save_preprocessor(preprocessor, folder)  # first: the model's checksums then cover it
-    if found.kind == "member":
-        save_member(model, folder)
-    else:
-        model.save_pretrained(folder)
+    save_with_preprocessor(model, folder, preprocessor, found or CLASSIFIER)
 
 
 def _add_calibrate_arguments(cal: argparse.ArgumentParser) -> None:

@@ -215,17 +215,3 @@ def _say_precision(args: argparse.Namespace) -> None:
     """One line on stdout with the precision and why, once the inputs are checked and work begins
     (stderr keeps one line for a bad input)."""
     print(f"computing in {args.precision} ({args.precision_reason})")
-
-
-def _write_classifier(model, folder, preprocessor) -> None:
-    """A Hugging Face classifier folder as the library writes it: the preprocessor, the weights and
-    configuration (with the class names and calibration), the feature statistics the calibration
-    names, and the checksums last (loaders refuse the folder once a file changes)."""
-    from hydra_ensembles.build import save_preprocessor
-    from hydra_ensembles.ood.storage import write_statistics
-    from hydra_ensembles.saving.formats import write_folder_checksums
-
-    save_preprocessor(preprocessor, folder)
-    model.save_pretrained(folder)
-    write_statistics(model, folder)
-    write_folder_checksums(folder)

@@ -17,7 +17,6 @@ from .common import (
     _resolve_epochs,
     _say_precision,
     _say_random_head,
-    _write_classifier,
 )
 from .options import (
     POSITIVE,
@@ -56,14 +55,16 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     """Fine-tune a classifier (e.g. a base model's fresh head) and save it as a Hugging Face model
     directory with its preprocessor and class names: what score and build start from."""
     import shutil
+    from functools import partial
 
-    from hydra_ensembles.build import name_classes
+    from hydra_ensembles.build import name_classes, save_with_preprocessor
     from hydra_ensembles.data import load_spec
     from hydra_ensembles.data.labels import check_trainable
     from hydra_ensembles.evaluation.calibration import check_calibration_data
     from hydra_ensembles.loading import load_preprocessor
+    from hydra_ensembles.members.storage import CLASSIFIER
     from hydra_ensembles.saving.files import atomic_dir, check_beside
-    from hydra_ensembles.training import FineTuneConfig, fine_tune
+    from hydra_ensembles.training import fine_tune
 
     from .guards import check_output_dir
 
@@ -85,14 +86,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     name_classes(model, dataset.classes)
     if val is not None:
         check_calibration_data(val, calibration_config(args), model)
-    config = FineTuneConfig(
-        epochs=_resolve_epochs(args, train),
-        lr=args.lr,
-        seed=args.seed,
-        patience=args.patience,
-        precision=args.precision,
-        trainable=tuple(args.train.split(",")),
-    )
+    config = _tuning(args, train)
     checkpoint = check_beside(out.with_name(out.name + ".checkpoint"))  # never through a planted link
     _say_precision(args)
     result = fine_tune(model, train, val, config, checkpoint_dir=checkpoint, on_epoch=_print_epoch)
@@ -100,11 +94,22 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     _record_length(model, args)  # the length it was trained and calibrated at, saved with it
     if val is not None:
         _calibrate(model, val, args, args.val_data, train=train, ood=ood)
-    atomic_dir(out, lambda folder: _write_classifier(model, folder, preprocessor), marker=True)
+    atomic_dir(
+        out, partial(save_with_preprocessor, model, preprocessor=preprocessor, saved=CLASSIFIER), marker=True
+    )
     if not args.keep_checkpoints:
         shutil.rmtree(checkpoint, ignore_errors=True)
     print(f"saved the fine-tuned classifier ({len(dataset.classes)} classes) to {out}")
     return 0
+
+
+def _tuning(args: argparse.Namespace, train):
+    """The fine-tuning settings the options ask for (``--epochs auto`` resolved on ``train``)."""
+    from hydra_ensembles.training import FineTuneConfig
+
+    epochs = _resolve_epochs(args, train)
+    return FineTuneConfig(epochs=epochs, lr=args.lr, seed=args.seed, patience=args.patience,
+                          precision=args.precision, trainable=tuple(args.train.split(",")))  # fmt: skip
 
 
 def _add_finetune_arguments(tune: argparse.ArgumentParser) -> None:

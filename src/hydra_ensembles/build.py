@@ -41,7 +41,7 @@ from .inputs import checked_batches
 from .members import sample_members
 from .members.ensemble import DeepEnsemble, write_ensemble_index
 from .members.sampling import check_shared_layers
-from .saving.formats import save_model
+from .saving.formats import SavedFormat, save_model
 from .scoring import CircuitConfig, CircuitOrder, extract_circuit, taylor_scores
 from .surgery import original_heads_per_layer, prune, prune_mlp
 from .training import FineTuneConfig, FineTuneResult, describe_epoch, fine_tune
@@ -430,11 +430,14 @@ def name_classes(model: nn.Module, classes: Sequence[str] | None) -> nn.Module:
     return model
 
 
-def save_with_preprocessor(model: nn.Module, folder: Path, preprocessor: Any = None) -> Path:
+def save_with_preprocessor(
+    model: nn.Module, folder: Path, preprocessor: Any = None, saved: SavedFormat | None = None
+) -> Path:
     """The preprocessor first (its files are then covered by the model's checksums), then the
-    model in its saved format (`saving.formats.save_model`)."""
+    model in the format ``saved`` (a format it was read in: the registered ones, or
+    `members.storage.CLASSIFIER`), by default its own (`saving.formats.save_model`)."""
     save_preprocessor(preprocessor, folder)
-    return save_model(model, folder)
+    return save_model(model, folder) if saved is None else saved.save(model, Path(folder))
 
 
 def save_preprocessor(preprocessor: Any, folder: Path) -> None:

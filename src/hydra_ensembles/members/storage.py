@@ -11,9 +11,17 @@ from torch import nn
 from ..baselines.registry import rebuild_transforms
 from ..configuration import write_hf_config
 from ..errors import InputError
-from ..models import build_model
+from ..models import build_model, load_classifier
 from ..ood.storage import read_statistics, write_statistics
-from ..saving.formats import WEIGHTS_NAME, SavedFormat, read_saved, register_saved_format, write_saved
+from ..saving.formats import (
+    HF_CONFIG_NAME,
+    WEIGHTS_NAME,
+    SavedFormat,
+    read_saved,
+    register_saved_format,
+    write_folder_checksums,
+    write_saved,
+)
 from ..saving.metadata import split_metadata, write_metadata
 from ..surgery import prune
 
@@ -104,3 +112,23 @@ def _rebuild(meta: dict, state: dict[str, torch.Tensor]) -> nn.Module:
 
 
 register_saved_format(SavedFormat("member", CONFIG_NAME, load_member, save=save_member))  # any classifier
+
+
+def save_classifier(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write ``model`` as a Hugging Face classifier folder (``hydra-ens finetune``'s output): its
+    weights and configuration (``save_pretrained``, with the class names and the calibration),
+    the feature statistics the calibration names, and the folder's checksums last (loaders refuse
+    the folder once a file changes)."""
+    folder = Path(path)
+    model.save_pretrained(folder)
+    write_statistics(model, folder)
+    write_folder_checksums(folder)
+    return folder
+
+
+CLASSIFIER = SavedFormat(
+    "classifier", HF_CONFIG_NAME, lambda folder: load_classifier(str(folder)), save=save_classifier
+)
+"""A Hugging Face classifier folder as the library writes it. Not registered: transformers reads
+it as it is, and the library knows it by elimination (a folder with ``config.json`` that no
+registered format's marker claims), so that registered formats keep their folders."""
