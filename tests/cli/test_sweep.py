@@ -462,6 +462,7 @@ def test_validation_data_of_one_class_are_refused_before_any_candidate(w, tmp_pa
     assert "of one class" in one_error(capsys) and not out.exists()
 
 
+@pytest.mark.same_in_every_precision  # which candidates, their multiply-adds and intervals
 def test_the_fused_deep_ensemble_and_lora_ensemble_are_candidates_of_the_sweep(w, tmp_path, capsys):
     """--num-pruned 0,3 --lora-rank 2: the fused deep ensemble of fine-tunes (``deep-m2``, every
     head kept, every part per member) and the fused LoRA-Ensemble (``lora-m2-r2``) are measured
