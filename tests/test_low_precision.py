@@ -8,7 +8,6 @@ Tiny models: bf16 is emulated on CPUs without AVX-512 BF16 or AMX, slow on large
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import numpy as np
@@ -139,22 +138,6 @@ def test_fp16_mask_plus_position_bias_never_makes_nan():
     assert torch.isfinite(single).all() and torch.isfinite(fused).all()
 
 
-def _apart(model, members: int, trained=None, scale: float = 0.05) -> list[torch.nn.Module]:
-    """``members`` copies of ``model`` that keep every head, apart (seeded noise) in every weight,
-    or only where ``trained`` (a parameter's name -> whether it trains) says: a deep ensemble of
-    fine-tunes, or LoRA-Ensemble members whose other weights stay the base's."""
-    copies = []
-    for m in range(members):
-        member = copy.deepcopy(model)
-        g = torch.Generator().manual_seed(200 + m)
-        with torch.no_grad():
-            for name, weight in member.named_parameters():
-                if trained is None or trained(name):
-                    weight.add_(scale * torch.randn(weight.shape, generator=g))
-        copies.append(member.eval())
-    return copies
-
-
 FULL_ENSEMBLE_FAMILIES = ["bert", "distilbert", "mpnet", "modernbert", "vit", "llama"]
 """A family of each attention layout (BERT's, W_O inside attention, per-head biases, packed Q/K/V with
 rotary embeddings, vision, grouped-query) whose members train in full or by LoRA."""
@@ -169,10 +152,12 @@ def test_a_fused_deep_or_lora_ensemble_equals_its_members_in_every_precision(fam
     ensemble, exactly in fp32 and within the format's rounding in bf16 and fp16 (weights cast),
     on padded rows."""
     from hydra_ensembles.baselines.lora import lora_parts
+    from hydra_experiments.bench_methods import distinct_members
 
     factory, inputs = FAMILIES[family]
     model = factory(layers=2, heads=4, head_dim=3, init_range=0.3)
-    members = _apart(model, 3, None if kind == "deep" else lora_parts(model))
+    trained = None if kind == "deep" else lora_parts(model)  # apart everywhere, or where LoRA trains
+    members = distinct_members(model.eval(), 3, trained, scale=0.05)
     x = inputs(batch=4, seed=1)
     with torch.no_grad():
         exact = torch.stack([m(**x).logits for m in members])

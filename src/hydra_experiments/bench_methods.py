@@ -235,10 +235,14 @@ needed, so the resident size after the run less before it is that run's peak (Li
 
 
 def distinct_members(
-    model: torch.nn.Module, members: int, parts: Callable[[str], bool] | None = None, seed: int = 0
+    model: torch.nn.Module,
+    members: int,
+    parts: Callable[[str], bool] | None = None,
+    seed: int = 0,
+    scale: float = 1e-3,
 ) -> list[torch.nn.Module]:
-    """``members`` copies of ``model`` as an ensemble's members would be: the copies after the
-    first with their parameters perturbed (seeded, by 1e-3 of a normal draw) where ``parts``
+    """``model`` and ``members - 1`` copies of it as an ensemble's members would be: the copies
+    with their parameters perturbed (seeded, by ``scale`` times a normal draw) where ``parts``
     (a parameter's name -> trained) says they trained, everywhere without it, so that fusion
     shares exactly what the members share."""
     generator = torch.Generator().manual_seed(seed)
@@ -249,6 +253,6 @@ def distinct_members(
             for name, weight in member.named_parameters():
                 if parts is None or parts(name):
                     noise = torch.randn(weight.shape, generator=generator, dtype=torch.float32)
-                    weight.add_(1e-3 * noise.to(device=weight.device, dtype=weight.dtype))
+                    weight.add_(scale * noise.to(device=weight.device, dtype=weight.dtype))
         copies.append(member)
     return copies

@@ -179,6 +179,10 @@ def test_an_int8_graph_that_changes_predictions_is_refused_and_nothing_written(s
     assert not (tmp_path / "q").exists()
     with pytest.raises(ExportError, match="labelled ID validation"):
         Quantization([])
+    with pytest.raises(ExportError, match="labelled ID validation"):
+        Quantization(iter([]))  # an empty generator is no data either
+    held = Quantization(iter(val), ood_validation=iter(val))  # read many times: held, not consumed
+    assert len(held.validation) == len(held.ood_validation) == len(val)
     with pytest.raises(ExportError, match="unknown quantization"):
         Quantization(val, kind="int4")
 

@@ -59,6 +59,6 @@ def lora_parts(model: nn.Module) -> Callable[[str], bool]:
 
     def trained(name: str) -> bool:
         module = name.rpartition(".")[0]
-        return module.rpartition(".")[2] in targets or any(f".{name}".find(f".{h}.") >= 0 for h in heads)
+        return module.rpartition(".")[2] in targets or any(f".{h}." in f".{name}" for h in heads)
 
     return trained

@@ -115,8 +115,8 @@ def fit_calibration(
     read_ood = ood_validation is not None and (measure_ood or config.score == AUTO_SCORE)
     ood, ood_record = _predicted(run, ood_validation, ood_data) if read_ood else (None, NO_DATA)
     read = Provenance(DataRecord.of_batches(data, batches), statistics_data, ood_record)
-    fit = functools.partial(Calibration.fit, provenance=read, precision=compute.name, statistics=statistics)
-    calibration = fit(predictions, config, ood_validation=ood)
+    calibration = Calibration.fit(predictions, config, provenance=read, precision=compute.name,
+                                  statistics=statistics, ood_validation=ood)  # fmt: skip
     measured = ood is not None and measure_ood
     aurocs = validation_aurocs(predictions, ood, statistics, calibration.temperature) if measured else {}
     return CalibrationFit(calibration, predictions, ood, aurocs)

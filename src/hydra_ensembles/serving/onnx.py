@@ -202,24 +202,24 @@ def _quantized(
     logits."""
     import numpy as np
 
-    validation = list(quantize.validation)
+    validation, names = list(quantize.validation), list(spec.names)
     labels = np.concatenate([b["labels"].reshape(-1).numpy() for b in validation]).astype(np.int64)
     say(f"quantizing the graph to int8 (activation scales from {len(labels)} validation inputs)")
-    feeds = graph_feeds(validation, list(spec.names))
+    feeds = graph_feeds(validation, names)
     int8 = quantize_int8(model_bytes, feeds)
     say(f"running the float32 and int8 graphs on {len(labels)} validation inputs")
     sessions = [inference_session(m) for m in (model_bytes, int8)]  # float32, int8
-    reference, outputs = (run_graph(session, validation, list(spec.names)) for session in sessions)
+    reference, outputs = (run_graph(session, validation, names) for session in sessions)
     calibration, refitted = wrapped.calibration, _refitted(wrapped.calibration, outputs, labels, quantize)
     ood = None
     if quantize.ood_validation and calibration is not None:
-        ood = tuple(run_graph(s, list(quantize.ood_validation), list(spec.names)) for s in sessions)
+        ood = tuple(run_graph(s, list(quantize.ood_validation), names) for s in sessions)
     report = parity(reference, outputs, labels, calibration, refitted, ood)
     check_parity(report, quantize.min_agreement)
     if refitted is not None and refitted.temperature != calibration.temperature:
         say("exporting and quantizing again with the refit temperature (part of the graph)")
         int8 = _quantized_again(wrapped, refitted, spec, feeds)
-        again = run_graph(inference_session(int8), validation[:1], list(spec.names))["logits_per_member"]
+        again = run_graph(inference_session(int8), validation[:1], names)["logits_per_member"]
         if not np.array_equal(again, outputs["logits_per_member"][: len(again)]):
             raise ExportError("quantizing the graph again gave other weights: not written")
     return {
@@ -242,7 +242,7 @@ def _refitted(calibration, outputs: dict, labels, quantize: Quantization):
 
     if calibration is None:
         return None
-    digest = batches_digest(list(quantize.validation))
+    digest = batches_digest(quantize.validation)
     return refit(calibration, outputs, labels, quantize.validation_name, digest)
 
 

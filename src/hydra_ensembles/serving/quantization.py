@@ -68,6 +68,10 @@ class Quantization:
     kind: str = "int8"
 
     def __post_init__(self) -> None:
+        # held as tuples: read more than once (checked, quantized on, run, digested), never consumed
+        object.__setattr__(self, "validation", tuple(self.validation))
+        if self.ood_validation is not None:
+            object.__setattr__(self, "ood_validation", tuple(self.ood_validation))
         if self.kind not in QUANTIZATIONS:
             raise ExportError(f"unknown quantization {self.kind!r}; choose from {QUANTIZATIONS}")
         if not self.validation:
