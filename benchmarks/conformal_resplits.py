@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import betabinom
 
+from hydra_ensembles.calibration import Calibration, saved_calibration
 from hydra_ensembles.data import load_spec, to_batches
 from hydra_ensembles.data.labels import align_labels, model_class_names, num_model_labels
 from hydra_ensembles.data.registry import saved_length
-from hydra_ensembles.evaluation import Calibration, Predictions, ood_scores, predict, saved_calibration
+from hydra_ensembles.evaluation import Predictions, ood_scores, predict
 from hydra_ensembles.evaluation.conformal import flags
 from hydra_ensembles.loading import load_any, load_preprocessor
 
@@ -73,7 +74,7 @@ def main() -> None:
 
     model = load_any(args.model)
     saved = saved_calibration(model)
-    if saved is None or not saved.set_method or saved.flag_method != "conformal":
+    if saved is None or saved.sets is None or saved.flag.method != "conformal":
         raise SystemExit(f"{args.model} has no saved calibration with conformal sets and flag")
     dataset = load_spec(args.data)
     dataset = align_labels(dataset, model_class_names(model), num_model_labels(model), args.data)
@@ -90,18 +91,18 @@ def main() -> None:
         order = rng.permutation(len(pool.labels))
         calibration_part, test = _part(pool, order[:n]), _part(pool, order[n:])
         fitted = Calibration.fit(
-            calibration_part, saved.config.replace(flag_method="conformal"), statistics=saved.statistics,
+            calibration_part, saved.config.replace(flag_method="conformal"), statistics=saved.flag.statistics,
             statistics_data=saved.provenance.statistics,
         )  # fmt: skip
-        sets = fitted.sets(test)
+        sets = fitted.prediction_sets(test)
         covered.append(int(sets[np.arange(m), test.class_labels()].sum()))
-        scores = ood_scores(test, fitted.score, fitted.temperature, fitted.statistics)
-        flagged.append(int(flags(scores, fitted.threshold).sum()))
+        scores = ood_scores(test, fitted.flag.score, fitted.temperature, fitted.flag.statistics)
+        flagged.append(int(flags(scores, fitted.flag.threshold).sum()))
         sizes.append(float(sets.sum(1).mean()))
         empty.append(float((sets.sum(1) == 0).mean()))
     n_sets = len(range(1, n, 2))  # the odd positions of the calibration part fit the sets
-    l_sets = math.floor((n_sets + 1) * saved.set_alpha)
-    l_flag = math.floor((n + 1) * (1 - saved.keep))
+    l_sets = math.floor((n_sets + 1) * saved.sets.alpha)
+    l_flag = math.floor((n + 1) * (1 - saved.flag.keep))
     result = {
         "model": args.model,
         "data": args.data,
@@ -110,13 +111,13 @@ def main() -> None:
         "test_inputs": m,
         "splits": args.splits,
         "precision": saved.precision,
-        "flag_score": saved.score,
-        "set_method": saved.set_method,
+        "flag_score": saved.flag.score,
+        "set_method": saved.sets.method,
         "coverage": {
-            "level": 1 - saved.set_alpha,
+            "level": 1 - saved.sets.alpha,
             **_law(np.array(covered), m, n_sets + 1 - l_sets, l_sets),
         },
-        "id_flag_rate": {"level": 1 - saved.keep, **_law(np.array(flagged), m, l_flag, n + 1 - l_flag)},
+        "id_flag_rate": {"level": 1 - saved.flag.keep, **_law(np.array(flagged), m, l_flag, n + 1 - l_flag)},
         "mean_set_size": float(np.mean(sizes)),
         "empty_sets": float(np.mean(empty)),
     }

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 import hydra_ensembles as he
-from hydra_ensembles.evaluation import saved_calibration
+from hydra_ensembles.calibration import saved_calibration
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.scoring import CircuitConfig, CircuitOrder

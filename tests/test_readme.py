@@ -54,17 +54,22 @@ def test_the_documented_python_examples_run(tmp_path, monkeypatch):
     assert records[0]["predicted"] in namespace["news"].classes
     exec(compile(api[1], "docs/python-api.md", "exec"), namespace)  # the calibration saved with the model
     saved = namespace["calibration"]
-    assert saved.data == "bbc-news:val" and saved.examples == 16
+    assert saved.provenance.validation.name == "bbc-news:val" and saved.examples == 16
     again = namespace["predict"](namespace["hydra"], namespace["ood_val"])
     assert namespace["records"] == saved.records(again, namespace["news"].classes)
     exec(compile(api[2], "docs/python-api.md", "exec"), namespace)  # feature scores
     feature = namespace["calibration"]
-    assert feature.statistics is not None and feature.statistics_data == "bbc-news:train"
+    assert feature.flag.statistics is not None and feature.provenance.statistics.name == "bbc-news:train"
     assert namespace["preds"].member_features.shape == (3, 16, 384)
     exec(compile(api[3], "docs/python-api.md", "exec"), namespace)  # one record of the settings
     strict = namespace["calibration"]
-    assert (strict.score, strict.keep, strict.set_method, strict.set_alpha) == ("mds", 0.9, "aps", 0.2)
-    assert strict.set_quantiles and strict.statistics is not None
+    assert (strict.flag.score, strict.flag.keep, strict.sets.method, strict.sets.alpha) == (
+        "mds",
+        0.9,
+        "aps",
+        0.2,
+    )
+    assert strict.sets.quantiles and strict.flag.statistics is not None
     # the serving example, on what the CSV quick start built
     exec(compile(readme[2], "README.md", "exec"), namespace)
     served = namespace["uncertain"]("The match ended in a draw.")[0]

@@ -174,3 +174,41 @@ def test_a_hugging_face_classifier_folder_is_written_by_its_format(tmp_path):
         want = model(**x).logits
         for loaded in (load_any(str(folder)), AutoModelForSequenceClassification.from_pretrained(folder)):
             assert torch.equal(loaded.eval()(**x).logits, want)
+
+
+CALIBRATED = Path(__file__).resolve().parent / "fixtures" / "saved-calibrated"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CALIBRATED.iterdir() if p.is_dir()))
+def test_a_calibration_saved_flat_by_an_earlier_version_serves_as_it_did(name, tmp_path):
+    """A model calibrated and saved by a version that wrote the calibration as one flat record
+    (``tests/fixtures/write_calibrated.py``): its calibration loads in parts, with its feature
+    statistics where it has them, gives the records it gave then, and is saved again (the
+    statistics with it) and read back the same."""
+    import json
+
+    from hydra_ensembles.calibration import saved_calibration
+    from hydra_ensembles.evaluation import predict
+    from hydra_ensembles.saving.metadata import read_metadata
+
+    inputs = load_file(CALIBRATED / f"{name}.safetensors")
+    inputs = {k.removeprefix("input."): v for k, v in inputs.items()}
+    expected = json.loads((CALIBRATED / f"{name}.records.json").read_text())
+    model = load_any(str(CALIBRATED / name))
+    calibration = saved_calibration(model)
+    assert calibration is not None and "score" in read_metadata(model).calibration  # the flat record
+    preds = predict(model, [inputs], precision="fp32", progress=False, layers=calibration.flag.reads_layers)
+    records = calibration.records(preds)
+    assert [r["flagged"] for r in records] == [r["flagged"] for r in expected]
+    for record, then in zip(records, expected, strict=True):
+        assert record.keys() == then.keys()
+        for key, value in then.items():
+            assert record[key] == (
+                pytest.approx(value, rel=1e-5, abs=1e-6) if isinstance(value, float) else value
+            )
+    if calibration.flag.statistics_sha256:  # the feature scores' statistics travel with it
+        assert calibration.flag.statistics is not None and calibration.sets is not None
+    (model.save_pretrained if isinstance(model, he.HydraModel) else lambda f: he.save_member(model, f))(
+        tmp_path / "again"
+    )
+    assert saved_calibration(load_any(str(tmp_path / "again"))) == calibration

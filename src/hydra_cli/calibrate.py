@@ -55,15 +55,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _statistics(args: argparse.Namespace, model, ray: bool, train) -> dict:
     """The feature statistics `fit_calibration` is given, with the record of their data: fit on
     Ray over --data; none where --data is fit in this process; else the saved ones, as saved."""
-    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.calibration import saved_calibration
 
     if ray:
         fitted = statistics_on_ray(args, model, args.model)
         return dict(zip(("statistics", "statistics_data"), fitted, strict=True))
     saved = saved_calibration(model)
-    if train is not None or saved is None or saved.statistics is None:
+    if train is not None or saved is None or saved.flag.statistics is None:
         return {}
-    return {"statistics": saved.statistics, "statistics_data": saved.provenance.statistics}
+    return {"statistics": saved.flag.statistics, "statistics_data": saved.provenance.statistics}
 
 
 def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
@@ -89,7 +89,7 @@ def _check_ray_calibration(args: argparse.Namespace, config) -> bool:
 def _calibration_data(args: argparse.Namespace, preprocessor, model, config, train: bool = True) -> tuple:
     """The labelled ID validation batches (checked against what the calibration needs), and the labelled
     training (where ``train``) and unlabelled OOD validation batches where given (else None)."""
-    from hydra_ensembles.evaluation.calibration import check_calibration_data
+    from hydra_ensembles.calibration.calibration import check_calibration_data
 
     val = _data_batches(args.val_data, args, preprocessor, model=model)[1]
     check_calibration_data(val, config, model)

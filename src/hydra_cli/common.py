@@ -162,7 +162,7 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
     ``train`` (``--data``) or given in ``kept`` (``statistics``, ``statistics_data``), the flag
     score chosen on the OOD validation batches ``ood`` (``--ood-data``), where given; print every
     candidate score's AUROC on those, and record the calibration in the model, saved with it."""
-    from hydra_ensembles.evaluation import fit_calibration, record_calibration
+    from hydra_ensembles.calibration import fit_calibration, record_calibration
 
     fit = fit_calibration(
         model, batches, calibration_config(args), data=data, precision=args.precision, id_train=train,
@@ -170,7 +170,7 @@ def _calibrate(model, batches: list[dict], args: argparse.Namespace, data: str, 
         ood_data=getattr(args, "ood_data", None) or "",
     )  # fmt: skip
     if fit.aurocs:
-        _print_aurocs(fit.aurocs, fit.calibration.score)
+        _print_aurocs(fit.aurocs, fit.calibration.flag.score)
     calibration = record_calibration(model, fit.calibration)
     print(f"calibration: {calibration.describe()}")
     return calibration

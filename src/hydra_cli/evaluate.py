@@ -20,6 +20,7 @@ from .options import (
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from hydra_ensembles import reporting
+    from hydra_ensembles.calibration import saved_calibration
     from hydra_ensembles.data.labels import check_same_classes
     from hydra_ensembles.evaluation import (
         add_comparisons,
@@ -27,7 +28,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         evaluate_method,
         predict,
         predict_method,
-        saved_calibration,
     )
 
     from .guards import check_report_dir, mark_report_dir
@@ -140,14 +140,15 @@ def _warn_calibrated_apart(methods: dict[str, list]) -> None:
     statistics, by SHA-256): their served flags then differ by their data too."""
     import warnings
 
-    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.calibration import saved_calibration
 
     saved = {n: saved_calibration(g[0]) for n, g in methods.items() if len(g) == 1}
-    fit_on = {name: c.provenance.digests for name, c in saved.items() if c is not None}
+    read = {name: c.provenance for name, c in saved.items() if c is not None}
+    fit_on = {name: provenance.digests for name, provenance in read.items()}
     if len(set(fit_on.values())) > 1:
         named = "; ".join(
-            f"{name}: validation {saved[name].data or '?'}, OOD validation {saved[name].ood_data or 'none'}, "
-            f"statistics {saved[name].statistics_data or 'none'}"
+            f"{name}: validation {read[name].validation.name or '?'}, OOD validation "
+            f"{read[name].ood.name or 'none'}, statistics {read[name].statistics.name or 'none'}"
             for name in fit_on
         )
         warnings.warn(

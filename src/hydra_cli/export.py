@@ -41,7 +41,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     sidecar = json.loads((out / SIDECAR_NAME).read_text())
     calibration = sidecar["calibration"]
     if args.quantize:
-        _print_parity(sidecar["quantization"]["parity"], calibration["score"] if calibration else "")
+        _print_parity(sidecar["quantization"]["parity"], calibration["flag"]["score"] if calibration else "")
     print(
         f"exported {sidecar['members']} member(s) to {out / ONNX_NAME}: inputs {sidecar['inputs']}, "
         f"outputs {', '.join(sidecar['outputs'])}; onnxruntime matches PyTorch within "

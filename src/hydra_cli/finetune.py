@@ -58,9 +58,9 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from functools import partial
 
     from hydra_ensembles.build import name_classes, save_with_preprocessor
+    from hydra_ensembles.calibration.calibration import check_calibration_data
     from hydra_ensembles.data import load_spec
     from hydra_ensembles.data.labels import check_trainable
-    from hydra_ensembles.evaluation.calibration import check_calibration_data
     from hydra_ensembles.loading import load_preprocessor
     from hydra_ensembles.members.storage import CLASSIFIER
     from hydra_ensembles.saving.files import atomic_dir, check_beside

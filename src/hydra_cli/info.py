@@ -78,7 +78,7 @@ def _is_export(path: str) -> bool:
 def _describe_export(folder: Path) -> int:
     """An ONNX export (`hydra-ens export`): its graph, classes, inputs and outputs, calibration
     and, for a quantized graph, what quantization changed."""
-    from hydra_ensembles.evaluation.calibration import Calibration
+    from hydra_ensembles.calibration.calibration import Calibration
     from hydra_ensembles.saving.files import read_json
     from hydra_ensembles.saving.formats import check_folder_checksums
     from hydra_ensembles.serving.onnx import ONNX_NAME, SIDECAR_NAME
@@ -109,8 +109,8 @@ def _describe_export(folder: Path) -> int:
 def _print_calibration(model) -> None:
     """The calibration saved with the model, where it has one, the length it was fit at and how
     it was trained, where recorded."""
+    from hydra_ensembles.calibration import saved_calibration
     from hydra_ensembles.data.registry import saved_length
-    from hydra_ensembles.evaluation import saved_calibration
     from hydra_ensembles.training import training_summary
 
     calibration = saved_calibration(model)

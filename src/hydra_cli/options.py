@@ -176,7 +176,7 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
     """The calibration a command fits on ``data`` and saves with the model it writes (with
     ``ood_option``, an ``--ood-data`` option for the flag score's choice); the defaults are the
     library's (`CalibrationConfig`)."""
-    from hydra_ensembles.evaluation.settings import FLAG_METHODS, SET_METHODS, CalibrationConfig
+    from hydra_ensembles.calibration.settings import FLAG_METHODS, SET_METHODS, CalibrationConfig
 
     default = CalibrationConfig()
     p.add_argument(
@@ -231,7 +231,7 @@ def _calibration_options(p: argparse.ArgumentParser, data: str, ood_option: bool
 
 def calibration_config(args: argparse.Namespace):
     """The `CalibrationConfig` the options of `_calibration_options` ask for."""
-    from hydra_ensembles.evaluation.settings import CalibrationConfig
+    from hydra_ensembles.calibration.settings import CalibrationConfig
 
     return CalibrationConfig(
         score=args.flag_score,

@@ -57,12 +57,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             row["flagged"] = bool(chosen)
     summary = []
     if plot is not None:  # where the data's scores fall against ID validation, and the threshold
-        t, statistics = calibration.temperature, calibration.statistics
+        t, statistics = calibration.temperature, calibration.flag.statistics
         scores = {
             f"ID validation ({args.val_data})": ood_scores(val, flag_score, t, statistics),
             f"data ({args.data})": ood_scores(preds, flag_score, t, statistics),
         }
-        reporting.score_histograms(scores, plot, flag_score, calibration.threshold)
+        reporting.score_histograms(scores, plot, flag_score, calibration.flag.threshold)
         summary.append(f"score histograms -> {plot}")
     atomic_write_records(out, rows)
     total = time.perf_counter() - STARTED
@@ -99,13 +99,13 @@ def _flag_score(args: argparse.Namespace, calibration) -> str:
     where it or ``--fdr`` needs a calibration that is not there."""
     from hydra_ensembles.ood import feature_scores
 
-    flag_score = calibration.score if calibration is not None else args.flag_score or "msp"
+    flag_score = calibration.flag.score if calibration is not None else args.flag_score or "msp"
     if calibration is None and flag_score in feature_scores():
         raise InputError(
             f"--flag-score {flag_score} reads the feature statistics of a calibration: give --val-data "
             "for a model saved with them (build or finetune with --data and --val-data)"
         )
-    if args.fdr is not None and (calibration is None or calibration.flag_method != "conformal"):
+    if args.fdr is not None and (calibration is None or calibration.flag.method != "conformal"):
         raise InputError(
             "--fdr selects by conformal p-values: it needs a conformal calibration (saved or --val-data)"
         )
@@ -116,19 +116,18 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
     """The calibration to predict with, and the ID validation predictions where it was fit here:
     fit on ``--val-data``, else the one saved with a single model (refused where ``--flag-score``
     or ``--keep`` ask for another), else none (with a warning)."""
-    from hydra_ensembles.evaluation import CalibrationConfig, fit_calibration, saved_calibration
-    from hydra_ensembles.evaluation.calibration import check_calibration_data
-    from hydra_ensembles.evaluation.provenance import NO_DATA
+    from hydra_ensembles.calibration import CalibrationConfig, fit_calibration, saved_calibration
+    from hydra_ensembles.calibration.calibration import check_calibration_data
+    from hydra_ensembles.calibration.provenance import NO_DATA
     from hydra_ensembles.ood import feature_scores
 
     saved = saved_calibration(model) if num_models == 1 else None
     calibration = None if val_batches is not None else saved
-    if calibration is not None and (args.flag_score or calibration.score, args.keep or calibration.keep) != (
-        calibration.score,
-        calibration.keep,
-    ):
+    flag = calibration.flag if calibration is not None else None
+    asked = (args.flag_score or flag.score, args.keep or flag.keep) if flag is not None else None
+    if flag is not None and asked != (flag.score, flag.keep):
         raise InputError(
-            f"{args.model}'s saved calibration flags on {calibration.score} keeping {calibration.keep:.0%} "
+            f"{args.model}'s saved calibration flags on {flag.score} keeping {flag.keep:.0%} "
             "of ID validation: pass --val-data to fit another with --flag-score/--keep"
         )
     _say_precision(args)
@@ -137,14 +136,14 @@ def _calibration(args: argparse.Namespace, model, num_models: int, val_batches: 
         config = config.replace(**{k: v for k, v in (("score", args.flag_score), ("keep", args.keep)) if v})
         check_calibration_data(val_batches, config, model)
         feature = config.score in feature_scores()  # only a feature score reads the statistics
-        kept = saved is not None and feature and saved.statistics is not None
+        kept = saved is not None and feature and saved.flag.statistics is not None
         fit = fit_calibration(
             model,
             val_batches,
             config,
             data=args.val_data,
             precision=args.precision,
-            statistics=saved.statistics if kept else None,
+            statistics=saved.flag.statistics if kept else None,
             statistics_data=saved.provenance.statistics if kept else NO_DATA,
         )
         calibration, val = fit.calibration, fit.validation
@@ -171,23 +170,22 @@ def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[st
     """The share of inputs flagged and, for labelled data, the accuracy."""
     lines = []
     if calibration is not None:
+        flag = calibration.flag
         flagged = sum(r["flagged"] for r in rows) / len(rows)
         how = (
-            f"conformal p-value <= {calibration.alpha:.3g}"
-            if calibration.flag_method == "conformal"
-            else f"keeping {calibration.keep:.0%} of ID validation"
+            f"conformal p-value <= {flag.alpha:.3g}"
+            if flag.method == "conformal"
+            else f"keeping {flag.keep:.0%} of ID validation"
         )
         if args.fdr is not None:
             lines.append(
                 f"flagged (Benjamini-Hochberg on the {len(rows)} inputs' conformal p-values of "
-                f"ood_score_{calibration.score}, false discovery rate {args.fdr:g}): {flagged:.1%}"
+                f"ood_score_{flag.score}, false discovery rate {args.fdr:g}): {flagged:.1%}"
             )
             if not flagged:
                 lines.append(_nothing_selected(rows, calibration, args.fdr))
         else:
-            lines.append(
-                f"flagged (ood_score_{calibration.score} > {calibration.threshold:.4f}, {how}): {flagged:.1%}"
-            )
+            lines.append(f"flagged (ood_score_{flag.score} > {flag.threshold:.4f}, {how}): {flagged:.1%}")
     if args.labelled:
         lines.append(f"accuracy {sum(r['correct'] for r in rows) / len(rows):.4f}")
     return lines
@@ -196,7 +194,7 @@ def _summary(rows: list[dict], calibration, args: argparse.Namespace) -> list[st
 def _nothing_selected(rows: list[dict], calibration, fdr: float) -> str:
     """Why Benjamini-Hochberg selected nothing: the smallest p-value against what one selection
     needs, and the smallest a p-value can be with this many calibration inputs."""
-    n, m = len(calibration.calibration_scores), len(rows)
+    n, m = len(calibration.flag.calibration_scores), len(rows)
     smallest = min(r["ood_p_value"] for r in rows)
     return (
         f"nothing selected: the smallest p-value is {smallest:.4g}, and one selection needs a p-value "

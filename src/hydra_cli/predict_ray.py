@@ -41,8 +41,8 @@ def statistics_on_ray(args: argparse.Namespace, model, path: str) -> tuple:
     ``--data`` on Ray (every score fit in passes), and the record of that data: its name and the
     SHA-256 of its files' SHA-256s in the order of their names (an image folder's images, each
     with its id)."""
+    from hydra_ensembles.calibration.provenance import DataRecord
     from hydra_ensembles.distributed import data_files
-    from hydra_ensembles.evaluation.provenance import DataRecord
     from hydra_ensembles.hashing import text_digest
 
     files = data_files(args.data)

@@ -8,7 +8,7 @@ call (`build_hydra`), which ``hydra-ens build`` runs with flags.
 Steps: rank the heads (a given ranking; else greedy circuit extraction where OOD validation data
 is given, Taylor importance on the ID validation data otherwise), sample diverse members, prune,
 fine-tune each member (optional, resumable per member), fuse, and fit the temperature and the OOD
-flag threshold on the labelled ID validation data (`evaluation.calibrate`): the fused model, and,
+flag threshold on the labelled ID validation data (`calibration.calibrate`): the fused model, and,
 with fine-tuned members, their explicit ensemble, each carry their own calibration. OOD data is
 only ever used to rank heads, never to calibrate.
 """
@@ -30,10 +30,11 @@ from torch import nn
 
 from .adapters import get_adapter
 from .batching import bootstrap_batches, pad_id
+from .calibration.calibration import Calibration, check_calibration_data
+from .calibration.fit import calibrate
+from .calibration.settings import CalibrationConfig
 from .errors import InputError
-from .evaluation.calibration import Calibration, CalibrationConfig, check_calibration_data
 from .evaluation.evaluate import check_flag_score
-from .evaluation.model_calibration import calibrate
 from .fusion import fuse
 from .fusion.model import HydraModel
 from .heads import HeadSet
@@ -181,7 +182,7 @@ class Build:
             save_preprocessor(preprocessor, out / "members")
             calibration = self.members_calibration
             members = calibration.to_dict() if calibration else None
-            statistics = calibration.statistics if calibration else None
+            statistics = calibration.flag.statistics if calibration else None
             write_ensemble_index(out / "members", names, self.members[0].config, members, statistics)
         save_with_preprocessor(self.hydra, out / "hydra", preprocessor)
         return out

@@ -95,7 +95,7 @@ def test_the_calibration_options_default_to_the_librarys_calibration():
     from hydra_cli import build_parser
     from hydra_cli.options import calibration_config
     from hydra_ensembles.build import BuildConfig
-    from hydra_ensembles.evaluation import CalibrationConfig
+    from hydra_ensembles.calibration import CalibrationConfig
     from hydra_ensembles.sweep.grid import SweepConfig
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))

@@ -13,8 +13,8 @@ from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrained
 
 import hydra_ensembles as he
 from hydra_cli import main
+from hydra_ensembles.calibration import saved_calibration
 from hydra_ensembles.data import align_padding
-from hydra_ensembles.evaluation import saved_calibration
 from hydra_ensembles.layers import IndexedKVAttention
 from hydra_ensembles.models import load_tokenizer
 from tests.factories import rounding_tolerance
@@ -113,7 +113,7 @@ def test_score_build_eval_predict_in_fp32(workspace, capsys, monkeypatch):
     records = served([row["text"] for row in rows])
     scores = torch.tensor([float(row["ood_score_mds"]) for row in rows])
     tol = rounding_tolerance("fp32", scores, layers=2)
-    threshold = saved_calibration(hydra).threshold
+    threshold = saved_calibration(hydra).flag.threshold
     for row, record in zip(rows, records, strict=True):
         assert record["predicted"] == row["predicted"]
         assert record["p_sport"] == pytest.approx(float(row["p_sport"]), abs=1e-5)

@@ -21,7 +21,7 @@ from transformers import (
 
 import hydra_ensembles as he
 from hydra_cli import main
-from hydra_ensembles.evaluation import calibrate
+from hydra_ensembles.calibration import calibrate
 from hydra_ensembles.hashing import config_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import load_member, save_member
@@ -80,12 +80,11 @@ def w(tmp_path_factory):
     tokenizer.save_pretrained(root / "calibrated")
     shutil.copytree(root / "calibrated", root / "edited-calibration")  # edited by hand
     saved = json.loads((root / "calibrated" / "config.json").read_text())
-    saved["hydra_calibration"]["threshold"] = -1.0  # would flag every input
+    saved["hydra_calibration"]["flag"]["threshold"] = -1.0  # would flag every input
     (root / "edited-calibration" / "config.json").write_text(json.dumps(saved))
     shutil.copytree(root / "calibrated", root / "bad-calibration")  # its checksum recomputed
-    saved["hydra_calibration"] = _resigned(
-        {**saved["hydra_calibration"], "threshold": 0.5, "temperature": -1}
-    )
+    flag = {**saved["hydra_calibration"]["flag"], "threshold": 0.5}
+    saved["hydra_calibration"] = _resigned({**saved["hydra_calibration"], "flag": flag, "temperature": -1})
     (root / "bad-calibration" / "config.json").write_text(json.dumps(saved))
     shutil.copytree(root / "calibrated", root / "other-weights-calibration")
     saved["hydra_calibration"] = _resigned(
@@ -246,7 +245,7 @@ def w(tmp_path_factory):
 
 def _resigned(record: dict) -> dict:
     """A calibration record with its own checksum recomputed (an edit that keeps it well formed)."""
-    from hydra_ensembles.evaluation.calibration import RECORD_DIGEST
+    from hydra_ensembles.calibration.calibration import RECORD_DIGEST
     from hydra_ensembles.hashing import json_digest
 
     body = {k: v for k, v in record.items() if k != RECORD_DIGEST}
@@ -256,7 +255,7 @@ def _resigned(record: dict) -> dict:
 def _saved_ensembles(root, model, tokenizer) -> None:
     """A calibrated saved ensemble of two members, and copies edited after saving: the index's
     temperature raised, one member named twice, a member folder swapped for another member."""
-    from hydra_ensembles.evaluation import calibrate
+    from hydra_ensembles.calibration import calibrate
     from hydra_ensembles.members import DeepEnsemble
 
     members = [he.prune(model, he.HeadSet({0: [0, 1]})), he.prune(model, he.HeadSet({1: [2, 3]}))]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hydra_cli import main
-from hydra_ensembles.evaluation import saved_calibration
+from hydra_ensembles.calibration import saved_calibration
 from hydra_ensembles.fusion import HydraModel
 from hydra_ensembles.loading import load_any
 from tests.cli.test_pipeline import _model_and_tokenizer
@@ -65,10 +65,10 @@ def test_fused_deep_ensemble_predicts_like_its_members_and_is_calibrated_and_ser
     ]
     assert main([*args, "--out", str(calibrated), *COMMON]) == 0
     calibration = saved_calibration(load_any(str(calibrated)))
-    assert calibration is not None and calibration.statistics.num_members == 3
+    assert calibration is not None and calibration.flag.statistics.num_members == 3
     out = tmp_path / "served.jsonl"
     assert main(["predict", str(calibrated), "--data", str(w / "new.csv"), "--out", str(out), *COMMON]) == 0
-    assert f"ood_score_{calibration.score}" in _records(out)[0]
+    assert f"ood_score_{calibration.flag.score}" in _records(out)[0]
 
 
 def test_fuse_refuses_mixed_and_single_members(members, tmp_path, capsys):

@@ -17,10 +17,11 @@ from transformers import (
 
 import hydra_ensembles as he
 from hydra_cli import main
+from hydra_ensembles.calibration import saved_calibration
+from hydra_ensembles.calibration.provenance import DataRecord
 from hydra_ensembles.data import load_spec, to_batches
-from hydra_ensembles.evaluation import predict, saved_calibration
+from hydra_ensembles.evaluation import predict
 from hydra_ensembles.evaluation.conformal import benjamini_hochberg
-from hydra_ensembles.evaluation.provenance import DataRecord
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
@@ -219,9 +220,15 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     args += ["--num-pruned", "2", "--fine-tune", *data, "--val-data", str(w / "train.csv"), "--epochs", "1"]
     assert main([*args, "--keep", "0.9", "--out", str(built), *common]) == 0
     saved = saved_calibration(load_any(str(built / "hydra")))
-    assert saved is not None and (saved.score, saved.keep, saved.examples) == ("mds", 0.9, 24)
-    assert saved.data == str(w / "train.csv") and len(saved.data_sha256) == 64
-    assert saved.statistics_data == str(w / "train.csv") and saved.statistics.settings["examples"] == 24
+    assert saved is not None and (saved.flag.score, saved.flag.keep, saved.examples) == ("mds", 0.9, 24)
+    assert (
+        saved.provenance.validation.name == str(w / "train.csv")
+        and len(saved.provenance.validation.sha256) == 64
+    )
+    assert (
+        saved.provenance.statistics.name == str(w / "train.csv")
+        and saved.flag.statistics.settings["examples"] == 24
+    )
     capsys.readouterr()
     assert main(["info", str(built / "members")]) == 0  # a saved ensemble of members
     said = capsys.readouterr().out
@@ -250,7 +257,7 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     assert "## As served" in (report / "report.md").read_text()
     capsys.readouterr()
     assert [float(r["ood_score_mds"]) for r in rows] == pytest.approx([e["ood_score_mds"] for e in expected])
-    assert saved.set_method == "lac" and saved.set_alpha == 0.1 and saved.set_examples == 12  # half of 24
+    assert saved.sets.method == "lac" and saved.sets.alpha == 0.1 and saved.sets.examples == 12  # half of 24
     assert [r["prediction_set"].split("|") if r["prediction_set"] else [] for r in rows] == [
         e["prediction_set"] for e in expected
     ]
@@ -266,7 +273,7 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
     )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 10 and {"flagged", "mutual_information", "ood_score_mds"} <= set(records[0])
-    assert saved_calibration(load_any(str(built / "members"))).keep == 0.9
+    assert saved_calibration(load_any(str(built / "members"))).flag.keep == 0.9
     capsys.readouterr()
 
     out = tmp_path / "one.csv"  # one member, saved before any calibration
@@ -344,7 +351,7 @@ def test_build_saves_the_calibration_predict_uses(workspace, tmp_path, capsys):
         scores = [float(r["ood_score_mds"]) for r in rows]
         tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
         assert [r["ood_score_mds"] for r in records] == pytest.approx(scores, abs=tol)
-        threshold = saved_calibration(load_any(str(folder))).threshold
+        threshold = saved_calibration(load_any(str(folder))).flag.threshold
         clear = [i for i, score in enumerate(scores) if abs(score - threshold) > tol]
         assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
 
@@ -442,7 +449,7 @@ def test_finetune_saves_feature_statistics_that_predict_and_the_pipeline_serve(w
     assert (tuned / "ood_statistics.safetensors").is_file()
     model = load_any(str(tuned))
     saved = saved_calibration(model)
-    assert saved.score == "mds" and saved.statistics.num_members == 1
+    assert saved.flag.score == "mds" and saved.flag.statistics.num_members == 1
     out = tmp_path / "p.jsonl"
     assert main(["predict", str(tuned), "--data", str(w / "ood.csv"), "--out", str(out), *common]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -454,7 +461,7 @@ def test_finetune_saves_feature_statistics_that_predict_and_the_pipeline_serve(w
     scores = [r["ood_score_mds"] for r in rows]
     tol = rounding_tolerance(precision, torch.tensor(scores), layers=2)
     assert [r["ood_score_mds"] for r in records] == pytest.approx(scores, abs=tol)
-    clear = [i for i, s in enumerate(scores) if abs(s - saved.threshold) > tol]
+    clear = [i for i, s in enumerate(scores) if abs(s - saved.flag.threshold) > tol]
     assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
     # a refit on --val-data keeps the saved calibration's settings (score, level, sets), and says so
     refit = tmp_path / "refit.jsonl"
@@ -464,8 +471,8 @@ def test_finetune_saves_feature_statistics_that_predict_and_the_pipeline_serve(w
     said = capsys.readouterr().out
     assert "settings not given as options are the saved calibration's" in said and "ood_score_mds >" in said
     first = json.loads(refit.read_text().splitlines()[0])
-    assert "ood_score_mds" in first and ("prediction_set" in first) == bool(saved.set_method)
-    assert f"level {saved.alpha:.3g}" in said
+    assert "ood_score_mds" in first and ("prediction_set" in first) == (saved.sets is not None)
+    assert f"level {saved.flag.alpha:.3g}" in said
 
 
 @pytest.mark.parametrize(
@@ -509,8 +516,8 @@ def test_the_length_a_model_was_fit_at_is_served_with_it(workspace, tmp_path, ca
     graph = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True))
     graph_tol = tol + TOLERANCE * max(scores)  # what export accepts of a score (relative)
     assert graph["ood_score"].tolist() == pytest.approx(scores, abs=graph_tol)
-    clear = [i for i, s in enumerate(scores) if abs(s - saved.threshold) > graph_tol]
-    flagged = graph["ood_score"] > side["calibration"]["threshold"]
+    clear = [i for i, s in enumerate(scores) if abs(s - saved.flag.threshold) > graph_tol]
+    flagged = graph["ood_score"] > side["calibration"]["flag"]["threshold"]
     assert [bool(flagged[i]) for i in clear] == [rows[i]["flagged"] for i in clear]
     probs = torch.tensor([[r[f"p_{name}"] for name in side["classes"]] for r in rows])
     p_tol = rounding_tolerance(precision, probs, layers=2, fp32=1e-5)
@@ -540,16 +547,19 @@ def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(works
     assert {p.name: p.read_bytes() for p in tuned.iterdir() if p.is_file()} == before
     new, old = load_any(str(out)), load_any(str(tuned))
     calibration = saved_calibration(new)
-    assert calibration.keep == 0.9 and calibration.ood_data == str(w / "ood.csv")
-    assert len(calibration.ood_data_sha256) == 64 and "<- the flag score" in said.split(calibration.score)[1]
+    assert calibration.flag.keep == 0.9 and calibration.provenance.ood.name == str(w / "ood.csv")
+    assert (
+        len(calibration.provenance.ood.sha256) == 64
+        and "<- the flag score" in said.split(calibration.flag.score)[1]
+    )
     for (name, a), (_, b) in zip(new.named_parameters(), old.named_parameters(), strict=True):
         assert torch.equal(a, b), name
     rows_out = tmp_path / "p.jsonl"
     assert main(["predict", str(out), "--data", str(w / "ood.csv"), "--out", str(rows_out), *common]) == 0
     rows = [json.loads(line) for line in rows_out.read_text().splitlines()]
-    assert f"ood_score_{calibration.score}" in rows[0]
+    assert f"ood_score_{calibration.flag.score}" in rows[0]
     served = pipeline("hydra-text-classification", model=str(out), truncation=True, max_length=12)
-    assert f"ood_score_{calibration.score}" in served(rows[0]["text"])[0]
+    assert f"ood_score_{calibration.flag.score}" in served(rows[0]["text"])[0]
     assert main(["calibrate", str(tuned), "--val-data", str(w / "train.csv"), "--out", str(tuned)]) == 2
     again = tmp_path / "again"  # on the data finetune calibrated on: finetune's calibration exactly
     args = ["calibrate", str(tuned), "--val-data", str(w / "train.csv"), "--data", str(w / "train.csv")]
@@ -561,15 +571,17 @@ def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(works
     args = ["calibrate", str(again), "--val-data", str(w / "train.csv"), "--flag-score", "mds"]
     assert main([*args, "--out", str(kept), *common]) == 0
     refit = saved_calibration(load_any(str(kept)))
-    assert refit.score == "mds" and refit.statistics_sha256 == fitted.statistics_sha256
+    assert refit.flag.score == "mds" and refit.flag.statistics_sha256 == fitted.flag.statistics_sha256
     assert refit.provenance.statistics == fitted.provenance.statistics
-    assert fitted.provenance.statistics == DataRecord(str(w / "train.csv"), fitted.statistics_data_sha256)
+    assert fitted.provenance.statistics == DataRecord(
+        str(w / "train.csv"), fitted.provenance.statistics.sha256
+    )
     capsys.readouterr()
     args = ["predict", str(again), "--data", str(w / "ood.csv"), "--out", str(tmp_path / "v.jsonl")]
     assert main([*args, "--val-data", str(w / "train.csv"), "--flag-score", "mds", *common]) == 0
     said = capsys.readouterr().out
     assert f"feature statistics fit on {w / 'train.csv'}" in said
-    assert f"sha256 {fitted.statistics_data_sha256[:12]}" in said
+    assert f"sha256 {fitted.provenance.statistics.sha256[:12]}" in said
 
 
 @pytest.mark.slow  # four models, each served three ways, in every precision: CI's slow run
@@ -584,8 +596,8 @@ def _served_alike(w, tmp_path, folder, common, precision) -> None:
     from hydra_ensembles.serving.onnx import TOLERANCE
 
     calibration = saved_calibration(load_any(str(folder)))
-    assert calibration is not None and calibration.score in feature_scores()
-    key = f"ood_score_{calibration.score}"
+    assert calibration is not None and calibration.flag.score in feature_scores()
+    key = f"ood_score_{calibration.flag.score}"
     out = tmp_path / f"{folder.name}.jsonl"
     assert main(["predict", str(folder), "--data", str(w / "ood.csv"), "--out", str(out), *common]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -596,7 +608,7 @@ def _served_alike(w, tmp_path, folder, common, precision) -> None:
     )
     records = served([r["text"] for r in rows], batch_size=3)
     assert [r[key] for r in records] == pytest.approx(scores, abs=tol)
-    clear = [i for i, s in enumerate(scores) if abs(s - calibration.threshold) > tol]
+    clear = [i for i, s in enumerate(scores) if abs(s - calibration.flag.threshold) > tol]
     assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
     if folder.name == "members":
         return
@@ -635,7 +647,7 @@ def test_a_flag_on_every_layers_view_is_served_alike_by_predict_the_pipeline_and
     assert main([*args, "--fine-tune", "--epochs", "1", "--out", str(built), *common]) == 0
     precision = resolve_precision("auto", "cpu").name
     for folder in (tuned, built / "hydra", built / "members"):
-        assert saved_calibration(load_any(str(folder))).score == "mds_layers"
+        assert saved_calibration(load_any(str(folder))).flag.score == "mds_layers"
         _served_alike(w, tmp_path, folder, common, precision)
     disagreement = tmp_path / "disagreement"  # calibrate's output, flagging on another layer score
     args = ["calibrate", str(built / "hydra"), *data[:4], "--flag-score", "mds_disagreement"]
@@ -655,7 +667,7 @@ def _eval_measures_what_was_saved(w, tmp_path, common, folders) -> None:
     results = json.loads((tmp_path / "report" / "results.json").read_text())["results"]
     for name, folder in folders.items():
         saved = saved_calibration(load_any(str(folder)))
-        assert results[f"{name} (as saved)"]["flag_score"] == saved.score
+        assert results[f"{name} (as saved)"]["flag_score"] == saved.flag.score
         assert "mds_layers" in results[name]["ood"]["recipes"]["scores"]
 
 
@@ -665,16 +677,19 @@ def test_eval_warns_where_the_methods_were_calibrated_on_different_data(monkeypa
     import types
 
     from hydra_cli import evaluate
-    from hydra_ensembles import evaluation
+    from hydra_ensembles import calibration as calibrations
+    from hydra_ensembles.calibration import DataRecord, Provenance
 
     def calibration(ood: str):
-        return types.SimpleNamespace(
-            data="val.csv", ood_data=ood, statistics_data="train.csv",
-            provenance=types.SimpleNamespace(digests=("a", "c", ood and "b")),
-        )  # fmt: skip
+        read = (
+            DataRecord("val.csv", "a" * 64),
+            DataRecord("train.csv", "c" * 64),
+            DataRecord(ood, ood and "b" * 64),
+        )
+        return types.SimpleNamespace(provenance=Provenance(*read))
 
     found = {"single": calibration(""), "hydra": calibration("ood_val.csv")}
-    monkeypatch.setattr(evaluation, "saved_calibration", lambda model: found[model])
+    monkeypatch.setattr(calibrations, "saved_calibration", lambda model: found[model])
     with pytest.warns(UserWarning, match="fit on different data .*OOD validation ood_val.csv"):
         evaluate._warn_calibrated_apart({"single": ["single"], "hydra": ["hydra"]})
     found["single"] = calibration("ood_val.csv")
@@ -735,7 +750,7 @@ def test_build_with_no_head_pruned_is_a_fused_deep_ensemble_of_fine_tunes(worksp
     assert any(not torch.equal(first[k], second[k]) for k in first)
     _assert_predicts_as_its_members(w, hydra, members)
     saved = saved_calibration(hydra)
-    assert saved is not None and saved.statistics is not None and saved_calibration(members) is not None
+    assert saved is not None and saved.flag.statistics is not None and saved_calibration(members) is not None
     _served_alike(w, tmp_path, tmp_path / "deep" / "hydra", common, "fp32")
 
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from hydra_cli import main
+from hydra_ensembles.calibration import saved_calibration
 from hydra_ensembles.data import load_spec, split_indices, to_batches
 from hydra_ensembles.errors import InputError
-from hydra_ensembles.evaluation import predict, saved_calibration
+from hydra_ensembles.evaluation import predict
 from hydra_ensembles.loading import load_any, load_preprocessor
 from hydra_ensembles.metrics import classification
 from hydra_ensembles.sweep import SINGLE, SweepConfig, choose, frontier, verdict

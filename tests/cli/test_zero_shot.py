@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import CLIPImageProcessor, PreTrainedTokenizerFast
 
 from hydra_cli import main
-from hydra_ensembles.evaluation import saved_calibration
+from hydra_ensembles.calibration import saved_calibration
 from hydra_ensembles.ood import logit_scores
 from hydra_ensembles.zero_shot import ZeroShotHydra, load_dual_encoder
 from tests.factories import tiny_clip_model, tiny_siglip_model
@@ -91,7 +91,10 @@ def test_zero_shot_command_builds_a_model_that_eval_and_predict_load(clip_dir, t
     assert len(preds.read_text().splitlines()) == 1 + 8
     calibration = saved_calibration(model)  # fit on --data, the ID validation the circuit used
     # the flag score chosen on the OOD validation data (no feature statistics: no training data)
-    assert calibration.data == str(clip_dir / "id.npz") and calibration.score in logit_scores()
+    assert (
+        calibration.provenance.validation.name == str(clip_dir / "id.npz")
+        and calibration.flag.score in logit_scores()
+    )
     assert "flagged" in preds.read_text().splitlines()[0]  # predict flags with it
     assert main(args) == 2  # a finished result is not overwritten silently
 

@@ -250,8 +250,8 @@ def test_ray_scores_an_image_folder_as_predict_does(embedded, tmp_path, capsys):
     unreadable image ends the job with predict's one line naming it, nothing written."""
     import torch
 
+    from hydra_ensembles.calibration import saved_calibration
     from hydra_ensembles.distributed import scoring
-    from hydra_ensembles.evaluation import saved_calibration
     from hydra_ensembles.loading import load_any
     from tests.factories import tiny_vit_and_photos
 

@@ -102,10 +102,10 @@ def _assert_close(got: dict, expected: dict) -> None:
 
 
 def test_served_records_are_predicts_and_bad_requests_get_one_line(server, tuned, tmp_path):
-    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.calibration import saved_calibration
     from hydra_ensembles.loading import load_any
 
-    assert 1 / (len(saved_calibration(load_any(str(tuned / "tuned"))).calibration_scores) + 1) == STEP
+    assert 1 / (len(saved_calibration(load_any(str(tuned / "tuned"))).flag.calibration_scores) + 1) == STEP
     expected = _expected(tuned, tmp_path)
     status, answer = _post(server, {"inputs": TEXTS})
     assert status == 200 and len(answer["records"]) == len(TEXTS)
@@ -217,11 +217,11 @@ def test_an_image_model_is_served_with_predicts_records(server, vit, tmp_path):
     assert status == 200 and len(answer["records"]) == len(files) == len(expected)
     with ThreadPoolExecutor(8) as pool:
         single = list(pool.map(lambda image: _post(url, {"inputs": image}), encoded))
-    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.calibration import saved_calibration
     from hydra_ensembles.loading import load_any
 
     calibration = saved_calibration(load_any(str(vit / "calibrated")))
-    steps = 1 / (len(calibration.calibration_scores) + 1)  # one step of the p-values' grid
+    steps = 1 / (len(calibration.flag.calibration_scores) + 1)  # one step of the p-values' grid
     for records in (answer["records"], [body["records"][0] for _, body in single]):
         for got, want in zip(records, expected, strict=True):
             assert got.keys() == want.keys() and got["predicted"] == want["predicted"]

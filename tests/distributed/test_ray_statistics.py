@@ -67,7 +67,7 @@ def test_calibrate_on_ray_saves_the_calibration_one_process_fits(tuned, embedded
     calibrate without it, on the same rows (one file: the same batches); the data named by its
     files' digest."""
     from hydra_cli import main
-    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.calibration import saved_calibration
     from tests.distributed.conftest import COMMON
 
     w = tuned
@@ -76,17 +76,23 @@ def test_calibrate_on_ray_saves_the_calibration_one_process_fits(tuned, embedded
     assert main([*args, "--engine", "ray", "--out", str(tmp_path / "ray")]) == 0
     assert main([*args, "--out", str(tmp_path / "local")]) == 0
     on_ray, local = (saved_calibration(load_any(str(tmp_path / name))) for name in ("ray", "local"))
-    assert on_ray.statistics.scores == local.statistics.scores and on_ray.score == local.score == "mds"
-    for key, value in on_ray.statistics.tensors.items():
+    assert (
+        on_ray.flag.statistics.scores == local.flag.statistics.scores
+        and on_ray.flag.score == local.flag.score == "mds"
+    )
+    for key, value in on_ray.flag.statistics.tensors.items():
         if key.startswith("vim."):
             continue  # within its Davis-Kahan bound: the test above
-        expected = local.statistics.tensors[key]
+        expected = local.flag.statistics.tensors[key]
         torch.testing.assert_close(
             value, expected, rtol=1e-10, atol=1e-10 * expected.abs().max().item(), msg=key
         )
-    assert on_ray.threshold == pytest.approx(local.threshold, rel=1e-9)
-    assert on_ray.temperature == local.temperature and on_ray.set_quantiles == local.set_quantiles
-    assert on_ray.statistics_data == str(w / "train.csv") and len(on_ray.statistics_data_sha256) == 64
+    assert on_ray.flag.threshold == pytest.approx(local.flag.threshold, rel=1e-9)
+    assert on_ray.temperature == local.temperature and on_ray.sets.quantiles == local.sets.quantiles
+    assert (
+        on_ray.provenance.statistics.name == str(w / "train.csv")
+        and len(on_ray.provenance.statistics.sha256) == 64
+    )
 
 
 def test_build_on_ray_saves_the_calibrations_build_saves_in_one_process(tuned, embedded, tmp_path, capsys):
@@ -94,7 +100,7 @@ def test_build_on_ray_saves_the_calibrations_build_saves_in_one_process(tuned, e
     statistics fit on Ray equal those build fits in one process (same members: fp32, one seed),
     and so do their flag scores and thresholds; the model copies saved for the workers are gone."""
     from hydra_cli import main
-    from hydra_ensembles.evaluation import saved_calibration
+    from hydra_ensembles.calibration import saved_calibration
     from tests.distributed.conftest import COMMON
 
     w, data = tuned, ["--data", str(tuned / "train.csv")]
@@ -109,11 +115,17 @@ def test_build_on_ray_saves_the_calibrations_build_saves_in_one_process(tuned, e
     assert not (tmp_path / "ray" / "checkpoints").exists()
     for part in ("hydra", "members"):
         on_ray, local = (saved_calibration(load_any(str(tmp_path / run / part))) for run in ("ray", "local"))
-        assert on_ray.statistics.scores == local.statistics.scores and on_ray.score == local.score
-        assert on_ray.statistics_data == str(w / "train.csv") and len(on_ray.statistics_data_sha256) == 64
-        for key, value in on_ray.statistics.tensors.items():
+        assert (
+            on_ray.flag.statistics.scores == local.flag.statistics.scores
+            and on_ray.flag.score == local.flag.score
+        )
+        assert (
+            on_ray.provenance.statistics.name == str(w / "train.csv")
+            and len(on_ray.provenance.statistics.sha256) == 64
+        )
+        for key, value in on_ray.flag.statistics.tensors.items():
             if key.startswith("vim."):
                 continue  # within its Davis-Kahan bound: the first test
-            expected = local.statistics.tensors[key]
+            expected = local.flag.statistics.tensors[key]
             torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10 * expected.abs().max().item())
-        assert on_ray.threshold == pytest.approx(local.threshold, rel=1e-9)
+        assert on_ray.flag.threshold == pytest.approx(local.flag.threshold, rel=1e-9)

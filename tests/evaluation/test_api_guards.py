@@ -112,7 +112,7 @@ def test_feature_statistics_refuse_sizes_that_would_fail_at_scoring(option, valu
 
 
 def test_calibration_fit_refuses_a_level_outside_its_range_and_another_models_ood_predictions():
-    from hydra_ensembles.evaluation import Calibration
+    from hydra_ensembles.calibration import Calibration
 
     val = _preds(members=2, n=40, classes=3)
     with pytest.raises(he.InputError, match=r"keep must be in \(0, 1\]"):
@@ -158,8 +158,8 @@ def test_logits_that_overflow_name_the_model_and_the_cause():
 def test_validation_data_of_one_class_fit_no_temperature():
     """With every input of one class the NLL falls without bound as the temperature runs off (a
     temperature of millions that turns every probability into 1/C): refused, naming the class."""
-    from hydra_ensembles.evaluation import Calibration, CalibrationConfig
-    from hydra_ensembles.evaluation.calibration import check_calibration_data
+    from hydra_ensembles.calibration import Calibration, CalibrationConfig
+    from hydra_ensembles.calibration.calibration import check_calibration_data
 
     one_class = Predictions(np.random.default_rng(0).normal(size=(2, 40, 3)), np.zeros(40, int))
     for fit in (lambda: fit_temperature(one_class), lambda: Calibration.fit(one_class)):
@@ -183,8 +183,8 @@ def _named():
 
 def test_per_class_sets_need_every_class_among_the_inputs_that_fit_them():
     """A class absent from the odd inputs (those that fit the sets) would be in every set."""
-    from hydra_ensembles.evaluation import Calibration, CalibrationConfig
-    from hydra_ensembles.evaluation.calibration import check_calibration_data
+    from hydra_ensembles.calibration import Calibration, CalibrationConfig
+    from hydra_ensembles.calibration.calibration import check_calibration_data
 
     labels = np.array([1] + [0] * 19)  # 'sport' at an even position only
     config = CalibrationConfig(set_method="lac", set_classwise=True)
@@ -201,7 +201,7 @@ def test_nan_logits_are_named_as_the_cause_not_as_a_temperature():
     logits[1, 4, 2] = np.nan
     for sets in ("", "lac"):  # named by its index among every validation input, with sets too
         with pytest.raises(ValueError, match=r"NaN or Inf on validation input 4 \(member 1\)"):
-            he.evaluation.Calibration.fit(Predictions(logits, np.arange(10) % 3), set_method=sets)
+            he.calibration.Calibration.fit(Predictions(logits, np.arange(10) % 3), set_method=sets)
 
 
 def test_features_too_wide_for_memory_are_refused_before_allocating(monkeypatch):

@@ -169,7 +169,8 @@ def test_a_calibration_with_prediction_sets_keeps_the_temperature_and_the_sets_a
     records name each input's set; the saved record round-trips."""
     import json
 
-    from hydra_ensembles.evaluation import Calibration, Predictions, fit_temperature
+    from hydra_ensembles.calibration import Calibration
+    from hydra_ensembles.evaluation import Predictions, fit_temperature
     from hydra_ensembles.evaluation.conformal import fit_set_quantiles
 
     rng = np.random.default_rng(5)
@@ -180,10 +181,10 @@ def test_a_calibration_with_prediction_sets_keeps_the_temperature_and_the_sets_a
     assert calibration.temperature == pytest.approx(fit_temperature(even), rel=1e-12)
     odd_probs = Predictions(preds.member_logits[:, 1::2], labels[1::2]).probs(calibration.temperature)
     expected = fit_set_quantiles(odd_probs, labels[1::2], 0.2, "aps")
-    assert calibration.set_quantiles == pytest.approx(tuple(expected)) and calibration.set_examples == 100
+    assert calibration.sets.quantiles == pytest.approx(tuple(expected)) and calibration.sets.examples == 100
     records = calibration.records(preds, ["a", "b", "c", "d"])
     assert all(len(r["prediction_set"]) == r["set_size"] for r in records)
-    members = calibration.sets(preds)
+    members = calibration.prediction_sets(preds)
     assert [r["prediction_set"] for r in records] == [
         [n for n, m in zip("abcd", row, strict=True) if m] for row in members
     ]
@@ -192,7 +193,7 @@ def test_a_calibration_with_prediction_sets_keeps_the_temperature_and_the_sets_a
     few = Calibration.fit(
         Predictions(preds.member_logits[:, :10], labels[:10]), score="msp", keep=0.5, set_method="lac"
     )
-    assert few.set_quantiles == (np.inf,) * 4  # 5 inputs cannot set a 0.1-level quantile: every class
+    assert few.sets.quantiles == (np.inf,) * 4  # 5 inputs cannot set a 0.1-level quantile: every class
 
 
 def test_the_coverage_of_a_calibration_draw_follows_its_beta_law():
@@ -320,8 +321,8 @@ def test_evaluation_reports_sets_for_scaled_rows_and_the_flags_id_false_alarm_ra
     """evaluate_method: the + TS row's sets are fit at a temperature from the even validation
     inputs and quantiles from the odd ones; each row's ID false-flag rate is its conformal flag
     (threshold on the validation scores) applied to the ID test, written out here."""
+    from hydra_ensembles.calibration.calibration import split_for_sets
     from hydra_ensembles.evaluation import Predictions
-    from hydra_ensembles.evaluation.calibration import split_for_sets
     from hydra_ensembles.evaluation.conformal import fit_set_quantiles, prediction_sets
     from hydra_ensembles.evaluation.evaluate import ood_scores
     from hydra_ensembles.evaluation.run import MethodPredictions, evaluate_method
@@ -405,7 +406,8 @@ def test_one_draws_range_is_the_beta_law_of_the_conditional_rate(n, alpha):
 
 
 def test_a_calibrations_description_gives_the_spread_of_one_draw():
-    from hydra_ensembles.evaluation import Calibration, Predictions
+    from hydra_ensembles.calibration import Calibration
+    from hydra_ensembles.evaluation import Predictions
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(1, 300, 3)) * 3
@@ -421,20 +423,22 @@ def test_a_calibration_saved_with_the_rounded_rule_loads_and_flags_by_its_p_valu
     """Earlier versions set k = ceil((n + 1) keep - 1e-12), which moved a level within 1e-12 of a
     grid point onto it; such a saved record still loads (with a warning) and then flags exactly
     where its p-values are <= the level."""
-    from hydra_ensembles.evaluation import Calibration, Predictions
+    from hydra_ensembles.calibration import Calibration
+    from hydra_ensembles.evaluation import Predictions
 
     rng = np.random.default_rng(3)
     logits = rng.normal(size=(1, 42, 3))
     labels = logits[0].argmax(-1)
     keep = 0.9534883720930333  # 1 - keep sits 1.3e-14 below 2/43
     fitted = Calibration.fit(Predictions(logits, labels), score="msp", keep=keep)
-    scores = fitted.calibration_scores
+    scores = fitted.flag.calibration_scores
     legacy = scores[math.ceil(43 * keep - 1e-12) - 1]
-    assert legacy != fitted.threshold  # the two rules differ at this level
-    saved = {**fitted.to_dict(), "threshold": legacy}
+    assert legacy != fitted.flag.threshold  # the two rules differ at this level
+    saved = fitted.to_dict()
+    saved["flag"]["threshold"] = legacy
     saved.pop("record_sha256")
     with pytest.warns(UserWarning, match="grid point"):
         again = Calibration.from_dict(saved)
-    assert again.threshold == fitted.threshold
+    assert again.flag.threshold == fitted.flag.threshold
     probe = np.concatenate([np.asarray(scores), rng.uniform(0, 1, 50)])
-    assert (flags(probe, again.threshold) == (again.p_values(probe) <= 1 - keep)).all()
+    assert (flags(probe, again.flag.threshold) == (again.flag.p_values(probe) <= 1 - keep)).all()

@@ -4,8 +4,9 @@ statistics, older saved calibrations, and every score in a method's results."""
 import numpy as np
 import pytest
 
+from hydra_ensembles.calibration import Calibration
+from hydra_ensembles.calibration.provenance import NO_DATA, DataRecord, Provenance
 from hydra_ensembles.evaluation import (
-    Calibration,
     Predictions,
     choose_flag_score,
     evaluate_predictions,
@@ -13,7 +14,6 @@ from hydra_ensembles.evaluation import (
     ood_scores,
 )
 from hydra_ensembles.evaluation.flag_score import validation_aurocs
-from hydra_ensembles.evaluation.provenance import NO_DATA, DataRecord, Provenance
 from hydra_ensembles.ood import FeatureStatistics, feature_scores
 
 
@@ -67,23 +67,25 @@ def test_a_calibration_on_a_feature_score_records_its_statistics():
     calibration = Calibration.fit(
         val, score="mds", keep=0.9, statistics=stats, provenance=Provenance(NO_DATA, DataRecord("train.csv"))
     )
-    assert calibration.statistics_sha256 == stats.digest() and calibration.score == "mds"
-    share = np.mean(ood_scores(val, "mds", statistics=stats) <= calibration.threshold)
+    assert calibration.flag.statistics_sha256 == stats.digest() and calibration.flag.score == "mds"
+    share = np.mean(ood_scores(val, "mds", statistics=stats) <= calibration.flag.threshold)
     assert share == pytest.approx(0.9, abs=0.02)
     saved = calibration.to_dict()
-    assert "statistics" not in saved and saved["statistics_data"] == "train.csv"
+    assert "statistics" not in saved and saved["provenance"]["statistics"]["name"] == "train.csv"
     again = Calibration.from_dict(saved)
-    assert again == calibration and again.statistics is None  # the statistics are saved beside it
+    assert again == calibration and again.flag.statistics is None  # the statistics are saved beside it
     records = calibration.records(_preds(5, seed=4))
     assert {"ood_score_mds", "ood_score_mds_spread", "flagged"} <= set(records[0])
     with pytest.raises(ValueError, match="reads feature statistics"):
         Calibration.fit(val, score="knn", keep=0.9)
-    older = {  # saved before feature scores and the record's checksum existed
-        k: v
-        for k, v in Calibration.fit(val, score="msp").to_dict().items()
-        if not k.startswith(("statistics", "record"))
-    }
-    assert Calibration.from_dict(older).score == "msp"
+    older = {  # the flat record saved before feature scores, conformal flags and checksums existed
+        "temperature": 1.3, "score": "msp", "threshold": 0.4, "keep": 0.95, "data": "v.csv",
+        "data_sha256": "", "examples": 90, "precision": "fp32", "model_sha256": "",
+    }  # fmt: skip
+    loaded = Calibration.from_dict(older)
+    assert (loaded.flag.score, loaded.flag.method, loaded.sets, loaded.provenance.validation.name) == (
+        "msp", "quantile", None, "v.csv",
+    )  # fmt: skip
     with pytest.raises(ValueError, match="has the fields"):
         Calibration.from_dict({**older, "unknown": 1})
 

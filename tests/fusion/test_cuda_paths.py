@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import hydra_ensembles as he
 from hydra_ensembles.batching import on_device
-from hydra_ensembles.evaluation import calibrate
+from hydra_ensembles.calibration import calibrate
 from hydra_ensembles.precision import dtype_of
 from hydra_ensembles.scoring import extract_circuit
 from hydra_ensembles.zero_shot import fuse_dual_encoder
@@ -130,11 +130,11 @@ def test_feature_statistics_flags_and_sets_fitted_on_the_gpu_equal_the_cpus(scor
             set_method="lac",
         )
     cpu, gpu = fitted["cpu"], fitted["cuda"]
-    assert np.isclose(gpu.threshold, cpu.threshold, rtol=1e-4, atol=1e-5)
+    assert np.isclose(gpu.flag.threshold, cpu.flag.threshold, rtol=1e-4, atol=1e-5)
     assert np.isclose(gpu.temperature, cpu.temperature, rtol=1e-3)
-    assert np.allclose(gpu.set_quantiles, cpu.set_quantiles, rtol=1e-3, atol=1e-5)
-    assert np.allclose(gpu.calibration_scores, cpu.calibration_scores, rtol=1e-3, atol=1e-5)
-    assert gpu.statistics is not None and gpu.statistics_sha256
+    assert np.allclose(gpu.sets.quantiles, cpu.sets.quantiles, rtol=1e-3, atol=1e-5)
+    assert np.allclose(gpu.flag.calibration_scores, cpu.flag.calibration_scores, rtol=1e-3, atol=1e-5)
+    assert gpu.flag.statistics is not None and gpu.flag.statistics_sha256
 
 
 @pytest.mark.parametrize("objective", ["acc", "ood", "avg"])

@@ -73,7 +73,7 @@ normed = w / "normed"
 args = ["calibrate", str(tuned), *data, "--ood-data", str(w / "ood.csv"), "--flag-score", "norm"]
 assert main([*args, "--out", str(normed), *common]) == 0
 calibration = saved_calibration(load_any(str(normed)))
-assert calibration.score == "norm"
+assert calibration.flag.score == "norm"
 out = w / "p.jsonl"
 assert main(["predict", str(normed), "--data", str(w / "ood.csv"), "--out", str(out), *common]) == 0
 rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -84,7 +84,7 @@ served = pipeline("hydra-text-classification", model=str(normed), truncation=Tru
 with computing_in(precision):
     records = served([r["text"] for r in rows], batch_size=3)
 assert np.allclose([r["ood_score_norm"] for r in records], scores, rtol=0, atol=tol)
-clear = [i for i, s in enumerate(scores) if abs(s - calibration.threshold) > tol]
+clear = [i for i, s in enumerate(scores) if abs(s - calibration.flag.threshold) > tol]
 assert [records[i]["flagged"] for i in clear] == [rows[i]["flagged"] for i in clear]
 onnx = w / "onnx"
 assert main(["export", str(normed), "--format", "onnx", "--out", str(onnx)]) == 0

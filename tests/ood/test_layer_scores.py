@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import hydra_ensembles as he
-from hydra_ensembles.evaluation import Calibration, Predictions, predict
+from hydra_ensembles.calibration import Calibration
+from hydra_ensembles.evaluation import Predictions, predict
 from hydra_ensembles.evaluation.conformal import flag_count
 from hydra_ensembles.ood import FeatureStatistics
 from tests.factories import (
@@ -260,9 +261,9 @@ def test_a_flag_on_every_layers_view_keeps_its_id_false_alarm_bound(n, keep, sco
     trials, fresh, flagged = 300, 40, []
     for _ in range(trials):
         calibration = Calibration.fit(_draw(rng, n), score=score, keep=keep, statistics=stats)
-        assert calibration.reads_layers
+        assert calibration.flag.reads_layers
         flagged.append(np.mean([r["flagged"] for r in calibration.records(_draw(rng, fresh))]))
-    alpha = calibration.alpha  # 1 - keep, as the p-values compare it in floating point
+    alpha = calibration.flag.alpha  # 1 - keep, as the p-values compare it in floating point
     expected = flag_count(n, alpha) / (n + 1)
     # the trials are independent; within one the fresh inputs share its threshold
     error = np.std(flagged) / math.sqrt(trials)
@@ -270,7 +271,7 @@ def test_a_flag_on_every_layers_view_keeps_its_id_false_alarm_bound(n, keep, sco
 
 
 def test_fit_statistics_fits_every_layers_view_unless_told_not_to():
-    from hydra_ensembles.evaluation import fit_statistics
+    from hydra_ensembles.calibration import fit_statistics
 
     torch.manual_seed(0)
     model = tiny_bert().eval()

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from hydra_ensembles.evaluation import Calibration, Predictions, applicable_scores, ood_scores
-from hydra_ensembles.evaluation.provenance import NO_DATA, DataRecord, Provenance
+from hydra_ensembles.calibration import Calibration
+from hydra_ensembles.calibration.provenance import NO_DATA, DataRecord, Provenance
+from hydra_ensembles.evaluation import Predictions, applicable_scores, ood_scores
 from hydra_ensembles.ood import FeatureStatistics, registry
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "ood.md"
@@ -99,7 +100,7 @@ def test_a_toy_score_is_one_module_and_one_registration(toy, tmp_path):
     records = calibration.records(Predictions(test_logits, None, test), ["a", "b", "c"])
     scores = ood_scores(Predictions(test_logits, None, test), "norm", statistics=stats)
     assert [r["ood_score_norm"] for r in records] == pytest.approx(scores.tolist())
-    assert [r["flagged"] for r in records] == [bool(s > calibration.threshold) for s in scores]
+    assert [r["flagged"] for r in records] == [bool(s > calibration.flag.threshold) for s in scores]
 
 
 def test_the_toy_score_in_passes_fits_what_its_fit_fits_in_one_process_and_over_blocks(toy_in_passes):
@@ -152,4 +153,4 @@ def test_a_toy_logit_score_is_one_module_and_one_registration(margin):
     np.testing.assert_allclose(scores, expected, rtol=1e-12)
     records = calibration.records(test, ["a", "b", "c", "d"])
     assert [r["ood_score_margin"] for r in records] == pytest.approx(scores.tolist())
-    assert [r["flagged"] for r in records] == [bool(s > calibration.threshold) for s in scores]
+    assert [r["flagged"] for r in records] == [bool(s > calibration.flag.threshold) for s in scores]

@@ -8,7 +8,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification, ViTConfig, ViTForImageClassification
 
 import hydra_ensembles as he
-from hydra_ensembles.evaluation import calibrate
+from hydra_ensembles.calibration import calibrate
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
 

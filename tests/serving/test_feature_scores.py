@@ -15,7 +15,8 @@ import torch
 from transformers import pipeline
 
 import hydra_ensembles as he
-from hydra_ensembles.evaluation import calibrate, predict, saved_calibration
+from hydra_ensembles.calibration import calibrate, saved_calibration
+from hydra_ensembles.evaluation import predict
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.ood import STATISTICS_NAME, FeatureStatistics, feature_scores
@@ -83,10 +84,10 @@ def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
     folder, exported = built(score)
     model = load_any(str(folder))
     calibration = saved_calibration(model)
-    assert calibration.score == score and calibration.statistics is not None
+    assert calibration.flag.score == score and calibration.flag.statistics is not None
     tokenizer = load_tokenizer(str(folder))
     batch = dict(tokenizer(TEXTS, padding=True, return_tensors="pt"))
-    layers = calibration.reads_layers
+    layers = calibration.flag.reads_layers
     records = calibration.records(predict(model, [batch], progress=False, precision="fp32", layers=layers))
     expected = np.array([r[f"ood_score_{score}"] for r in records])
     served = pipeline("hydra-text-classification", model=str(folder), precision="fp32")(TEXTS, batch_size=3)
@@ -98,18 +99,20 @@ def test_records_pipeline_and_onnx_give_the_same_score_and_flag(built, score):
         return
     session = onnxruntime.InferenceSession(str(exported / "model.onnx"))
     sidecar = json.loads((exported / "calibration.json").read_text())
-    assert "ood_score" in sidecar["outputs"] and sidecar["calibration"]["score"] == score
+    assert "ood_score" in sidecar["outputs"] and sidecar["calibration"]["flag"]["score"] == score
     feed = {name: batch[name].numpy() for name in sidecar["inputs"]}
     ood, per_member = session.run(["ood_score", "ood_score_per_member"], feed)
     assert ood.dtype == np.float64 and per_member.shape == (len(TEXTS), len(HEAD_SETS))
     assert np.allclose(ood, expected, rtol=1e-4, atol=1e-5)
     assert np.allclose(per_member.mean(1), ood)
-    flags = ood > sidecar["calibration"]["threshold"]
-    kept = np.asarray(sidecar["calibration"]["calibration_scores"])  # the conformal p-value, as documented
+    flags = ood > sidecar["calibration"]["flag"]["threshold"]
+    kept = np.asarray(
+        sidecar["calibration"]["flag"]["calibration_scores"]
+    )  # the conformal p-value, as documented
     p_values = (1 + (kept[None] >= ood[:, None]).sum(1)) / (len(kept) + 1)
     assert p_values.tolist() == pytest.approx([r["ood_p_value"] for r in records])
     assert [s["ood_p_value"] for s in served] == pytest.approx([r["ood_p_value"] for r in records])
-    clear = np.abs(expected - calibration.threshold) > 1e-4 * max(1.0, abs(calibration.threshold))
+    clear = np.abs(expected - calibration.flag.threshold) > 1e-4 * max(1.0, abs(calibration.flag.threshold))
     assert flags[clear].tolist() == [r["flagged"] for r, c in zip(records, clear, strict=True) if c]
     assert [s["flagged"] for s in served] == [r["flagged"] for r in records]
 

@@ -15,7 +15,8 @@ from transformers import AutoModelForSequenceClassification, ViTImageProcessor
 
 import hydra_ensembles as he
 from hydra_cli import main
-from hydra_ensembles.evaluation import Predictions, saved_calibration
+from hydra_ensembles.calibration import saved_calibration
+from hydra_ensembles.evaluation import Predictions
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
 from hydra_ensembles.serving.onnx import ExportError, export_onnx
@@ -75,7 +76,7 @@ def test_the_sidecar_carries_the_calibration_and_the_flag_follows_from_the_outpu
     # the flag from the graph's calibrated logits alone equals the library's records
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    flags = (1 - probs.max(-1)) > sidecar["calibration"]["threshold"]
+    flags = (1 - probs.max(-1)) > sidecar["calibration"]["flag"]["threshold"]
     records = calibration.records(Predictions(per_member.transpose(1, 0, 2)), sidecar["classes"])
     assert flags.tolist() == [r["flagged"] for r in records]
     assert np.allclose(probs.max(-1), [r["confidence"] for r in records], atol=1e-6)
@@ -377,7 +378,7 @@ def test_an_export_changed_after_export_is_refused_where_it_is_read(exported, tm
     shutil.copytree(exported["calibrated"], folder)
     side = json.loads((folder / "calibration.json").read_text())
     if edit == "threshold":
-        side["calibration"]["threshold"] = -1.0  # every input would be flagged
+        side["calibration"]["flag"]["threshold"] = -1.0  # every input would be flagged
     elif edit == "classes":
         side["classes"] = side["classes"][::-1]
     if edit == "graph":

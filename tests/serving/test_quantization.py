@@ -14,9 +14,10 @@ from scipy.special import log_softmax, logsumexp
 
 from hydra_cli import main
 from hydra_ensembles import metrics as M
-from hydra_ensembles.evaluation import Predictions, saved_calibration
-from hydra_ensembles.evaluation.calibration import Calibration
-from hydra_ensembles.evaluation.provenance import DataRecord, Provenance
+from hydra_ensembles.calibration import saved_calibration
+from hydra_ensembles.calibration.calibration import Calibration
+from hydra_ensembles.calibration.provenance import DataRecord, Provenance
+from hydra_ensembles.evaluation import Predictions
 from hydra_ensembles.hashing import batches_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer
@@ -94,7 +95,7 @@ def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, qu
     assert parity["nll_fp32"] == pytest.approx(M.nll(p_ref, labels), rel=1e-6)
     assert parity["ece_quantized"] == pytest.approx(M.ece(p_int8, labels), rel=1e-6)
     msp = 1 - p_ref.max(-1)
-    assert parity["flag_rate_fp32"] == pytest.approx(float(np.mean(msp > original.threshold)))
+    assert parity["flag_rate_fp32"] == pytest.approx(float(np.mean(msp > original.flag.threshold)))
     # the held-out rate: refit on one half of the validation inputs, measured on the other
     from hydra_ensembles.serving.quantization import _held_out_flag_rate
 
@@ -111,7 +112,9 @@ def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, qu
     for fit_rows, test_rows in (halves, halves[::-1]):
         half = refit(refitted, {k: v[fit_rows] for k, v in int8.items()}, labels[fit_rows], "", "")
         p_half = Predictions(int8["logits_per_member"][test_rows].transpose(1, 0, 2)).probs(half.temperature)
-        agree.append(np.mean((1 - p_half.max(-1) > half.threshold) == (msp[test_rows] > original.threshold)))
+        agree.append(
+            np.mean((1 - p_half.max(-1) > half.flag.threshold) == (msp[test_rows] > original.flag.threshold))
+        )
     assert parity["flag_agreement_held_out"] == pytest.approx(float(np.mean(agree)))
 
 

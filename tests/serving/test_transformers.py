@@ -15,7 +15,8 @@ from transformers import (
 )
 
 import hydra_ensembles as he
-from hydra_ensembles.evaluation import Predictions, predict, saved_calibration
+from hydra_ensembles.calibration import saved_calibration
+from hydra_ensembles.evaluation import Predictions, predict
 from hydra_ensembles.evaluation.uncertainty import per_example
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.models import load_tokenizer

@@ -89,9 +89,9 @@ class _Model(ModelWorker):
     """The model a replica serves: records for a batch of texts, or of images."""
 
     def __init__(self, model: str, settings: dict[str, Any]) -> None:
+        from ..calibration import saved_calibration
         from ..data.labels import model_class_names
         from ..data.registry import saved_length
-        from ..evaluation import saved_calibration
         from ..models import takes_images
         from ..precision import resolve_precision
 

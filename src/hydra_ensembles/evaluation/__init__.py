@@ -1,6 +1,6 @@
-"""Evaluation: predictions of any model or ensemble, temperature scaling, metrics, shift, and a
-model's calibration (its settings in `settings`, plain Python; the names below load with their
-modules on first use, so that the command line reads the settings without numpy or torch)."""
+"""Evaluation: predictions of any model or ensemble, OOD scores, temperature scaling, conformal
+flags and sets, metrics with intervals, and shift (a model's calibration, fit from these parts,
+is `hydra_ensembles.calibration`). The names below load with their modules on first use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from .._imports import lazy_exports
 
 if TYPE_CHECKING:  # what `__getattr__` gives, for type checkers and editors
-    from .calibration import Calibration
     from .evaluate import (
         applicable_scores,
         evaluate_predictions,
@@ -27,18 +26,8 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for type checkers and editors
         add_score_comparisons,
         bootstrap_draws,
     )
-    from .model_calibration import (
-        CalibrationFit,
-        calibrate,
-        fit_calibration,
-        fit_statistics,
-        record_calibration,
-        saved_calibration,
-    )
     from .predict import Predictions, predict
-    from .provenance import DataRecord, Provenance
     from .run import EvalData, MethodPredictions, evaluate_method, method_statistics, predict_method
-    from .settings import CalibrationConfig
     from .shift import (
         IMAGE_CORRUPTIONS,
         SEVERITIES,
@@ -47,7 +36,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for type checkers and editors
         corrupt_texts,
         shifted_sets,
     )
-    from .temperature import fit_temperature
+    from .temperature import fit_temperature, split_for_sets
     from .uncertainty import flag_threshold, per_example
 
 __getattr__, __dir__, __all__ = lazy_exports(
@@ -69,23 +58,10 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "add_score_comparisons",
             "bootstrap_draws",
         ),
-        ".calibration": ("Calibration",),
         ".flag_score": ("choose_flag_score",),
-        ".model_calibration": (
-            "CalibrationFit",
-            "calibrate",
-            "fit_calibration",
-            "fit_statistics",
-            "record_calibration",
-            "saved_calibration",
-        ),
         ".predict": (
             "Predictions",
             "predict",
-        ),
-        ".provenance": (
-            "DataRecord",
-            "Provenance",
         ),
         ".run": (
             "EvalData",
@@ -94,7 +70,6 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "method_statistics",
             "predict_method",
         ),
-        ".settings": ("CalibrationConfig",),
         ".shift": (
             "IMAGE_CORRUPTIONS",
             "SEVERITIES",
@@ -103,7 +78,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "corrupt_texts",
             "shifted_sets",
         ),
-        ".temperature": ("fit_temperature",),
+        ".temperature": ("fit_temperature", "split_for_sets"),
         ".uncertainty": (
             "flag_threshold",
             "per_example",

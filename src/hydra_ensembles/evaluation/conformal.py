@@ -24,10 +24,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..inputs import class_ids
-from .settings import FLAG_METHODS, SET_METHODS
 
 __all__ = [
-    "FLAG_METHODS",
     "benjamini_hochberg",
     "conformal_p_values",
     "conformal_threshold",
@@ -172,6 +170,11 @@ def benjamini_hochberg_cutoff(values: Any, counts: Any, level: float) -> float:
     return float(values[passing[-1]]) if len(passing) else -np.inf
 
 
+NONCONFORMITY_SCORES = ("lac", "aps", "raps")
+"""The prediction sets' non-conformity scores `set_scores` computes (a calibration's settings
+name them: `calibration.settings.SET_METHODS`)."""
+
+
 def set_scores(
     probs: Any,
     method: str = "lac",
@@ -189,8 +192,8 @@ def set_scores(
     p = np.asarray(probs, dtype=np.float64)
     if p.ndim != 2:
         raise InputError(f"probabilities must be (inputs, classes), got {p.shape}")
-    if method not in SET_METHODS:
-        raise InputError(f"unknown prediction-set method {method!r}; choose from {SET_METHODS}")
+    if method not in NONCONFORMITY_SCORES:
+        raise InputError(f"unknown prediction-set method {method!r}; choose from {NONCONFORMITY_SCORES}")
     if method == "lac":
         return 1.0 - p
     order = np.argsort(-p, axis=1, kind="stable")

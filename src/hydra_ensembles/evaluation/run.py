@@ -15,7 +15,6 @@ import numpy as np
 from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
-from .calibration import split_for_sets
 from .conformal import (
     conformal_threshold,
     fit_set_quantiles,
@@ -28,7 +27,7 @@ from .evaluate import applicable_scores, evaluate_predictions, ood_scores
 from .flag_score import DEFAULT_FEATURE_SCORE, choose_flag_score, validation_aurocs
 from .intervals import add_intervals, bootstrap_draws
 from .predict import Predictions
-from .temperature import fit_temperature
+from .temperature import fit_temperature, split_for_sets
 
 Batches = list[dict[str, Any]]
 PredictFn = Callable[[Any, Batches, str], Predictions]
@@ -162,18 +161,19 @@ def _as_served(preds: MethodPredictions, served: Any, temperature, stats) -> dic
     """What a saved calibration serves on the test sets: the share each set's inputs its flag
     raises (``flagged``) and, with prediction sets, their coverage and size on the ID test."""
     flagged = {"ID test": preds.test, **{k: p for k, (_, p) in preds.ood.items()}}
+    flag, sets = served.flag, served.sets
     out: dict[str, Any] = {
         "flagged": {
-            k: float(np.mean(flags(ood_scores(p, served.score, temperature, stats), served.threshold)))
+            k: float(np.mean(flags(ood_scores(p, flag.score, temperature, stats), flag.threshold)))
             for k, p in flagged.items()
         }
     }
-    if served.set_method:
-        members, labels = served.sets(preds.test), preds.test.class_labels("ID test predictions")
+    if sets is not None:
+        members, labels = served.prediction_sets(preds.test), preds.test.class_labels("ID test predictions")
         out["sets"] = {
-            "method": served.set_method,
-            "alpha": served.set_alpha,
-            "one_draw_floor": 1 - one_draw_range(served.set_examples, served.set_alpha)[1],
+            "method": sets.method,
+            "alpha": sets.alpha,
+            "one_draw_floor": 1 - one_draw_range(sets.examples, sets.alpha)[1],
             **set_summary(members, labels, per_class=True),
         }
     return out
@@ -201,9 +201,8 @@ def evaluate_method(
     temperature, fit on its own NLL). Every OOD score the predictions allow is evaluated (the
     feature scores under `method_statistics`), and each row names its ``flag_score``: the one
     `choose_flag_score` picks on its validation (and OOD validation) predictions, else ``msp``.
-    With ``saved`` (the `Calibration` saved with the model), the row ``name (as saved)`` measures
-    what is served: the saved temperature, flag score, feature statistics and threshold, with the
-    share of each set the saved flag raises (``flagged``).
+    With ``saved`` (the model's saved `Calibration`), the row ``name (as saved)`` measures what is
+    served: the saved temperature and flag, with the share of each set it raises (``flagged``).
     Returns the rows, the fitted temperatures, and with ``bootstrap`` resamples each row's metric
     draws for every score (`evaluation.intervals`; the rows then hold their 95% ``intervals``)."""
     rows, temperatures, draws = {}, {}, {}
@@ -211,10 +210,11 @@ def evaluate_method(
     scores = applicable_scores(preds.test, statistics)
 
     def add(row_name: str, temperature: float | np.ndarray = 1.0, served: Any = None) -> None:
-        stats = served.statistics if served is not None and served.statistics is not None else statistics
+        own = served.flag.statistics if served is not None else None  # the saved calibration's
+        stats = own if own is not None else statistics
         row = evaluate_predictions(preds.test, preds.ood, preds.shift, temperature, statistics=stats)
         if served is not None:  # what the saved calibration flags, as served
-            row["flag_score"] = chosen = served.score
+            chosen = served.flag.score
             row.update(_as_served(preds, served, temperature, stats))
         else:
             chosen = _flag_score_by_rule(preds, statistics, scores, temperature, row)

@@ -110,3 +110,22 @@ def _checked(logits: torch.Tensor, labels: torch.Tensor) -> float:
         stacklevel=3,
     )
     return 1.0
+
+
+def split_for_sets(id_validation: Predictions) -> tuple[Predictions, Predictions]:
+    """The validation predictions split by position: the even inputs (0, 2, ...) fit the
+    temperature, the odd ones calibrate the prediction sets at that temperature. Kept apart,
+    the sets' coverage guarantee does not depend on the temperature's fit."""
+    labels = id_validation.class_labels("prediction sets' labelled validation data")
+    features, layers = id_validation.member_features, id_validation.layer_features
+
+    def part(start: int) -> Predictions:
+        rows = slice(start, None, 2)
+        return Predictions(
+            id_validation.member_logits[:, rows],
+            labels[rows],
+            None if features is None else features[:, rows],
+            None if layers is None else layers[:, rows],
+        )
+
+    return part(0), part(1)

@@ -112,7 +112,7 @@ def predict_records(
 
     from .predict import predict
 
-    layers = calibration is not None and calibration.reads_layers
+    layers = calibration is not None and calibration.flag.reads_layers
     started = time.perf_counter()
     preds = predict(model, batches, "predict", progress=progress, precision=precision, layers=layers)
     forward = time.perf_counter() - started

@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..hashing import config_digest
 from ..ood.detectors import STATISTICS_NAME
 from ..ood.features import FeatureError, FeatureTap
-from ..ood.storage import read_statistics
+from ..ood.storage import read_statistics, statistics_digest
 from ..outputs import EnsembleOutput
 from ..saving.files import atomic_write_json, read_json
 from ..saving.formats import SavedFormat, check_companions, companion_digests, register_saved_format
@@ -57,7 +57,7 @@ class DeepEnsemble(nn.Module):
         self.members = nn.ModuleList(models)
         self.record_layers = False  # each member's pooled token after every layer (`FeatureTap`)
         # the members' configuration (family, classes), with the ensemble's own calibration
-        # (`evaluation.calibrate`; saved in its index file), never a member's
+        # (`calibration.calibrate`; saved in its index file), never a member's
         first = getattr(models[0], "config", None)
         self.config = copy.deepcopy(first) if first is not None else SimpleNamespace()
         write_metadata(self.config, calibration=None)
@@ -167,7 +167,7 @@ def write_ensemble_index(
     }
     if calibration is not None:
         index["calibration"] = calibration
-        if statistics is not None and calibration.get("statistics_sha256"):
+        if statistics is not None and statistics_digest(calibration):
             statistics.save(path / STATISTICS_NAME)
     index["files_sha256"] = companion_digests(path, CONFIG_NAME)  # the tokenizer, the statistics
     index["config_sha256"] = config_digest(index)

@@ -49,7 +49,7 @@ class ModelMetadata:
     """The library's record on a model. None (or empty): not recorded.
 
     ``kept_heads``: the original heads a pruned model keeps; ``base_fingerprint``: the unpruned
-    model it descends from (`hashing.fingerprint`); ``calibration``: `evaluation.Calibration`'s
+    model it descends from (`hashing.fingerprint`); ``calibration``: `calibration.Calibration`'s
     dictionary; ``training``: the fine-tuning record (`training.record_training`); ``max_length``:
     the token length the model was trained and calibrated at; ``member_transforms``: each
     baseline transform's record by its key; ``statistics``: the `ood.FeatureStatistics` the

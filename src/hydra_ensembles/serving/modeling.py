@@ -38,10 +38,10 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
+from ..calibration.calibration import Calibration
+from ..calibration.fit import saved_calibration
 from ..configuration import HydraConfig, register_config
 from ..errors import InputError
-from ..evaluation.calibration import Calibration
-from ..evaluation.model_calibration import saved_calibration
 from ..loading import load_saved
 from ..members.ensemble import as_ensemble, unwrapped
 from ..ood.registry import feature_scores
@@ -118,10 +118,10 @@ class HydraPreTrainedModel(PreTrainedModel):
         self.ensemble = as_ensemble(ensemble)
         self.calibration = calibration
         self.precision = "auto"
-        if calibration is not None and calibration.reads_layers:  # its flag score reads every layer
+        if calibration is not None and calibration.flag.reads_layers:  # its flag score reads every layer
             if not hasattr(self.ensemble, "record_layers"):
                 raise InputError(
-                    f"the calibration flags on {calibration.score}, which reads every layer's features, "
+                    f"the calibration flags on {calibration.flag.score}, which reads every layer's features, "
                     f"and a {type(self.ensemble).__name__} does not record them"
                 )
             self.ensemble.record_layers = True
@@ -135,7 +135,7 @@ class HydraPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_ensemble(cls, model: nn.Module, saved_format: str | None = None) -> HydraPreTrainedModel:
-        """Wrap a model in memory with the calibration recorded in it (`evaluation.calibrate`)."""
+        """Wrap a model in memory with the calibration recorded in it (`calibration.calibrate`)."""
         base = model.config
         config = HydraConfig.describing(base, saved_format or format_of(model).kind)
         config.name_or_path = getattr(base, "name_or_path", "")
@@ -196,11 +196,11 @@ class HydraPreTrainedModel(PreTrainedModel):
         calibration = self.calibration
         if (
             calibration is not None
-            and calibration.statistics is not None
-            and calibration.score in feature_scores()
+            and calibration.flag.statistics is not None
+            and calibration.flag.score in feature_scores()
         ):
-            scores = calibration.statistics.member_scores(
-                calibration.score, features, member_logits.float(), out.layer_features
+            scores = calibration.flag.statistics.member_scores(
+                calibration.flag.score, features, member_logits.float(), out.layer_features
             )
         layers = out.layer_features
         return HydraClassifierOutput(

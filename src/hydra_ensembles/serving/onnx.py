@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..calibration.calibration import check_calibration_data
 from ..data.registry import saved_length
-from ..evaluation.calibration import check_calibration_data
 from ..loading import load_any, saved_preprocessor
 from ..saving.files import atomic_dir, atomic_write_json, check_replaceable_dir
 from ..saving.formats import write_folder_checksums
@@ -260,7 +260,7 @@ OUTPUTS = {
     "logits": "(batch, classes): log of the calibrated ensemble probabilities",
     "logits_per_member": "(batch, members, classes): the members' logits before calibration",
     "ood_score": "(batch,): the calibration's feature score (float64), the mean of the members'; "
-    "flagged where > calibration.threshold",
+    "flagged where > calibration.flag.threshold",
     "ood_score_per_member": "(batch, members): each member's feature score (float64)",
 }
 

@@ -38,7 +38,7 @@ class ExportGraph(nn.Module):
         super().__init__()
         self.model, self.input_names, self.vocab, self.types = model, tuple(input_names), vocab, types
         calibration = model.calibration
-        self.scored = calibration is not None and calibration.score in feature_scores()
+        self.scored = calibration is not None and calibration.flag.score in feature_scores()
         self.output_names = OUTPUT_NAMES + (SCORE_NAMES if self.scored else ())
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

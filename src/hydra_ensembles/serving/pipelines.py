@@ -37,11 +37,11 @@ from transformers import (
 )
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from ..calibration.calibration import Calibration
+from ..calibration.fit import saved_calibration
 from ..data.registry import position_limit, saved_length
 from ..data.text import check_text_input
 from ..errors import InputError
-from ..evaluation.calibration import Calibration
-from ..evaluation.model_calibration import saved_calibration
 from ..evaluation.predict import Predictions
 from ..evaluation.uncertainty import per_example
 from ..inputs import check_padding
@@ -102,7 +102,7 @@ class _UncertaintyRecords:
             tap = None
         calibration = self._calibration()
         if tap is not None:
-            tap.every_layer = calibration is not None and calibration.reads_layers
+            tap.every_layer = calibration is not None and calibration.flag.reads_layers
         # the tap's hooks sit on the model, which other threads' pipelines may run at once: one
         # forward pass at a time per model, so that each records its own call only
         with _model_lock(model):

@@ -28,12 +28,12 @@ import numpy as np
 
 from .. import metrics as M
 from ..batching import model_inputs
+from ..calibration.calibration import Calibration
+from ..calibration.provenance import DataRecord, Provenance
 from ..errors import InputError
-from ..evaluation.calibration import Calibration
 from ..evaluation.conformal import flags as raised
 from ..evaluation.conformal import one_draw_range
 from ..evaluation.predict import Predictions
-from ..evaluation.provenance import DataRecord, Provenance
 from ..ood.registry import feature_scores
 
 QUANTIZATIONS = ("int8",)
@@ -195,9 +195,9 @@ def flag_scores(outputs: dict[str, np.ndarray], calibration: Calibration) -> np.
     for a feature score, else computed from its members' logits at the calibration's temperature."""
     from ..evaluation.evaluate import ood_scores
 
-    if calibration.score in feature_scores():
+    if calibration.flag.score in feature_scores():
         return outputs["ood_score"].astype(np.float64)
-    return ood_scores(graph_predictions(outputs, None), calibration.score, calibration.temperature)
+    return ood_scores(graph_predictions(outputs, None), calibration.flag.score, calibration.temperature)
 
 
 def refit(
@@ -206,14 +206,14 @@ def refit(
     """``calibration`` fit again, with its score, level and methods, on a graph's outputs for
     the labelled ID validation inputs (``data``, batches digest ``digest``)."""
     predictions = graph_predictions(outputs, labels)
-    scores = outputs["ood_score"] if calibration.score in feature_scores() else None
+    scores = outputs["ood_score"] if calibration.flag.score in feature_scores() else None
     return Calibration.fit(
         predictions,
         calibration.config,
         provenance=Provenance(DataRecord(data, digest), calibration.provenance.statistics),
         precision="int8",
         model_sha256=calibration.model_sha256,
-        statistics=calibration.statistics,
+        statistics=calibration.flag.statistics,
         id_scores=scores,
     )
 
@@ -240,13 +240,13 @@ def _held_out_flag_rate(
         except InputError:
             return {}
         rest = {name: value[test_rows] for name, value in outputs.items()}
-        flagged = raised(flag_scores(rest, fitted), fitted.threshold)
+        flagged = raised(flag_scores(rest, fitted), fitted.flag.threshold)
         rates.append(float(np.mean(flagged)))
         if reference_flags is not None:
             agreeing.append(float(np.mean(flagged == reference_flags[test_rows])))
     ceiling = (
-        one_draw_range(len(labels) // 2, calibration.alpha)[1]
-        if calibration.flag_method == "conformal"
+        one_draw_range(len(labels) // 2, calibration.flag.alpha)[1]
+        if calibration.flag.method == "conformal"
         else None
     )
     agreement = {"flag_agreement_held_out": float(np.mean(agreeing))} if agreeing else {}
@@ -272,11 +272,11 @@ def parity(
     if calibration is not None and refitted is not None:
         ref_scores, quant_scores = flag_scores(reference, calibration), flag_scores(quantized, calibration)
         refit_scores = flag_scores(quantized, refitted)
-        ref_flags = raised(ref_scores, calibration.threshold)
+        ref_flags = raised(ref_scores, calibration.flag.threshold)
         flags = {
             "flag_rate_fp32": float(np.mean(ref_flags)),
-            "flag_rate_quantized": float(np.mean(raised(quant_scores, calibration.threshold))),
-            "flag_rate_refit": float(np.mean(raised(refit_scores, refitted.threshold))),
+            "flag_rate_quantized": float(np.mean(raised(quant_scores, calibration.flag.threshold))),
+            "flag_rate_refit": float(np.mean(raised(refit_scores, refitted.flag.threshold))),
             **_held_out_flag_rate(refitted, quantized, labels, ref_flags),
         }
         if ood is not None:

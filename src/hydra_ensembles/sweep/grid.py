@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..build import BuildConfig
+from ..calibration import CalibrationConfig
 from ..errors import InputError
-from ..evaluation import CalibrationConfig
 from ..training import FineTuneConfig
 
 SINGLE = "single"

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from ..evaluation import EvalData, evaluate_method, main_row, predict, predict_method, saved_calibration
+from ..calibration import saved_calibration
+from ..evaluation import EvalData, evaluate_method, main_row, predict, predict_method
 from ..evaluation.evaluate import member_feature_scores, ood_scores
 from ..loading import load_any
 from ..metrics import auroc, paired_difference, resample_indices
@@ -75,15 +76,20 @@ def _score_spread(test, score: str, served) -> float | None:
     inputs' scores do: the mean over held-out ID inputs of the members' standard deviation,
     divided by the standard deviation of the ensemble's score over the inputs (0: the members
     score every input alike; None: one member, or a logit score)."""
-    if test.num_members < 2 or score not in feature_scores() or served is None or served.statistics is None:
+    if (
+        test.num_members < 2
+        or score not in feature_scores()
+        or served is None
+        or served.flag.statistics is None
+    ):
         return None
-    members = member_feature_scores(test, score, served.statistics)
+    members = member_feature_scores(test, score, served.flag.statistics)
     across = float(members.mean(0).std())
     return float(members.std(0).mean() / across) if across > 0 else None
 
 
 def _per_input(preds, ood, score: str, temperature, served) -> dict[str, np.ndarray]:
-    statistics = served.statistics if served is not None else None
+    statistics = served.flag.statistics if served is not None else None
     labels = preds.test.class_labels("held-out validation predictions")
     probs = preds.test.probs(temperature)
     out = {

@@ -29,11 +29,11 @@ from torch import nn
 
 from ..batching import batch_rows, model_inputs, repeat_rows, slice_rows
 from ..build import build_hydra, sample_head_sets, save_with_preprocessor
+from ..calibration import calibrate
+from ..calibration.calibration import check_calibration_data
 from ..cost import measure, synchronizer
 from ..data.labels import check_same_classes
 from ..errors import InputError
-from ..evaluation import calibrate
-from ..evaluation.calibration import check_calibration_data
 from ..evaluation.evaluate import check_flag_score, ood_score_names
 from ..hashing import fingerprint, json_digest
 from ..loading import load_any

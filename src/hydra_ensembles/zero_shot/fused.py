@@ -129,7 +129,7 @@ class ZeroShotHydra(nn.Module):
             model = cls(hydra, state["class_embeddings"], dual, head_sets)
         except ValueError as exc:
             raise ZeroShotLoadError(f"{path}: {exc}") from exc
-        write_metadata(model, calibration=config.get("calibration"))  # `evaluation.calibrate`'s record
+        write_metadata(model, calibration=config.get("calibration"))  # `calibration.calibrate`'s record
         read_statistics(model, path, ZeroShotLoadError)
         return model.to(device or "cpu").eval()
 

@@ -5,6 +5,7 @@ on; `hydra-ens eval` and the sweep compare them to refuse test data a calibratio
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,11 +50,33 @@ class Provenance:
     statistics: DataRecord = NO_DATA
     ood: DataRecord = NO_DATA
 
+    def to_dict(self) -> dict[str, dict[str, str]]:
+        """The JSON record: each data record's name and SHA-256."""
+        return {part: dataclasses.asdict(getattr(self, part)) for part in _PARTS}
+
+    @classmethod
+    def from_dict(cls, saved: Any) -> Provenance:
+        """A provenance from its saved record (`to_dict`); InputError naming what is wrong."""
+        if not isinstance(saved, dict) or set(saved) != set(_PARTS):
+            raise InputError(
+                f"a saved calibration's provenance names the data of {list(_PARTS)}, got {saved!r:.80}"
+            )
+        records = []
+        for part in _PARTS:
+            if not isinstance(saved[part], dict) or set(saved[part]) != {"name", "sha256"}:
+                raise InputError(
+                    f"a saved calibration's {part} record is a name and a SHA-256, got {saved[part]!r:.80}"
+                )
+            records.append(DataRecord(**saved[part]))
+        return cls(*records)
+
     @property
     def digests(self) -> tuple[str, str, str]:
         """The three SHA-256s (empty where nothing was read), in that order."""
         return self.validation.sha256, self.statistics.sha256, self.ood.sha256
 
+
+_PARTS = ("validation", "statistics", "ood")
 
 NOTHING_READ = Provenance(NO_DATA)
 """The provenance of a calibration fit on predictions with no record of their data."""

@@ -2,6 +2,7 @@
 every kind of saved model, refused where damaged."""
 
 import copy
+import functools
 import json
 
 import numpy as np
@@ -9,21 +10,18 @@ import pytest
 import torch
 
 import hydra_ensembles as he
+from hydra_ensembles.calibration import Calibration, CalibrationConfig, Flag, calibrate, saved_calibration
+from hydra_ensembles.calibration.calibration import RECORD_DIGEST
+from hydra_ensembles.calibration.provenance import DataRecord, Provenance
 from hydra_ensembles.evaluation import (
-    Calibration,
-    CalibrationConfig,
     Predictions,
-    calibrate,
     fit_temperature,
     flag_threshold,
     ood_scores,
     per_example,
     predict,
-    saved_calibration,
 )
-from hydra_ensembles.evaluation.calibration import RECORD_DIGEST
 from hydra_ensembles.evaluation.conformal import conformal_threshold
-from hydra_ensembles.evaluation.provenance import DataRecord, Provenance
 from hydra_ensembles.hashing import batches_digest, fingerprint, json_digest
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.members import DeepEnsemble
@@ -47,18 +45,18 @@ def test_fit_is_the_temperature_then_the_threshold_at_it():
     temperature = fit_temperature(preds)
     assert calibration.temperature == pytest.approx(temperature, rel=1e-12)
     scores = ood_scores(preds, "entropy", calibration.temperature)
-    assert calibration.flag_method == "conformal" and calibration.alpha == pytest.approx(0.1)
-    assert calibration.threshold == conformal_threshold(scores, 0.1)  # the 73rd smallest of 80
-    assert calibration.threshold == np.sort(scores)[72]
-    assert (calibration.score, calibration.keep, calibration.examples) == ("entropy", 0.9, 80)
+    assert calibration.flag.method == "conformal" and calibration.flag.alpha == pytest.approx(0.1)
+    assert calibration.flag.threshold == conformal_threshold(scores, 0.1)  # the 73rd smallest of 80
+    assert calibration.flag.threshold == np.sort(scores)[72]
+    assert (calibration.flag.score, calibration.flag.keep, calibration.examples) == ("entropy", 0.9, 80)
     records = calibration.records(preds)
-    expected = per_example(preds, None, calibration.temperature, "entropy", calibration.threshold)
+    expected = per_example(preds, None, calibration.temperature, "entropy", calibration.flag.threshold)
     assert [{k: v for k, v in r.items() if k != "ood_p_value"} for r in records] == expected
     assert [r["ood_p_value"] <= 0.1 for r in records] == [r["flagged"] for r in records]
     assert np.mean([r["flagged"] for r in expected]) <= 0.1 + 1e-9
     assert Calibration.from_dict(json.loads(json.dumps(calibration.to_dict()))) == calibration
     plain = Calibration.fit(preds, score="entropy", keep=0.9, flag_method="quantile")  # the plain quantile
-    assert plain.threshold == flag_threshold(preds, "entropy", 0.9, plain.temperature)
+    assert plain.flag.threshold == flag_threshold(preds, "entropy", 0.9, plain.temperature)
     assert "ood_p_value" not in plain.records(preds)[0]
 
 
@@ -72,7 +70,7 @@ def test_a_flag_fit_on_scores_computed_elsewhere_is_the_flag_fit_on_the_same_sco
         scores = ood_scores(preds, "energy", own.temperature)
         assert Calibration.fit(preds, score="energy", keep=0.9, flag_method=method, id_scores=scores) == own
     shifted = Calibration.fit(preds, score="energy", keep=0.9, flag_method="quantile", id_scores=scores + 1.0)
-    assert shifted.threshold == pytest.approx(own.threshold + 1.0)
+    assert shifted.flag.threshold == pytest.approx(own.flag.threshold + 1.0)
     with pytest.raises(ValueError, match="one score per ID validation input, 60"):
         Calibration.fit(preds, score="energy", id_scores=scores[:10])
     with pytest.raises(ValueError, match="not 'auto'"):
@@ -80,34 +78,48 @@ def test_a_flag_fit_on_scores_computed_elsewhere_is_the_flag_fit_on_the_same_sco
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("where", "value", "message"),
     [
-        ({"temperature": 0.0}, "temperature must be positive"),
-        ({"temperature": float("nan")}, "temperature must be positive"),
-        ({"score": "msq"}, "unknown OOD score"),
-        ({"threshold": float("inf")}, "threshold must be finite"),
-        ({"keep": 1.5}, "keep must be in"),
-        ({"examples": 0}, "at least one input"),
-        ({"extra": 1}, "has the fields"),
-        ({"temperature": "warm"}, "malformed"),
+        (("temperature",), 0.0, "temperature must be positive"),
+        (("temperature",), float("nan"), "temperature must be positive"),
+        (("flag", "score"), "msq", "unknown OOD score"),
+        (("flag", "threshold"), float("inf"), "threshold must be finite"),
+        (("flag", "keep"), 1.5, "keep must be in"),
+        (("flag", "method"), "median", "unknown flag method"),
+        (("examples",), 0, "at least one input"),
+        (("extra",), 1, "has the fields"),
+        (("flag", "extra"), 1, "flag has the fields"),
+        (("sets",), {"method": "lac"}, "prediction sets has the fields"),
+        (("provenance", "ood"), {"name": "o.csv"}, "ood record is a name and a SHA-256"),
+        (("provenance", "validation", "sha256"), "abc", "64 lowercase hex"),
+        (("temperature",), "warm", "malformed"),
     ],
 )
-def test_a_malformed_saved_calibration_is_refused(change, message):
-    """Each field checked on its own (a record whose checksum was recomputed after the change),
-    and any change at all refused by the record's own checksum."""
-    good = Calibration(1.2, "msp", 0.3, 0.95, "v.csv", "0" * 64, 50, "fp32", "1" * 64).to_dict()
-    changed = {k: v for k, v in {**good, **change}.items() if k != RECORD_DIGEST}
+def test_a_malformed_saved_calibration_is_refused(where, value, message):
+    """Each field of each part checked on its own (a record whose checksum was recomputed after
+    the change), and any change at all refused by the record's own checksum."""
+    flag = Flag("msp", 0.3, 0.95)
+    good = Calibration(
+        1.2, flag, None, Provenance(DataRecord("v.csv", "0" * 64)), 50, "fp32", "1" * 64
+    ).to_dict()
+    changed = copy.deepcopy(good)
+    *path, last = where
+    functools.reduce(dict.__getitem__, path, changed)[last] = value
+    del changed[RECORD_DIGEST]
     with pytest.raises(ValueError, match=message):
         Calibration.from_dict({**changed, RECORD_DIGEST: json_digest(changed)})
     with pytest.raises(ValueError, match="does not match its own checksum"):
-        Calibration.from_dict({**good, **change})
+        Calibration.from_dict({**changed, RECORD_DIGEST: good[RECORD_DIGEST]})
 
 
 def test_calibrate_records_what_it_fit_on_in_the_configuration():
     model, val = tiny_bert(labels=3, init_range=0.3), _val()
     calibration = calibrate(model, val, score="msp", data="val.csv", progress=False)  # the run's precision
     assert saved_calibration(model) == calibration
-    assert calibration.data == "val.csv" and calibration.data_sha256 == batches_digest(val)
+    assert (
+        calibration.provenance.validation.name == "val.csv"
+        and calibration.provenance.validation.sha256 == batches_digest(val)
+    )
     precision = resolve_precision("auto").name
     assert calibration.examples == 72 and calibration.precision == precision
     preds = predict(model, val, progress=False)
@@ -126,7 +138,7 @@ def test_fit_calibration_measures_the_ood_validation_data_and_records_it_where_i
     """fit_calibration returns the predictions it fit on and, with OOD validation data, every
     candidate score's AUROC at the fitted temperature; the OOD data is recorded only where it
     chose the flag score, and statistics fit earlier keep the record of their data."""
-    from hydra_ensembles.evaluation import fit_calibration, fit_statistics
+    from hydra_ensembles.calibration import fit_calibration, fit_statistics
     from hydra_ensembles.evaluation.flag_score import validation_aurocs
 
     model, val = tiny_bert(labels=3, init_range=0.3), _val()
@@ -199,7 +211,11 @@ def test_a_zero_shot_hydra_carries_its_calibration(tmp_path, score):
     loaded = saved_calibration(ZeroShotHydra.from_pretrained(tmp_path / "zs"))
     assert loaded == fitted
     if score == "mds":
-        assert loaded.statistics.digest() == fitted.statistics.digest() == fitted.statistics_sha256
+        assert (
+            loaded.flag.statistics.digest()
+            == fitted.flag.statistics.digest()
+            == fitted.flag.statistics_sha256
+        )
         (tmp_path / "zs" / "ood_statistics.safetensors").unlink()
         with pytest.raises(ValueError, match=r"ood_statistics\.safetensors"):
             ZeroShotHydra.from_pretrained(tmp_path / "zs")
@@ -214,11 +230,11 @@ def test_the_statistics_are_metadata_held_by_the_model():
     model, val = tiny_bert(labels=3, init_range=0.3), _val()
     fitted = calibrate(model, val, score="mds", id_train=val, progress=False)
     metadata = read_metadata(model)
-    assert metadata.statistics is fitted.statistics and metadata.calibration is not None
+    assert metadata.statistics is fitted.flag.statistics and metadata.calibration is not None
     assert read_metadata(model.config).statistics is None
     assert set(metadata.to_config()) == {"hydra_calibration"}  # the configuration's JSON: no tensors
     with pytest.raises(TypeError, match="configuration"):
-        write_metadata(model.config, statistics=fitted.statistics)
+        write_metadata(model.config, statistics=fitted.flag.statistics)
     forget_calibration(model)
     assert read_metadata(model).statistics is None and read_metadata(model).calibration is None
 
@@ -262,7 +278,7 @@ def test_one_settings_record_from_the_options_to_the_fit():
     config = CalibrationConfig(score="entropy", keep=0.9, set_method="aps", set_alpha=0.2)
     fitted = Calibration.fit(preds, config)
     assert fitted == Calibration.fit(preds, score="entropy", keep=0.9, set_method="aps", set_alpha=0.2)
-    assert fitted.config == config and fitted.set_quantiles
+    assert fitted.config == config and fitted.sets.quantiles
     assert Calibration.fit(preds, config, keep=0.8).config == config.replace(keep=0.8)
     assert Calibration.from_dict(fitted.to_dict()).config == config  # saved and read back
     assert he.BuildConfig().calibration == CalibrationConfig(score="auto", set_method="lac")

@@ -1,5 +1,5 @@
 """Calibrating a model: its predictions on ID validation data (and its members' features on ID
-training data) fit a `Calibration` (`calibration`), recorded in the model's metadata and saved
+training data) fit a `Calibration`, recorded in the model's metadata and saved
 with it; `saved_calibration` reads it back from a loaded model, bound to the weights it was fit
 on. Never fit a calibration on OOD test data.
 """
@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
+from ..evaluation.evaluate import ood_score_names
+from ..evaluation.flag_score import validation_aurocs
+from ..evaluation.predict import Predictions, predict
 from ..members.ensemble import as_ensemble
 from ..ood.detectors import FeatureStatistics
 from ..ood.features import ensemble_heads
@@ -20,11 +23,9 @@ from ..ood.registry import feature_scores
 from ..precision import model_device, resolve_precision
 from ..saving.metadata import read_metadata, write_metadata
 from ..surgery import fingerprint
-from .calibration import AUTO_SCORE, Calibration, CalibrationConfig
-from .evaluate import ood_score_names
-from .flag_score import validation_aurocs
-from .predict import Predictions, predict
+from .calibration import Calibration
 from .provenance import NO_DATA, DataRecord, Provenance
+from .settings import AUTO_SCORE, CalibrationConfig
 
 
 def fit_statistics(
@@ -164,7 +165,7 @@ def record_calibration(model: Any, calibration: Calibration) -> Calibration:
     """Bind ``calibration`` to ``model``'s weights and record it (and its feature statistics) in
     the model: what its savers write and `saved_calibration` reads."""
     calibration = dataclasses.replace(calibration, model_sha256=fingerprint(model))
-    write_metadata(model, calibration=calibration.to_dict(), statistics=calibration.statistics)
+    write_metadata(model, calibration=calibration.to_dict(), statistics=calibration.flag.statistics)
     return calibration
 
 
@@ -179,11 +180,11 @@ def saved_calibration(model: Any) -> Calibration | None:
     if calibration.model_sha256 != fingerprint(model):
         raise InputError(
             "the calibration recorded in the model's configuration was fit on other weights (the model "
-            "was trained, pruned or cast since): fit it again (evaluation.calibrate, or --val-data)"
+            "was trained, pruned or cast since): fit it again (calibration.calibrate, or --val-data)"
         )
     statistics = metadata.statistics
-    if not calibration.statistics_sha256:
+    if not calibration.flag.statistics_sha256:
         return calibration
     if statistics is None:
         raise InputError("the model's calibration names feature statistics, but the model holds none")
-    return dataclasses.replace(calibration, statistics=statistics)
+    return calibration.with_statistics(statistics)
