@@ -261,9 +261,9 @@ def test_ray_scores_an_image_folder_as_predict_does(embedded, tmp_path, capsys):
     assert main([*cal, "--out", str(tmp_path / "calibrated")]) == 0
     assert main([*cal, "--engine", "ray", "--out", str(tmp_path / "on-ray")]) == 0
     local, on_ray = (saved_calibration(load_any(str(tmp_path / n))) for n in ("calibrated", "on-ray"))
-    for key, value in local.statistics.tensors.items():
+    for key, value in local.flag.statistics.tensors.items():
         if not key.startswith("vim."):  # ViM within its Davis-Kahan bound: test_ray_statistics.py
-            mine = on_ray.statistics.tensors[key]
+            mine = on_ray.flag.statistics.tensors[key]
             torch.testing.assert_close(
                 mine, value, rtol=1e-10, atol=1e-10 * value.abs().max().item(), msg=key
             )

@@ -53,7 +53,7 @@ import torch
 from transformers import AutoTokenizer, pipeline
 
 from hydra_cli import main
-from hydra_ensembles.evaluation import saved_calibration
+from hydra_ensembles.calibration import saved_calibration
 from hydra_ensembles.loading import load_any
 from hydra_ensembles.precision import resolve_precision
 from hydra_ensembles.serving.onnx import TOLERANCE
@@ -68,7 +68,7 @@ data = ["--data", str(w / "train.csv"), "--val-data", str(w / "train.csv")]
 tuned = w / "tuned"
 args = ["finetune", str(w / "model"), *data, "--ood-data", str(w / "ood.csv"), "--epochs", "1"]
 assert main([*args, "--out", str(tuned), *common]) == 0
-assert "norm.mean" in saved_calibration(load_any(str(tuned))).statistics.tensors  # fit with the others
+assert "norm.mean" in saved_calibration(load_any(str(tuned))).flag.statistics.tensors  # fit with the others
 normed = w / "normed"
 args = ["calibrate", str(tuned), *data, "--ood-data", str(w / "ood.csv"), "--flag-score", "norm"]
 assert main([*args, "--out", str(normed), *common]) == 0
