@@ -63,3 +63,27 @@ def test_nothing_is_recorded_without_the_folder(tmp_path, monkeypatch):
 
     monkeypatch.delenv(USES, raising=False)
     assert not record_from_environment() and recorded(tmp_path) == []
+
+
+def _misplaced_marks(source: str) -> list[str]:
+    """The functions of a test module that carry a pytest mark but are not tests (not named
+    ``test*``): pytest collects no such function, so its mark selects nothing."""
+    import ast
+
+    misplaced = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("test"):
+            marks = [d for d in node.decorator_list if "pytest.mark." in ast.unparse(d)]
+            if marks:
+                misplaced.append(node.name)
+    return misplaced
+
+
+def test_every_mark_sits_on_a_test():
+    """A mark (``slow``, ``same_in_every_precision``, a parametrization) that slid onto a helper
+    when code moved between it and its test selects nothing: the test runs where it should not,
+    or unparametrized."""
+    root = Path(__file__).resolve().parent
+    found = {str(p.relative_to(root)): _misplaced_marks(p.read_text()) for p in root.rglob("test_*.py")}
+    assert {name: funcs for name, funcs in found.items() if funcs} == {}
+    assert _misplaced_marks("import pytest\n@pytest.mark.slow\ndef _helper():\n    pass\n") == ["_helper"]

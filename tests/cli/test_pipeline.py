@@ -584,8 +584,6 @@ def test_calibrate_refits_a_saved_model_without_training_and_saves_it_anew(works
     assert f"sha256 {fitted.provenance.statistics.sha256[:12]}" in said
 
 
-@pytest.mark.slow  # four models, each served three ways, in every precision: CI's slow run
-@pytest.mark.parametrize("workspace", ["bert", "distilbert"], indirect=True)
 def _served_alike(w, tmp_path, folder, common, precision) -> None:
     """predict, the uncertainty pipeline and (but for an ensemble of members, exported member by
     member) the exported graph give the saved model's flag score and class on the OOD texts alike,
@@ -629,6 +627,8 @@ def _served_alike(w, tmp_path, folder, common, precision) -> None:
     assert [classes[int(probs[i].argmax())] for i in confident] == [rows[i]["predicted"] for i in confident]
 
 
+@pytest.mark.slow  # four models, each served three ways, in every precision: CI's slow run
+@pytest.mark.parametrize("workspace", ["bert", "distilbert"], indirect=True)
 def test_a_flag_on_every_layers_view_is_served_alike_by_predict_the_pipeline_and_onnx(
     workspace, tmp_path, capsys
 ):
