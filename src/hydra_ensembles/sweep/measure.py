@@ -76,14 +76,10 @@ def _score_spread(test, score: str, served) -> float | None:
     inputs' scores do: the mean over held-out ID inputs of the members' standard deviation,
     divided by the standard deviation of the ensemble's score over the inputs (0: the members
     score every input alike; None: one member, or a logit score)."""
-    if (
-        test.num_members < 2
-        or score not in feature_scores()
-        or served is None
-        or served.flag.statistics is None
-    ):
+    statistics = served.flag.statistics if served is not None else None
+    if test.num_members < 2 or score not in feature_scores() or statistics is None:
         return None
-    members = member_feature_scores(test, score, served.flag.statistics)
+    members = member_feature_scores(test, score, statistics)
     across = float(members.mean(0).std())
     return float(members.std(0).mean() / across) if across > 0 else None
 
