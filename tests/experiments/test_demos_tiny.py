@@ -15,7 +15,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from hydra_ensembles.models import SCRATCH_IMAGE_MODEL, SMALL_VITS, load_tokenizer
 from hydra_ensembles.precision import resolve_precision
-from hydra_experiments import DemoConfig, TrainingRecipe, run_demo
+from hydra_experiments import Cache, DemoConfig, TrainingRecipe, run_demo
 from hydra_experiments.zero_shot import run_zero_shot_demo
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
@@ -90,8 +90,9 @@ def test_text_demo_on_a_tiny_model_with_every_opt_in_row(tmp_path, tiny):
     for name in ("Single", "Deep Ensemble (M=2)", "Hydra (Circ)", "Taylor (single pruned)"):
         assert "mds_layers" in results[name]["ood_summary"], name
     assert "mds_layers" not in results["BatchEnsemble (M=2)"]["ood_summary"]
-    again = run_demo(config)  # from the cache: the same numbers
-    assert again["results"] == first["results"]
+    cache = Cache(config.cache_dir, True)
+    again = run_demo(config, cache)  # from the cache: nothing trained or extracted again, the same numbers
+    assert cache.built == [] and again["results"] == first["results"]
 
 
 def test_zero_shot_demo_on_a_tiny_encoder(tmp_path, tiny):
