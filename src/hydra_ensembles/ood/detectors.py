@@ -148,6 +148,12 @@ class FeatureStatistics:
     tensors: Mapping[str, torch.Tensor]
     settings: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Held row-major, as `save` writes them and `load` reads them back: a matrix product
+        # over a transposed layout (what numpy's eigenvectors and fancy indexing give) may round
+        # differently, so fitted and loaded statistics would score unequally in float64.
+        object.__setattr__(self, "tensors", {k: v.contiguous() for k, v in self.tensors.items()})
+
     @property
     def num_members(self) -> int:
         return int(self.settings["members"])
