@@ -11,15 +11,11 @@ PY="$VENV/bin/python"
 stamp="$VENV/.hydra-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    # pip byte-compiles file by file on one core; compiling afterwards on every core is about
-    # 20 s faster here (the bytecode is needed up front: PYTHONDONTWRITEBYTECODE may be set).
+    # Installed without byte-compiling (pip compiles every file, tens of thousands, on one core):
+    # the scripts that run the package (test.sh, demo.sh) let Python write the bytecode of each
+    # module the first time it is imported, which compiles only what is used, once.
     "$PY" -m pip install --quiet --no-compile --upgrade pip
     "$PY" -m pip install --quiet --no-compile "torch==2.13.0"
     "$PY" -m pip install --quiet --no-compile -e ".[test]"
-    # bytecode is only a speed-up, so a failure here never stops the set-up: some installed files
-    # are not valid Python (templates, py2 test data) and fail to compile, as pip's own step
-    # silently skips them
-    "$PY" -m compileall -q -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
-        > /dev/null || true
     echo "$want" > "$stamp"
 fi

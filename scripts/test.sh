@@ -13,6 +13,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 bash scripts/setup_data.sh
 export HF_HUB_OFFLINE=1
+# bytecode is written where Python keeps it (.venv, and the checkout's __pycache__, which git
+# ignores) even where PYTHONDONTWRITEBYTECODE is set: the set-up installs without compiling, and
+# every process would otherwise compile again each module it imports
+unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
 if [ "$#" -gt 0 ]; then
