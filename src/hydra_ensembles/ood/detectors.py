@@ -308,7 +308,7 @@ class FeatureStatistics:
 
         from ..saving.files import atomic_write
 
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
+        tensors = {k: v.detach().cpu() for k, v in self.tensors.items()}  # row-major as held
         metadata = {"settings": json.dumps(dict(self.settings), sort_keys=True)}
         return atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
