@@ -57,11 +57,32 @@ def pytest_runtest_makereport(item, call):
         outcome.get_result().sections.append(("precision", f"ran in {_own_precision}"))
 
 
+_UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which appends each test's group to its id
 def pytest_collection_modifyitems(config, items):
-    """Tests that use the real MiniLM-L6 are marked ``real_model``."""
+    """Tests that use the real MiniLM-L6 are marked ``real_model``. Under ``--dist loadgroup``, a
+    test marked ``xdist_group`` whose id lacks its group fails: pytest-xdist groups tests by that
+    suffix only, and without it would spread the group's tests over the workers silently, each
+    building the group's shared fixtures (an exported graph, a Ray instance) again."""
     for item in items:
         if "minilm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real_model)
+    if _worker and config.getoption("loadgroup", False):  # set on the workers by pytest-xdist
+        for item in items:
+            if item.get_closest_marker("xdist_group") and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):
+                item.stash[_UNGROUPED] = (
+                    f"pytest-xdist cannot group this test under pytest {pytest.__version__} (its id "
+                    "lacks the group): install the pytest pyproject.toml asks for (bash scripts/setup_env.sh)"
+                )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test whose group pytest-xdist lost fails before its fixtures are built."""
+    if _UNGROUPED in item.stash:
+        pytest.fail(item.stash[_UNGROUPED], pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,8 @@ def _test_id(precision) -> str | None:
     if not current or not precision.reason.startswith("set by"):
         return None
     test, _, stage = current.rpartition(" (")
+    if test.rfind("@") > test.rfind("]"):  # pytest-xdist's loadgroup appends "@<group>" to the id
+        test = test.rpartition("@")[0]
     return test if stage.startswith(("setup", "call")) else None
 
 

@@ -42,6 +42,10 @@ name = resolve_precision("auto").name
 predict(tiny_bert(), [labelled(text_inputs())], progress=False, precision=name)
 test("tests/a.py::test_predicts[bert] (teardown)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)
+test("tests/d.py::test_grouped[a@b]@onnx (call)")
+predict(tiny_bert(), [labelled(text_inputs())], progress=False)
+test("tests/d.py::test_at_in_its_parameter[c@d] (call)")
+predict(tiny_bert(), [labelled(text_inputs())], progress=False)
 """
 
 
@@ -55,6 +59,8 @@ def test_tests_computing_in_the_precision_are_recorded_and_others_not(tmp_path):
         "tests/a.py::test_predicts[bert]",
         "tests/b.py::test_uses_a_built_model",
         "tests/c.py::test_resolves_then_passes_the_name",
+        "tests/d.py::test_grouped[a@b]",  # the id pytest selects by, without loadgroup's "@onnx"
+        "tests/d.py::test_at_in_its_parameter[c@d]",
     ]
 
 
