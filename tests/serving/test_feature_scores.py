@@ -24,6 +24,9 @@ from hydra_ensembles.serving.onnx import export_onnx
 
 from .conftest import HEAD_SETS, tiny_text_classifier, validation
 
+# one pytest-xdist worker: each score's model is calibrated and exported once, for every test
+pytestmark = pytest.mark.xdist_group("feature-scores")
+
 EXPORTED = ("mds", "knn", "vim", "mds_layers", "mds_disagreement")
 """The scores whose graphs are exported: between them every operation the scores use (rmds and
 mds++ are mds's matrix products and knn's normalisation; mds_layers reads every layer's token,
@@ -42,8 +45,7 @@ def _train(tokenizer):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """Per feature score, a fused model calibrated to flag on it, saved and exported: made when a
-    test first asks for that score (each worker of a parallel run makes only the scores its tests
-    read)."""
+    test first asks for that score."""
     root = tmp_path_factory.mktemp("feature-scores")
     tokenizer = load_tokenizer()
     base = tiny_text_classifier()
