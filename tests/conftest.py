@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from tests.precision_use import record_from_environment
+from tests.precision_use import record_from_environment, split_group
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # scripts/test.sh's reruns run every selected test on every pytest-xdist worker (--dist each),
@@ -71,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real_model)
     if _worker and config.getoption("loadgroup", False):  # set on the workers by pytest-xdist
         for item in items:
-            if item.get_closest_marker("xdist_group") and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):
+            if item.get_closest_marker("xdist_group") and not split_group(item.nodeid)[1]:
                 item.stash[_UNGROUPED] = (
                     f"pytest-xdist cannot group this test under pytest {pytest.__version__} (its id "
                     "lacks the group): install the pytest pyproject.toml asks for (bash scripts/setup_env.sh)"

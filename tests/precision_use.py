@@ -30,9 +30,17 @@ def _test_id(precision) -> str | None:
     if not current or not precision.reason.startswith("set by"):
         return None
     test, _, stage = current.rpartition(" (")
-    if test.rfind("@") > test.rfind("]"):  # pytest-xdist's loadgroup appends "@<group>" to the id
-        test = test.rpartition("@")[0]
-    return test if stage.startswith(("setup", "call")) else None
+    return split_group(test)[0] if stage.startswith(("setup", "call")) else None
+
+
+def split_group(test_id: str) -> tuple[str, str]:
+    """``test_id`` without the ``@<group>`` that pytest-xdist's ``--dist loadgroup`` appends to the
+    id of a test marked ``xdist_group`` (the id pytest selects the test by), and that group ("" where
+    there is none; an "@" within the parameters' brackets is the parameters')."""
+    if test_id.rfind("@") > test_id.rfind("]"):
+        test, _, group = test_id.rpartition("@")
+        return test, group
+    return test_id, ""
 
 
 def record_from_environment() -> bool:
@@ -70,11 +78,14 @@ def record_from_environment() -> bool:
 
 
 def recorded(folder: str | os.PathLike) -> list[str]:
-    """The ids of the tests that used a resolved precision, in the order first seen."""
+    """The ids of the tests that used a resolved precision, a test file's together, in the order
+    first seen: pytest runs the ids in the order given, and a module's shared fixtures are built
+    again wherever another file's test comes between two of its own."""
     found: dict[str, None] = {}
     for log in sorted(Path(folder).glob("uses-*.txt")):
         found.update(dict.fromkeys(log.read_text(encoding="utf-8").splitlines()))
-    return [test for test in found if test]
+    files = {test.partition("::")[0]: i for i, test in reversed(list(enumerate(found)))}
+    return sorted((test for test in found if test), key=lambda test: files[test.partition("::")[0]])
 
 
 if __name__ == "__main__":  # python -m tests.precision_use FOLDER: the ids, one a line
