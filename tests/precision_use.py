@@ -78,14 +78,11 @@ def record_from_environment() -> bool:
 
 
 def recorded(folder: str | os.PathLike) -> list[str]:
-    """The ids of the tests that used a resolved precision, a test file's together, in the order
-    first seen: pytest runs the ids in the order given, and a module's shared fixtures are built
-    again wherever another file's test comes between two of its own."""
+    """The ids of the tests that used a resolved precision, in the order first seen."""
     found: dict[str, None] = {}
     for log in sorted(Path(folder).glob("uses-*.txt")):
         found.update(dict.fromkeys(log.read_text(encoding="utf-8").splitlines()))
-    files = {test.partition("::")[0]: i for i, test in reversed(list(enumerate(found)))}
-    return sorted((test for test in found if test), key=lambda test: files[test.partition("::")[0]])
+    return [test for test in found if test]
 
 
 if __name__ == "__main__":  # python -m tests.precision_use FOLDER: the ids, one a line

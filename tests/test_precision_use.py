@@ -46,8 +46,6 @@ test("tests/d.py::test_grouped[a@b]@onnx (call)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)
 test("tests/d.py::test_at_in_its_parameter[c@d] (call)")
 predict(tiny_bert(), [labelled(text_inputs())], progress=False)
-test("tests/b.py::test_seen_after_other_files (call)")
-predict(tiny_bert(), [labelled(text_inputs())], progress=False)
 """
 
 
@@ -60,7 +58,6 @@ def test_tests_computing_in_the_precision_are_recorded_and_others_not(tmp_path):
     assert recorded(tmp_path) == [
         "tests/a.py::test_predicts[bert]",
         "tests/b.py::test_uses_a_built_model",
-        "tests/b.py::test_seen_after_other_files",  # a file's tests together
         "tests/c.py::test_resolves_then_passes_the_name",
         "tests/d.py::test_grouped[a@b]",  # the id pytest selects by, without loadgroup's "@onnx"
         "tests/d.py::test_at_in_its_parameter[c@d]",
