@@ -41,6 +41,20 @@ def w(tmp_path_factory):
     return root
 
 
+def _finetune(w) -> list[str]:
+    """The fine-tuning command of the module's tests, less its ``--out``."""
+    data = ["--data", str(w / "train.csv")]
+    return ["finetune", str(w / "base"), *data, "--epochs", "2", "--lr", "1e-3", *COMMON]
+
+
+def _tuned(w):
+    """The module's fine-tuned model, ``w / "tuned"``: fine-tuned here where no test made it yet."""
+    tuned = w / "tuned"
+    if not tuned.is_dir():
+        assert main([*_finetune(w), "--out", str(tuned)]) == 0
+    return tuned
+
+
 def test_finetune_gives_a_named_trained_head_that_score_accepts(w, capsys):
     assert main(["score", str(w / "base"), "--data", str(w / "train.csv"), "--out", str(w / "s.json")]) == 2
     assert "hydra-ens finetune" in capsys.readouterr().err and not (w / "s.json").exists()
@@ -49,15 +63,14 @@ def test_finetune_gives_a_named_trained_head_that_score_accepts(w, capsys):
     tuned = w / "tuned"
     if tuned.exists():
         tuned = w / "tuned-named"
-    argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "2", "--lr", "1e-3"]
-    assert main([*argv, *COMMON, "--out", str(tuned)]) == 0
+    assert main([*_finetune(w), "--out", str(tuned)]) == 0
     out = capsys.readouterr().out
     assert "epoch 2: train loss" in out and "3 classes" in out
     assert not tuned.with_name(f"{tuned.name}.checkpoint").exists()  # removed after success
     model = load_any(str(tuned))
     assert untrained_weights(model) == [] and model.config.id2label == {0: "food", 1: "money", 2: "sport"}
     assert (tuned / "tokenizer.json").is_file()
-    assert main([*argv, *COMMON, "--out", str(tuned)]) == 2  # a finished model is not replaced
+    assert main([*_finetune(w), "--out", str(tuned)]) == 2  # a finished model is not replaced
     assert "--overwrite" in capsys.readouterr().err
     args = ["--method", "taylor", "--heads-per-layer", "2", "--data", str(w / "train.csv"), *COMMON]
     assert main(["score", str(tuned), *args, "--out", str(w / "s.json")]) == 0
@@ -106,10 +119,7 @@ def test_a_random_head_is_accepted_only_when_asked_and_is_reproducible(w, capsys
 
 
 def test_eval_maps_a_file_lacking_a_class_onto_the_models_classes(w, capsys):
-    tuned = w / "tuned"
-    if not tuned.is_dir():
-        argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "2", "--lr", "1e-3"]
-        assert main([*argv, *COMMON, "--out", str(tuned)]) == 0
+    tuned = _tuned(w)
     report = w / "report"
     argv = ["eval", "--method", f"m={tuned}", "--id-data", str(w / "sport-only.csv"), "--out", str(report)]
     assert main([*argv, *COMMON]) == 0
@@ -130,10 +140,7 @@ def test_eval_maps_a_file_lacking_a_class_onto_the_models_classes(w, capsys):
 
 
 def test_eval_on_a_hugging_face_dataset_saved_to_disk(w, capsys):
-    tuned = w / "tuned"
-    if not tuned.is_dir():
-        argv = ["finetune", str(w / "base"), "--data", str(w / "train.csv"), "--epochs", "2", "--lr", "1e-3"]
-        assert main([*argv, *COMMON, "--out", str(tuned)]) == 0
+    tuned = _tuned(w)
     features = datasets.Features(
         {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["sport", "money"])}
     )
