@@ -126,7 +126,16 @@ def test_a_fused_vision_model_exports_with_a_dynamic_batch(tmp_path):
 
 
 @pytest.mark.same_in_every_precision
-def test_export_refuses_what_it_cannot_write_faithfully(saved, tmp_path):
+def test_export_refuses_what_it_cannot_write_faithfully(saved, tmp_path, monkeypatch):
+    """An output inside the model folder is refused before the model is loaded; a model that is
+    not float32, before it is exported."""
+    from hydra_ensembles.serving import onnx as export_module
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work done before the refusal")
+
+    monkeypatch.setattr(export_module, "_load", no_work)
+    monkeypatch.setattr(export_module.GraphSpec, "export", no_work)
     with pytest.raises(ExportError, match="lies inside the model folder"):
         export_onnx(saved["fused"], saved["fused"] / "onnx")
     low = he.fuse(tiny_image_classifier(), list(HEAD_SETS)).to(torch.bfloat16)

@@ -82,13 +82,14 @@ def _as_exported(wrapped: HydraPreTrainedModel) -> Iterator[None]:
         wrapped.precision = served_in
 
 
-def _exported_model(model: Any, preprocessor: Any) -> tuple[HydraPreTrainedModel, Any, Path | None]:
-    """The model to export as the served wrapper, in eval mode and float32 (a folder: loaded, with
-    its saved preprocessor where none is given; in memory: refused unless float32), the
-    preprocessor, and the folder it came from (None in memory)."""
-    source = None
+def _exported_model(model: Any, preprocessor: Any, out: Path) -> tuple[HydraPreTrainedModel, Any]:
+    """The model to export as the served wrapper, in eval mode and float32 (a folder: refused where
+    ``out`` is or lies inside it, else loaded, with its saved preprocessor where none is given; in
+    memory: refused unless float32), and the preprocessor."""
     if isinstance(model, (str, os.PathLike)):
         source = Path(model)
+        if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
+            raise ExportError(f"{out} is or lies inside the model folder {source}: choose another output")
         wrapped = _load(source)
         if preprocessor is None:
             preprocessor = saved_preprocessor(source)
@@ -99,7 +100,7 @@ def _exported_model(model: Any, preprocessor: Any) -> tuple[HydraPreTrainedModel
         wrapped = HydraPreTrainedModel.from_ensemble(model)
     if any(p.dtype != torch.float32 for p in wrapped.parameters()):
         raise ExportError("the graph is exported in fp32: give a float32 model (model.float())")
-    return wrapped.eval(), preprocessor, source
+    return wrapped.eval(), preprocessor
 
 
 def _warn_calibration_precision(wrapped: HydraPreTrainedModel, quantize: str | None) -> None:
@@ -114,15 +115,9 @@ def _warn_calibration_precision(wrapped: HydraPreTrainedModel, quantize: str | N
         )
 
 
-def _write_export(
-    out: Path, source: Path | None, model_bytes: bytes, sidecar: dict, preprocessor: Any
-) -> Path:
+def _write_export(out: Path, model_bytes: bytes, sidecar: dict, preprocessor: Any) -> Path:
     """The export folder ``out``, written as a whole (atomically): the graph, the preprocessor
-    (cut to the calibrated length), the sidecar and the checksums; never inside ``source``."""
-    if source is not None and (
-        out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
-    ):
-        raise ExportError(f"{out} is or lies inside the model folder {source}: choose another output")
+    (cut to the calibrated length), the sidecar and the checksums."""
     length = sidecar["max_length"]
 
     def write(folder: Path) -> None:
@@ -162,7 +157,7 @@ def export_onnx(
     float32 graph's on fewer than its ``min_agreement`` of the inputs. ``log``: one line per step.
     """
     check_replaceable_dir(out)  # never a folder of the user's own files
-    wrapped, preprocessor, source = _exported_model(model, preprocessor)
+    wrapped, preprocessor = _exported_model(model, preprocessor, Path(out))
     if quantize is not None and wrapped.calibration is not None:  # before both graphs are run
         check_calibration_data(quantize.validation, wrapped.calibration.config, wrapped)
     _warn_calibration_precision(wrapped, quantize)
@@ -186,7 +181,7 @@ def export_onnx(
     if quantized is not None:
         sidecar["calibration"] = quantized["calibration"]
         sidecar["quantization"] = quantized["report"]
-    return _write_export(Path(out), source, model_bytes, sidecar, preprocessor)
+    return _write_export(Path(out), model_bytes, sidecar, preprocessor)
 
 
 def _quantized(
