@@ -3,6 +3,9 @@ MiniLM tokenizer saved beside each (a small random BERT over MiniLM's vocabulary
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, ViTConfig, ViTForImageClassification
@@ -11,6 +14,7 @@ import hydra_ensembles as he
 from hydra_ensembles.calibration import calibrate
 from hydra_ensembles.members import DeepEnsemble
 from hydra_ensembles.models import load_tokenizer
+from hydra_ensembles.serving.onnx import export_onnx
 
 CLASSES = {0: "money", 1: "sport", 2: "weather"}
 HEAD_SETS = (he.HeadSet({0: [0, 1], 1: [2]}), he.HeadSet({0: [3], 1: [0, 1]}), he.HeadSet({1: [3]}))
@@ -77,3 +81,24 @@ def saved(tmp_path_factory):
     calibrate(ensemble, validation(tokenizer), score="entropy", data="val", precision="fp32", progress=False)
     ensemble.save_pretrained(folders["ensemble"])
     return folders
+
+
+@pytest.fixture(scope="session")
+def cli_export(saved, tmp_path_factory):
+    """The calibrated model exported by ``hydra-ens export`` (run once: each export costs seconds
+    in torch's exporter), and what the command printed. Tests that read an export read this one or
+    `exported`'s; their modules run on one pytest-xdist worker (the ``onnx`` group)."""
+    from hydra_cli import main
+
+    folder = tmp_path_factory.mktemp("cli-export") / "onnx"
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        assert main(["export", str(saved["calibrated"]), "--out", str(folder)]) == 0
+    return folder, said.getvalue()
+
+
+@pytest.fixture(scope="session")
+def exported(saved, cli_export, tmp_path_factory):
+    """The ONNX exports of the calibrated model (`cli_export`'s) and of the ensemble of members."""
+    root = tmp_path_factory.mktemp("onnx")
+    return {"calibrated": cli_export[0], "ensemble": export_onnx(saved["ensemble"], root / "ensemble")}

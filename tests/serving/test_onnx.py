@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ from hydra_ensembles.serving.onnx import ExportError, export_onnx
 
 from .conftest import CLASSES, HEAD_SETS, tiny_image_classifier
 
-# one pytest-xdist worker: the module's exported graphs are built once, not once per worker
+# one pytest-xdist worker: the exported graphs (conftest's) are built once, not once per worker
 pytestmark = pytest.mark.xdist_group("onnx")
 
 TOLERANCE = 1e-4  # fp32, as the export promises
@@ -38,12 +39,6 @@ def _text_inputs(batch: int, tokens: int, seed: int) -> dict[str, np.ndarray]:
         "token_type_ids": np.zeros((batch, tokens), dtype=np.int64),
         "attention_mask": mask,
     }
-
-
-@pytest.fixture(scope="module")
-def exported(saved, tmp_path_factory):
-    root = tmp_path_factory.mktemp("onnx")
-    return {kind: export_onnx(saved[kind], root / kind) for kind in ("calibrated", "ensemble")}
 
 
 @pytest.mark.parametrize("kind", ["calibrated", "ensemble"])
@@ -164,16 +159,17 @@ def test_a_calibration_fit_in_another_precision_than_the_graph_is_named(saved, t
 
 
 @pytest.mark.same_in_every_precision
-def test_the_cli_exports_and_refuses_a_finished_output(saved, tmp_path, capsys):
-    assert main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "onnx")]) == 0
-    said = capsys.readouterr().out
+def test_the_cli_exports_and_refuses_a_finished_output(saved, cli_export, tmp_path, capsys):
+    folder, said = cli_export
     assert "exported 3 member(s)" in said and "temperature" in said
-    side = json.loads((tmp_path / "onnx" / "calibration.json").read_text())
+    side = json.loads((folder / "calibration.json").read_text())
     assert f"outputs {', '.join(side['outputs'])};" in said  # every output the graph has, named
-    assert (tmp_path / "onnx" / "model.onnx").is_file()
+    assert (folder / "model.onnx").is_file()
     with pytest.raises(SystemExit):  # argparse: only onnx is a format
         main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "x"), "--format", "tflite"])
-    assert main(["export", str(saved["calibrated"]), "--out", str(tmp_path / "onnx")]) != 0
+    finished = tmp_path / "onnx"
+    shutil.copytree(folder, finished)
+    assert main(["export", str(saved["calibrated"]), "--out", str(finished)]) != 0
     assert "--overwrite" in capsys.readouterr().err
 
 

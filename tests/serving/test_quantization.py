@@ -28,8 +28,9 @@ from hydra_ensembles.serving.quantization import flag_scores
 
 from .conftest import validation
 
-# one pytest-xdist worker: the module's exported graphs are built once, not once per worker
-pytestmark = pytest.mark.xdist_group("int8")
+# one pytest-xdist worker, with the ONNX module: the exported graphs (this module's and conftest's)
+# are built once, not once per worker
+pytestmark = pytest.mark.xdist_group("onnx")
 
 
 def _outputs(folder, batch) -> dict[str, np.ndarray]:
@@ -81,10 +82,10 @@ def test_the_int8_graph_is_calibrated_on_its_own_outputs(saved, quantized):
 
 
 @pytest.mark.same_in_every_precision
-def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, quantized, tmp_path):
+def test_the_parity_report_measures_both_graphs_on_the_validation_data(saved, quantized, exported):
     folder, val = quantized
     parity = json.loads((folder / "calibration.json").read_text())["quantization"]["parity"]
-    reference = _outputs(export_onnx(saved["calibrated"], tmp_path / "fp32"), val[0])
+    reference = _outputs(exported["calibrated"], val[0])  # the float32 graph
     int8 = _outputs(folder, val[0])
     labels = val[0]["labels"].numpy()
     original = saved_calibration(load_any(str(saved["calibrated"])))
@@ -141,7 +142,7 @@ def test_a_flag_whose_held_out_rate_drifts_is_measured_as_drifted():
 
 
 @pytest.mark.same_in_every_precision
-def test_the_parity_report_measures_the_flag_scores_auroc_on_ood_validation_data(saved, quantized, tmp_path):
+def test_the_parity_report_measures_the_flag_scores_auroc_on_ood_validation_data(saved, quantized, exported):
     """Both graphs run on the OOD validation batches; the AUROC of each graph's flag score (ID
     validation vs OOD) at its own calibration is reported."""
     folder, val = quantized
@@ -150,7 +151,7 @@ def test_the_parity_report_measures_the_flag_scores_auroc_on_ood_validation_data
     parity = side["quantization"]["parity"]
     original = saved_calibration(load_any(str(saved["calibrated"])))
     refitted = Calibration.from_dict(side["calibration"])
-    fp32 = export_onnx(saved["calibrated"], tmp_path / "fp32", check=False)
+    fp32 = exported["calibrated"]
     reference, reference_ood = _outputs(fp32, val[0]), _outputs(fp32, ood[0])
     int8, int8_ood = _outputs(folder, val[0]), _outputs(folder, ood[0])
     expected_fp32 = M.auroc(flag_scores(reference, original), flag_scores(reference_ood, original))
