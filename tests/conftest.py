@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from tests.precision_use import record_from_environment, split_group
+from tests.precision_use import record_from_environment, select_recorded, split_group
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # scripts/test.sh's reruns run every selected test on every pytest-xdist worker (--dist each),
@@ -60,17 +60,23 @@ def pytest_runtest_makereport(item, call):
 _UNGROUPED = pytest.StashKey[str]()
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which appends each test's group to its id
+@pytest.hookimpl(tryfirst=True)  # before -m and -k deselect: the marks added here count there
 def pytest_collection_modifyitems(config, items):
-    """Tests that use the real MiniLM-L6 are marked ``real_model``. Under ``--dist loadgroup``, a
-    test marked ``xdist_group`` whose id lacks its group fails: pytest-xdist groups tests by that
-    suffix only, and without it would spread the group's tests over the workers silently, each
-    building the group's shared fixtures (an exported graph, a Ray instance) again."""
+    """Tests that use the real MiniLM-L6 are marked ``real_model``. Where scripts/test.sh's reruns
+    name the recorded tests (`tests.precision_use.SELECTED`), only those are kept."""
     for item in items:
         if "minilm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real_model)
-    if _worker and config.getoption("loadgroup", False):  # set on the workers by pytest-xdist
-        for item in items:
+    select_recorded(items, lambda gone: config.hook.pytest_deselected(items=gone))
+
+
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup``, a test marked ``xdist_group`` whose id lacks its group fails:
+    pytest-xdist groups tests by that suffix only (appended to the ids as it collects), and
+    without it would spread the group's tests over the workers silently, each building the
+    group's shared fixtures (an exported graph, a Ray instance) again."""
+    if _worker and session.config.getoption("loadgroup", False):  # set on the workers by pytest-xdist
+        for item in session.items:
             if item.get_closest_marker("xdist_group") and not split_group(item.nodeid)[1]:
                 item.stash[_UNGROUPED] = (
                     f"pytest-xdist cannot group this test under pytest {pytest.__version__} (its id "

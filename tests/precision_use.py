@@ -77,6 +77,30 @@ def record_from_environment() -> bool:
     return True
 
 
+SELECTED = "HYDRA_PRECISION_RERUN"
+"""A file of recorded test ids, one a line: where set, a pytest run runs those tests only, in
+pytest's own order (scripts/test.sh's reruns; `select_recorded`)."""
+
+
+def select_recorded(items: list, deselect) -> None:
+    """Keep in ``items`` (pytest's collected tests, in its order) the tests `SELECTED`'s file names,
+    calling ``deselect`` with the others; where that variable is unset, keep every test. The
+    tests keep the order of any pytest run, a module's tests together (its shared fixtures built
+    once), not the order they were recorded in; a named test that was not collected is an error
+    (the record would otherwise lose it without a word)."""
+    listed = os.environ.get(SELECTED)
+    if not listed:
+        return
+    wanted = set(Path(listed).read_text(encoding="utf-8").split("\n")) - {""}
+    kept = [item for item in items if split_group(item.nodeid)[0] in wanted]
+    missing = wanted - {split_group(item.nodeid)[0] for item in kept}
+    if missing:
+        named = ", ".join(sorted(missing)[:3])
+        raise LookupError(f"{len(missing)} recorded test(s) not collected (give their files): {named}")
+    deselect([item for item in items if split_group(item.nodeid)[0] not in wanted])
+    items[:] = kept
+
+
 def recorded(folder: str | os.PathLike) -> list[str]:
     """The ids of the tests that used a resolved precision, in the order first seen."""
     found: dict[str, None] = {}
@@ -85,7 +109,12 @@ def recorded(folder: str | os.PathLike) -> list[str]:
     return [test for test in found if test]
 
 
-if __name__ == "__main__":  # python -m tests.precision_use FOLDER: the ids, one a line
+if __name__ == "__main__":
+    # python -m tests.precision_use FOLDER: the recorded ids, one a line; with --files, the files
+    # that hold them, sorted (what a rerun of those tests collects)
     import sys
 
-    print("\n".join(recorded(sys.argv[1])))
+    tests = recorded(sys.argv[1])
+    if sys.argv[2:] == ["--files"]:
+        tests = sorted({test.partition("::")[0] for test in tests})
+    print("\n".join(tests))

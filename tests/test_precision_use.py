@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.precision_use import USES, recorded
+from tests.precision_use import SELECTED, USES, recorded, select_recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,6 +69,38 @@ def test_nothing_is_recorded_without_the_folder(tmp_path, monkeypatch):
 
     monkeypatch.delenv(USES, raising=False)
     assert not record_from_environment() and recorded(tmp_path) == []
+
+
+def test_a_rerun_keeps_the_recorded_tests_in_pytests_order_and_refuses_one_not_collected(
+    tmp_path, monkeypatch
+):
+    """The reruns run the recorded tests in the order pytest collects them (a module's tests
+    together), whatever order they were recorded in, with or without loadgroup's suffix; a
+    recorded test that was not collected stops the run instead of being skipped."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    ids = [
+        "tests/a.py::test_one",
+        "tests/a.py::test_two[x@y]@onnx",
+        "tests/b.py::test_three",
+        "tests/c.py::test",
+    ]
+    items = [SimpleNamespace(nodeid=test) for test in ids]
+    listed = tmp_path / "recorded.txt"
+    listed.write_text("tests/c.py::test\ntests/a.py::test_two[x@y]\ntests/a.py::test_one\n")
+    monkeypatch.setenv(SELECTED, str(listed))
+    gone = []
+    select_recorded(items, gone.extend)
+    assert [i.nodeid for i in items] == [ids[0], ids[1], ids[3]] and [i.nodeid for i in gone] == [ids[2]]
+    listed.write_text("tests/a.py::test_one\ntests/d.py::test_renamed\n")
+    with pytest.raises(LookupError, match=r"1 recorded test.* not collected .*tests/d\.py::test_renamed"):
+        select_recorded([SimpleNamespace(nodeid=test) for test in ids], gone.extend)
+    monkeypatch.delenv(SELECTED)
+    everything = [SimpleNamespace(nodeid=test) for test in ids]
+    select_recorded(everything, gone.extend)  # no file named: every test kept
+    assert len(everything) == len(ids)
 
 
 def _misplaced_marks(source: str) -> list[str]:
