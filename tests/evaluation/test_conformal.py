@@ -5,6 +5,7 @@ the promise for small n. On a real model's probabilities (logistic regression on
 digits), the covered counts of 1,000 random splits follow their exact finite-sample law for LAC,
 APS, RAPS and, per class, Mondrian sets (the uncorrected quantile fails most of them)."""
 
+import functools
 import math
 
 import numpy as np
@@ -227,6 +228,7 @@ def test_id_p_values_are_uniform():
         assert np.mean(p <= alpha) <= alpha + 3 * np.sqrt(alpha / len(p))
 
 
+@functools.cache  # seconds of fitting, shared by the tests that read it (read-only)
 def _digits_probabilities():
     """A real model's held-out probabilities: logistic regression on scikit-learn's digits (1,797
     8x8 images, 10 classes), each image predicted by the fold that did not train on it."""
@@ -237,6 +239,8 @@ def _digits_probabilities():
     x, y = load_digits(return_X_y=True)
     model = LogisticRegression(C=0.01, max_iter=300)  # weak enough to leave real uncertainty
     probs = cross_val_predict(model, x / 16.0, y, cv=5, method="predict_proba")
+    probs.setflags(write=False)
+    y.setflags(write=False)
     return probs, y
 
 
