@@ -23,6 +23,9 @@ from hydra_ensembles.sweep import SINGLE, SweepConfig, choose, frontier, verdict
 from tests.cli.test_interruption import child, killed_at_step
 from tests.cli.test_pipeline import _model_and_tokenizer
 
+# one pytest-xdist worker: the module's model and finished sweep are built once, not once per worker
+pytestmark = pytest.mark.xdist_group("sweep")
+
 COMMON = ["--batch-size", "8", "--max-length", "12"]
 QUALITY = ("name", "acc", "nll", "nll_t1", "ece", "flag_score", "auroc", "fpr95", "id_flagged", "set_size")
 
