@@ -15,6 +15,7 @@ would only repeat the fp32 pass; one that does is selected with no mark to forge
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 USES = "HYDRA_PRECISION_USES"
@@ -82,7 +83,7 @@ SELECTED = "HYDRA_PRECISION_RERUN"
 pytest's own order (scripts/test.sh's reruns; `select_recorded`)."""
 
 
-def select_recorded(items: list, deselect) -> None:
+def select_recorded(items: list, deselect: Callable[[list], object]) -> None:
     """Keep in ``items`` (pytest's collected tests, in its order) the tests `SELECTED`'s file names,
     calling ``deselect`` with the others; where that variable is unset, keep every test. The
     tests keep the order of any pytest run, a module's tests together (its shared fixtures built
