@@ -28,7 +28,7 @@ HYDRA_PRECISION_USES="$uses" .venv/bin/python -m pytest -q -n auto --dist loadgr
 # the recorded tests, run in pytest's own order (tests/precision_use.py's select_recorded: a
 # module's tests together, its shared fixtures built once) from the files that hold them
 .venv/bin/python -m tests.precision_use "$uses" > "$uses.tests"
-mapfile -t PRECISION_FILES < <(.venv/bin/python -m tests.precision_use "$uses" --files)
+mapfile -t PRECISION_FILES < <(cut -d: -f1 "$uses.tests" | sort -u)  # the files that hold them
 count=$(grep -c "" "$uses.tests")
 if [ "$count" -lt 100 ]; then
     echo "only $count tests computed in the precision: tests/precision_use.py records no more" >&2

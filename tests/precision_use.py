@@ -93,13 +93,13 @@ def select_recorded(items: list, deselect: Callable[[list], object]) -> None:
     if not listed:
         return
     wanted = set(Path(listed).read_text(encoding="utf-8").split("\n")) - {""}
-    kept = [item for item in items if split_group(item.nodeid)[0] in wanted]
-    missing = wanted - {split_group(item.nodeid)[0] for item in kept}
+    ids = [split_group(item.nodeid)[0] for item in items]
+    missing = wanted.difference(ids)
     if missing:
         named = ", ".join(sorted(missing)[:3])
         raise LookupError(f"{len(missing)} recorded test(s) not collected (give their files): {named}")
-    deselect([item for item in items if split_group(item.nodeid)[0] not in wanted])
-    items[:] = kept
+    deselect([item for item, test in zip(items, ids, strict=True) if test not in wanted])
+    items[:] = [item for item, test in zip(items, ids, strict=True) if test in wanted]
 
 
 def recorded(folder: str | os.PathLike) -> list[str]:
@@ -110,12 +110,7 @@ def recorded(folder: str | os.PathLike) -> list[str]:
     return [test for test in found if test]
 
 
-if __name__ == "__main__":
-    # python -m tests.precision_use FOLDER: the recorded ids, one a line; with --files, the files
-    # that hold them, sorted (what a rerun of those tests collects)
+if __name__ == "__main__":  # python -m tests.precision_use FOLDER: the ids, one a line
     import sys
 
-    tests = recorded(sys.argv[1])
-    if sys.argv[2:] == ["--files"]:
-        tests = sorted({test.partition("::")[0] for test in tests})
-    print("\n".join(tests))
+    print("\n".join(recorded(sys.argv[1])))

@@ -88,7 +88,7 @@ def _exported_model(model: Any, preprocessor: Any, out: Path) -> tuple[HydraPreT
     memory: refused unless float32), and the preprocessor."""
     if isinstance(model, (str, os.PathLike)):
         source = Path(model)
-        if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
+        if out.resolve().is_relative_to(source.resolve()):  # the folder itself or inside it
             raise ExportError(f"{out} is or lies inside the model folder {source}: choose another output")
         wrapped = _load(source)
         if preprocessor is None:
