@@ -23,18 +23,18 @@ if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
 uses=$(mktemp -d)
-trap 'rm -rf "$uses" "$uses.tests"' EXIT
+trap 'rm -rf "$uses"' EXIT
 HYDRA_PRECISION_USES="$uses" .venv/bin/python -m pytest -q -n auto --dist loadgroup
 # the recorded tests, run in pytest's own order (tests/precision_use.py's select_recorded: a
 # module's tests together, its shared fixtures built once) from the files that hold them
-.venv/bin/python -m tests.precision_use "$uses" > "$uses.tests"
-mapfile -t PRECISION_FILES < <(cut -d: -f1 "$uses.tests" | sort -u)  # the files that hold them
-count=$(grep -c "" "$uses.tests")
+.venv/bin/python -m tests.precision_use "$uses" > "$uses/rerun.txt"  # not uses-*.txt: not a record
+mapfile -t PRECISION_FILES < <(cut -d: -f1 "$uses/rerun.txt" | sort -u)  # the files that hold them
+count=$(grep -c "" "$uses/rerun.txt")
 if [ "$count" -lt 100 ]; then
     echo "only $count tests computed in the precision: tests/precision_use.py records no more" >&2
     exit 1
 fi
 echo "--- the $count tests that compute in the precision, in bf16 and in fp16 (one worker each)"
-HYDRA_PRECISION_RERUN="$uses.tests" HYDRA_WORKER_PRECISIONS=bf16,fp16 .venv/bin/python -m pytest -q -n 2 \
+HYDRA_PRECISION_RERUN="$uses/rerun.txt" HYDRA_WORKER_PRECISIONS=bf16,fp16 .venv/bin/python -m pytest -q -n 2 \
     --dist each -m "not slow and not real_model and not same_in_every_precision" \
     -k "not bf16 and not fp16 and not fp32 and not two_process" "${PRECISION_FILES[@]}"
