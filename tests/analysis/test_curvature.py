@@ -3,6 +3,7 @@ attention parameters from `torch.autograd.functional.hessian`, gradients from a 
 and the pruning perturbation against structural pruning."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -62,13 +63,21 @@ def _exact(model, batches):
     return grad, hessian
 
 
+@pytest.fixture(scope="module")
+def exact(setup):
+    """`_exact` of the clean or the noisy batches, each computed once for the module's tests."""
+    model, clean, noisy = setup
+    batches = {"clean": clean, "noisy": noisy}
+    return functools.cache(lambda name: _exact(model, batches[name]))
+
+
 def _flat(tensors):
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def test_gradient_and_hessian_vector_products_equal_the_exact_ones(setup):
+def test_gradient_and_hessian_vector_products_equal_the_exact_ones(setup, exact):
     model, clean, _ = setup
-    grad, hessian = _exact(model, clean)
+    grad, hessian = exact("clean")
     params = list(attention_parameters(model).values())
     assert torch.allclose(_flat(gradient(model, clean, params)), grad, atol=1e-6)
     vectors = [[torch.randn_like(p) for p in params] for _ in range(2)]
@@ -77,9 +86,9 @@ def test_gradient_and_hessian_vector_products_equal_the_exact_ones(setup):
     assert all(p.requires_grad for p in model.parameters())  # the caller's flags are restored
 
 
-def test_hutchinson_diagonal_is_within_its_standard_error_of_the_exact_diagonal(setup):
+def test_hutchinson_diagonal_is_within_its_standard_error_of_the_exact_diagonal(setup, exact):
     model, clean, _ = setup
-    _, hessian = _exact(model, clean)
+    _, hessian = exact("clean")
     params = list(attention_parameters(model).values())
     estimate, stderr = hutchinson_diagonal(model, clean, params, probes=150, seed=1)
     estimate, stderr, exact = _flat(estimate), _flat(stderr), hessian.diagonal()
@@ -116,12 +125,11 @@ def test_pruning_perturbation_of_grouped_query_attention_removes_whole_groups_on
     assert int((delta["1.v.weight"] != 0).any(1).sum()) == 2  # key/value head 0 of layer 1 does
 
 
-def test_proposition1_equals_its_exact_quantities(setup):
+def test_proposition1_equals_its_exact_quantities(setup, exact):
     model, clean, noisy = setup
     result = proposition1(model, clean, noisy, HEADS, probes=100, seed=2)
     delta = _flat(pruning_perturbation(model, HEADS).values())
-    grad_t, hess_t = _exact(model, clean)
-    grad_n, hess_n = _exact(model, noisy)
+    (grad_t, hess_t), (grad_n, hess_n) = exact("clean"), exact("noisy")
     assert result.alignment_noisy == pytest.approx(float(grad_n @ delta), rel=1e-4, abs=1e-7)
     assert result.alignment_clean == pytest.approx(float(grad_t @ delta), rel=1e-4, abs=1e-7)
     curvature = 0.5 * float(delta @ (hess_n - hess_t) @ delta)

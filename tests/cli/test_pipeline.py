@@ -69,6 +69,11 @@ def workspace(tmp_path_factory, request):
     return root
 
 
+# DistilBERT's commands in the README's test command: every command in low precision, and the
+# LoRA-Ensemble's build served by predict, the pipeline and ONNX; this test on it is CI's slow run
+@pytest.mark.parametrize(
+    "workspace", ["bert", pytest.param("distilbert", marks=pytest.mark.slow)], indirect=True
+)
 def test_score_build_eval(workspace, capsys):
     w = workspace
     common = ["--batch-size", "8", "--max-length", "12"]

@@ -78,7 +78,9 @@ def test_a_commands_help_lists_the_scores_registered_when_it_is_shown():
     assert "the logit scores msp," in text and "mds_layers" in text and "<the registered" not in text
 
 
-@pytest.mark.parametrize("first", ["hydra_ensembles", "transformers"])
+# the library imported first, then a saved model read by an Auto class, is also
+# tests/serving/test_transformers.py's fresh process: that order here is CI's slow run
+@pytest.mark.parametrize("first", [pytest.param("hydra_ensembles", marks=pytest.mark.slow), "transformers"])
 def test_the_auto_classes_know_saved_models_in_either_import_order(first):
     """Importing the library registers its configuration with AutoConfig once transformers' Auto
     configuration loads, before or after the library."""

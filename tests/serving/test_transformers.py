@@ -267,7 +267,11 @@ print(sorted(pipeline("hydra-text-classification", model={str(saved["calibrated"
     ]
 
 
-@pytest.mark.parametrize("order", ["library first", "transformers first"])
+# the library imported first: also the order of the fresh process above, which serves a Hydra
+# model; a plain classifier served in that order is CI's slow run
+@pytest.mark.parametrize(
+    "order", [pytest.param("library first", marks=pytest.mark.slow), "transformers first"]
+)
 def test_a_plain_classifier_is_served_in_a_fresh_process(tmp_path, order):
     """The uncertainty tasks exist as soon as transformers' pipelines load, whichever is imported
     first, so a plain Hugging Face classifier (no Hydra config read before) is served too."""
