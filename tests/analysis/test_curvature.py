@@ -24,6 +24,9 @@ from tests.factories import decoder_inputs, labelled, text_inputs, tiny_bert, ti
 
 HEADS = he.HeadSet({0: [1], 1: [0, 1]})
 
+# one pytest-xdist worker: the exact Hessians are computed once for the tests that share them
+pytestmark = pytest.mark.xdist_group("curvature")
+
 
 @pytest.fixture(scope="module")
 def setup():

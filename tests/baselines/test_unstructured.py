@@ -3,6 +3,7 @@ the full Hessian of a tiny model), the matched budget, masks that survive fine-t
 save/load round trip."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -25,6 +26,9 @@ from hydra_ensembles.baselines.unstructured import (
 from hydra_ensembles.members import load_member, save_member
 from hydra_ensembles.training import FineTuneConfig, fine_tune
 from tests.factories import FAMILIES, labelled
+
+# one pytest-xdist worker: the explicit Hessians are computed once for the tests that share them
+pytestmark = pytest.mark.xdist_group("unstructured")
 
 
 def _setup(family="bert"):
@@ -118,12 +122,20 @@ def _explicit_terms(model, calib):
     return linears, flat, grad, hessian, loss
 
 
+@functools.cache
+def _explicit_terms_of_tiny(family: str) -> tuple:
+    """`_explicit_terms` of ``_tiny(family)`` (its weights' paths, the weights, the gradient and
+    the Hessian), computed once for both orders of the test below."""
+    linears, theta, grad, hessian, _ = _explicit_terms(*_tiny(family))
+    return list(linears), theta, grad, hessian
+
+
 @pytest.mark.parametrize("family", ["bert", "vit"])
 @pytest.mark.parametrize("first_order", [True, False])
 def test_oba_scores_in_fp32_equal_the_formula_written_out_with_the_explicit_hessian(family, first_order):
     model, calib = _tiny(family)
     scores = oba_scores(model, calib, first_order=first_order)
-    linears, theta, grad, hessian, _ = _explicit_terms(model, calib)
+    linears, theta, grad, hessian = _explicit_terms_of_tiny(family)
     assert hessian.shape == (272, 272) if family == "bert" else hessian.shape[0] > 100
     delta = -theta
     expected = 0.5 * delta * (hessian @ delta) + (delta * grad if first_order else 0)
