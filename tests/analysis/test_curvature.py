@@ -67,7 +67,7 @@ def _exact(model, batches):
 
 
 @pytest.fixture(scope="module")
-def exact(setup):
+def exact_terms(setup):
     """`_exact` of the clean or the noisy batches, each computed once for the module's tests."""
     model, clean, noisy = setup
     batches = {"clean": clean, "noisy": noisy}
@@ -78,9 +78,9 @@ def _flat(tensors):
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def test_gradient_and_hessian_vector_products_equal_the_exact_ones(setup, exact):
+def test_gradient_and_hessian_vector_products_equal_the_exact_ones(setup, exact_terms):
     model, clean, _ = setup
-    grad, hessian = exact("clean")
+    grad, hessian = exact_terms("clean")
     params = list(attention_parameters(model).values())
     assert torch.allclose(_flat(gradient(model, clean, params)), grad, atol=1e-6)
     vectors = [[torch.randn_like(p) for p in params] for _ in range(2)]
@@ -89,9 +89,9 @@ def test_gradient_and_hessian_vector_products_equal_the_exact_ones(setup, exact)
     assert all(p.requires_grad for p in model.parameters())  # the caller's flags are restored
 
 
-def test_hutchinson_diagonal_is_within_its_standard_error_of_the_exact_diagonal(setup, exact):
+def test_hutchinson_diagonal_is_within_its_standard_error_of_the_exact_diagonal(setup, exact_terms):
     model, clean, _ = setup
-    _, hessian = exact("clean")
+    _, hessian = exact_terms("clean")
     params = list(attention_parameters(model).values())
     estimate, stderr = hutchinson_diagonal(model, clean, params, probes=150, seed=1)
     estimate, stderr, exact = _flat(estimate), _flat(stderr), hessian.diagonal()
@@ -128,11 +128,11 @@ def test_pruning_perturbation_of_grouped_query_attention_removes_whole_groups_on
     assert int((delta["1.v.weight"] != 0).any(1).sum()) == 2  # key/value head 0 of layer 1 does
 
 
-def test_proposition1_equals_its_exact_quantities(setup, exact):
+def test_proposition1_equals_its_exact_quantities(setup, exact_terms):
     model, clean, noisy = setup
     result = proposition1(model, clean, noisy, HEADS, probes=100, seed=2)
     delta = _flat(pruning_perturbation(model, HEADS).values())
-    (grad_t, hess_t), (grad_n, hess_n) = exact("clean"), exact("noisy")
+    (grad_t, hess_t), (grad_n, hess_n) = exact_terms("clean"), exact_terms("noisy")
     assert result.alignment_noisy == pytest.approx(float(grad_n @ delta), rel=1e-4, abs=1e-7)
     assert result.alignment_clean == pytest.approx(float(grad_t @ delta), rel=1e-4, abs=1e-7)
     curvature = 0.5 * float(delta @ (hess_n - hess_t) @ delta)
