@@ -34,7 +34,7 @@ if [ "$count" -lt 100 ]; then
     echo "only $count tests computed in the precision: tests/precision_use.py records no more" >&2
     exit 1
 fi
-echo "--- the $count tests that compute in the precision, in bf16 and in fp16 (one worker each)"
+echo "--- $count tests computed in the precision; those the rerun keeps (the header of scripts/test.sh says which) run again in bf16 and in fp16, one worker each"
 HYDRA_PRECISION_RERUN="$uses/rerun.txt" HYDRA_WORKER_PRECISIONS=bf16,fp16 .venv/bin/python -m pytest -q -n 2 \
     --dist each -m "not slow and not real_model and not same_in_every_precision" \
     -k "not bf16 and not fp16 and not fp32 and not two_process" "${PRECISION_FILES[@]}"
