@@ -12,9 +12,10 @@ stamp="$VENV/.hydra-installed"
 want="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)"  # what is asked, and how
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # Installed without byte-compiling (pip's --no-compile; uv compiles nothing unless asked):
-    # compiling every installed file, some 21,000, takes a minute and a half of CPU, while the
-    # scripts that run the package (test.sh, demo.sh) let Python write the bytecode of each module
-    # the first time it is imported, which compiles only what is used, once.
+    # compiling every installed file, some 21,000, took a 2-core set-up from 21-25 s to 67 s and
+    # saved less than that in the tests (docs/development.md), while the scripts that run the
+    # package (test.sh, demo.sh) let Python write the bytecode of each module the first time it
+    # is imported, which compiles only what is used.
     "$PY" -m pip install --quiet --no-compile --upgrade pip uv
     "$PY" -m pip install --quiet --no-compile "torch==2.13.0"
     # the rest by uv, which resolves and unpacks the test extras' 130-odd packages in a few
