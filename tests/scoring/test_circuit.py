@@ -12,6 +12,7 @@ import hydra_ensembles as he
 from hydra_ensembles.scoring import CircuitError, extract_circuit, objective_value
 from hydra_ensembles.scoring.circuit import candidates as circuit_candidates
 from hydra_ensembles.scoring.circuit import extract as circuit_extract
+from hydra_ensembles.scoring.circuit import rescoring, search
 from tests.factories import image_inputs, labelled, text_inputs, tiny_bert, tiny_vit
 
 
@@ -191,7 +192,10 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, 
     monkeypatch.setattr(circuit_candidates, "evaluate_fast", interrupted)
     with pytest.raises(KeyboardInterrupt):
         extract_circuit(*args, objective="avg", **kwargs)
-    assert 1 <= len(json.loads(checkpoint.read_text())["order"]["removed"]) <= 2
+    saved = json.loads(checkpoint.read_text())
+    assert 1 <= len(saved["order"]["removed"]) <= 2
+    # bf16 rescored most candidates of the first step: the steps left are fp32's alone
+    assert saved.get("fp32_alone") is (True if precision == "bf16" else None)
     monkeypatch.setattr(circuit_candidates, "evaluate_fast", original)
     resumed = extract_circuit(*args, objective="avg", **kwargs)
     assert resumed == full
@@ -285,6 +289,31 @@ def test_low_precision_gives_the_fp32_order(precision, seed, monkeypatch):
         reference.removed
         == extract_circuit(model, id_val, ood_val, objective="acc", precision="fp32", **kwargs).removed
     )
+
+
+@pytest.mark.filterwarnings("ignore:fp16 requested")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_once_a_step_rescores_most_candidates_fp32_alone_gives_the_same_order(precision, monkeypatch):
+    """The steps after one that scored again in fp32 most of its candidates run in fp32 alone:
+    the same order and scores as rescoring at every step."""
+    model = _model()
+    id_val, ood_val = _text_data()
+    kwargs = {"objective": "ood", "budget": 9, "precision": precision, "progress": False}
+    fp32_alone = []  # per step
+    original = search.Extraction._logits
+
+    def spy(self, *args):
+        fp32_alone.append(self.fp32_alone)
+        return original(self, *args)
+
+    monkeypatch.setattr(search.Extraction, "_logits", spy)
+    switched = extract_circuit(model, id_val, ood_val, **kwargs)
+    assert fp32_alone == [False] + [True] * 8  # the first step rescored most of its 12 candidates
+    fp32_alone.clear()
+    monkeypatch.setattr(rescoring, "MOST", 1.0)  # never
+    rescored = extract_circuit(model, id_val, ood_val, **kwargs)
+    assert fp32_alone == [False] * 9
+    assert switched == rescored
 
 
 def test_objective_bounds_contain_every_nearby_score():

@@ -26,6 +26,15 @@ ERROR_SAFETY = 2.0
 has seen between the two precisions (on the unablated model and every candidate scored twice)."""
 
 
+MOST = 0.5
+"""Once one step scores again in fp32 more than this share of its candidates, the extraction's
+later steps score every candidate in fp32 alone (`Extraction.fp32_alone`). A step in the low
+precision costs a pass over every candidate and an fp32 pass over those rescored: past this share,
+more than fp32 alone wherever the low precision is under twice as fast as fp32, and at most a
+tenth less where it is 2.5 times as fast (bf16 with AMX, docs/precision.md). The order is fp32's
+either way; this share sets only the cost."""
+
+
 class ExactRescoring:
     """The fp32 side of a low-precision extraction.
 
@@ -35,6 +44,8 @@ class ExactRescoring:
     their fp32 scores. Where the fp32 logits show a larger error than the bound assumed, the bound
     grows and the set is widened until it is consistent. The true fp32 best is always in the set
     while the bound holds, so the order is fp32's; only the candidates near the top pay for fp32.
+    Where most of them are near the top (`MOST`: few validation texts, whose accuracy and AUROC
+    tie often; bf16's coarse rounding), the extraction scores its later steps in fp32 alone.
     """
 
     def __init__(
@@ -49,7 +60,14 @@ class ExactRescoring:
         """Its own cross-step reuse: the fp32 states of the candidates it scored."""
         self.error = 0.0
         self.rescored = 0
-        """Candidate evaluations done in fp32 (what the low precision did not decide alone)."""
+        """Candidate evaluations scored again in fp32 (what the low precision did not decide alone;
+        not those of the steps scored in fp32 alone)."""
+
+    @staticmethod
+    def most(rescored: int, candidates: int) -> bool:
+        """Whether a step that scored again ``rescored`` of its ``candidates`` scored most of
+        them twice (`MOST`)."""
+        return rescored > MOST * candidates
 
     def close(self) -> None:
         self.masks.remove()

@@ -50,13 +50,20 @@ class Extraction:
     lazy: dict[str, Any] | None
     cache: SuffixCache | None
     exact: ExactRescoring | None = None
+    fp32_alone: bool = False
+    """Low precision only: set once a step has scored again in fp32 most of its candidates
+    (`ExactRescoring.most`); every later step scores its candidates in fp32 alone, on the fp32
+    side's model and cache. The order is fp32's either way; fp32 alone then costs less than the
+    low precision and its rescoring together."""
 
     def extract(self, budget: int, checkpoint, key: str, progress: bool) -> CircuitOrder:
         id_labels = torch.cat([b["labels"] for b in self.id_batches])
         rank, world = _dist()
-        order, known, since_refresh, error = _resume(
+        order, known, since_refresh, error, fp32_alone = _resume(
             checkpoint, key, self.objective, self.original_heads_per_layer
         )
+        if fp32_alone and self.exact is not None:
+            self.fp32_alone, self.cache = True, None
         order.approximation = self.lazy
         for layer, head in order.removed:
             self.masks.mask[layer, head] = 0.0
@@ -83,10 +90,12 @@ class Extraction:
                 c: objective_scores(self.objective, ids, id_labels, oods) for c, (ids, oods) in logits.items()
             }
             choices = candidates
-            if self.exact is not None:  # the best in fp32 is among the candidates scored again
+            if self.exact is not None and not self.fp32_alone:  # the fp32 best is among those rescored
                 batches = self.id_batches, self.ood_batches
                 choices, exact = self.exact.rescore(self.objective, batches, candidates, logits, id_labels)
                 scores.update(exact)
+                if self.exact.most(len(choices), len(candidates)):
+                    self.fp32_alone, self.cache = True, None  # the low precision's states are not read again
             best = max(choices, key=lambda c: (*scores[c], -candidates.index(c)))
             self.masks.mask[best] = 0.0
             for cache in (self.cache, self.exact and self.exact.cache):
@@ -135,10 +144,12 @@ class Extraction:
         return sorted(candidates[: self.lazy["shortlist"]]), since_refresh + 1
 
     def _logits(self, candidates: list[Head], rank: int, world: int) -> dict[Head, tuple]:
-        """(ID logits, OOD logits or None) of every candidate, this rank's share computed here."""
+        """(ID logits, OOD logits or None) of every candidate, this rank's share computed here (in
+        fp32 on the fp32 side once `fp32_alone` is set)."""
+        side = self.exact if self.fp32_alone else self
         logits = evaluator(self.method)(
-            self.model, self.adapter, self.masks, candidates[rank::world], self.id_batches,
-            self.ood_batches, self.chunk, self.cache,
+            side.model, self.adapter, side.masks, candidates[rank::world], self.id_batches,
+            self.ood_batches, self.chunk, side.cache,
         )  # fmt: skip
         if world > 1:
             gathered: list[dict] = [None] * world  # type: ignore[list-item]
@@ -150,6 +161,7 @@ class Extraction:
         state: dict[str, Any] = {"key": key, "order": order.to_dict()}
         if self.exact is not None:
             state["logit_error"] = self.exact.error
+            state["fp32_alone"] = self.fp32_alone
         if self.lazy:
             state["lazy"] = {
                 "since_refresh": since_refresh,
@@ -160,12 +172,13 @@ class Extraction:
 
 def _resume(
     checkpoint, key: str, objective: str, original_heads_per_layer: list[int]
-) -> tuple[CircuitOrder, dict[Head, tuple[float, float]], int, float]:
+) -> tuple[CircuitOrder, dict[Head, tuple[float, float]], int, float, bool]:
     """The order so far, (lazy mode) the last known candidate scores and steps since refresh,
-    and (low precision) the largest logit error seen so far."""
+    and (low precision) the largest logit error seen so far and whether the steps left score in
+    fp32 alone."""
     fresh = CircuitOrder(objective, list(original_heads_per_layer), base_score=float("nan"))
     if checkpoint is None or not Path(checkpoint).is_file():
-        return fresh, {}, 0, 0.0
+        return fresh, {}, 0, 0.0, False
     try:
         data = read_json(checkpoint, "circuit checkpoint")
     except ValueError as exc:
@@ -181,6 +194,10 @@ def _resume(
         lazy = data.get("lazy", {})
         known = {(int(a), int(b)): (float(v), float(t)) for a, b, v, t in lazy.get("known", [])}
         error = float(data.get("logit_error", 0.0))
-        return CircuitOrder.from_dict(data["order"]), known, int(lazy.get("since_refresh", 0)), error
+        fp32_alone = data.get("fp32_alone", False)
+        if not isinstance(fp32_alone, bool):
+            raise TypeError(f"fp32_alone is {fp32_alone!r}")
+        order = CircuitOrder.from_dict(data["order"])
+        return order, known, int(lazy.get("since_refresh", 0)), error, fp32_alone
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise CircuitError(f"checkpoint {checkpoint} is damaged ({exc}): delete it to start over") from None
