@@ -297,6 +297,7 @@ def test_the_fused_attention_is_onnxruntimes_attention_operator_one_per_member_a
     assert all(n.input[1] in weights for n in graph.node if n.op_type in ("Attention", "MatMul", "Gemm"))
 
 
+@pytest.mark.slow  # README's test command: under ten minutes; CI runs it (-m slow)
 def test_a_score_bias_family_keeps_the_decomposed_attention_and_exports_exactly(tmp_path):
     from tests.factories import tiny_mpnet
 
