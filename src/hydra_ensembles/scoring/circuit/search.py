@@ -52,7 +52,7 @@ class Extraction:
     exact: ExactRescoring | None = None
     fp32_alone: bool = False
     """Low precision only: set once a step has scored again in fp32 most of its candidates
-    (`ExactRescoring.most`); every later step scores its candidates in fp32 alone, on the fp32
+    (`rescoring.MOST`); every later step scores its candidates in fp32 alone, on the fp32
     side's model and cache. The order is fp32's either way; fp32 alone then costs less than the
     low precision and its rescoring together."""
 
@@ -63,7 +63,7 @@ class Extraction:
             checkpoint, key, self.objective, self.original_heads_per_layer
         )
         if fp32_alone and self.exact is not None:
-            self.fp32_alone, self.cache = True, None
+            self._score_in_fp32_alone()
         order.approximation = self.lazy
         for layer, head in order.removed:
             self.masks.mask[layer, head] = 0.0
@@ -91,11 +91,7 @@ class Extraction:
             }
             choices = candidates
             if self.exact is not None and not self.fp32_alone:  # the fp32 best is among those rescored
-                batches = self.id_batches, self.ood_batches
-                choices, exact = self.exact.rescore(self.objective, batches, candidates, logits, id_labels)
-                scores.update(exact)
-                if self.exact.most(len(choices), len(candidates)):
-                    self.fp32_alone, self.cache = True, None  # the low precision's states are not read again
+                choices = self._rescore(candidates, logits, scores, id_labels)
             best = max(choices, key=lambda c: (*scores[c], -candidates.index(c)))
             self.masks.mask[best] = 0.0
             for cache in (self.cache, self.exact and self.exact.cache):
@@ -115,6 +111,19 @@ class Extraction:
             bar.update(len(candidates))
         bar.close()
         return order
+
+    def _rescore(self, candidates: list[Head], logits: dict, scores: dict, id_labels) -> list[Head]:
+        """The candidates scored again in fp32, their fp32 scores put in ``scores``; past `MOST` of
+        the step's candidates, the steps left score in fp32 alone."""
+        batches = self.id_batches, self.ood_batches
+        choices, exact = self.exact.rescore(self.objective, batches, candidates, logits, id_labels)
+        scores.update(exact)
+        if self.exact.most(len(choices), len(candidates)):
+            self._score_in_fp32_alone()
+        return choices
+
+    def _score_in_fp32_alone(self) -> None:
+        self.fp32_alone, self.cache = True, None  # the low precision's states are not read again
 
     def _work_left(self, candidates: int, steps: int, since_refresh: int) -> int:
         """An estimate of the candidate evaluations of the ``steps`` steps left, this one's
