@@ -171,14 +171,16 @@ def test_head_set_for_any_budget_and_json_round_trip(tmp_path):
         order.head_set(5)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, precision):
-    """Also in bf16, where the checkpoint carries the largest logit error seen so far."""
+@pytest.mark.parametrize(("precision", "method"), [("fp32", "fast"), ("bf16", "fast"), ("bf16", "lazy")])
+def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, precision, method):
+    """Also in bf16, where the checkpoint carries the largest logit error seen so far and whether
+    the steps left score in fp32 alone (with the lazy method's last known scores, fp32's since)."""
     model = _model()
     id_val, ood_val = _text_data()
     args = (model, id_val, ood_val)
-    kwargs = {"budget": 5, "progress": False, "precision": precision, "checkpoint": tmp_path / "circuit.json"}
-    full = extract_circuit(*args, objective="avg", budget=5, progress=False, precision=precision)
+    settings = {"budget": 5, "progress": False, "precision": precision, "method": method, "shortlist": 3}
+    kwargs = {**settings, "checkpoint": tmp_path / "circuit.json"}
+    full = extract_circuit(*args, objective="avg", **settings)
     checkpoint = tmp_path / "circuit.json"
     calls = {"n": 0}
     original = circuit_candidates.evaluate_fast
@@ -197,8 +199,17 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, 
     # bf16 rescored most candidates of the first step: the steps left are fp32's alone
     assert saved.get("fp32_alone") is (True if precision == "bf16" else None)
     monkeypatch.setattr(circuit_candidates, "evaluate_fast", original)
+    fp32_alone = []  # per resumed step
+    logits = search.Extraction._logits
+
+    def spy(self, *args):
+        fp32_alone.append(self.fp32_alone)
+        return logits(self, *args)
+
+    monkeypatch.setattr(search.Extraction, "_logits", spy)
     resumed = extract_circuit(*args, objective="avg", **kwargs)
     assert resumed == full
+    assert fp32_alone == [precision == "bf16"] * (5 - len(saved["order"]["removed"]))
     with pytest.raises(CircuitError, match="another extraction"):
         extract_circuit(*args, objective="acc", **kwargs)
 
