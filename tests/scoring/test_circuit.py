@@ -26,6 +26,20 @@ def _model(**kwargs):
     return tiny_bert(layers=3, heads=4, head_dim=3, init_range=0.3, **kwargs)
 
 
+def _fp32_alone_per_step(monkeypatch) -> list[bool]:
+    """Filled, for each step of the extractions run after it, with whether the step scored its
+    candidates in fp32 alone."""
+    seen: list[bool] = []
+    original = search.Extraction._logits
+
+    def spy(self, *args):
+        seen.append(self.fp32_alone)
+        return original(self, *args)
+
+    monkeypatch.setattr(search.Extraction, "_logits", spy)
+    return seen
+
+
 @pytest.mark.parametrize("objective", ["acc", "ood", "avg"])
 def test_fast_equals_reference_bert(objective):
     model = _model()
@@ -199,14 +213,7 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, monkeypatch, 
     # bf16 rescored most candidates of the first step: the steps left are fp32's alone
     assert saved.get("fp32_alone") is (True if precision == "bf16" else None)
     monkeypatch.setattr(circuit_candidates, "evaluate_fast", original)
-    fp32_alone = []  # per resumed step
-    logits = search.Extraction._logits
-
-    def spy(self, *args):
-        fp32_alone.append(self.fp32_alone)
-        return logits(self, *args)
-
-    monkeypatch.setattr(search.Extraction, "_logits", spy)
+    fp32_alone = _fp32_alone_per_step(monkeypatch)  # of the resumed steps
     resumed = extract_circuit(*args, objective="avg", **kwargs)
     assert resumed == full
     assert fp32_alone == [precision == "bf16"] * (5 - len(saved["order"]["removed"]))
@@ -310,14 +317,7 @@ def test_once_a_step_rescores_most_candidates_fp32_alone_gives_the_same_order(pr
     model = _model()
     id_val, ood_val = _text_data()
     kwargs = {"objective": "ood", "budget": 9, "precision": precision, "progress": False}
-    fp32_alone = []  # per step
-    original = search.Extraction._logits
-
-    def spy(self, *args):
-        fp32_alone.append(self.fp32_alone)
-        return original(self, *args)
-
-    monkeypatch.setattr(search.Extraction, "_logits", spy)
+    fp32_alone = _fp32_alone_per_step(monkeypatch)
     switched = extract_circuit(model, id_val, ood_val, **kwargs)
     assert fp32_alone == [False] + [True] * 8  # the first step rescored most of its 12 candidates
     fp32_alone.clear()
