@@ -76,8 +76,8 @@ def extract_circuit(
     (`objective_bounds`, with twice the largest logit error seen between the two precisions) is
     scored again in fp32, and the choice is made on the fp32 scores: the order is fp32's
     (`ExactRescoring`). Once a step has scored most of its candidates twice, the later steps are
-    scored in fp32 alone (same order, at less cost). fp32 gives the same order on every path
-    (fast, reference).
+    scored in fp32 alone (the same order; what that saves: `rescoring.MOST`). fp32 gives the same
+    order on every path (fast, reference).
     ``rescore=False`` skips that: the low-precision order, faster, but near-ties are decided by
     the machine's rounding (`benchmarks/circuit_speed.py --precisions` measures both).
     ``config`` (`CircuitConfig`) holds the settings; keyword ``settings`` replace single fields

@@ -53,8 +53,8 @@ class Extraction:
     fp32_alone: bool = False
     """Low precision only: set once a step has scored again in fp32 most of its candidates
     (`rescoring.MOST`); every later step scores its candidates in fp32 alone, on the fp32
-    side's model and cache. The order is fp32's either way; fp32 alone then costs less than the
-    low precision and its rescoring together."""
+    side's model and cache. The order is fp32's either way (what the switch saves, and where:
+    `rescoring.MOST`)."""
 
     def extract(self, budget: int, checkpoint, key: str, progress: bool) -> CircuitOrder:
         id_labels = torch.cat([b["labels"] for b in self.id_batches])
