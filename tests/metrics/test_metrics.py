@@ -1,5 +1,8 @@
 """Every metric cross-checked against scikit-learn or torchmetrics on the same arrays."""
 
+import re
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +18,7 @@ from torchmetrics.functional.classification import (
 import hydra_ensembles as he
 from hydra_ensembles import metrics
 from hydra_ensembles import metrics as M
+from hydra_ensembles.metrics import bootstrap
 
 
 def _random_probs(seed: int, n: int = 200, c: int = 5, sharpness: float = 3.0):
@@ -101,6 +105,42 @@ def test_ood_metrics_match_references(seed, n_id, n_ood, ties):
     # the first to reach 95% TPR can be one of them
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     assert got["fpr95"] == pytest.approx(fpr[np.argmax(tpr >= 0.95)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 40), st.integers(1, 40), st.integers(1, 30), st.booleans())
+def test_resampled_auroc_is_auroc_on_each_resample(seed, n_id, n_ood, resamples, ties):
+    """Every resample's AUROC at once equals `auroc` (and scikit-learn's) on that resample, the
+    resamples split into blocks or not."""
+    rng = np.random.default_rng(seed)
+    id_scores, ood_scores = rng.normal(size=n_id), rng.normal(0.5, size=n_ood)
+    if ties:
+        id_scores, ood_scores = np.round(id_scores), np.round(ood_scores)
+    ids, oods = M.resample_indices(n_id, resamples, seed), M.resample_indices(n_ood, resamples, seed, "o")
+    expected = [M.auroc(id_scores[i], ood_scores[o]) for i, o in zip(ids, oods, strict=True)]
+    assert M.resampled_auroc(id_scores, ood_scores, ids, oods) == pytest.approx(expected, abs=1e-12)
+    labels = np.r_[np.zeros(n_id), np.ones(n_ood)]
+    assert expected[0] == pytest.approx(roc_auc_score(labels, np.r_[id_scores[ids[0]], ood_scores[oods[0]]]))
+    with patch.object(bootstrap, "BLOCK", 1):  # one resample a block
+        assert M.resampled_auroc(id_scores, ood_scores, ids, oods) == pytest.approx(expected, abs=1e-12)
+    values = rng.normal(size=n_id)
+    with patch.object(bootstrap, "BLOCK", 2 * n_id):
+        assert bootstrap.resampled_mean(values, ids) == pytest.approx([values[i].mean() for i in ids])
+
+
+@pytest.mark.parametrize(
+    ("id_draws", "ood_draws", "message"),
+    [
+        (np.zeros((2, 3), dtype=int), np.zeros((3, 3), dtype=int), "id_draws has 2 resamples, ood_draws 3"),
+        (np.full((2, 3), 3), np.zeros((2, 3), dtype=int), "id_draws holds indices outside 0..2"),
+        (np.zeros((2, 3), dtype=int), np.full((2, 3), -1), "ood_draws holds indices outside 0..3"),
+        (np.zeros(3, dtype=int), np.zeros((2, 3), dtype=int), "id_draws must be a non-empty 2-D array"),
+        (np.zeros((2, 3)), np.zeros((2, 3), dtype=int), "id_draws must be a non-empty 2-D array"),
+    ],
+)
+def test_resampled_auroc_refuses_draws_that_are_no_resamples(id_draws, ood_draws, message):
+    with pytest.raises(he.InputError, match=re.escape(message)):
+        M.resampled_auroc(np.zeros(3), np.ones(4), id_draws, ood_draws)
 
 
 def test_fpr95_by_hand_and_positive_class():

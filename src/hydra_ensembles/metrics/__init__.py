@@ -18,6 +18,7 @@ from .ood import (
     msp_score,
     mutual_information_score,
     ood,
+    resampled_auroc,
 )
 
 __all__ = [
@@ -45,4 +46,5 @@ __all__ = [
     "paired_difference",
     "percentile_interval",
     "resample_indices",
+    "resampled_auroc",
 ]

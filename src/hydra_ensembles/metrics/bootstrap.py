@@ -9,7 +9,7 @@ cancels in their difference.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -24,6 +24,26 @@ def resample_indices(size: int, n_resamples: int, seed: int = 0, salt: str = "")
     size = check_count(size, "size")
     rng = np.random.default_rng([seed, zlib.crc32(salt.encode()), size])
     return rng.integers(0, size, (n_resamples, size))
+
+
+def resample_blocks(draws: np.ndarray, width: int) -> Iterator[slice]:
+    """Consecutive blocks of the rows of ``draws`` (resamples) whose work arrays, ``width``
+    entries a row, hold at most `BLOCK` entries together: computing all resamples at once without
+    holding them all."""
+    rows = max(1, BLOCK // max(1, width))
+    for start in range(0, len(draws), rows):
+        yield slice(start, start + rows)
+
+
+BLOCK = 1 << 22
+"""Most entries of the work arrays of one block of resamples (`resample_blocks`): 32 MiB of
+float64."""
+
+
+def resampled_mean(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """The mean of ``values`` over each resample (each row of ``draws``, as `resample_indices`
+    gives)."""
+    return np.concatenate([values[draws[b]].mean(1) for b in resample_blocks(draws, draws.shape[1])])
 
 
 def percentile_interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:

@@ -19,7 +19,8 @@ from ..calibration import saved_calibration
 from ..evaluation import EvalData, evaluate_method, main_row, predict, predict_method
 from ..evaluation.evaluate import member_feature_scores, ood_scores
 from ..loading import load_any
-from ..metrics import auroc, paired_difference, resample_indices
+from ..metrics import auroc, paired_difference, resample_indices, resampled_auroc
+from ..metrics.bootstrap import resampled_mean
 from ..ood.registry import feature_scores
 from ..saving.files import atomic_write
 
@@ -114,19 +115,20 @@ def differences_from_single(
     (the flag's AUROC, each with its own flag score): [difference, low, high, p-value]."""
     n_id = len(single["nll"])
     ids = resample_indices(n_id, resamples, salt="sweep-id")
-    out = {"nll": _paired(lambda v, i: v["nll"][i].mean(), single, other, ids, np.arange(n_id))}
+    out = {"nll": _paired(lambda v: resampled_mean(v["nll"], ids), lambda v: v["nll"].mean(), single, other)}
     if "ood_score" in single and "ood_score" in other:
         oods = resample_indices(len(single["ood_score"]), resamples, salt="sweep-ood")
-        draws = list(zip(ids, oods, strict=True))
-        full = (np.arange(n_id), np.arange(len(single["ood_score"])))
         out["auroc"] = _paired(
-            lambda v, i: auroc(v["id_score"][i[0]], v["ood_score"][i[1]]), single, other, draws, full
+            lambda v: resampled_auroc(v["id_score"], v["ood_score"], ids, oods),
+            lambda v: auroc(v["id_score"], v["ood_score"]),
+            single,
+            other,
         )
     return out
 
 
-def _paired(metric, single, other, draws, full) -> list[float]:
-    a = np.array([metric(other, d) for d in draws])
-    b = np.array([metric(single, d) for d in draws])
-    result = paired_difference(a, b, metric(other, full), metric(single, full))
+def _paired(draws, full, single, other) -> list[float]:
+    """``other`` minus ``single`` on the full data and over the paired draws (``draws`` maps a
+    candidate's values to its metric on every resample, ``full`` to its metric on all of them)."""
+    result = paired_difference(draws(other), draws(single), full(other), full(single))
     return [result["difference"], result["low"], result["high"], result["p_value"]]
