@@ -109,20 +109,24 @@ def test_ood_metrics_match_references(seed, n_id, n_ood, ties):
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 40), st.integers(1, 40), st.integers(1, 30), st.booleans())
-def test_resampled_auroc_is_auroc_on_each_resample(seed, n_id, n_ood, resamples, ties):
-    """Every resample's AUROC at once equals `auroc` (and scikit-learn's) on that resample, the
-    resamples split into blocks or not."""
+def test_resampled_ood_is_ood_on_each_resample(seed, n_id, n_ood, resamples, ties):
+    """Every resample's four metrics at once equal `ood` (held to scikit-learn above) on that
+    resample, the resamples split into blocks or not."""
     rng = np.random.default_rng(seed)
     id_scores, ood_scores = rng.normal(size=n_id), rng.normal(0.5, size=n_ood)
     if ties:
         id_scores, ood_scores = np.round(id_scores), np.round(ood_scores)
     ids, oods = M.resample_indices(n_id, resamples, seed), M.resample_indices(n_ood, resamples, seed, "o")
-    expected = [M.auroc(id_scores[i], ood_scores[o]) for i, o in zip(ids, oods, strict=True)]
-    assert M.resampled_auroc(id_scores, ood_scores, ids, oods) == pytest.approx(expected, abs=1e-12)
-    labels = np.r_[np.zeros(n_id), np.ones(n_ood)]
-    assert expected[0] == pytest.approx(roc_auc_score(labels, np.r_[id_scores[ids[0]], ood_scores[oods[0]]]))
+    rows = [M.ood(id_scores[i], ood_scores[o]) for i, o in zip(ids, oods, strict=True)]
+    expected = {key: [row[key] for row in rows] for key in rows[0]}
+    got = M.resampled_ood(id_scores, ood_scores, ids, oods)
+    assert got == {key: pytest.approx(values, abs=1e-12) for key, values in expected.items()}
     with patch.object(bootstrap, "BLOCK", 1):  # one resample a block
-        assert M.resampled_auroc(id_scores, ood_scores, ids, oods) == pytest.approx(expected, abs=1e-12)
+        blocks = M.resampled_ood(id_scores, ood_scores, ids, oods)
+    assert blocks == {key: pytest.approx(values, abs=1e-12) for key, values in expected.items()}
+    tpr = rng.uniform(0.05, 1.0)
+    first = M.fpr_at_tpr(id_scores[ids[0]], ood_scores[oods[0]], tpr)
+    assert M.resampled_ood(id_scores, ood_scores, ids, oods, tpr)["fpr95"][0] == first
     values = rng.normal(size=n_id)
     with patch.object(bootstrap, "BLOCK", 2 * n_id):
         assert bootstrap.resampled_mean(values, ids) == pytest.approx([values[i].mean() for i in ids])
@@ -138,9 +142,9 @@ def test_resampled_auroc_is_auroc_on_each_resample(seed, n_id, n_ood, resamples,
         (np.zeros((2, 3)), np.zeros((2, 3), dtype=int), "id_draws must be a non-empty 2-D array"),
     ],
 )
-def test_resampled_auroc_refuses_draws_that_are_no_resamples(id_draws, ood_draws, message):
+def test_resampled_ood_refuses_draws_that_are_no_resamples(id_draws, ood_draws, message):
     with pytest.raises(he.InputError, match=re.escape(message)):
-        M.resampled_auroc(np.zeros(3), np.ones(4), id_draws, ood_draws)
+        M.resampled_ood(np.zeros(3), np.ones(4), id_draws, ood_draws)
 
 
 def test_fpr95_by_hand_and_positive_class():

@@ -61,8 +61,7 @@ def _ood_draws(test, ood, temperature, score, id_index, statistics, seed) -> dic
     for name, (kind, preds) in ood.items():
         scores = ood_scores(preds, score, temperature, statistics)
         ood_index = M.resample_indices(len(scores), len(id_index), seed, f"ood:{name}")
-        rows = [M.ood(id_scores[i], scores[j]) for i, j in zip(id_index, ood_index, strict=True)]
-        per_kind[kind].append({k: np.array([r[k] for r in rows]) for k in rows[0]})
+        per_kind[kind].append(M.resampled_ood(id_scores, scores, id_index, ood_index))
     groups = [
         {k: np.mean([s[k] for s in sets], axis=0) for k in sets[0]} for sets in per_kind.values() if sets
     ]

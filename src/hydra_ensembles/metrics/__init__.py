@@ -18,7 +18,7 @@ from .ood import (
     msp_score,
     mutual_information_score,
     ood,
-    resampled_auroc,
+    resampled_ood,
 )
 
 __all__ = [
@@ -46,5 +46,5 @@ __all__ = [
     "paired_difference",
     "percentile_interval",
     "resample_indices",
-    "resampled_auroc",
+    "resampled_ood",
 ]

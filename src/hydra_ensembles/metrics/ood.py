@@ -2,10 +2,11 @@
 
 OOD is the positive class and scores are "higher = more OOD". AUROC, FPR95 (share of ID
 samples flagged at the threshold where 95% of OOD is caught), AUPR-In (ID positive) and
-AUPR-Out (OOD positive). All four come from one sorted pass over the scores (`ranked_counts`),
-the way scikit-learn's ``roc_curve`` and ``average_precision_score`` compute them (ties share a
-threshold); the tests hold them equal to scikit-learn's. One pass instead of the scikit-learn
-calls is what makes bootstrap intervals of every OOD metric affordable (timings:
+AUPR-Out (OOD positive). All four come from one sort of the scores and the counts of each class
+at every distinct threshold (`ranked_counts`), the way scikit-learn's ``roc_curve`` and
+``average_precision_score`` compute them (ties share a threshold); the tests hold them equal to
+scikit-learn's. A bootstrap resample only counts its draws of each item at the same thresholds
+(`resampled_ood`), which is what makes intervals of every OOD metric affordable (timings:
 docs/design-notes.md).
 """
 
@@ -22,37 +23,53 @@ from .bootstrap import resample_blocks
 POSITIVE_CLASS = "OOD"
 
 
-def _scores_and_labels(id_scores: Any, ood_scores: Any) -> tuple[np.ndarray, np.ndarray]:
+def _threshold_groups(id_scores: Any, ood_scores: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each ID and each OOD score's distinct threshold, numbered from the highest score down (tied
+    scores share one, as in scikit-learn's ``_binary_clf_curve``), and how many there are."""
     ids = as_array(id_scores, "id_scores", ndim=1)
     oods = as_array(ood_scores, "ood_scores", ndim=1)
     scores = np.concatenate([ids, oods])
-    labels = np.concatenate([np.zeros(len(ids)), np.ones(len(oods))])
-    return scores, labels
-
-
-def ranked_counts(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """False and true positives at every distinct threshold, highest first (scikit-learn's
-    ``_binary_clf_curve``): entry k counts the items scored >= the k-th distinct score."""
     order = np.argsort(-scores, kind="mergesort")
-    ranked, positives = scores[order], labels[order]
-    last = np.r_[np.flatnonzero(np.diff(ranked)), len(ranked) - 1]  # last item of each tie group
-    tps = np.cumsum(positives)[last]
-    return last + 1 - tps, tps
+    numbered = np.cumsum(np.r_[False, np.diff(scores[order]) != 0])  # each sorted score's threshold
+    group = np.empty(len(scores), dtype=np.int64)
+    group[order] = numbered
+    return group[: len(ids)], group[len(ids) :], int(numbered[-1]) + 1
 
 
-def _average_precision(fps: np.ndarray, tps: np.ndarray) -> float:
-    """Sum over thresholds of (recall step) x precision (scikit-learn's definition)."""
-    recall = tps / tps[-1]
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * tps / (tps + fps)))
+def ranked_counts(group: np.ndarray, draws: np.ndarray, thresholds: int) -> np.ndarray:
+    """How many of each row's drawn items (``draws``: indices into ``group``, one row per
+    resample) are scored at or above every distinct threshold, highest first (`_threshold_groups`):
+    scikit-learn's ``_binary_clf_curve`` counts for one class; a threshold a row draws nothing at
+    repeats the previous count. Integers, exact."""
+    rows = len(draws)
+    offsets = (thresholds * np.arange(rows))[:, None]
+    counts = np.bincount((group[draws] + offsets).ravel(), minlength=rows * thresholds)
+    return np.cumsum(counts.reshape(rows, thresholds), axis=1)
 
 
-def _ood_metrics(scores: np.ndarray, labels: np.ndarray, tpr: float = 0.95) -> dict[str, float]:
-    fps, tps = ranked_counts(scores, labels)
-    fpr, tpr_curve = np.r_[0.0, fps / fps[-1]], np.r_[0.0, tps / tps[-1]]
-    inverse_fps, inverse_tps = ranked_counts(-scores, 1 - labels)
+def _average_precision(fps: np.ndarray, tps: np.ndarray) -> np.ndarray:
+    """Sum over thresholds of (recall step) x precision (scikit-learn's definition), per row; a
+    repeated threshold adds no recall step."""
+    recall = tps / tps[:, -1:]
+    steps = np.diff(recall, axis=1, prepend=0.0) * tps
+    return np.sum(np.divide(steps, tps + fps, out=np.zeros_like(steps), where=steps > 0), axis=1)
+
+
+def _ood_metrics(fps: np.ndarray, tps: np.ndarray, tpr: float) -> dict[str, np.ndarray]:
+    """The four metrics of each row of `ranked_counts`' ID (``fps``) and OOD (``tps``) counts."""
+    ids, oods = fps[:, -1:], tps[:, -1:]
+    zero = np.zeros((len(fps), 1), dtype=fps.dtype)
+    # the ROC's trapezoids in integers: twice the Mann-Whitney count (a tie counts 1/2)
+    twice_area = np.sum(np.diff(fps, axis=1, prepend=zero) * (tps + np.c_[zero, tps[:, :-1]]), axis=1)
+    caught = np.argmax(tps / oods >= tpr, axis=1)  # the first threshold catching tpr (tpr > 0)
+    # ID positive: the thresholds from the lowest score up, counted from the totals
+    inverse_tps, inverse_fps = (
+        (ids - np.c_[zero, fps[:, :-1]])[:, ::-1],
+        (oods - np.c_[zero, tps[:, :-1]])[:, ::-1],
+    )
     return {
-        "auroc": float(np.sum(np.diff(fpr) * (tpr_curve[1:] + tpr_curve[:-1]) / 2)),
-        "fpr95": float(fpr[np.argmax(tpr_curve >= tpr)]),
+        "auroc": twice_area / (2 * ids[:, 0] * oods[:, 0]),
+        "fpr95": fps[np.arange(len(fps)), caught] / ids[:, 0],
         "aupr_in": _average_precision(inverse_fps, inverse_tps),
         "aupr_out": _average_precision(fps, tps),
     }
@@ -62,36 +79,35 @@ def auroc(id_scores: Any, ood_scores: Any) -> float:
     return ood(id_scores, ood_scores)["auroc"]
 
 
-def resampled_auroc(id_scores: Any, ood_scores: Any, id_draws: Any, ood_draws: Any) -> np.ndarray:
-    """The AUROC of every paired resample: entry r is ``auroc(id_scores[id_draws[r]],
-    ood_scores[ood_draws[r]])`` (rows of `resample_indices`), computed for all rows at once as the
-    Mann-Whitney count the ROC's trapezoid area equals (each ID-OOD pair ordered right counts 1, a
-    tie 1/2), in integers, instead of a sort per resample."""
-    ids = as_array(id_scores, "id_scores", ndim=1)
-    oods = as_array(ood_scores, "ood_scores", ndim=1)
-    id_draws, ood_draws = _draws(id_draws, len(ids), "id_draws"), _draws(ood_draws, len(oods), "ood_draws")
+def resampled_ood(
+    id_scores: Any, ood_scores: Any, id_draws: Any, ood_draws: Any, tpr: float = 0.95
+) -> dict[str, np.ndarray]:
+    """auroc, fpr95, aupr_in and aupr_out of every paired resample: entry r of each is `ood` of
+    ``id_scores[id_draws[r]]`` and ``ood_scores[ood_draws[r]]`` (rows of `resample_indices`), from
+    one sort of the scores and each resample's counts of every item, in blocks of resamples of
+    bounded memory, instead of a sort per resample."""
+    id_group, ood_group, thresholds = _threshold_groups(id_scores, ood_scores)
+    id_draws, ood_draws = (
+        _draws(id_draws, len(id_group), "id_draws"),
+        _draws(ood_draws, len(ood_group), "ood_draws"),
+    )
     if len(id_draws) != len(ood_draws):
         raise InputError(f"id_draws has {len(id_draws)} resamples, ood_draws {len(ood_draws)}")
-    order = np.argsort(ids, kind="mergesort")
-    rank = np.empty(len(ids), dtype=np.int64)
-    rank[order] = np.arange(len(ids))  # each ID item's place in the sorted ID scores
-    # per OOD item: how many sorted ID scores lie below it, and below or at it
-    below = np.searchsorted(ids[order], oods, side="left")
-    at_or_below = np.searchsorted(ids[order], oods, side="right")
-    out = np.empty(len(id_draws))
-    for block in resample_blocks(id_draws, max(len(ids) + 1, *id_draws.shape[1:], *ood_draws.shape[1:])):
-        draws, picked = id_draws[block], ood_draws[block]
-        n = len(draws)
-        counts = np.bincount(
-            (rank[draws] + (len(ids) * np.arange(n))[:, None]).ravel(), minlength=n * len(ids)
-        ).reshape(n, len(ids))  # how often each sorted ID item is drawn
-        cumulative = np.zeros((n, len(ids) + 1), dtype=np.int64)
-        np.cumsum(counts, axis=1, out=cumulative[:, 1:])
-        twice = np.take_along_axis(cumulative, below[picked], 1) + np.take_along_axis(
-            cumulative, at_or_below[picked], 1
-        )  # twice each drawn OOD item's count of ID items below it, ties counted 1/2
-        out[block] = twice.sum(1) / (2 * draws.shape[1] * picked.shape[1])
-    return out
+    tpr = check_fraction(tpr, "tpr")
+    width = _WORK_ARRAYS * thresholds + id_draws.shape[1] + ood_draws.shape[1]
+    blocks = [
+        _ood_metrics(
+            ranked_counts(id_group, id_draws[block], thresholds),
+            ranked_counts(ood_group, ood_draws[block], thresholds),
+            tpr,
+        )
+        for block in resample_blocks(id_draws, width)
+    ]
+    return {key: np.concatenate([b[key] for b in blocks]) for key in blocks[0]}
+
+
+_WORK_ARRAYS = 8
+"""About how many arrays of a block's resamples by thresholds `resampled_ood` holds at once."""
 
 
 def _draws(draws: Any, size: int, name: str) -> np.ndarray:
@@ -106,13 +122,19 @@ def _draws(draws: Any, size: int, name: str) -> np.ndarray:
 def fpr_at_tpr(id_scores: Any, ood_scores: Any, tpr: float = 0.95) -> float:
     """Share of ID samples scored as OOD at the first threshold catching ``tpr`` of the OOD
     (``tpr`` in (0, 1]; no interpolation between thresholds)."""
-    tpr = check_fraction(tpr, "tpr")
-    return _ood_metrics(*_scores_and_labels(id_scores, ood_scores), tpr)["fpr95"]
+    return _as_given(id_scores, ood_scores, check_fraction(tpr, "tpr"))["fpr95"]
 
 
 def ood(id_scores: Any, ood_scores: Any) -> dict[str, float]:
     """auroc, fpr95, aupr_in, aupr_out for OOD-positive scores (higher = more OOD)."""
-    return _ood_metrics(*_scores_and_labels(id_scores, ood_scores))
+    return _as_given(id_scores, ood_scores, 0.95)
+
+
+def _as_given(id_scores: Any, ood_scores: Any, tpr: float) -> dict[str, float]:
+    id_group, ood_group, thresholds = _threshold_groups(id_scores, ood_scores)
+    fps = ranked_counts(id_group, np.arange(len(id_group))[None], thresholds)
+    tps = ranked_counts(ood_group, np.arange(len(ood_group))[None], thresholds)
+    return {key: float(values[0]) for key, values in _ood_metrics(fps, tps, tpr).items()}
 
 
 # ----------------------------------------------------------------------------- scores

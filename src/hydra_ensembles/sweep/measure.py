@@ -19,7 +19,7 @@ from ..calibration import saved_calibration
 from ..evaluation import EvalData, evaluate_method, main_row, predict, predict_method
 from ..evaluation.evaluate import member_feature_scores, ood_scores
 from ..loading import load_any
-from ..metrics import auroc, paired_difference, resample_indices, resampled_auroc
+from ..metrics import auroc, paired_difference, resample_indices, resampled_ood
 from ..metrics.bootstrap import resampled_mean
 from ..ood.registry import feature_scores
 from ..saving.files import atomic_write
@@ -119,7 +119,7 @@ def differences_from_single(
     if "ood_score" in single and "ood_score" in other:
         oods = resample_indices(len(single["ood_score"]), resamples, salt="sweep-ood")
         out["auroc"] = _paired(
-            lambda v: resampled_auroc(v["id_score"], v["ood_score"], ids, oods),
+            lambda v: resampled_ood(v["id_score"], v["ood_score"], ids, oods)["auroc"],
             lambda v: auroc(v["id_score"], v["ood_score"]),
             single,
             other,
