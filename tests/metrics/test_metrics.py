@@ -129,7 +129,7 @@ def test_resampled_ood_is_ood_on_each_resample(seed, n_id, n_ood, resamples, tie
     assert M.resampled_ood(id_scores, ood_scores, ids, oods, tpr)["fpr95"][0] == first
     values = rng.normal(size=n_id)
     with patch.object(bootstrap, "BLOCK", 2 * n_id):
-        assert bootstrap.resampled_mean(values, ids) == pytest.approx([values[i].mean() for i in ids])
+        assert M.resampled_mean(values, ids) == pytest.approx([values[i].mean() for i in ids])
 
 
 @pytest.mark.parametrize(
@@ -145,6 +145,11 @@ def test_resampled_ood_is_ood_on_each_resample(seed, n_id, n_ood, resamples, tie
 def test_resampled_ood_refuses_draws_that_are_no_resamples(id_draws, ood_draws, message):
     with pytest.raises(he.InputError, match=re.escape(message)):
         M.resampled_ood(np.zeros(3), np.ones(4), id_draws, ood_draws)
+
+
+def test_resampled_mean_refuses_draws_outside_the_values():
+    with pytest.raises(he.InputError, match=re.escape("draws holds indices outside 0..2")):
+        M.resampled_mean(np.zeros(3), np.full((2, 3), 3))
 
 
 def test_fpr95_by_hand_and_positive_class():

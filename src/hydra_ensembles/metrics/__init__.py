@@ -4,7 +4,7 @@ Inputs may be numpy arrays or torch tensors. OOD metrics take scores where highe
 OOD (OOD is the positive class, as in OpenOOD).
 """
 
-from .bootstrap import intervals, paired_difference, percentile_interval, resample_indices
+from .bootstrap import intervals, paired_difference, percentile_interval, resample_indices, resampled_mean
 from .classification import accuracy, adaptive_ece, aurc, bootstrap_ci, brier, classification, ece, nll
 from .diversity import disagreement, diversity
 from .ood import (
@@ -46,5 +46,6 @@ __all__ = [
     "paired_difference",
     "percentile_interval",
     "resample_indices",
+    "resampled_mean",
     "resampled_ood",
 ]

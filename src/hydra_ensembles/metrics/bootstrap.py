@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
 from ..errors import InputError
-from ._checks import check_count, check_fraction
+from ._checks import as_array, check_count, check_fraction
 
 
 def resample_indices(size: int, n_resamples: int, seed: int = 0, salt: str = "") -> np.ndarray:
@@ -40,9 +41,22 @@ BLOCK = 1 << 22
 float64."""
 
 
-def resampled_mean(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """The mean of ``values`` over each resample (each row of ``draws``, as `resample_indices`
-    gives)."""
+def check_draws(draws: Any, size: int, name: str) -> np.ndarray:
+    """``draws`` as resamples of ``size`` items (`resample_indices`' shape: a row of indices in
+    [0, size) per resample); InputError otherwise."""
+    array = np.asarray(draws)
+    if array.ndim != 2 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+        raise InputError(f"{name} must be a non-empty 2-D array of indices, got shape {array.shape}")
+    if array.min() < 0 or array.max() >= size:
+        raise InputError(f"{name} holds indices outside 0..{size - 1}")
+    return array.astype(np.int64, copy=False)
+
+
+def resampled_mean(values: Any, draws: Any) -> np.ndarray:
+    """The mean of ``values`` (1-D) over each resample (each row of ``draws``, as
+    `resample_indices` gives)."""
+    values = as_array(values, "values", ndim=1)
+    draws = check_draws(draws, len(values), "draws")
     return np.concatenate([values[draws[b]].mean(1) for b in resample_blocks(draws, draws.shape[1])])
 
 

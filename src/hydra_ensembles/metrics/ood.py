@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import InputError
 from ._checks import as_array, check_fraction, check_probs
-from .bootstrap import resample_blocks
+from .bootstrap import check_draws, resample_blocks
 
 POSITIVE_CLASS = "OOD"
 
@@ -88,8 +88,8 @@ def resampled_ood(
     bounded memory, instead of a sort per resample."""
     id_group, ood_group, thresholds = _threshold_groups(id_scores, ood_scores)
     id_draws, ood_draws = (
-        _draws(id_draws, len(id_group), "id_draws"),
-        _draws(ood_draws, len(ood_group), "ood_draws"),
+        check_draws(id_draws, len(id_group), "id_draws"),
+        check_draws(ood_draws, len(ood_group), "ood_draws"),
     )
     if len(id_draws) != len(ood_draws):
         raise InputError(f"id_draws has {len(id_draws)} resamples, ood_draws {len(ood_draws)}")
@@ -108,15 +108,6 @@ def resampled_ood(
 
 _WORK_ARRAYS = 8
 """About how many arrays of a block's resamples by thresholds `resampled_ood` holds at once."""
-
-
-def _draws(draws: Any, size: int, name: str) -> np.ndarray:
-    array = np.asarray(draws)
-    if array.ndim != 2 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
-        raise InputError(f"{name} must be a non-empty 2-D array of indices, got shape {array.shape}")
-    if array.min() < 0 or array.max() >= size:
-        raise InputError(f"{name} holds indices outside 0..{size - 1}")
-    return array.astype(np.int64, copy=False)
 
 
 def fpr_at_tpr(id_scores: Any, ood_scores: Any, tpr: float = 0.95) -> float:

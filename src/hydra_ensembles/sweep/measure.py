@@ -19,8 +19,7 @@ from ..calibration import saved_calibration
 from ..evaluation import EvalData, evaluate_method, main_row, predict, predict_method
 from ..evaluation.evaluate import member_feature_scores, ood_scores
 from ..loading import load_any
-from ..metrics import auroc, paired_difference, resample_indices, resampled_ood
-from ..metrics.bootstrap import resampled_mean
+from ..metrics import auroc, paired_difference, resample_indices, resampled_mean, resampled_ood
 from ..ood.registry import feature_scores
 from ..saving.files import atomic_write
 
