@@ -59,14 +59,12 @@ def _ood_metrics(fps: np.ndarray, tps: np.ndarray, tpr: float) -> dict[str, np.n
     """The four metrics of each row of `ranked_counts`' ID (``fps``) and OOD (``tps``) counts."""
     ids, oods = fps[:, -1:], tps[:, -1:]
     zero = np.zeros((len(fps), 1), dtype=fps.dtype)
+    before_fps, before_tps = np.c_[zero, fps[:, :-1]], np.c_[zero, tps[:, :-1]]  # at the threshold above
     # the ROC's trapezoids in integers: twice the Mann-Whitney count (a tie counts 1/2)
-    twice_area = np.sum(np.diff(fps, axis=1, prepend=zero) * (tps + np.c_[zero, tps[:, :-1]]), axis=1)
+    twice_area = np.sum((fps - before_fps) * (tps + before_tps), axis=1)
     caught = np.argmax(tps / oods >= tpr, axis=1)  # the first threshold catching tpr (tpr > 0)
     # ID positive: the thresholds from the lowest score up, counted from the totals
-    inverse_tps, inverse_fps = (
-        (ids - np.c_[zero, fps[:, :-1]])[:, ::-1],
-        (oods - np.c_[zero, tps[:, :-1]])[:, ::-1],
-    )
+    inverse_tps, inverse_fps = (ids - before_fps)[:, ::-1], (oods - before_tps)[:, ::-1]
     return {
         "auroc": twice_area / (2 * ids[:, 0] * oods[:, 0]),
         "fpr95": fps[np.arange(len(fps)), caught] / ids[:, 0],
@@ -122,10 +120,11 @@ def ood(id_scores: Any, ood_scores: Any) -> dict[str, float]:
 
 
 def _as_given(id_scores: Any, ood_scores: Any, tpr: float) -> dict[str, float]:
-    id_group, ood_group, thresholds = _threshold_groups(id_scores, ood_scores)
-    fps = ranked_counts(id_group, np.arange(len(id_group))[None], thresholds)
-    tps = ranked_counts(ood_group, np.arange(len(ood_group))[None], thresholds)
-    return {key: float(values[0]) for key, values in _ood_metrics(fps, tps, tpr).items()}
+    """The metrics of the scores as given: the one resample that draws every item once."""
+    ids = as_array(id_scores, "id_scores", ndim=1)
+    oods = as_array(ood_scores, "ood_scores", ndim=1)
+    once = resampled_ood(ids, oods, np.arange(len(ids))[None], np.arange(len(oods))[None], tpr)
+    return {key: float(values[0]) for key, values in once.items()}
 
 
 # ----------------------------------------------------------------------------- scores
